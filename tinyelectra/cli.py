@@ -1,0 +1,172 @@
+"""The command line: parses arguments, then calls one function per command. No logic lives here.
+
+Heavy imports (torch, transformers) happen inside the commands so that `--help` is instant.
+Bad input raises `UserError`; `main()` prints it as one line on stderr and exits with code 2.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from tinyelectra.errors import UserError
+
+app = typer.Typer(
+    name="tinyelectra",
+    help="Pre-train ELECTRA within a budget on one GPU (or a CPU), then see what each slice of it buys on GLUE.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+)
+
+
+def _command_line() -> str:
+    return "tinyelectra " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
+@app.command()
+def prepare(
+    corpus: list[str] = typer.Option(
+        ..., "--corpus", help="Text sources: files, folders, globs, .gz/.bz2/.xz, .jsonl (text field), .parquet, "
+        "WikiExtractor output, hf:NAME[:CONFIG], or 'builtin' (offline smoke-test corpus). Repeat or list several."
+    ),
+    out: Path = typer.Option(..., "--out", help="Output data directory (shards, tokenizer, manifest.json)."),
+    tokenizer: Optional[str] = typer.Option(
+        None, "--tokenizer", help="Use this vocab.txt, tokenizer.json or SentencePiece .model instead of training a WordPiece."
+    ),
+    vocab_size: int = typer.Option(30522, "--vocab-size", help="Size of the WordPiece vocabulary to train."),
+    seq_len: int = typer.Option(128, "--seq-len", help="Tokens per example, 8 to 512."),
+    lowercase: bool = typer.Option(True, "--lowercase/--no-lowercase", help="Lower-case and strip accents (uncased, as the paper)."),
+    workers: int = typer.Option(0, "--workers", help="Tokenization processes (0 = one per CPU core)."),
+    force: bool = typer.Option(False, "--force", help="Replace an output directory that holds a different dataset."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the example builder's random choices."),
+) -> None:
+    """Turn raw text into a tokenizer and packed ELECTRA pre-training examples."""
+    from tinyelectra.data import prepare as run_prepare
+
+    run_prepare(
+        sources=list(corpus), out_dir=out, tokenizer_path=tokenizer, vocab_size=vocab_size, seq_len=seq_len,
+        lowercase=lowercase, workers=workers, force=force, seed=seed, command=_command_line(),
+    )
+
+
+@app.command()
+def train(
+    budget: str = typer.Option(
+        ..., "--budget", help="Wall clock on this machine (4d, 36h, 90m, 45s), paper-convention FLOPs (1.4e18flops), "
+        "steps (62500steps, 1Msteps), or 'paper' (the recipe's full schedule)."
+    ),
+    data: Optional[Path] = typer.Option(None, "--data", help="A directory written by `tinyelectra prepare`."),
+    corpus: Optional[list[str]] = typer.Option(None, "--corpus", help="Prepare these sources first (cached under the run)."),
+    recipe: str = typer.Option("electra-small", "--recipe", help="Recipe name in recipes/ or a .toml path."),
+    gpu: Optional[int] = typer.Option(None, "--gpu", help="CUDA device index."),
+    device: Optional[str] = typer.Option(None, "--device", help="'cpu' (or a torch device string)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default runs/RECIPE-BUDGET)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run in --out exactly where it stopped."),
+    set_: Optional[list[str]] = typer.Option(None, "--set", help="Override a recipe field: section.key=value (repeatable)."),
+) -> None:
+    """Pre-train within a budget; checkpoints at 6.25%, 12.5%, 25%, 50% and 100% of it."""
+    from tinyelectra.train import train_command
+
+    train_command(
+        budget=budget, data_dir=data, corpus=corpus, recipe_name=recipe, gpu=gpu, device=device, out_dir=out,
+        resume=resume, overrides=list(set_ or []), command=_command_line(),
+    )
+
+
+@app.command()
+def flops(
+    recipe: str = typer.Option("electra-small", "--recipe", help="Recipe name in recipes/ or a .toml path."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Training steps (default: the recipe's)."),
+    batch: Optional[int] = typer.Option(None, "--batch", help="Sequences per step (default: the recipe's)."),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Tokens per sequence (default: the recipe's)."),
+    set_: Optional[list[str]] = typer.Option(None, "--set", help="Override a recipe field: section.key=value."),
+) -> None:
+    """FLOPs of a recipe in the paper's convention and the hardware convention (for MFU)."""
+    from tinyelectra.flops import flops_command
+
+    flops_command(recipe_name=recipe, steps=steps, batch=batch, seq_len=seq_len, overrides=list(set_ or []))
+
+
+@app.command()
+def export(
+    checkpoint: Path = typer.Argument(..., help="A fraction checkpoint directory (e.g. runs/X/ckpt-10000)."),
+    out: Path = typer.Option(..., "--out", help="Output directory: discriminator/ and generator/ for transformers."),
+) -> None:
+    """Write a checkpoint as transformers ElectraForPreTraining / ElectraForMaskedLM directories."""
+    from tinyelectra.hf import export_command
+
+    export_command(checkpoint=checkpoint, out_dir=out)
+
+
+@app.command()
+def glue(
+    checkpoint: Path = typer.Option(..., "--checkpoint", help="A run directory (every fraction), one checkpoint, or a transformers ELECTRA directory."),
+    glue_dir: Optional[Path] = typer.Option(None, "--glue-dir", help="The classic glue_data directory."),
+    hf: bool = typer.Option(False, "--hf", help="Read GLUE through Hugging Face `datasets` (needs the hub)."),
+    tasks: str = typer.Option("all", "--tasks", help="Comma-separated tasks, or 'all' (those with data)."),
+    seeds: int = typer.Option(3, "--seeds", help="Fine-tuning seeds per task; medians are reported."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Where results go (default: CHECKPOINT/glue)."),
+    gpu: Optional[int] = typer.Option(None, "--gpu", help="CUDA device index."),
+    device: Optional[str] = typer.Option(None, "--device", help="'cpu' (or a torch device string)."),
+    max_train_rows: Optional[int] = typer.Option(None, "--max-train-rows", help="Use only the first N training rows per task (quick checks)."),
+    set_: Optional[list[str]] = typer.Option(None, "--set", help="Override a fine-tuning field: key=value."),
+) -> None:
+    """Fine-tune checkpoints on GLUE with the paper's protocol; medians over seeds."""
+    from tinyelectra.glue import glue_command
+
+    glue_command(
+        checkpoint=checkpoint, glue_dir=glue_dir, use_hf=hf, tasks=tasks, seeds=seeds, out_dir=out, gpu=gpu,
+        device=device, max_train_rows=max_train_rows, overrides=list(set_ or []), command=_command_line(),
+    )
+
+
+@app.command()
+def report(
+    run_dir: Path = typer.Argument(..., help="A run directory with GLUE results (from `tinyelectra glue`)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Where report.md, report.json and plots go (default: RUN_DIR)."),
+) -> None:
+    """FLOPs-versus-GLUE report beside the paper's Table 1: report.md, report.json, PNG plots."""
+    from tinyelectra.report import report_command
+
+    report_command(run_dir=run_dir, out_dir=out)
+
+
+def _expand_multi_value(argv: list[str], flag: str) -> list[str]:
+    """Let `--corpus a b c` mean `--corpus a --corpus b --corpus c` (click options take one value each)."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        out.append(argv[i])
+        if argv[i] == flag:
+            i += 1
+            if i < len(argv):
+                out.append(argv[i])
+                i += 1
+            while i < len(argv) and not argv[i].startswith("-"):
+                out += [flag, argv[i]]
+                i += 1
+            continue
+        i += 1
+    return out
+
+
+def main() -> None:
+    sys.argv[1:] = _expand_multi_value(sys.argv[1:], "--corpus")
+    try:
+        app()
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

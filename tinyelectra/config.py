@@ -1,0 +1,319 @@
+"""Configuration as data: one frozen dataclass per concern, recipes read from TOML, `--set` overrides.
+
+A recipe file (recipes/*.toml) has top-level `name`, `description`, `deviations` (every way it departs
+from the paper, each with its reason) and one table per section below. Unknown keys and wrong types are
+errors that name the field. Derived numbers (the generator's size, tokens per step) are computed here once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tinyelectra.errors import UserError
+
+RECIPE_DIR = Path(__file__).resolve().parent.parent / "recipes"
+
+
+def _check(cond: bool, where: str, msg: str) -> None:
+    if not cond:
+        raise UserError(f"{where}: {msg}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The discriminator's shape; the generator is derived from it (paper §3.2, REFERENCE §1)."""
+
+    vocab_size: int = 30522
+    embedding_size: int = 128  # E: token/position/type embedding width, projected to H when E != H
+    hidden_size: int = 256  # H
+    num_layers: int = 12
+    num_heads: int = 4
+    ffn_size: int = 1024
+    max_positions: int = 512
+    type_vocab_size: int = 2
+    dropout: float = 0.1  # hidden dropout
+    attention_dropout: float = 0.1
+    layer_norm_eps: float = 1e-12
+    generator_fraction: float = 0.25  # generator hidden, FFN and heads = this x the discriminator's
+    sharing: str = "embeddings"  # embeddings (paper) | all (generator == discriminator encoder) | none
+
+    def __post_init__(self) -> None:
+        w = "model"
+        for name in ("vocab_size", "embedding_size", "hidden_size", "num_layers", "num_heads", "ffn_size"):
+            _check(getattr(self, name) > 0, f"{w}.{name}", "must be positive")
+        _check(self.hidden_size % self.num_heads == 0, f"{w}.hidden_size", "must be divisible by num_heads")
+        _check(0.0 <= self.dropout < 1.0, f"{w}.dropout", "must be in [0, 1)")
+        _check(0.0 <= self.attention_dropout < 1.0, f"{w}.attention_dropout", "must be in [0, 1)")
+        _check(0.0 < self.generator_fraction <= 1.0, f"{w}.generator_fraction", "must be in (0, 1]")
+        _check(self.sharing in ("embeddings", "all", "none"), f"{w}.sharing", "must be embeddings, all or none")
+        if self.sharing == "all":
+            _check(
+                self.generator_fraction == 1.0,
+                f"{w}.sharing",
+                f"'all' ties every generator weight to the discriminator, which needs a same-size generator "
+                f"(generator_fraction = 1.0), not {self.generator_fraction}",
+            )
+        g = self.generator()
+        _check(g.hidden_size % g.num_heads == 0, f"{w}.generator_fraction", "gives a generator hidden size not divisible by its heads")
+
+    @property
+    def head_size(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    def generator(self) -> "ModelConfig":
+        """The generator's shape: hidden, FFN and heads scaled by generator_fraction (official code's rule)."""
+        f = self.generator_fraction
+        if f == 1.0:
+            return self
+        return dataclasses.replace(
+            self,
+            hidden_size=max(1, int(round(self.hidden_size * f))),
+            ffn_size=max(1, int(round(self.ffn_size * f))),
+            num_heads=max(1, int(round(self.num_heads * f))),
+            generator_fraction=1.0,
+            sharing="embeddings",
+        )
+
+
+@dataclass(frozen=True)
+class ObjectiveConfig:
+    """What is learned: ELECTRA's replaced-token detection, or BERT's masked LM as the baseline."""
+
+    kind: str = "electra"  # electra | mlm
+    mask_prob: float = 0.15  # share of positions chosen; fixed N = int((mask_prob + 0.005) * seq_len) slots
+    mask_token_fraction: float = 0.85  # of the chosen: replaced by [MASK] (ELECTRA 0.85; BERT 0.8)
+    random_token_fraction: float = 0.0  # of the chosen: replaced by a random token (ELECTRA 0; BERT 0.1)
+    disc_weight: float = 50.0  # lambda: loss = MLM + lambda * RTD
+    temperature: float = 1.0  # generator sampling temperature
+
+    def __post_init__(self) -> None:
+        w = "objective"
+        _check(self.kind in ("electra", "mlm"), f"{w}.kind", "must be electra or mlm")
+        _check(0.0 < self.mask_prob < 1.0, f"{w}.mask_prob", "must be in (0, 1)")
+        _check(
+            self.mask_token_fraction >= 0 and self.random_token_fraction >= 0
+            and self.mask_token_fraction + self.random_token_fraction <= 1.0,
+            f"{w}.mask_token_fraction",
+            "mask_token_fraction + random_token_fraction must be within [0, 1]",
+        )
+        _check(self.disc_weight >= 0, f"{w}.disc_weight", "must be >= 0")
+        _check(self.temperature > 0, f"{w}.temperature", "must be > 0")
+
+    def num_masked(self, seq_len: int) -> int:
+        """N, the fixed number of prediction slots per row (static shapes): int((p + 0.005) * T)."""
+        return int((self.mask_prob + 0.005) * seq_len)
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    name: str = "adam"  # adam (paper: no bias correction) | adamw (torch, bias-corrected) | adamw8bit (bitsandbytes)
+    lr: float = 5e-4  # peak learning rate
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-6
+    weight_decay: float = 0.01  # decoupled; never on LayerNorm weights or biases
+    clip_norm: float = 1.0  # global gradient norm; 0 disables
+    warmup_steps: int = 10_000  # of the recipe's full schedule; a budget scales it in proportion
+
+    def __post_init__(self) -> None:
+        w = "optim"
+        _check(self.name in ("adam", "adamw", "adamw8bit"), f"{w}.name", "must be adam, adamw or adamw8bit")
+        _check(self.lr > 0, f"{w}.lr", "must be > 0")
+        _check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, f"{w}.beta1", "betas must be in [0, 1)")
+        _check(self.eps > 0, f"{w}.eps", "must be > 0")
+        _check(self.weight_decay >= 0, f"{w}.weight_decay", "must be >= 0")
+        _check(self.clip_norm >= 0, f"{w}.clip_norm", "must be >= 0")
+        _check(self.warmup_steps >= 0, f"{w}.warmup_steps", "must be >= 0")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    batch_size: int = 128  # global sequences per optimizer step
+    seq_len: int = 128  # tokens per sequence
+    steps: int = 1_000_000  # the recipe's full schedule (what `--budget paper` runs)
+    micro_batch_size: int = 0  # sequences per forward/backward; 0 = whole batch (GPU: fitted automatically)
+    grad_checkpointing: bool = False
+    precision: str = "auto"  # auto (bf16 if supported, else fp16 on CUDA, fp32 on CPU) | bf16 | fp16 | fp32
+    compile: str = "auto"  # auto (CUDA only) | on | off
+    strategy: str = "ddp"  # ddp (also single process) | deepspeed (ZeRO-2)
+    deepspeed_offload: bool = False  # ZeRO-2 optimizer state on the CPU
+    seed: int = 0
+    log_every_steps: int = 50
+    resume_every_seconds: float = 300.0  # full resume state at most this far apart
+    deterministic: bool = False  # torch deterministic algorithms (exact-resume tests)
+    eval_rows: int = 512  # held-out rows scored at each fraction checkpoint
+
+    def __post_init__(self) -> None:
+        w = "train"
+        _check(self.batch_size > 0, f"{w}.batch_size", "must be > 0")
+        _check(8 <= self.seq_len <= 512, f"{w}.seq_len", "must be between 8 and 512")
+        _check(self.steps > 0, f"{w}.steps", "must be > 0")
+        _check(self.micro_batch_size >= 0, f"{w}.micro_batch_size", "must be >= 0")
+        _check(self.precision in ("auto", "bf16", "fp16", "fp32"), f"{w}.precision", "must be auto, bf16, fp16 or fp32")
+        _check(self.compile in ("auto", "on", "off"), f"{w}.compile", "must be auto, on or off")
+        _check(self.strategy in ("ddp", "deepspeed"), f"{w}.strategy", "must be ddp or deepspeed")
+        _check(self.log_every_steps > 0, f"{w}.log_every_steps", "must be > 0")
+        _check(self.resume_every_seconds > 0, f"{w}.resume_every_seconds", "must be > 0")
+        _check(self.eval_rows >= 0, f"{w}.eval_rows", "must be >= 0")
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.seq_len
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    tokenizer: str = ""  # a vocab.txt / tokenizer.json / SentencePiece .model; empty = train a WordPiece
+    lowercase: bool = True  # uncased, as the paper (turn off for cased or non-Latin corpora)
+    validation_fraction: float = 0.01  # share of documents held out for validation
+
+    def __post_init__(self) -> None:
+        _check(0.0 <= self.validation_fraction < 0.5, "data.validation_fraction", "must be in [0, 0.5)")
+
+
+SECTIONS: dict[str, type] = {
+    "model": ModelConfig,
+    "objective": ObjectiveConfig,
+    "optim": OptimConfig,
+    "train": TrainConfig,
+    "data": DataConfig,
+}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str = "custom"
+    description: str = ""
+    deviations: tuple[str, ...] = ()  # every departure from the paper, with its reason
+    model: ModelConfig = field(default_factory=ModelConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["deviations"] = list(self.deviations)
+        return d
+
+    def with_overrides(self, assignments: list[str]) -> "Recipe":
+        """Apply `section.key=value` strings, each parsed to the field's type."""
+        raw = self.to_dict()
+        for a in assignments:
+            if "=" not in a:
+                raise UserError(f"--set {a!r}: expected section.key=value")
+            key, value = a.split("=", 1)
+            if "." not in key:
+                raise UserError(f"--set {a!r}: expected section.key=value (sections: {', '.join(SECTIONS)})")
+            section, name = key.strip().split(".", 1)
+            if section not in SECTIONS:
+                raise UserError(f"--set {key}: unknown section {section!r} (sections: {', '.join(SECTIONS)})")
+            fields = {f.name: f for f in dataclasses.fields(SECTIONS[section])}
+            if name not in fields:
+                raise UserError(f"--set {key}: unknown key {name!r} in [{section}] (keys: {', '.join(fields)})")
+            raw[section][name] = _parse_scalar(value.strip(), _field_type(SECTIONS[section], name), f"--set {key}")
+        return recipe_from_dict(raw, where="--set")
+
+
+def _field_type(cls: type, name: str) -> type:
+    hints = typing.get_type_hints(cls)
+    return hints[name]
+
+
+def _parse_scalar(text: str, typ: type, where: str) -> Any:
+    try:
+        if typ is bool:
+            low = text.lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if typ is int:
+            try:
+                return int(text.replace("_", ""))
+            except ValueError:
+                as_float = float(text)  # accepts 1e6
+                if as_float != int(as_float):
+                    raise
+                return int(as_float)
+        if typ is float:
+            return float(text)
+        return text
+    except ValueError:
+        raise UserError(f"{where}: {text!r} is not a valid {typ.__name__}") from None
+
+
+def _coerce(value: Any, typ: type, where: str) -> Any:
+    """Type-check a TOML value against a dataclass field type (ints are accepted for floats)."""
+    if typ is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if typ is bool:
+        ok = isinstance(value, bool)
+    elif typ is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, typ)
+    if not ok:
+        raise UserError(f"{where}: expected {typ.__name__}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _section_from_dict(cls: type, values: Any, where: str) -> Any:
+    if not isinstance(values, dict):
+        raise UserError(f"{where}: expected a table")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    for key in values:
+        if key not in known:
+            raise UserError(f"{where}.{key}: unknown key (known: {', '.join(sorted(known))})")
+    kwargs = {k: _coerce(v, hints[k], f"{where}.{k}") for k, v in values.items()}
+    return cls(**kwargs)
+
+
+def recipe_from_dict(raw: dict[str, Any], where: str = "recipe") -> Recipe:
+    known_top = {"name", "description", "deviations", *SECTIONS}
+    for key in raw:
+        if key not in known_top:
+            raise UserError(f"{where}: unknown key {key!r} (known: {', '.join(sorted(known_top))})")
+    deviations = raw.get("deviations", [])
+    if not isinstance(deviations, (list, tuple)) or not all(isinstance(d, str) for d in deviations):
+        raise UserError(f"{where}.deviations: expected a list of strings")
+    name = raw.get("name", "custom")
+    if not isinstance(name, str):
+        raise UserError(f"{where}.name: expected a string")
+    sections = {s: _section_from_dict(cls, raw.get(s, {}), f"{where}: [{s}]") for s, cls in SECTIONS.items()}
+    recipe = Recipe(name=name, description=str(raw.get("description", "")), deviations=tuple(deviations), **sections)
+    if recipe.train.seq_len > recipe.model.max_positions:
+        raise UserError(f"{where}: train.seq_len {recipe.train.seq_len} exceeds model.max_positions {recipe.model.max_positions}")
+    return recipe
+
+
+def recipe_path(name_or_path: str) -> Path:
+    p = Path(name_or_path)
+    if p.suffix == ".toml" or p.exists():
+        if not p.is_file():
+            raise UserError(f"recipe file not found: {p}")
+        return p
+    candidate = RECIPE_DIR / f"{name_or_path}.toml"
+    if not candidate.is_file():
+        available = sorted(q.stem for q in RECIPE_DIR.glob("*.toml"))
+        raise UserError(f"unknown recipe {name_or_path!r} (available: {', '.join(available) or 'none'})")
+    return candidate
+
+
+def load_recipe(name_or_path: str, overrides: list[str] | None = None) -> Recipe:
+    """Load recipes/NAME.toml (or a path), then apply `--set` overrides."""
+    path = recipe_path(name_or_path)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"{path}: not valid TOML ({e})") from None
+    recipe = recipe_from_dict(raw, where=str(path))
+    return recipe.with_overrides(overrides or [])
+
