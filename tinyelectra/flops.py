@@ -388,6 +388,7 @@ def flops_command(
 ) -> None:
     """`tinyelectra flops`: both conventions per step, per token and in total, inference FLOPs, Table 1 fractions."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     recipe = recipe_for_flops(recipe_name, steps, batch, seq_len, overrides)
@@ -401,7 +402,7 @@ def flops_command(
         what = f"ELECTRA: discriminator {shape}; generator H{g.hidden_size} I{g.ffn_size} A{g.num_heads}"
     else:
         what = f"MLM baseline (BERT-style): {shape}"
-    console.print(f"[bold]{recipe.name}[/bold]  {what}")
+    console.print(f"[bold]{escape(recipe.name)}[/bold]  {what}")
     console.print(
         f"batch {s.batch_size} x seq_len {s.seq_len} = {s.tokens_per_step:,} tokens per step, {s.steps:,} steps, "
         f"N = {s.num_masked} masked slots per row"
