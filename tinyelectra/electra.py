@@ -1,0 +1,171 @@
+"""Everything ELECTRA-specific: choosing and masking positions, sampling replacements, labels and losses;
+plus BERT's masked-LM objective on the same encoder, so the paper's central comparison runs in one tool.
+
+Shapes stay static by construction (torch.compile and CUDA graphs need that): every row gets N = int((p+0.005)*T)
+prediction slots; how many of them are used follows the official code (round(p * non-pad tokens), at least 1, at
+most N), and unused slots carry weight 0 instead of being removed. Losses are returned as *sums* with their
+weights, so the trainer can normalise by the whole global batch (gradient accumulation and DDP then give exactly
+the mathematics of one big batch). Nothing here synchronises with the host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from tinyelectra.config import ObjectiveConfig
+from tinyelectra.model import Electra
+
+
+@dataclass(frozen=True)
+class SpecialIds:
+    pad: int
+    cls: int
+    sep: int
+    mask: int
+
+    @classmethod
+    def from_tokenizer(cls, tok) -> "SpecialIds":
+        return cls(pad=tok.pad_id, cls=tok.cls_id, sep=tok.sep_id, mask=tok.mask_id)
+
+
+@dataclass
+class Masked:
+    """A batch after masking. N is the fixed number of slots per row."""
+
+    input_ids: Tensor  # (B, T) the original tokens
+    masked_ids: Tensor  # (B, T) the generator's input
+    token_type_ids: Tensor  # (B, T)
+    attention_mask: Tensor  # (B, T) bool, True = real token
+    positions: Tensor  # (B, N) int64, distinct within a row
+    targets: Tensor  # (B, N) the original tokens at `positions`
+    weights: Tensor  # (B, N) float, 1 for slots in use, 0 otherwise
+
+    @property
+    def mlm_count(self) -> Tensor:
+        return self.weights.sum()
+
+    @property
+    def token_count(self) -> Tensor:
+        return self.attention_mask.sum()
+
+
+@dataclass
+class LossTerms:
+    """Loss sums (divide by the global counts) and metric sums (reduce over processes, divide on log steps)."""
+
+    mlm_sum: Tensor  # sum over used slots of the generator / MLM cross-entropy
+    disc_sum: Tensor  # sum over real tokens of the discriminator BCE (0 for MLM)
+    stats: dict[str, Tensor]  # sums: mlm_correct, mlm_count, disc_correct, disc_count, replaced, predicted, true_positive
+
+
+def mask_batch(
+    input_ids: Tensor,
+    token_type_ids: Tensor,
+    attention_mask: Tensor,
+    cfg: ObjectiveConfig,
+    special: SpecialIds,
+    vocab_size: int,
+    generator: torch.Generator | None = None,
+) -> Masked:
+    """Choose the prediction positions and corrupt them: [MASK] / random token / kept, per `cfg`'s fractions."""
+    B, T = input_ids.shape
+    N = cfg.num_masked(T)
+    dev = input_ids.device
+    candidates = attention_mask & (input_ids != special.cls) & (input_ids != special.sep) & (input_ids != special.mask)
+    # A uniformly random subset: random scores, non-candidates pushed below every candidate, keep the top N.
+    scores = torch.rand(B, T, device=dev, generator=generator).masked_fill(~candidates, -1.0)
+    top_scores, positions = scores.topk(N, dim=1)  # (B, N), in random order among candidates
+    num_tokens = attention_mask.sum(1, keepdim=True).float()  # (B, 1) incl. [CLS]/[SEP], as the official code
+    n_use = torch.round(num_tokens * cfg.mask_prob).clamp(1, N)  # official: max(1, min(N, round(n * p)))
+    slot = torch.arange(N, device=dev).unsqueeze(0)  # (1, N)
+    weights = ((slot < n_use) & (top_scores >= 0)).float()  # (B, N)
+    targets = torch.gather(input_ids, 1, positions)  # (B, N)
+
+    u = torch.rand(B, N, device=dev, generator=generator)
+    random_tokens = torch.randint(0, vocab_size, (B, N), device=dev, generator=generator)
+    new = torch.where(u < cfg.mask_token_fraction, torch.full_like(targets, special.mask), targets)
+    new = torch.where((u >= cfg.mask_token_fraction) & (u < cfg.mask_token_fraction + cfg.random_token_fraction), random_tokens, new)
+    new = torch.where(weights > 0, new, targets)  # unused slots write the original token back
+    masked_ids = input_ids.scatter(1, positions, new)
+    return Masked(input_ids, masked_ids, token_type_ids, attention_mask, positions, targets, weights)
+
+
+@torch.no_grad()
+def gumbel_sample(logits: Tensor, temperature: float, generator: torch.Generator | None = None) -> Tensor:
+    """argmax(logits / t + Gumbel noise) in fp32: an exact sample from softmax(logits / t). No gradient."""
+    logits = logits.float() / temperature  # fp16 Gumbel noise gives NaN/inf (REFERENCE §6): always fp32 here
+    u = torch.rand(logits.shape, device=logits.device, generator=generator)
+    gumbel = -torch.log(-torch.log(u + 1e-9) + 1e-9)  # the official code's epsilons
+    return (logits + gumbel).argmax(-1)
+
+
+def electra_terms(model: Electra, m: Masked, cfg: ObjectiveConfig, generator: torch.Generator | None = None) -> LossTerms:
+    """Generator MLM at the masked slots, Gumbel-max replacements, then replaced-token detection on every token."""
+    logits = model.generator_logits(m.masked_ids, m.token_type_ids, m.attention_mask, m.positions).float()  # (B, N, V)
+    ce = F.cross_entropy(logits.flatten(0, 1), m.targets.flatten(), reduction="none").view_as(m.weights)  # (B, N)
+    mlm_sum = (ce * m.weights).sum()
+
+    sampled = gumbel_sample(logits.detach(), cfg.temperature, generator)  # (B, N)
+    sampled = torch.where(m.weights > 0, sampled, m.targets)
+    fake_ids = m.input_ids.scatter(1, m.positions, sampled)  # (B, T)
+    labels = (fake_ids != m.input_ids).float()  # a sample equal to the original is "original"
+    disc_logits = model.discriminator_logits(fake_ids, m.token_type_ids, m.attention_mask).float()  # (B, T)
+    tok_w = m.attention_mask.float()
+    bce = F.binary_cross_entropy_with_logits(disc_logits, labels, reduction="none")
+    disc_sum = (bce * tok_w).sum()
+
+    with torch.no_grad():
+        pred = (disc_logits > 0).float()
+        stats = {
+            "mlm_correct": ((logits.argmax(-1) == m.targets).float() * m.weights).sum(),
+            "mlm_count": m.weights.sum(),
+            "disc_correct": ((pred == labels).float() * tok_w).sum(),
+            "disc_count": tok_w.sum(),
+            "replaced": (labels * tok_w).sum(),
+            "predicted": (pred * tok_w).sum(),
+            "true_positive": (pred * labels * tok_w).sum(),
+        }
+    return LossTerms(mlm_sum=mlm_sum, disc_sum=disc_sum, stats=stats)
+
+
+def mlm_terms(model: Electra, m: Masked) -> LossTerms:
+    """BERT's objective: cross-entropy of the (full-size) encoder's MLM head at the masked slots."""
+    logits = model.generator_logits(m.masked_ids, m.token_type_ids, m.attention_mask, m.positions).float()  # (B, N, V)
+    ce = F.cross_entropy(logits.flatten(0, 1), m.targets.flatten(), reduction="none").view_as(m.weights)
+    zero = ce.new_zeros(())
+    with torch.no_grad():
+        stats = {
+            "mlm_correct": ((logits.argmax(-1) == m.targets).float() * m.weights).sum(),
+            "mlm_count": m.weights.sum(),
+        }
+    return LossTerms(mlm_sum=(ce * m.weights).sum(), disc_sum=zero, stats=stats)
+
+
+def loss_terms(model: Electra, m: Masked, cfg: ObjectiveConfig, generator: torch.Generator | None = None) -> LossTerms:
+    return electra_terms(model, m, cfg, generator) if cfg.kind == "electra" else mlm_terms(model, m)
+
+
+def combine(terms: LossTerms, cfg: ObjectiveConfig, mlm_count: Tensor, token_count: Tensor) -> Tensor:
+    """The paper's loss for this slice of the batch: MLM mean + lambda * RTD mean, with the means taken over the
+    *global* batch (`mlm_count`, `token_count` summed over all micro-batches and processes)."""
+    loss = terms.mlm_sum / mlm_count.clamp_min(1)
+    if cfg.kind == "electra":
+        loss = loss + cfg.disc_weight * terms.disc_sum / token_count.clamp_min(1)
+    return loss
+
+
+def summarize(stats: dict[str, float]) -> dict[str, float]:
+    """Turn metric sums (already reduced, on the host) into the logged rates."""
+    out: dict[str, float] = {}
+    if stats.get("mlm_count"):
+        out["gen_acc"] = stats["mlm_correct"] / stats["mlm_count"]
+    if stats.get("disc_count"):
+        out["disc_acc"] = stats["disc_correct"] / stats["disc_count"]
+        out["replaced_frac"] = stats["replaced"] / stats["disc_count"]
+        out["disc_precision"] = stats["true_positive"] / stats["predicted"] if stats["predicted"] else 0.0
+        out["disc_recall"] = stats["true_positive"] / stats["replaced"] if stats["replaced"] else 0.0
+    return out

@@ -1,0 +1,240 @@
+"""The ELECTRA networks: embeddings, the post-LN transformer encoder, and the three heads.
+
+What lives here: modules and their forward passes, nothing about masking, sampling or losses (electra.py) and
+nothing about transformers' weight names (hf.py). Shapes: B batch, T tokens, N masked slots per row,
+V vocabulary, E embedding width, H hidden width.
+
+- `Embeddings`: token + position + type embeddings (width E), LayerNorm, dropout. Shared by generator and
+  discriminator in the paper's setting.
+- `Encoder`: a linear projection E -> H when E != H, then post-LN blocks (attention through
+  `F.scaled_dot_product_attention`, GELU feed-forward).
+- `Electra`: the pre-training model: shared embeddings, a discriminator (encoder + binary head) and a generator
+  (a narrower encoder + MLM head tied to the word embeddings, evaluated only at the masked positions). With
+  `objective="mlm"` it is BERT's masked LM: one full-size encoder with the MLM head and no discriminator.
+- `Classifier`: embeddings + encoder + [CLS] -> dropout -> linear, for fine-tuning.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from tinyelectra.config import ModelConfig
+from tinyelectra.errors import UserError
+
+
+class Embeddings(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        E = cfg.embedding_size
+        self.word = nn.Embedding(cfg.vocab_size, E)
+        self.position = nn.Embedding(cfg.max_positions, E)
+        self.token_type = nn.Embedding(cfg.type_vocab_size, E)
+        self.norm = nn.LayerNorm(E, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor) -> Tensor:
+        T = input_ids.shape[1]
+        x = self.word(input_ids) + self.token_type(token_type_ids) + self.position.weight[:T]  # (B, T, E)
+        return self.dropout(self.norm(x))
+
+
+class Block(nn.Module):
+    """Post-LN transformer block: x = LN(x + Attn(x)); x = LN(x + FFN(x)), as BERT and ELECTRA."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        H = cfg.hidden_size
+        self.num_heads = cfg.num_heads
+        self.qkv = nn.Linear(H, 3 * H)  # fused query/key/value: one matmul instead of three
+        self.attn_out = nn.Linear(H, H)
+        self.norm1 = nn.LayerNorm(H, eps=cfg.layer_norm_eps)
+        self.ffn_in = nn.Linear(H, cfg.ffn_size)
+        self.ffn_out = nn.Linear(cfg.ffn_size, H)
+        self.norm2 = nn.LayerNorm(H, eps=cfg.layer_norm_eps)
+        self.dropout_p = cfg.dropout
+        self.attention_dropout_p = cfg.attention_dropout
+
+    def forward(self, x: Tensor, attn_mask: Tensor | None) -> Tensor:
+        B, T, H = x.shape
+        nh = self.num_heads
+        q, k, v = self.qkv(x).view(B, T, 3, nh, H // nh).permute(2, 0, 3, 1, 4)  # each (B, nh, T, hd)
+        p_attn = self.attention_dropout_p if self.training else 0.0
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p_attn)  # (B, nh, T, hd)
+        a = a.transpose(1, 2).reshape(B, T, H)
+        p = self.dropout_p if self.training else 0.0
+        x = self.norm1(x + F.dropout(self.attn_out(a), p, self.training))
+        h = F.gelu(self.ffn_in(x))  # exact (erf) GELU, as BERT/ELECTRA and transformers' "gelu"
+        return self.norm2(x + F.dropout(self.ffn_out(h), p, self.training))
+
+
+class Encoder(nn.Module):
+    """Projection E -> H (when E != H) and the stack of blocks; embeddings are passed in, so they can be shared."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        E, H = cfg.embedding_size, cfg.hidden_size
+        self.project = nn.Linear(E, H) if E != H else None
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
+        self.grad_checkpointing = False
+
+    def forward(self, embedded: Tensor, attention_mask: Tensor | None) -> Tensor:
+        x = self.project(embedded) if self.project is not None else embedded  # (B, T, H)
+        attn_mask = None if attention_mask is None else attention_mask[:, None, None, :]  # (B, 1, 1, T) True = attend
+        for layer in self.layers:
+            if self.grad_checkpointing and self.training:
+                x = checkpoint(layer, x, attn_mask, use_reentrant=False)
+            else:
+                x = layer(x, attn_mask)
+        return x
+
+
+class DiscriminatorHead(nn.Module):
+    """dense(H) -> GELU -> dense(1): one replaced/original logit per token."""
+
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.dense = nn.Linear(hidden_size, hidden_size)
+        self.out = nn.Linear(hidden_size, 1)
+
+    def forward(self, h: Tensor) -> Tensor:
+        return self.out(F.gelu(self.dense(h))).squeeze(-1)  # (B, T)
+
+
+class GeneratorHead(nn.Module):
+    """dense(H -> E) -> GELU -> LayerNorm -> tied word-embedding matrix + bias (the logits over V)."""
+
+    def __init__(self, hidden_size: int, embedding_size: int, vocab_size: int, eps: float) -> None:
+        super().__init__()
+        self.dense = nn.Linear(hidden_size, embedding_size)
+        self.norm = nn.LayerNorm(embedding_size, eps=eps)
+        self.bias = nn.Parameter(torch.zeros(vocab_size))
+
+    def forward(self, h: Tensor, word_embeddings: Tensor) -> Tensor:
+        x = self.norm(F.gelu(self.dense(h)))  # (..., E)
+        return F.linear(x, word_embeddings, self.bias)  # (..., V)
+
+
+class Electra(nn.Module):
+    """Generator + discriminator sharing embeddings (objective "electra"), or a masked LM alone ("mlm")."""
+
+    def __init__(self, cfg: ModelConfig, objective: str = "electra") -> None:
+        super().__init__()
+        if objective not in ("electra", "mlm"):
+            raise UserError(f"unknown objective {objective!r} (electra or mlm)")
+        self.cfg = cfg
+        self.objective = objective
+        self.embeddings = Embeddings(cfg)
+        if objective == "mlm":
+            # BERT: the full-size encoder is the "generator" (it carries the MLM head); nothing to discriminate.
+            self.gen_cfg = dataclasses.replace(cfg, generator_fraction=1.0, sharing="embeddings")
+            self.generator = Encoder(self.gen_cfg)
+            self.discriminator = None
+            self.disc_head = None
+            self.gen_embeddings = None
+        else:
+            self.gen_cfg = cfg.generator()
+            self.discriminator = Encoder(cfg)
+            self.disc_head = DiscriminatorHead(cfg.hidden_size)
+            # sharing "all": the generator *is* the discriminator's encoder (same size), not a second module
+            self.generator = None if cfg.sharing == "all" else Encoder(self.gen_cfg)
+            self.gen_embeddings = Embeddings(self.gen_cfg) if cfg.sharing == "none" else None
+        self.gen_head = GeneratorHead(self.gen_cfg.hidden_size, cfg.embedding_size, cfg.vocab_size, cfg.layer_norm_eps)
+        self.apply(init_weights)
+
+    @property
+    def generator_encoder(self) -> Encoder:
+        return self.generator if self.generator is not None else self.discriminator
+
+    @property
+    def generator_embeddings(self) -> Embeddings:
+        return self.gen_embeddings if self.gen_embeddings is not None else self.embeddings
+
+    @property
+    def backbone(self) -> Encoder:
+        """The encoder a downstream task fine-tunes: the discriminator (ELECTRA) or the MLM encoder (BERT)."""
+        return self.discriminator if self.discriminator is not None else self.generator
+
+    def set_grad_checkpointing(self, enabled: bool) -> None:
+        for enc in {id(e): e for e in (self.discriminator, self.generator) if e is not None}.values():
+            enc.grad_checkpointing = enabled
+
+    def generator_logits(self, input_ids: Tensor, token_type_ids: Tensor, attention_mask: Tensor, positions: Tensor) -> Tensor:
+        """MLM logits only at `positions` (B, N): (B, N, V). The full-vocabulary product is never formed at all T."""
+        emb = self.generator_embeddings
+        h = self.generator_encoder(emb(input_ids, token_type_ids), attention_mask)  # (B, T, Hg)
+        idx = positions.unsqueeze(-1).expand(-1, -1, h.shape[-1])  # (B, N, Hg)
+        return self.gen_head(torch.gather(h, 1, idx), emb.word.weight)  # (B, N, V)
+
+    def discriminator_logits(self, input_ids: Tensor, token_type_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """Replaced-token logits for every token: (B, T)."""
+        assert self.discriminator is not None and self.disc_head is not None, "an MLM model has no discriminator"
+        h = self.discriminator(self.embeddings(input_ids, token_type_ids), attention_mask)
+        return self.disc_head(h)
+
+    def discriminator_state_dict(self) -> dict[str, Tensor]:
+        """Embeddings + discriminator encoder + binary head (what `discriminator.safetensors` holds)."""
+        return _prefixed(self, ("embeddings.", "discriminator.", "disc_head."))
+
+    def generator_state_dict(self) -> dict[str, Tensor]:
+        """What `generator.safetensors` holds: the embeddings it reads, its encoder and the MLM head."""
+        sd = _prefixed(self, ("embeddings.", "gen_embeddings.", "generator.", "gen_head."))
+        if self.generator is None and self.discriminator is not None:  # sharing "all": the encoder is the discriminator's
+            sd.update({"generator." + k[len("discriminator."):]: v for k, v in _prefixed(self, ("discriminator.",)).items()})
+        return sd
+
+    def load_split_state_dict(self, disc: dict[str, Tensor] | None, gen: dict[str, Tensor]) -> None:
+        """Inverse of the two methods above (strict: a missing or unexpected tensor is an error)."""
+        merged = dict(gen)
+        if self.generator is None:
+            merged = {k: v for k, v in merged.items() if not k.startswith("generator.")}
+        if disc is not None:
+            merged.update(disc)
+        self.load_state_dict(merged, strict=True)
+
+
+class Classifier(nn.Module):
+    """A fine-tuning model: embeddings + encoder + ([CLS] -> dropout -> linear), the paper's head (not HF's 2-layer one)."""
+
+    def __init__(self, cfg: ModelConfig, num_labels: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embeddings = Embeddings(cfg)
+        self.encoder = Encoder(cfg)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.head = nn.Linear(cfg.hidden_size, num_labels)
+        self.apply(init_weights)
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        h = self.encoder(self.embeddings(input_ids, token_type_ids), attention_mask)  # (B, T, H)
+        return self.head(self.dropout(h[:, 0]))  # (B, num_labels); regression when num_labels == 1
+
+    def load_backbone(self, embeddings: dict[str, Tensor], encoder: dict[str, Tensor]) -> None:
+        """Load pre-trained weights (keys relative to the Embeddings / Encoder modules); the head stays fresh."""
+        self.embeddings.load_state_dict(embeddings, strict=True)
+        self.encoder.load_state_dict(encoder, strict=True)
+
+
+def init_weights(module: nn.Module) -> None:
+    """BERT/ELECTRA initialisation: normal(0, 0.02) weights, zero biases, unit LayerNorm."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
+
+
+def _prefixed(model: nn.Module, prefixes: tuple[str, ...]) -> dict[str, Tensor]:
+    return {k: v for k, v in model.state_dict().items() if k.startswith(prefixes)}
+
+
+def count_parameters(module: nn.Module) -> int:
+    """Distinct trainable parameters (a tied tensor counts once)."""
+    return sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
