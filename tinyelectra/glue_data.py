@@ -1,0 +1,768 @@
+"""GLUE data: the task table, readers (classic `glue_data` folders and Hugging Face `datasets`), pair encoding
+for fine-tuning, and the writer of GLUE test-set submission files.
+
+What lives here: facts about the nine GLUE tasks and the AX diagnostic, and turning their files into arrays.
+What does not: metrics (metrics.py), the model, the fine-tuning loop and the report (glue.py, report.py).
+
+Facts were checked against the classic `download_glue_data.py` layout, the Hugging Face GLUE builder
+(column names, label order), the official ELECTRA fine-tuning code (column positions, BERT's truncation rule,
+MRPC/STS-B swapped pairs) and GLUE's submission format as written by jiant's formatter (`index<TAB>prediction`,
+file names CoLA.tsv ... AX.tsv, labels in the vocabulary of the task's own files).
+
+Reading rules (the classic files' quirks):
+- Quoting is OFF: a line is split on tabs and nothing else (csv.QUOTE_NONE). With csv's default quoting an
+  unbalanced `"` in SST-2, MRPC or QNLI swallows the following lines.
+- The header row is found by its column names; CoLA train/dev and QQP's `dev.partial.tsv` have none and are read
+  by position. A UTF-8 byte-order mark (MRPC's header) is dropped.
+- A data row with the wrong number of fields, an unknown label, a bad score or bytes that are not UTF-8 is
+  skipped and recorded as a `MalformedLine` (file, line number, reason); `GlueSplit.summary()` gives the caller
+  one line to print. A file whose rows are mostly malformed, or a header without the expected columns, is a
+  `UserError`: it is the wrong file, not a damaged one.
+
+Shapes: M examples, B batch, T tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from tinyelectra.errors import UserError
+
+# ----------------------------------------------------------------------------------------------------------------
+# The task table
+# ----------------------------------------------------------------------------------------------------------------
+
+# Metric keys (computed in metrics.py). The paper's score and the GLUE leaderboard's score each name one.
+ACCURACY = "accuracy"
+F1 = "f1"
+MATTHEWS = "matthews_corr"
+PEARSON = "pearson"
+SPEARMAN = "spearman"
+F1_ACCURACY_MEAN = "f1_accuracy_mean"  # GLUE leaderboard for MRPC and QQP
+PEARSON_SPEARMAN_MEAN = "pearson_spearman_mean"  # GLUE leaderboard for STS-B
+
+HF_DATASET = "nyu-mll/glue"
+SUBMISSION_HEADER = ("index", "prediction")
+DEFAULT_MAX_LENGTH = 128  # tokens, paper's fine-tuning length (REFERENCE §5)
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Everything tinyelectra knows about one GLUE task. Class id i is `file_labels[i]` in the files and
+    `label_names[i]` in Hugging Face's ClassLabel, so both readers give the same ids."""
+
+    name: str  # our key: "sst2"
+    dir_name: str  # folder in glue_data: "SST-2"
+    files: Mapping[str, str]  # split -> file name in that folder ("train", "dev", "test", MNLI's dev_matched ...)
+    text_columns: tuple[str, ...]  # header names of segment A (and B)
+    label_column: str | None  # header name of the label in labelled files (None: AX has no labels)
+    file_labels: tuple[str, ...]  # label strings as written in the files, in class-id order; () = regression
+    label_names: tuple[str, ...]  # readable names in the same order (= Hugging Face ClassLabel names)
+    index_column: str | None  # header name of the example id in test files (QQP: "id")
+    paper_metric: str  # the ELECTRA paper's number for this task
+    glue_metric: str  # the GLUE leaderboard's number for this task
+    submission_files: Mapping[str, str]  # test split -> file name in a GLUE submission
+    hf_config: str  # Hugging Face `datasets` config name
+    hf_text_columns: tuple[str, ...]  # Hugging Face column names of segment A (and B)
+    headerless_columns: tuple[str, ...] | None = None  # column names of labelled files written without a header
+    epochs: int = 3  # fine-tuning epochs (REFERENCE §5: 3, 10 for RTE and STS-B)
+    swap_pairs: bool = False  # MRPC, STS-B: also train on (B, A) (REFERENCE §5)
+    score_range: tuple[float, float] | None = None  # regression targets' range (STS-B: 0 to 5)
+
+    @property
+    def is_regression(self) -> bool:
+        return not self.file_labels
+
+    @property
+    def num_labels(self) -> int:
+        """Width of the classifier's output: 1 for regression."""
+        return 1 if self.is_regression else len(self.file_labels)
+
+    @property
+    def is_pair(self) -> bool:
+        return len(self.text_columns) == 2
+
+    @property
+    def dev_splits(self) -> tuple[str, ...]:
+        return tuple(s for s in self.files if s.startswith("dev"))
+
+    @property
+    def test_splits(self) -> tuple[str, ...]:
+        return tuple(s for s in self.files if s.startswith("test"))
+
+    @property
+    def primary_dev_split(self) -> str:
+        """The dev split behind the task's single number (MNLI: matched, as the paper and official code)."""
+        return self.dev_splits[0]
+
+
+def _files() -> dict[str, str]:
+    return {"train": "train.tsv", "dev": "dev.tsv", "test": "test.tsv"}
+
+
+TASKS: dict[str, TaskSpec] = {
+    t.name: t
+    for t in (
+        TaskSpec(
+            name="cola", dir_name="CoLA", files=_files(), text_columns=("sentence",), label_column="label",
+            file_labels=("0", "1"), label_names=("unacceptable", "acceptable"), index_column="index",
+            paper_metric=MATTHEWS, glue_metric=MATTHEWS, submission_files={"test": "CoLA.tsv"},
+            hf_config="cola", hf_text_columns=("sentence",),
+            # train/dev: source code, label, the original author's mark ("*"), sentence; no header.
+            headerless_columns=("source", "label", "label_notes", "sentence"),
+        ),
+        TaskSpec(
+            name="sst2", dir_name="SST-2", files=_files(), text_columns=("sentence",), label_column="label",
+            file_labels=("0", "1"), label_names=("negative", "positive"), index_column="index",
+            paper_metric=ACCURACY, glue_metric=ACCURACY, submission_files={"test": "SST-2.tsv"},
+            hf_config="sst2", hf_text_columns=("sentence",),
+        ),
+        TaskSpec(
+            name="mrpc", dir_name="MRPC", files=_files(), text_columns=("#1 String", "#2 String"),
+            label_column="Quality", file_labels=("0", "1"), label_names=("not_equivalent", "equivalent"),
+            index_column="index", paper_metric=ACCURACY, glue_metric=F1_ACCURACY_MEAN,
+            submission_files={"test": "MRPC.tsv"}, hf_config="mrpc", hf_text_columns=("sentence1", "sentence2"),
+            swap_pairs=True,
+        ),
+        TaskSpec(
+            name="stsb", dir_name="STS-B", files=_files(), text_columns=("sentence1", "sentence2"),
+            label_column="score", file_labels=(), label_names=(), index_column="index",
+            paper_metric=SPEARMAN, glue_metric=PEARSON_SPEARMAN_MEAN, submission_files={"test": "STS-B.tsv"},
+            hf_config="stsb", hf_text_columns=("sentence1", "sentence2"), epochs=10, swap_pairs=True,
+            score_range=(0.0, 5.0),
+        ),
+        TaskSpec(
+            name="qqp", dir_name="QQP", files=_files(), text_columns=("question1", "question2"),
+            label_column="is_duplicate", file_labels=("0", "1"), label_names=("not_duplicate", "duplicate"),
+            index_column="id", paper_metric=ACCURACY, glue_metric=F1_ACCURACY_MEAN,
+            submission_files={"test": "QQP.tsv"}, hf_config="qqp", hf_text_columns=("question1", "question2"),
+            headerless_columns=("id", "qid1", "qid2", "question1", "question2", "is_duplicate"),
+        ),
+        TaskSpec(
+            name="mnli", dir_name="MNLI",
+            files={
+                "train": "train.tsv", "dev_matched": "dev_matched.tsv", "dev_mismatched": "dev_mismatched.tsv",
+                "test_matched": "test_matched.tsv", "test_mismatched": "test_mismatched.tsv",
+            },
+            text_columns=("sentence1", "sentence2"), label_column="gold_label",
+            file_labels=("entailment", "neutral", "contradiction"),
+            label_names=("entailment", "neutral", "contradiction"), index_column="index",
+            paper_metric=ACCURACY, glue_metric=ACCURACY,
+            submission_files={"test_matched": "MNLI-m.tsv", "test_mismatched": "MNLI-mm.tsv"},
+            hf_config="mnli", hf_text_columns=("premise", "hypothesis"),
+        ),
+        TaskSpec(
+            name="qnli", dir_name="QNLI", files=_files(), text_columns=("question", "sentence"), label_column="label",
+            file_labels=("entailment", "not_entailment"), label_names=("entailment", "not_entailment"),
+            index_column="index", paper_metric=ACCURACY, glue_metric=ACCURACY, submission_files={"test": "QNLI.tsv"},
+            hf_config="qnli", hf_text_columns=("question", "sentence"),
+        ),
+        TaskSpec(
+            name="rte", dir_name="RTE", files=_files(), text_columns=("sentence1", "sentence2"), label_column="label",
+            file_labels=("entailment", "not_entailment"), label_names=("entailment", "not_entailment"),
+            index_column="index", paper_metric=ACCURACY, glue_metric=ACCURACY, submission_files={"test": "RTE.tsv"},
+            hf_config="rte", hf_text_columns=("sentence1", "sentence2"), epochs=10,
+        ),
+        TaskSpec(
+            name="wnli", dir_name="WNLI", files=_files(), text_columns=("sentence1", "sentence2"), label_column="label",
+            file_labels=("0", "1"), label_names=("not_entailment", "entailment"), index_column="index",
+            paper_metric=ACCURACY, glue_metric=ACCURACY, submission_files={"test": "WNLI.tsv"},
+            hf_config="wnli", hf_text_columns=("sentence1", "sentence2"),
+        ),
+        # The diagnostic set: test only, predicted by the MNLI model, submitted as AX.tsv.
+        TaskSpec(
+            name="ax", dir_name="diagnostic", files={"test": "diagnostic.tsv"}, text_columns=("sentence1", "sentence2"),
+            label_column=None, file_labels=("entailment", "neutral", "contradiction"),
+            label_names=("entailment", "neutral", "contradiction"), index_column="index",
+            paper_metric=ACCURACY, glue_metric=ACCURACY, submission_files={"test": "AX.tsv"},
+            hf_config="ax", hf_text_columns=("premise", "hypothesis"),
+        ),
+    )
+}
+
+# The nine GLUE tasks a model is fine-tuned on ("all"); AX is predicted with the MNLI model.
+GLUE_TASK_NAMES: tuple[str, ...] = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
+# The eight tasks of the paper's GLUE score (WNLI left out, as BERT and ELECTRA did).
+PAPER_TASK_NAMES: tuple[str, ...] = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte")
+
+
+def _norm(name: str) -> str:
+    return name.lower().replace("-", "").replace("_", "")
+
+
+_ALIASES = {_norm(t.name): t.name for t in TASKS.values()} | {_norm(t.dir_name): t.name for t in TASKS.values()}
+
+
+def get_task(name: str) -> TaskSpec:
+    """The spec of a task by name, case- and hyphen-insensitive ("SST-2", "sst2", "STS-B")."""
+    key = _ALIASES.get(_norm(name))
+    if key is None:
+        raise UserError(f"unknown GLUE task '{name}'; choose from {', '.join(GLUE_TASK_NAMES)}, ax, or all")
+    return TASKS[key]
+
+
+def resolve_tasks(spec: str) -> list[str]:
+    """`--tasks` text -> task names: "all" (the nine GLUE tasks) or a comma-separated list, duplicates dropped."""
+    names: list[str] = []
+    for part in (p.strip() for p in spec.split(",")):
+        if not part:
+            continue
+        for name in GLUE_TASK_NAMES if part.lower() == "all" else (get_task(part).name,):
+            if name not in names:
+                names.append(name)
+    if not names:
+        raise UserError(f"--tasks '{spec}' names no task; choose from {', '.join(GLUE_TASK_NAMES)}, or all")
+    return names
+
+
+def _spec_and_split(task: str, split: str) -> TaskSpec:
+    spec = get_task(task)
+    if split not in spec.files:
+        raise UserError(f"GLUE task '{spec.name}' has no split '{split}'; it has {', '.join(spec.files)}")
+    return spec
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# What a reader returns
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MalformedLine:
+    """One skipped input row: where it was and why."""
+
+    path: str
+    line_number: int  # 1-based line in the file (for Hugging Face data: 1-based row)
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line_number}: {self.reason}"
+
+
+@dataclass
+class GlueSplit:
+    """One split of one task, as parallel lists. `labels` is int64 class ids, float32 scores (STS-B), or None
+    for test splits. `ids` are the files' example ids (test files' `index`/`id` column, else the row ordinal)."""
+
+    task: str
+    split: str
+    source: str  # file path, or "hf:nyu-mll/glue/rte/validation"
+    ids: list[str]
+    text_a: list[str]
+    text_b: list[str] | None
+    labels: np.ndarray | None  # (M,)
+    malformed: list[MalformedLine] = field(default_factory=list)
+    blank_lines: int = 0  # empty lines (no data, not counted as malformed)
+
+    def __len__(self) -> int:
+        return len(self.text_a)
+
+    @property
+    def spec(self) -> TaskSpec:
+        return TASKS[self.task]
+
+    def summary(self) -> str:
+        """One line for the caller to print: rows read, and every skipped line (up to three shown)."""
+        line = f"{self.task} {self.split}: {len(self):,} rows from {self.source}"
+        if self.malformed:
+            shown = "; ".join(f"line {m.line_number}: {m.reason}" for m in self.malformed[:3])
+            more = f"; and {len(self.malformed) - 3} more" if len(self.malformed) > 3 else ""
+            n = len(self.malformed)
+            line += f"; {n} malformed line{'s' if n > 1 else ''} skipped ({shown}{more})"
+        return line
+
+    def select(self, indices: Sequence[int] | np.ndarray) -> "GlueSplit":
+        """A new split with the rows at `indices` (e.g. the first N for a quick run)."""
+        idx = [int(i) for i in indices]
+        return dataclasses.replace(
+            self,
+            ids=[self.ids[i] for i in idx],
+            text_a=[self.text_a[i] for i in idx],
+            text_b=None if self.text_b is None else [self.text_b[i] for i in idx],
+            labels=None if self.labels is None else self.labels[np.asarray(idx, dtype=np.int64)],
+        )
+
+
+def with_swapped_pairs(split: GlueSplit) -> GlueSplit:
+    """Training-set augmentation of MRPC and STS-B (official code's `double_unordered`): every pair (A, B) is
+    also added as (B, A) with the same label, after the originals. Only for train splits of pair tasks."""
+    if split.split != "train":
+        raise ValueError(f"swapped pairs are a training augmentation; got the {split.split} split")
+    if split.text_b is None:
+        raise ValueError(f"{split.task} has single sentences; there is no pair to swap")
+    return dataclasses.replace(
+        split,
+        ids=split.ids + [f"{i}-swapped" for i in split.ids],
+        text_a=split.text_a + split.text_b,
+        text_b=split.text_b + split.text_a,
+        labels=None if split.labels is None else np.concatenate([split.labels, split.labels]),
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The classic glue_data layout
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _task_dir(glue_dir: Path, spec: TaskSpec) -> Path | None:
+    exact = glue_dir / spec.dir_name
+    if exact.is_dir():
+        return exact
+    # Accept "sst2", "sts-b", "Cola" ...: users rename folders.
+    wanted = {_norm(spec.dir_name), _norm(spec.name)}
+    for entry in sorted(glue_dir.iterdir()):
+        if entry.is_dir() and _norm(entry.name) in wanted:
+            return entry
+    return None
+
+
+def find_split_file(glue_dir: str | Path, task: str, split: str) -> Path | None:
+    """The file of one split if it exists, else None (no error): for choosing the tasks that have data."""
+    spec = _spec_and_split(task, split)
+    glue_dir = Path(glue_dir)
+    if not glue_dir.is_dir():
+        return None
+    folder = _task_dir(glue_dir, spec)
+    path = None if folder is None else folder / spec.files[split]
+    return path if path is not None and path.is_file() else None
+
+
+def split_file(glue_dir: str | Path, task: str, split: str) -> Path:
+    """The file of one split, or a UserError that says which folder and files were expected."""
+    spec = _spec_and_split(task, split)
+    glue_dir = Path(glue_dir)
+    if not glue_dir.is_dir():
+        raise UserError(f"GLUE directory {glue_dir} does not exist (expected the classic glue_data layout)")
+    folder = _task_dir(glue_dir, spec)
+    expected = ", ".join(f"{spec.dir_name}/{f}" for f in spec.files.values())
+    if folder is None:
+        raise UserError(
+            f"GLUE task '{spec.name}': no folder {spec.dir_name} in {glue_dir} (expected {expected}, "
+            "the classic glue_data layout)"
+        )
+    path = folder / spec.files[split]
+    if not path.is_file():
+        present = ", ".join(sorted(p.name for p in folder.iterdir() if p.is_file())) or "nothing"
+        raise UserError(f"GLUE task '{spec.name}': {path} not found (expected {expected}; {folder} holds {present})")
+    return path
+
+
+def read_split(glue_dir: str | Path, task: str, split: str) -> GlueSplit:
+    """Read one split from the classic glue_data layout (`glue_dir/RTE/dev.tsv`, `glue_dir/MNLI/dev_matched.tsv`)."""
+    return read_tsv(split_file(glue_dir, task, split), task, split)
+
+
+_BOM = b"\xef\xbb\xbf"
+
+
+def read_tsv(path: str | Path, task: str, split: str) -> GlueSplit:
+    """Read one GLUE TSV file as `split` of `task` (any file name: e.g. QQP's `dev.partial.tsv`).
+
+    Tabs separate fields and nothing is quoted. Bad rows are skipped and listed in `.malformed`.
+    """
+    spec = _spec_and_split(task, split)
+    path = Path(path)
+    labelled = not split.startswith("test") and spec.label_column is not None
+    required = list(spec.text_columns) + ([spec.label_column] if labelled else [])
+    where = f"{path} ({spec.name} {split})"
+
+    ids: list[str] = []
+    texts: list[list[str]] = [[] for _ in spec.text_columns]
+    raw_labels: list[str] = []
+    malformed: list[MalformedLine] = []
+    blank_lines = 0
+    columns: list[str] | None = None
+    positions: list[int] = []
+    index_position: int | None = None
+    data_rows = 0
+
+    try:
+        handle = open(path, "rb")
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e.strerror}") from None
+    with handle:
+        # Binary lines split on b"\n" only: a stray "\r" inside a field must not end the row.
+        for line_number, raw in enumerate(handle, start=1):
+            if line_number == 1 and raw.startswith(_BOM):
+                raw = raw[len(_BOM):]
+            raw = raw.rstrip(b"\r\n")
+            if not raw:
+                blank_lines += 1
+                continue
+            try:
+                fields = raw.decode("utf-8").split("\t")
+            except UnicodeDecodeError:
+                fields = None
+
+            if columns is None:  # the first non-blank line: a header, or data of a headerless file
+                header = [f.strip() for f in fields] if fields is not None else []
+                is_header = all(c in header for c in required)
+                if is_header:
+                    columns = header
+                elif labelled and spec.headerless_columns is not None:
+                    columns = list(spec.headerless_columns)  # CoLA train/dev, QQP dev.partial: this line is data
+                else:
+                    missing = ", ".join(c for c in required if c not in header)
+                    found = ", ".join(header[:8]) + (" ..." if len(header) > 8 else "")
+                    raise UserError(
+                        f"{where}: expected a header with columns {', '.join(required)}; "
+                        f"line {line_number} has ({found}), missing {missing}"
+                    )
+                positions = [columns.index(c) for c in required]
+                index_position = columns.index(spec.index_column) if spec.index_column in columns else None
+                if is_header:
+                    continue
+
+            ordinal = data_rows
+            data_rows += 1
+            if fields is None:
+                malformed.append(MalformedLine(str(path), line_number, "not valid UTF-8"))
+                continue
+            if len(fields) != len(columns):
+                malformed.append(
+                    MalformedLine(str(path), line_number, f"{_plural(len(fields), 'field')}, expected {len(columns)}")
+                )
+                continue
+            if labelled:
+                value = fields[positions[-1]].strip()
+                problem = _label_problem(spec, value)
+                if problem:
+                    malformed.append(MalformedLine(str(path), line_number, problem))
+                    continue
+                raw_labels.append(value)
+            for column_texts, pos in zip(texts, positions):
+                column_texts.append(fields[pos])
+            ids.append(fields[index_position].strip() if index_position is not None else str(ordinal))
+
+    good = len(ids)
+    if columns is None or data_rows == 0:
+        raise UserError(f"{where}: no data rows")
+    if good == 0 or len(malformed) > good:
+        raise UserError(
+            f"{where}: {len(malformed)} of {data_rows} rows are malformed (first: line {malformed[0].line_number}: "
+            f"{malformed[0].reason}); "
+            f"is this the {spec.name} {split} file?"
+        )
+    return GlueSplit(
+        task=spec.name, split=split, source=str(path), ids=ids, text_a=texts[0],
+        text_b=texts[1] if spec.is_pair else None, labels=_label_array(spec, raw_labels) if labelled else None,
+        malformed=malformed, blank_lines=blank_lines,
+    )
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _label_problem(spec: TaskSpec, value: str) -> str | None:
+    if not spec.is_regression:
+        return None if value in spec.file_labels else f"label '{value}' is not one of {', '.join(spec.file_labels)}"
+    try:
+        score = float(value)
+    except ValueError:
+        return f"score '{value}' is not a number"
+    low, high = spec.score_range or (-np.inf, np.inf)
+    if not (low <= score <= high):  # also catches nan
+        return f"score {value} outside [{low:g}, {high:g}]"
+    return None
+
+
+def _label_array(spec: TaskSpec, values: list[str]) -> np.ndarray:
+    if spec.is_regression:
+        return np.asarray([float(v) for v in values], dtype=np.float32)
+    ids = {label: i for i, label in enumerate(spec.file_labels)}
+    return np.asarray([ids[v] for v in values], dtype=np.int64)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Hugging Face `datasets`
+# ----------------------------------------------------------------------------------------------------------------
+
+_HF_SPLITS = {
+    "train": "train", "dev": "validation", "test": "test", "dev_matched": "validation_matched",
+    "dev_mismatched": "validation_mismatched", "test_matched": "test_matched", "test_mismatched": "test_mismatched",
+}
+
+
+def load_hf_split(task: str, split: str, dataset_name: str = HF_DATASET) -> GlueSplit:
+    """Read one split through Hugging Face `datasets` (`load_dataset("nyu-mll/glue", "rte", split="validation")`).
+
+    A missing `datasets` package or an unreachable hub is a UserError, one line.
+    """
+    spec = _spec_and_split(task, split)
+    try:
+        import datasets
+    except ImportError:
+        raise UserError(
+            "reading GLUE from Hugging Face needs the `datasets` package (pip install 'tinyelectra[data]'); "
+            "or use --glue-dir with the classic glue_data folders"
+        ) from None
+    hf_split = _HF_SPLITS[split]
+    try:
+        ds = datasets.load_dataset(dataset_name, spec.hf_config, split=hf_split)
+    except Exception as e:  # network, offline mode, missing config: all mean "not available from here"
+        reason = (str(e).strip().splitlines() or [""])[0][:200]
+        raise UserError(
+            f"could not load {dataset_name} '{spec.hf_config}' split '{hf_split}' from the Hugging Face hub "
+            f"({type(e).__name__}: {reason}); use --glue-dir with the classic glue_data folders instead"
+        ) from None
+    return from_hf_dataset(ds, spec.name, split, source=f"hf:{dataset_name}/{spec.hf_config}/{hf_split}")
+
+
+def from_hf_dataset(ds, task: str, split: str, source: str) -> GlueSplit:
+    """Turn a loaded Hugging Face GLUE split (columns: texts, `label`, `idx`) into a GlueSplit.
+
+    Class ids are mapped by the dataset's ClassLabel names, so they match the classic reader's ids.
+    Labelled rows with label -1 (missing) are skipped and listed as malformed.
+    """
+    spec = _spec_and_split(task, split)
+    labelled = not split.startswith("test") and spec.label_column is not None
+    needed = list(spec.hf_text_columns) + (["label"] if labelled else [])
+    missing = [c for c in needed if c not in ds.column_names]
+    if missing:
+        raise UserError(f"{source}: columns {', '.join(missing)} missing (has {', '.join(ds.column_names)})")
+    texts = [list(ds[c]) for c in spec.hf_text_columns]
+    n = len(texts[0])
+    ids = [str(i) for i in ds["idx"]] if "idx" in ds.column_names else [str(i) for i in range(n)]
+    keep = np.ones(n, dtype=bool)
+    malformed: list[MalformedLine] = []
+    labels = None
+    if labelled:
+        raw = np.asarray(list(ds["label"]))
+        if spec.is_regression:
+            labels = raw.astype(np.float32)
+            bad = ~np.isfinite(labels)
+        else:
+            names = getattr(ds.features["label"], "names", None)
+            if names is not None:  # ClassLabel: map its order onto ours by name
+                unknown = [x for x in names if x not in spec.label_names]
+                if unknown:
+                    raise UserError(f"{source}: label names {unknown} are not {spec.name}'s {spec.label_names}")
+                remap = np.asarray([spec.label_names.index(x) for x in names] + [-1], dtype=np.int64)
+                raw = raw.astype(np.int64)
+                labels = np.where((raw >= 0) & (raw < len(names)), remap[np.clip(raw, 0, len(names))], -1)
+            else:
+                labels = raw.astype(np.int64)
+            bad = (labels < 0) | (labels >= spec.num_labels)
+        for i in np.flatnonzero(bad):
+            malformed.append(MalformedLine(source, int(i) + 1, f"label {raw[i]} missing or out of range"))
+        keep &= ~bad
+        labels = labels[keep]
+    rows = np.flatnonzero(keep)
+    return GlueSplit(
+        task=spec.name, split=split, source=source, ids=[ids[i] for i in rows],
+        text_a=[texts[0][i] for i in rows], text_b=[texts[1][i] for i in rows] if spec.is_pair else None,
+        labels=labels, malformed=malformed,
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Pair encoding: [CLS] A [SEP] B [SEP], BERT's truncation, dynamic or fixed padding
+# ----------------------------------------------------------------------------------------------------------------
+
+
+class PairTokenizer(Protocol):
+    """What the encoder needs from a tokenizer (tinyelectra.tokenizer.Tokenizer has it). `encode_batch` returns
+    each text's ids WITHOUT special tokens."""
+
+    cls_id: int
+    sep_id: int
+    pad_id: int
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]: ...
+
+
+def truncate_pair_lengths(len_a: np.ndarray, len_b: np.ndarray, budget: int) -> tuple[np.ndarray, np.ndarray]:
+    """Segment lengths after BERT's rule: while A + B > budget, drop the last token of the longer segment
+    (of B when they are equal). Closed form of that loop, for all examples at once."""
+    a = np.asarray(len_a, dtype=np.int64)
+    b = np.asarray(len_b, dtype=np.int64)
+    short = np.minimum(a, b)
+    over = a + b > budget
+    # Cutting only the longer one suffices when it can end at budget - short without passing the shorter.
+    longer_only = over & (budget - short >= short)
+    both = over & ~longer_only  # then the loop alternates: A ends at ceil(budget / 2), B at floor(budget / 2)
+    keep_a = np.where(longer_only & (a > b), budget - b, a)
+    keep_b = np.where(longer_only & (a <= b), budget - a, b)
+    keep_a = np.where(both, (budget + 1) // 2, keep_a)
+    keep_b = np.where(both, budget // 2, keep_b)
+    return keep_a, keep_b
+
+
+@dataclass
+class PaddedBatch:
+    """One batch as numpy arrays, ready for torch.from_numpy. Names follow transformers."""
+
+    input_ids: np.ndarray  # (B, T) int64
+    token_type_ids: np.ndarray  # (B, T) int64: 0 for [CLS] A [SEP], 1 for B [SEP]
+    attention_mask: np.ndarray  # (B, T) int64: 1 for tokens, 0 for padding
+    labels: np.ndarray | None  # (B,) int64 class ids or float32 scores
+
+
+@dataclass
+class EncodedSplit:
+    """Every example's `[CLS] A [SEP] (B [SEP])` back to back, tokenized once; batches are cut from it."""
+
+    token_ids: np.ndarray  # (sum of lengths,) int32
+    offsets: np.ndarray  # (M + 1,) int64: example i is token_ids[offsets[i]:offsets[i + 1]]
+    segment_a_lengths: np.ndarray  # (M,) int64: tokens of [CLS] A [SEP]
+    labels: np.ndarray | None  # (M,)
+    pad_id: int
+    max_length: int
+    truncated: int  # examples that lost tokens to max_length
+
+    def __len__(self) -> int:
+        return len(self.segment_a_lengths)
+
+    @property
+    def lengths(self) -> np.ndarray:  # (M,)
+        return np.diff(self.offsets)
+
+    def batch(self, indices: Sequence[int] | np.ndarray, pad_to: int | None = None) -> PaddedBatch:
+        """Rows `indices` padded to the batch's longest (pad_to=None: dynamic padding) or to `pad_to` tokens
+        (static shapes, e.g. for torch.compile)."""
+        idx = np.asarray(indices, dtype=np.int64)  # (B,)
+        lengths = self.lengths[idx]  # (B,)
+        width = int(lengths.max()) if pad_to is None else int(pad_to)
+        if width < int(lengths.max()):
+            raise ValueError(f"pad_to={pad_to} is shorter than the batch's longest example ({lengths.max()} tokens)")
+        input_ids = np.full((len(idx), width), self.pad_id, dtype=np.int64)  # (B, T)
+        for row, i in enumerate(idx):
+            start, end = self.offsets[i], self.offsets[i + 1]
+            input_ids[row, : end - start] = self.token_ids[start:end]
+        position = np.arange(width)[None, :]  # (1, T)
+        attention_mask = (position < lengths[:, None]).astype(np.int64)  # (B, T)
+        token_type_ids = ((position >= self.segment_a_lengths[idx][:, None]) & (attention_mask == 1)).astype(np.int64)
+        labels = None if self.labels is None else self.labels[idx]
+        return PaddedBatch(input_ids, token_type_ids, attention_mask, labels)
+
+
+def encode_pairs(
+    tokenizer: PairTokenizer,
+    text_a: Sequence[str],
+    text_b: Sequence[str] | None = None,
+    labels: np.ndarray | None = None,
+    max_length: int = DEFAULT_MAX_LENGTH,
+) -> EncodedSplit:
+    """Tokenize once: `[CLS] A [SEP] B [SEP]` (or `[CLS] A [SEP]`), at most `max_length` tokens, the longer segment
+    truncated first one token at a time (BERT's rule, as the official ELECTRA fine-tuning code)."""
+    if max_length < (3 if text_b is not None else 2):
+        raise ValueError(f"max_length={max_length} leaves no room for the text")
+    if text_b is not None and len(text_b) != len(text_a):
+        raise ValueError(f"{len(text_a)} first segments but {len(text_b)} second segments")
+    ids_a = tokenizer.encode_batch(list(text_a))
+    _check_no_special_tokens(tokenizer, ids_a)
+    len_a = np.asarray([len(x) for x in ids_a], dtype=np.int64)
+    if text_b is None:
+        keep_a = np.minimum(len_a, max_length - 2)
+        ids_b: list[list[int]] = [[] for _ in ids_a]
+        keep_b = np.zeros_like(len_a)
+        truncated = int((keep_a < len_a).sum())
+    else:
+        ids_b = tokenizer.encode_batch(list(text_b))
+        len_b = np.asarray([len(x) for x in ids_b], dtype=np.int64)
+        keep_a, keep_b = truncate_pair_lengths(len_a, len_b, max_length - 3)
+        truncated = int(((keep_a < len_a) | (keep_b < len_b)).sum())
+    cls, sep = int(tokenizer.cls_id), int(tokenizer.sep_id)
+    flat: list[int] = []
+    for a, b, ka, kb in zip(ids_a, ids_b, keep_a.tolist(), keep_b.tolist()):
+        flat.append(cls)
+        flat.extend(a[:ka])
+        flat.append(sep)
+        if text_b is not None:
+            flat.extend(b[:kb])
+            flat.append(sep)
+    lengths = keep_a + 2 + (keep_b + 1 if text_b is not None else 0)
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return EncodedSplit(
+        token_ids=np.asarray(flat, dtype=np.int32), offsets=offsets, segment_a_lengths=keep_a + 2,
+        labels=None if labels is None else np.asarray(labels), pad_id=int(tokenizer.pad_id),
+        max_length=max_length, truncated=truncated,
+    )
+
+
+def encode_split(tokenizer: PairTokenizer, split: GlueSplit, max_length: int = DEFAULT_MAX_LENGTH) -> EncodedSplit:
+    """`encode_pairs` on a GlueSplit's texts and labels."""
+    return encode_pairs(tokenizer, split.text_a, split.text_b, split.labels, max_length)
+
+
+def _check_no_special_tokens(tokenizer: PairTokenizer, encoded: list[list[int]]) -> None:
+    sample = [x for x in encoded[:64] if len(x) >= 2][:8]
+    if sample and all(x[0] == tokenizer.cls_id and x[-1] == tokenizer.sep_id for x in sample):
+        raise ValueError("tokenizer.encode_batch added [CLS]/[SEP] itself; pair encoding needs ids without them")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# GLUE submission files
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def prediction_vector(task: str, predictions: np.ndarray | Sequence) -> np.ndarray:
+    """Model outputs -> one prediction per example: class ids (int64) from ids or (M, C) scores by argmax;
+    float64 scores for regression from (M,) or (M, 1)."""
+    spec = get_task(task)
+    p = np.asarray(predictions)
+    if spec.is_regression:
+        if p.ndim == 2 and p.shape[1] == 1:
+            p = p[:, 0]
+        if p.ndim != 1:
+            raise ValueError(f"{spec.name} predictions must be (M,) or (M, 1) scores, got shape {p.shape}")
+        return p.astype(np.float64)
+    if p.ndim == 2:
+        if p.shape[1] != spec.num_labels:
+            raise ValueError(f"{spec.name} has {spec.num_labels} classes but scores have shape {p.shape}")
+        return p.argmax(axis=1).astype(np.int64)
+    if p.ndim != 1:
+        raise ValueError(f"{spec.name} predictions must be (M,) class ids or (M, C) scores, got shape {p.shape}")
+    if p.size and not np.issubdtype(p.dtype, np.integer):
+        if not np.all(np.equal(np.mod(p, 1), 0)):
+            raise ValueError(f"{spec.name} class predictions must be whole numbers")
+    return p.astype(np.int64)
+
+
+def write_submission(out_dir: str | Path, test_split: GlueSplit, predictions: np.ndarray | Sequence) -> Path:
+    """Write one GLUE submission file (e.g. `RTE.tsv`, `MNLI-m.tsv`, `AX.tsv`) for a test split: a header
+    `index<TAB>prediction`, then one row per test example with its id and its label as the task's files spell
+    it ("entailment", "1") or, for STS-B, the score with 3 decimals. Written atomically."""
+    spec = get_task(test_split.task)
+    name = spec.submission_files.get(test_split.split)
+    if name is None:
+        raise ValueError(f"{spec.name} {test_split.split} is not a test split; submissions are for test splits")
+    if test_split.malformed:
+        raise UserError(
+            f"cannot write a complete {name}: {len(test_split.malformed)} test lines were malformed "
+            f"(first: {test_split.malformed[0]}); GLUE needs a prediction for every test example"
+        )
+    values = prediction_vector(spec.name, predictions)
+    if len(values) != len(test_split):
+        raise ValueError(f"{len(values)} predictions for {len(test_split)} {spec.name} {test_split.split} examples")
+    if spec.is_regression:
+        if not np.all(np.isfinite(values)):
+            raise ValueError(f"{spec.name} predictions contain NaN or infinity")
+        cells = [f"{v:.3f}" for v in values.tolist()]
+    else:
+        if values.size and (values.min() < 0 or values.max() >= spec.num_labels):
+            raise ValueError(f"{spec.name} class ids must be in 0..{spec.num_labels - 1}")
+        cells = [spec.file_labels[v] for v in values.tolist()]
+    lines = ["\t".join(SUBMISSION_HEADER)] + [f"{i}\t{c}" for i, c in zip(test_split.ids, cells)]
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / name
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=out_dir)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            f.write("\n".join(lines) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

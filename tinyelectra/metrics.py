@@ -1,0 +1,233 @@
+"""GLUE metrics in numpy: accuracy, F1, Matthews correlation, Pearson and Spearman; each task's two named
+scores (the ELECTRA paper's and the GLUE leaderboard's); and averages that say which tasks they cover.
+
+What lives here: arithmetic on prediction and label arrays. What does not: which column holds a label or how a
+task is named on disk (glue_data.py), running a model (glue.py).
+
+Conventions (each tested):
+- The metric functions return fractions (accuracy 0..1, correlations -1..1); task scores are x100, as in the
+  paper's tables.
+- Degenerate inputs have defined values instead of NaN or warnings: F1 with no positive label and no positive
+  prediction is 0; Matthews correlation with a constant prediction or a constant label is 0 (scikit-learn's
+  convention); Pearson and Spearman of a constant array are 0 (no measurable association). Non-finite regression
+  predictions (a diverged run) give NaN for the correlations, so the failure shows instead of a number.
+- Empty inputs and length mismatches are errors (ValueError).
+- MNLI has two dev sets; a task's single number comes from its primary dev split (matched for MNLI, as the paper
+  and the official code report it). Score mismatched separately with split="dev_mismatched".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from tinyelectra.glue_data import (
+    ACCURACY,
+    F1,
+    F1_ACCURACY_MEAN,
+    GLUE_TASK_NAMES,
+    MATTHEWS,
+    PAPER_TASK_NAMES,
+    PEARSON,
+    PEARSON_SPEARMAN_MEAN,
+    SPEARMAN,
+    get_task,
+    prediction_vector,
+)
+
+METRIC_TITLES = {
+    ACCURACY: "accuracy",
+    F1: "F1",
+    MATTHEWS: "Matthews corr.",
+    PEARSON: "Pearson",
+    SPEARMAN: "Spearman",
+    F1_ACCURACY_MEAN: "mean of F1 and accuracy",
+    PEARSON_SPEARMAN_MEAN: "mean of Pearson and Spearman",
+}
+
+
+def _pair(predictions, labels) -> tuple[np.ndarray, np.ndarray]:
+    p, y = np.asarray(predictions), np.asarray(labels)
+    if p.ndim != 1 or y.ndim != 1:
+        raise ValueError(f"metrics take 1-D arrays, got shapes {p.shape} and {y.shape}")
+    if len(p) != len(y):
+        raise ValueError(f"{len(p)} predictions but {len(y)} labels")
+    if len(p) == 0:
+        raise ValueError("no examples to score")
+    return p, y
+
+
+def accuracy(predictions, labels) -> float:
+    """Share of predictions equal to the label."""
+    p, y = _pair(predictions, labels)
+    return float(np.mean(p == y))
+
+
+def f1_score(predictions, labels, positive: int = 1) -> float:
+    """F1 of the positive class: 2TP / (2TP + FP + FN); 0 when there is no positive label or prediction."""
+    p, y = _pair(predictions, labels)
+    tp = int(np.sum((p == positive) & (y == positive)))
+    fp = int(np.sum((p == positive) & (y != positive)))
+    fn = int(np.sum((p != positive) & (y == positive)))
+    denominator = 2 * tp + fp + fn
+    return 2.0 * tp / denominator if denominator else 0.0
+
+
+def matthews_corrcoef(predictions, labels) -> float:
+    """Matthews correlation, the multi-class form (Gorodkin 2004) that reduces to
+    (TP*TN - FP*FN) / sqrt((TP+FP)(TP+FN)(TN+FP)(TN+FN)) for two classes; 0 when undefined."""
+    p, y = _pair(predictions, labels)
+    classes, encoded = np.unique(np.concatenate([y, p]), return_inverse=True)
+    k = len(classes)
+    y_ids, p_ids = encoded[: len(y)], encoded[len(y):]
+    confusion = np.zeros((k, k), dtype=np.float64)  # rows: label, columns: prediction
+    np.add.at(confusion, (y_ids, p_ids), 1.0)
+    true_counts = confusion.sum(axis=1)
+    pred_counts = confusion.sum(axis=0)
+    correct = np.trace(confusion)
+    n = confusion.sum()
+    numerator = correct * n - true_counts @ pred_counts
+    denominator = np.sqrt((n * n - pred_counts @ pred_counts) * (n * n - true_counts @ true_counts))
+    return float(numerator / denominator) if denominator > 0 else 0.0
+
+
+def _float_pair(x, y) -> tuple[np.ndarray, np.ndarray] | None:
+    a, b = _pair(x, y)
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
+        return None
+    return a, b
+
+
+def _pearson(a: np.ndarray, b: np.ndarray) -> float:
+    da, db = a - a.mean(), b - b.mean()
+    denominator = np.sqrt((da @ da) * (db @ db))
+    if denominator == 0.0:
+        return 0.0
+    return float(np.clip((da @ db) / denominator, -1.0, 1.0))
+
+
+def pearson_corr(x, y) -> float:
+    """Pearson's r; 0 when either array is constant, NaN when either holds NaN or infinity."""
+    pair = _float_pair(x, y)
+    return float("nan") if pair is None else _pearson(*pair)
+
+
+def average_ranks(x) -> np.ndarray:
+    """Ranks 1..n, tied values sharing the mean of their ranks (scipy.stats.rankdata's "average")."""
+    x = np.asarray(x)
+    n = len(x)
+    order = np.argsort(x, kind="mergesort")
+    ordered = x[order]
+    starts_group = np.ones(n, dtype=bool)
+    starts_group[1:] = ordered[1:] != ordered[:-1]
+    group_of = np.cumsum(starts_group) - 1  # group index of each sorted position
+    group_start = np.flatnonzero(starts_group)  # 0-based sorted position where each group begins
+    group_size = np.diff(np.append(group_start, n))
+    mean_rank = group_start + (group_size + 1) / 2.0  # ranks start+1 .. start+size, averaged
+    ranks = np.empty(n, dtype=np.float64)
+    ranks[order] = mean_rank[group_of]
+    return ranks
+
+
+def spearman_corr(x, y) -> float:
+    """Spearman's rho: Pearson's r of the average ranks; same conventions as pearson_corr."""
+    pair = _float_pair(x, y)
+    if pair is None:
+        return float("nan")
+    return _pearson(average_ranks(pair[0]), average_ranks(pair[1]))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Task scores
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TaskScore:
+    """One task's scores on one split, all x100. `metrics` holds every metric computed for the task."""
+
+    task: str
+    split: str
+    num_examples: int
+    metrics: dict[str, float]
+    paper_metric: str
+    paper_score: float
+    glue_metric: str
+    glue_score: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def task_metrics(task: str, predictions, labels) -> dict[str, float]:
+    """Every metric that GLUE or the paper uses for `task`, x100, plus the two means the leaderboard uses.
+    `predictions` may be class ids, (M, C) scores (argmax is taken) or regression scores."""
+    spec = get_task(task)
+    p = prediction_vector(spec.name, predictions)
+    y = np.asarray(labels)
+    if spec.is_regression:
+        values = {PEARSON: pearson_corr(p, y), SPEARMAN: spearman_corr(p, y)}
+        values[PEARSON_SPEARMAN_MEAN] = (values[PEARSON] + values[SPEARMAN]) / 2
+    else:
+        values = {ACCURACY: accuracy(p, y)}
+        if spec.name == "cola":
+            values[MATTHEWS] = matthews_corrcoef(p, y)
+        if spec.glue_metric == F1_ACCURACY_MEAN:
+            values[F1] = f1_score(p, y, positive=1)
+            values[F1_ACCURACY_MEAN] = (values[F1] + values[ACCURACY]) / 2
+    return {k: 100.0 * v for k, v in values.items()}
+
+
+def score_task(task: str, predictions, labels, split: str | None = None) -> TaskScore:
+    """The paper's and the GLUE leaderboard's score for one task (default split: the task's primary dev split)."""
+    spec = get_task(task)
+    values = task_metrics(spec.name, predictions, labels)
+    return TaskScore(
+        task=spec.name, split=split or spec.primary_dev_split, num_examples=len(np.asarray(labels)),
+        metrics=values, paper_metric=spec.paper_metric, paper_score=values[spec.paper_metric],
+        glue_metric=spec.glue_metric, glue_score=values[spec.glue_metric],
+    )
+
+
+@dataclass(frozen=True)
+class TaskAverage:
+    """A mean over tasks that names them: label "GLUE-5: cola, mrpc, rte, sst2, stsb"."""
+
+    score: float
+    tasks: tuple[str, ...]  # sorted
+
+    @property
+    def label(self) -> str:
+        return f"GLUE-{len(self.tasks)}: {', '.join(self.tasks)}"
+
+    @property
+    def covers_paper_tasks(self) -> bool:
+        """True when it is the paper's GLUE score: exactly its eight tasks (no WNLI)."""
+        return set(self.tasks) == set(PAPER_TASK_NAMES)
+
+    def to_dict(self) -> dict:
+        return {"score": self.score, "tasks": list(self.tasks), "label": self.label}
+
+
+def average_score(scores_by_task: Mapping[str, float] | Sequence[TaskScore], kind: str = "paper") -> TaskAverage:
+    """Unweighted mean over tasks. Takes {task: score} or TaskScores (then `kind` = "paper" or "glue" picks
+    which of their two scores)."""
+    if kind not in ("paper", "glue"):
+        raise ValueError(f"kind must be 'paper' or 'glue', not {kind!r}")
+    if isinstance(scores_by_task, Mapping):
+        items = {get_task(t).name: float(v) for t, v in scores_by_task.items()}
+    else:
+        items = {}
+        for s in scores_by_task:
+            if s.task in items:
+                raise ValueError(f"two scores for {s.task}; average one per task")
+            items[s.task] = s.paper_score if kind == "paper" else s.glue_score
+    if not items:
+        raise ValueError("no task scores to average")
+    unknown = [t for t in items if t not in GLUE_TASK_NAMES]
+    if unknown:
+        raise ValueError(f"{', '.join(unknown)} are not GLUE tasks with a score")
+    return TaskAverage(score=float(np.mean(list(items.values()))), tasks=tuple(sorted(items)))
