@@ -1,0 +1,139 @@
+"""A budget ("4d", "90m", "1.4e18flops", "62500steps", "paper") becomes one Plan: total steps, warm-up,
+checkpoint steps at 1/16 .. 1 of the run, expected tokens, FLOPs in both conventions and wall time.
+
+The five checkpoints are snapshots of ONE run (the paper's Table 1 "partial training" rows): the learning-rate
+schedule spans the whole budget, so the 6.25% checkpoint of a 4-day run is not the same model as a separately
+scheduled 6-hour run (which is simply a smaller budget, with its own warm-up and decay to zero).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tinyelectra import flops
+from tinyelectra.config import Recipe
+from tinyelectra.errors import UserError
+
+FRACTIONS = (0.0625, 0.125, 0.25, 0.5, 1.0)
+_TIME_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_STEP_SUFFIX = {"": 1, "k": 1_000, "K": 1_000, "M": 1_000_000}
+_EXAMPLES = "e.g. 4d, 36h, 90m, 45s, 1.4e18flops, 62500steps, 1Msteps or paper"
+
+
+def checkpoint_name(fraction: float) -> str:
+    """ckpt-0625 ... ckpt-10000: the fraction x 10^4, so names sort by fraction."""
+    return f"ckpt-{round(fraction * 10_000):04d}"
+
+
+@dataclass(frozen=True)
+class Budget:
+    kind: str  # time | flops | steps | paper
+    value: float  # seconds, paper-convention FLOPs, or steps (0 for paper)
+    text: str
+
+
+def parse_budget(text: str) -> Budget:
+    t = text.strip()
+    if t == "paper":
+        return Budget("paper", 0.0, t)
+    m = re.fullmatch(r"([+-]?[0-9]*\.?[0-9]+)\s*([smhd])", t)
+    if m:
+        return Budget("time", _positive(float(m.group(1)), t) * _TIME_UNITS[m.group(2)], t)
+    m = re.fullmatch(r"([+-]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*flops", t, flags=re.IGNORECASE)
+    if m:
+        return Budget("flops", _positive(float(m.group(1)), t), t)
+    m = re.fullmatch(r"([+-]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKM]?)\s*steps?", t)
+    if m:
+        steps = _positive(float(m.group(1)), t) * _STEP_SUFFIX[m.group(2)]
+        if steps != int(steps):
+            raise UserError(f"budget {text!r}: a step count must be a whole number")
+        return Budget("steps", float(int(steps)), t)
+    raise UserError(f"budget {text!r} is not understood ({_EXAMPLES})")
+
+
+def _positive(x: float, text: str) -> float:
+    if x <= 0:
+        raise UserError(f"budget {text!r} must be positive ({_EXAMPLES})")
+    return x
+
+
+@dataclass
+class Plan:
+    budget: str
+    budget_kind: str
+    recipe: str
+    total_steps: int
+    warmup_steps: int
+    checkpoint_steps: dict[str, int]  # checkpoint name -> step after which it is written
+    batch_size: int
+    seq_len: int
+    tokens_per_step: int
+    expected_tokens: int
+    train_flops_paper_per_step: float
+    train_flops_hardware_per_step: float
+    train_flops_paper: float
+    train_flops_hardware: float
+    budget_seconds: float | None = None  # wall-clock budgets only
+    steps_per_second: float | None = None  # measured (time budgets) or last known
+    expected_wall_seconds: float | None = None
+    status: str = "final"  # provisional (time budget before its throughput is measured) | final
+    conventions: dict[str, str] = field(default_factory=lambda: {
+        "paper": flops.PAPER_CONVENTION, "hardware": flops.HARDWARE_CONVENTION})
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2)
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(self.to_json() + "\n", encoding="utf-8")
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> "Plan":
+        return cls(**json.loads(path.read_text(encoding="utf-8")))
+
+
+def make_plan(budget: Budget, recipe: Recipe, steps_per_second: float | None = None) -> Plan:
+    """The plan for `budget`. A time budget needs the measured `steps_per_second` (else it is provisional)."""
+    tr = recipe.train
+    paper_step = flops.paper_train_flops_per_step(recipe.model, recipe.objective, tr.batch_size, tr.seq_len)
+    hw_step = flops.hardware_train_flops_per_step(recipe.model, recipe.objective, tr.batch_size, tr.seq_len)
+    status = "final"
+    notes: list[str] = []
+    if budget.kind == "paper":
+        total = tr.steps
+    elif budget.kind == "steps":
+        total = int(budget.value)
+    elif budget.kind == "flops":
+        total = int(budget.value // paper_step)
+        if total < 1:
+            raise UserError(
+                f"budget {budget.text}: one step of {recipe.name} costs {paper_step:.3e} FLOPs (paper convention); "
+                "the budget does not buy a single step")
+    else:
+        if steps_per_second is None:
+            steps_per_second = 1.0  # placeholder until measured
+            status = "provisional"
+        total = max(1, int(budget.value * steps_per_second))
+    warmup = round(recipe.optim.warmup_steps * total / tr.steps)
+    if budget.kind != "paper" and total != tr.steps:
+        notes.append(
+            f"warm-up scaled with the schedule: {recipe.optim.warmup_steps} of the recipe's {tr.steps} steps -> "
+            f"{warmup} of {total}")
+    ckpts = {checkpoint_name(f): max(1, round(total * f)) for f in FRACTIONS}
+    expected_wall = None
+    if steps_per_second:
+        expected_wall = total / steps_per_second
+    return Plan(
+        budget=budget.text, budget_kind=budget.kind, recipe=recipe.name, total_steps=total, warmup_steps=warmup,
+        checkpoint_steps=ckpts, batch_size=tr.batch_size, seq_len=tr.seq_len, tokens_per_step=tr.tokens_per_step,
+        expected_tokens=total * tr.tokens_per_step, train_flops_paper_per_step=paper_step,
+        train_flops_hardware_per_step=hw_step, train_flops_paper=paper_step * total,
+        train_flops_hardware=hw_step * total, budget_seconds=budget.value if budget.kind == "time" else None,
+        steps_per_second=steps_per_second, expected_wall_seconds=expected_wall, status=status, notes=notes,
+    )
