@@ -1,0 +1,770 @@
+"""GLUE fine-tuning with the paper's protocol: `tinyelectra glue`.
+
+What lives here: choosing checkpoints and tasks, the fine-tuning loop of one (checkpoint, task, seed), evaluation
+on the dev sets, seed medians, test-set submission files and OUT/<checkpoint>/glue.json.
+What does not: reading GLUE files and encoding pairs (glue_data.py), metrics (metrics.py), the network
+(model.Classifier), loading weights (hf.load_backbone), the report across checkpoints (report.py).
+
+Protocol (REFERENCE §5; official configure_finetuning.py and model/optimization.py), each knob a `--set key=value`:
+- peak LR by model size, decided by the hidden size: <= 256 Small 3e-4, <= 768 Base 1e-4, larger Large 5e-5;
+- layer-wise LR decay 0.8 (Large 0.9): depth 0 = embeddings (and the E->H projection), layer j = depth j+1, the
+  head on top. "intended" (default) puts the head at depth L+1, so the top layer gets lr * decay; "official" puts
+  it at L+2 as the released code does (top layer lr * decay^2, an off-by-one its maintainer confirmed);
+- the paper's Adam (no bias correction, beta 0.9/0.999, eps 1e-6), weight decay 0 (the paper's table; the official
+  code's default is 0.01), gradient clipping at global norm 1.0 (as the official optimizer), warm-up over 10% of
+  the steps applied together with the linear decay to 0 (lr * min(1, step/warmup) * (1 - step/total), step 0 first);
+- batch 32, length 128 (longer segment truncated first), 3 epochs (10 for RTE and STS-B), head [CLS] -> dropout
+  0.1 -> linear, STS-B as regression on the raw 0-5 score (MSE), MRPC and STS-B also trained on (B, A);
+- several seeds (default 3); every seed kept, median and standard deviation reported. Test-set predictions come
+  from the seed whose dev paper score is the median (the lower middle one for an even count).
+
+Dynamic padding: each batch is padded to its longest row, not to 128. With the attention mask excluding padded keys,
+absolute positions and per-token LayerNorm, the [CLS] output is the same function of the real tokens either way
+(tests/test_glue.py checks it to 1e-5); only the wasted work on padding goes away. Evaluation batches are formed
+from length-sorted rows for the same reason, and the predictions put back in file order.
+
+Shapes: B batch, T tokens (the batch's longest row), C classes (1 for regression), M examples.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tinyelectra.errors import UserError
+from tinyelectra.glue_data import (
+    PAPER_TASK_NAMES,
+    EncodedSplit,
+    GlueSplit,
+    encode_split,
+    find_split_file,
+    get_task,
+    load_hf_split,
+    read_split,
+    resolve_tasks,
+    with_swapped_pairs,
+    write_submission,
+)
+
+FORMAT = "tinyelectra-glue"
+FORMAT_VERSION = 1
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Settings
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def size_defaults(hidden_size: int) -> tuple[str, float, float]:
+    """(size name, peak LR, layer-wise decay) by the encoder's hidden size (REFERENCE §5)."""
+    if hidden_size <= 256:
+        return "small", 3e-4, 0.8
+    if hidden_size <= 768:
+        return "base", 1e-4, 0.8
+    return "large", 5e-5, 0.9
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    """Fine-tuning settings; 0 means "the protocol's value" where a comment says so. Set with `--set key=value`."""
+
+    lr: float = 0.0  # peak learning rate; 0 = by model size (size_defaults)
+    layerwise: str = "intended"  # intended (paper) | official (released code's off-by-one) | none
+    layerwise_decay: float = 0.0  # 0 = by model size (0.8; 0.9 for Large)
+    weight_decay: float = 0.0  # decoupled, never on LayerNorm or biases
+    warmup_fraction: float = 0.1  # share of the steps with the LR warming up
+    clip_norm: float = 1.0  # global gradient norm; 0 disables
+    batch_size: int = 32  # sequences per step
+    max_length: int = 128  # tokens, [CLS] and [SEP]s included
+    epochs: float = 0.0  # 0 = the task's (3; 10 for RTE and STS-B)
+    dropout: float = 0.1  # hidden dropout in the encoder and before the head
+    eval_batch_size: int = 128  # sequences per evaluation forward
+    precision: str = "auto"  # auto (bf16 autocast on CUDA when supported, else fp32) | fp32 | bf16
+    seed: int = 0  # first seed; seeds are seed, seed+1, ...
+    test_predictions: bool = True  # write GLUE submission files for test splits that exist
+
+    def __post_init__(self) -> None:
+        def check(ok: bool, key: str, msg: str) -> None:
+            if not ok:
+                raise UserError(f"--set {key}: {msg}")
+
+        check(self.lr >= 0, "lr", "must be >= 0 (0 = by model size)")
+        check(self.layerwise in ("intended", "official", "none"), "layerwise", "must be intended, official or none")
+        check(0 <= self.layerwise_decay <= 1, "layerwise_decay", "must be in [0, 1] (0 = by model size)")
+        check(self.weight_decay >= 0, "weight_decay", "must be >= 0")
+        check(0 <= self.warmup_fraction < 1, "warmup_fraction", "must be in [0, 1)")
+        check(self.clip_norm >= 0, "clip_norm", "must be >= 0")
+        check(self.batch_size > 0, "batch_size", "must be > 0")
+        check(8 <= self.max_length <= 512, "max_length", "must be between 8 and 512")
+        check(self.epochs >= 0, "epochs", "must be >= 0 (0 = the task's)")
+        check(0 <= self.dropout < 1, "dropout", "must be in [0, 1)")
+        check(self.eval_batch_size > 0, "eval_batch_size", "must be > 0")
+        check(self.precision in ("auto", "fp32", "bf16"), "precision", "must be auto, fp32 or bf16")
+
+    @classmethod
+    def from_overrides(cls, assignments: list[str]) -> "FinetuneConfig":
+        """`key=value` strings (the `--set` of `tinyelectra glue`), each parsed to its field's type."""
+        import typing
+
+        from tinyelectra.config import _parse_scalar
+
+        hints = typing.get_type_hints(cls)
+        values: dict[str, Any] = {}
+        for a in assignments:
+            if "=" not in a:
+                raise UserError(f"--set {a!r}: expected key=value (keys: {', '.join(hints)})")
+            key, value = (s.strip() for s in a.split("=", 1))
+            if key not in hints:
+                raise UserError(f"--set {key}: unknown fine-tuning key (keys: {', '.join(hints)})")
+            values[key] = _parse_scalar(value, hints[key], f"--set {key}")
+        return cls(**values)
+
+    def peak_lr(self, hidden_size: int) -> float:
+        return self.lr or size_defaults(hidden_size)[1]
+
+    def decay(self, hidden_size: int) -> float:
+        if self.layerwise == "none":
+            return 1.0
+        return self.layerwise_decay or size_defaults(hidden_size)[2]
+
+    def task_epochs(self, task: str) -> float:
+        return self.epochs or float(get_task(task).epochs)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Checkpoints
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CheckpointRef:
+    """One model to fine-tune: a tinyelectra fraction checkpoint or a transformers ELECTRA directory."""
+
+    path: Path
+    name: str  # ckpt-0625 ... ckpt-10000, or the directory's name
+    kind: str  # tinyelectra | transformers
+    run_dir: Path | None  # the pre-training run it belongs to (default output goes to RUN/glue)
+
+
+def find_checkpoints(path: Path) -> list[CheckpointRef]:
+    """`--checkpoint` -> the models to fine-tune: every ckpt-* of a run directory, one checkpoint, a transformers
+    ELECTRA directory, or the output of `tinyelectra export` (its discriminator/)."""
+    from tinyelectra.checkpoint import CKPT_NAME, checkpoint_dirs, is_checkpoint
+    from tinyelectra.hf import read_hf_config
+
+    p = Path(path)
+    if not p.exists():
+        raise UserError(f"--checkpoint {p}: no such directory")
+    if not p.is_dir():
+        raise UserError(f"--checkpoint {p}: not a directory (a run, a ckpt-* directory or a transformers ELECTRA directory)")
+    if is_checkpoint(p):
+        in_run = CKPT_NAME.match(p.name) is not None and (p.parent / "plan.json").is_file()
+        return [CheckpointRef(p, p.name, "tinyelectra", p.parent if in_run else None)]
+    inner = checkpoint_dirs(p)
+    if inner:
+        return [CheckpointRef(c, c.name, "tinyelectra", p) for c in inner]
+    if (p / "config.json").is_file():
+        read_hf_config(p)  # a UserError when it is not ELECTRA
+        name = f"{p.parent.name}-{p.name}" if p.name in ("discriminator", "generator") else p.name
+        return [CheckpointRef(p, name, "transformers", None)]
+    if (p / "discriminator" / "config.json").is_file():  # `tinyelectra export` output
+        read_hf_config(p / "discriminator")
+        return [CheckpointRef(p / "discriminator", p.name, "transformers", None)]
+    if (p / "plan.json").is_file():
+        raise UserError(f"--checkpoint {p}: a run without fraction checkpoints yet (ckpt-0625 appears at 6.25% of the budget)")
+    raise UserError(
+        f"--checkpoint {p}: not a run directory (with ckpt-* inside), a tinyelectra checkpoint or a transformers "
+        "ELECTRA directory (config.json with model_type \"electra\")"
+    )
+
+
+def checkpoint_meta(ref: CheckpointRef) -> dict[str, Any]:
+    """The pre-training facts of a tinyelectra checkpoint (meta.json), or {} for a transformers directory."""
+    if ref.kind != "tinyelectra":
+        return {}
+    path = ref.path / "meta.json"
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path}: cannot read the checkpoint's meta.json ({e})") from None
+    keep = ("name", "step", "fraction", "tokens_seen", "train_flops_paper", "train_flops_hardware", "wall_seconds",
+            "precision", "device", "budget", "recipe", "eval")
+    return {k: meta[k] for k in keep if k in meta}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Tasks and data
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TaskData:
+    """One task's splits as read (before tokenization): train (row-limited, swapped pairs added), dev, test."""
+
+    task: str
+    train: GlueSplit
+    dev: dict[str, GlueSplit]  # split name -> split; the first is the primary (MNLI: dev_matched)
+    test: list[GlueSplit] = field(default_factory=list)  # test splits (MNLI's include AX when present)
+    original_train_rows: int = 0  # before the row limit and swapping
+
+    def describe(self) -> dict[str, Any]:
+        out = {}
+        for s in [self.train, *self.dev.values(), *self.test]:
+            out[f"{s.task}:{s.split}" if s.task != self.task else s.split] = {
+                "rows": len(s), "source": s.source, "malformed_lines": [str(m) for m in s.malformed],
+            }
+        out["train"]["rows_in_file"] = self.original_train_rows
+        return out
+
+
+def choose_tasks(spec: str, glue_dir: Path | None, use_hf: bool) -> tuple[list[str], dict[str, str]]:
+    """`--tasks` -> (tasks to run, {skipped task: why}). 'all' with --glue-dir = the tasks whose train and dev
+    files exist; a task named explicitly must have its files (else the loader's UserError names what is missing)."""
+    if glue_dir is None and not use_hf:
+        raise UserError("GLUE data: give --glue-dir DIR (the classic glue_data folders: CoLA/, SST-2/, ...) or --hf "
+                        "(Hugging Face `datasets`, needs the hub)")
+    if glue_dir is not None and use_hf:
+        raise UserError("give either --glue-dir or --hf, not both")
+    names = resolve_tasks(spec)
+    explicit_all = any(p.strip().lower() == "all" for p in spec.split(","))
+    if use_hf or not explicit_all:
+        return names, {}
+    if not Path(glue_dir).is_dir():
+        raise UserError(f"--glue-dir {glue_dir}: no such directory (expected the classic glue_data layout)")
+    chosen, skipped = [], {}
+    for name in names:
+        t = get_task(name)
+        missing = [t.files[s] for s in ("train", t.primary_dev_split) if find_split_file(glue_dir, name, s) is None]
+        if missing:
+            skipped[name] = f"{t.dir_name}/{' and '.join(missing)} not found"
+        else:
+            chosen.append(name)
+    if not chosen:
+        raise UserError(f"--glue-dir {glue_dir}: no task has both train and dev files ({'; '.join(skipped.values())})")
+    return chosen, skipped
+
+
+def read_task(task: str, glue_dir: Path | None, max_train_rows: int | None, with_test: bool) -> TaskData:
+    """Read a task's train, dev and (when present) test splits; swapped pairs added to MRPC and STS-B train."""
+    spec = get_task(task)
+
+    def read(split: str, task_name: str = task) -> GlueSplit:
+        return load_hf_split(task_name, split) if glue_dir is None else read_split(glue_dir, task_name, split)
+
+    train = read("train")
+    original = len(train)
+    if max_train_rows is not None:
+        if max_train_rows < 1:
+            raise UserError("--max-train-rows must be at least 1")
+        train = train.select(range(min(max_train_rows, len(train))))
+    if spec.swap_pairs:
+        train = with_swapped_pairs(train)
+    dev = {s: read(s) for s in spec.dev_splits}
+    test: list[GlueSplit] = []
+    if with_test:
+        for s in spec.test_splits:
+            if glue_dir is None or find_split_file(glue_dir, task, s) is not None:
+                test.append(read(s))
+        if task == "mnli" and (glue_dir is None or find_split_file(glue_dir, "ax", "test") is not None):
+            test.append(read("test", "ax"))  # the diagnostic set is predicted by the MNLI model
+    return TaskData(task=spec.name, train=train, dev=dev, test=test, original_train_rows=original)
+
+
+@dataclass
+class EncodedTask:
+    train: EncodedSplit
+    dev: dict[str, EncodedSplit]
+    test: list[EncodedSplit]
+
+
+def encode_task(tokenizer, data: TaskData, max_length: int) -> EncodedTask:
+    return EncodedTask(
+        train=encode_split(tokenizer, data.train, max_length),
+        dev={s: encode_split(tokenizer, split, max_length) for s, split in data.dev.items()},
+        test=[encode_split(tokenizer, split, max_length) for split in data.test],
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Device and precision
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def pick_device(gpu: int | None, device: str | None):
+    """--gpu N or --device STR; neither: the first CUDA GPU when there is one, else the CPU."""
+    import torch
+
+    if gpu is not None and device is not None:
+        raise UserError("give either --gpu N or --device, not both")
+    if gpu is not None:
+        if not torch.cuda.is_available():
+            raise UserError(f"--gpu {gpu}: CUDA is not available here (use --device cpu)")
+        if not 0 <= gpu < torch.cuda.device_count():
+            raise UserError(f"--gpu {gpu}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+        return torch.device("cuda", gpu)
+    if device is not None:
+        try:
+            dev = torch.device(device)
+        except RuntimeError:
+            raise UserError(f"--device {device!r} is not a torch device (e.g. cpu, cuda:0)") from None
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise UserError(f"--device {device}: CUDA is not available here (use --device cpu)")
+        return dev
+    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def pick_precision(requested: str, device) -> tuple[str, str]:
+    """(precision, reason). The paper fine-tuned in fp32; bf16 autocast is the fast choice on recent GPUs."""
+    import torch
+
+    if requested == "fp32":
+        return "fp32", "asked for"
+    if requested == "bf16":
+        if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            raise UserError("--set precision=bf16: this GPU does not support bf16")
+        return "bf16", "asked for"
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return "bf16", "auto: bf16 autocast on a GPU that supports it (weights and optimizer stay fp32)"
+    return "fp32", f"auto: fp32 on {device.type}"
+
+
+def _autocast(precision: str, device):
+    import contextlib
+
+    import torch
+
+    if precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# One fine-tuning run
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def depth_key(param_name: str) -> str:
+    """A Classifier parameter's key in `optim.layerwise_lr_scales`: embeddings (also the E->H projection),
+    layer.j, or head."""
+    if param_name.startswith(("embeddings.", "encoder.project.")):
+        return "embeddings"
+    if param_name.startswith("encoder.layers."):
+        return "layer." + param_name.split(".")[2]
+    if param_name.startswith("head."):
+        return "head"
+    raise ValueError(f"no depth for parameter {param_name}")
+
+
+def layerwise_groups(model, fc: FinetuneConfig) -> list[dict]:
+    """Parameter groups with their `lr_scale` (layer-wise decay) and weight decay (none on LayerNorm and biases)."""
+    from tinyelectra.optim import layerwise_lr_scales, no_decay
+
+    cfg = model.cfg
+    scales = layerwise_lr_scales(cfg.num_layers, fc.decay(cfg.hidden_size), official_off_by_one=fc.layerwise == "official")
+    groups: dict[tuple[str, bool], dict] = {}
+    for name, p in model.named_parameters():
+        key = depth_key(name)
+        decays = fc.weight_decay > 0 and not no_decay(name, p)
+        g = groups.setdefault((key, decays), {
+            "params": [], "lr_scale": scales[key], "weight_decay": fc.weight_decay if decays else 0.0, "depth": key,
+        })
+        g["params"].append(p)
+    return list(groups.values())
+
+
+def _tensors(batch, device):
+    import torch
+
+    ids = torch.from_numpy(batch.input_ids).to(device, non_blocking=True)  # (B, T)
+    types = torch.from_numpy(batch.token_type_ids).to(device, non_blocking=True)  # (B, T)
+    mask = torch.from_numpy(batch.attention_mask).to(device, non_blocking=True).bool()  # (B, T) True = token
+    return ids, types, mask
+
+
+def predict(model, enc: EncodedSplit, batch_size: int, device, precision: str) -> np.ndarray:
+    """Model outputs for every example of `enc`, in its order: (M, C) float32 (C = 1 for regression)."""
+    import torch
+
+    was_training = model.training
+    model.eval()
+    order = np.argsort(enc.lengths, kind="stable")  # similar lengths together: little padding
+    out: np.ndarray | None = None
+    with torch.no_grad():
+        for start in range(0, len(enc), batch_size):
+            idx = order[start:start + batch_size]
+            ids, types, mask = _tensors(enc.batch(idx), device)
+            with _autocast(precision, device):
+                logits = model(ids, types, mask)  # (B, C)
+            values = logits.float().cpu().numpy()
+            if out is None:
+                out = np.empty((len(enc), values.shape[1]), dtype=np.float32)
+            out[idx] = values
+    model.train(was_training)
+    return out if out is not None else np.empty((0, 1), dtype=np.float32)
+
+
+def plan_steps(num_rows: int, batch_size: int, epochs: float) -> tuple[int, int]:
+    """(steps per epoch, total steps): every row once per epoch, the last batch of an epoch possibly smaller."""
+    per_epoch = math.ceil(num_rows / batch_size)
+    return per_epoch, max(1, math.ceil(epochs * per_epoch))
+
+
+def finetune(backbone, task: str, enc: EncodedTask, fc: FinetuneConfig, seed: int, device, precision: str,
+             on_step: Callable[[int, float | None], None] | None = None):
+    """Fine-tune a fresh Classifier from `backbone` on one task with one seed. Returns (model, facts dict)."""
+    import torch
+    import torch.nn.functional as F
+
+    from tinyelectra.config import OptimConfig
+    from tinyelectra.model import Classifier
+    from tinyelectra.optim import build_optimizer, lr_at
+
+    spec = get_task(task)
+    torch.manual_seed(seed)  # head initialisation and dropout
+    rng = np.random.default_rng(seed)  # batch order
+    cfg = dataclasses.replace(backbone.config, dropout=fc.dropout)
+    model = Classifier(cfg, spec.num_labels)
+    model.load_backbone(backbone.embeddings, backbone.encoder)
+    model.to(device).train()
+    hidden = cfg.hidden_size
+    peak = fc.peak_lr(hidden)
+    optim_cfg = OptimConfig(name="adam", lr=peak, weight_decay=fc.weight_decay, clip_norm=fc.clip_norm, warmup_steps=0)
+    optimizer = build_optimizer(layerwise_groups(model, fc), optim_cfg, device.type)
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+
+    n = len(enc.train)
+    per_epoch, total = plan_steps(n, fc.batch_size, fc.task_epochs(task))
+    warmup = fc.warmup_fraction * total  # official: num_train_steps * warmup_proportion (a float)
+    labels_all = enc.train.labels
+    step = 0
+    loss_sum, loss_count, last_loss = 0.0, 0, float("nan")
+    t0 = time.perf_counter()
+    while step < total:
+        order = rng.permutation(n)
+        for b in range(per_epoch):
+            if step >= total:
+                break
+            idx = order[b * fc.batch_size:(b + 1) * fc.batch_size]
+            batch = enc.train.batch(idx)  # padded to this batch's longest row
+            ids, types, mask = _tensors(batch, device)
+            with _autocast(precision, device):
+                out = model(ids, types, mask)  # (B, C)
+            if spec.is_regression:
+                target = torch.from_numpy(labels_all[idx].astype(np.float32)).to(device)
+                loss = F.mse_loss(out.float().squeeze(-1), target)
+            else:
+                target = torch.from_numpy(labels_all[idx].astype(np.int64)).to(device)
+                loss = F.cross_entropy(out.float(), target)
+            loss.backward()
+            if fc.clip_norm > 0:
+                torch.nn.utils.clip_grad_norm_(params, fc.clip_norm, foreach=True)
+            optimizer.set_lr(lr_at(step, peak, warmup, total))  # step 0 runs at lr 0, as the official schedule
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            report_now = step % 10 == 0 or step == total
+            if report_now or device.type == "cpu":
+                loss_sum += loss.item()  # host sync: every step on CPU (free), every 10th on GPU
+                loss_count += 1
+            if report_now:
+                last_loss = loss_sum / max(loss_count, 1)
+                loss_sum, loss_count = 0.0, 0
+            if on_step is not None:
+                on_step(step, last_loss if report_now else None)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    facts = {"steps": total, "steps_per_epoch": per_epoch, "train_rows": n, "peak_lr": peak,
+             "warmup_steps": warmup, "final_loss": last_loss, "train_seconds": time.perf_counter() - t0}
+    return model, facts
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Seeds -> task summary
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _median_std(values: list[float]) -> tuple[float, float | None]:
+    """Median, and the sample standard deviation (None for a single seed)."""
+    return float(statistics.median(values)), (float(statistics.stdev(values)) if len(values) > 1 else None)
+
+
+def median_seed_index(scores: list[float]) -> int:
+    """The seed whose score is the median: the lower middle one for an even count (ties: the earlier seed)."""
+    order = sorted(range(len(scores)), key=lambda i: (scores[i], i))
+    return order[(len(scores) - 1) // 2]
+
+
+def summarize_task(task: str, seeds: list[dict]) -> dict[str, Any]:
+    """Median and standard deviation over seeds, of the paper's and the leaderboard's score, per dev split."""
+    spec = get_task(task)
+    summary: dict[str, Any] = {"paper_metric": spec.paper_metric, "glue_metric": spec.glue_metric}
+    for kind in ("paper", "glue"):
+        median, std = _median_std([s[f"{kind}_score"] for s in seeds])
+        summary[f"median_{kind}"], summary[f"std_{kind}"] = median, std
+    extra = {}
+    for split in spec.dev_splits[1:]:  # MNLI mismatched
+        entry = {}
+        for kind in ("paper", "glue"):
+            median, std = _median_std([s["splits"][split][f"{kind}_score"] for s in seeds])
+            entry[f"median_{kind}"], entry[f"std_{kind}"] = median, std
+        extra[split] = entry
+    if extra:
+        summary["splits"] = extra
+    return summary
+
+
+def task_averages(tasks: dict[str, dict]) -> dict[str, Any]:
+    """Means of the per-task medians over the paper's tasks present (WNLI never counts), named by coverage."""
+    from tinyelectra.metrics import average_score
+
+    counted = {t: v for t, v in tasks.items() if t in PAPER_TASK_NAMES}
+    out: dict[str, Any] = {}
+    if counted:
+        for kind in ("paper", "glue"):
+            out[kind] = average_score({t: v[f"median_{kind}"] for t, v in counted.items()}).to_dict()
+    excluded = sorted(t for t in tasks if t not in PAPER_TASK_NAMES)
+    if excluded:
+        out["excluded"] = {t: "not in the paper's GLUE score (BERT and ELECTRA leave WNLI out)" for t in excluded}
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# One checkpoint, all tasks
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _write_json_atomic(path: Path, obj: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(obj, indent=2) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def protocol_dict(fc: FinetuneConfig, hidden_size: int, tasks: list[str], max_train_rows: int | None) -> dict[str, Any]:
+    """Every setting that decides the numbers (compared before reusing earlier results)."""
+    size, _, _ = size_defaults(hidden_size)
+    return {
+        "settings": dataclasses.asdict(fc),
+        "model_size_rule": f"{size} (hidden size {hidden_size}: <= 256 Small, <= 768 Base, else Large)",
+        "peak_lr": fc.peak_lr(hidden_size),
+        "layerwise": fc.layerwise,
+        "layerwise_decay": fc.decay(hidden_size),
+        "epochs": {t: fc.task_epochs(t) for t in tasks},
+        "optimizer": "paper Adam (no bias correction), beta 0.9/0.999, eps 1e-6, decoupled weight decay "
+                     f"{fc.weight_decay:g}, clip {fc.clip_norm:g}",
+        "schedule": f"lr * min(1, step / ({fc.warmup_fraction:g} * total)) * (1 - step / total)",
+        "head": f"[CLS] -> dropout {fc.dropout:g} -> linear (STS-B: 1 output, MSE)",
+        "swapped_pairs": [t for t in tasks if get_task(t).swap_pairs],
+        "padding": "dynamic (each batch to its longest row; attention mask on padded keys)",
+        "max_train_rows": max_train_rows,
+        "test_predictions_from": "the median seed by dev paper score (lower middle for an even count)",
+    }
+
+
+def run_checkpoint(ref: CheckpointRef, data: dict[str, TaskData], fc: FinetuneConfig, seeds: list[int],
+                   out_dir: Path, device, precision: str, precision_reason: str, max_train_rows: int | None,
+                   skipped: dict[str, str], command: str, console, encoded_cache: dict) -> dict[str, Any]:
+    """Fine-tune one checkpoint on every task with every seed; write OUT/<name>/glue.json after each task."""
+    import torch
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from tinyelectra.hf import load_backbone
+    from tinyelectra.metrics import score_task
+    from tinyelectra.tokenizer import Tokenizer
+
+    backbone = load_backbone(ref.path)
+    if backbone.tokenizer_dir is None:
+        raise UserError(f"{ref.path}: no tokenizer files beside the weights (tokenizer/ or tokenizer.json / vocab.txt); "
+                        "fine-tuning needs the pre-training tokenizer")
+    tokenizer = Tokenizer.load(backbone.tokenizer_dir)
+    cfg = backbone.config
+    if tokenizer.vocab_size != cfg.vocab_size:  # hf.load_backbone checks too; this guards the pairing used here
+        raise UserError(f"{ref.path}: tokenizer has {tokenizer.vocab_size} tokens but the model {cfg.vocab_size} word embeddings")
+    if fc.max_length > cfg.max_positions:
+        raise UserError(f"--set max_length={fc.max_length} exceeds the model's {cfg.max_positions} positions")
+    tasks = list(data)
+    protocol = protocol_dict(fc, cfg.hidden_size, tasks, max_train_rows)
+    target = out_dir / ref.name / "glue.json"
+    result: dict[str, Any] = {
+        "format": FORMAT, "format_version": FORMAT_VERSION,
+        "checkpoint": {"name": ref.name, "path": str(ref.path.resolve()), "kind": ref.kind,
+                       "run_dir": None if ref.run_dir is None else str(ref.run_dir.resolve())},
+        "meta": checkpoint_meta(ref),
+        "model": {"hidden_size": cfg.hidden_size, "num_layers": cfg.num_layers, "embedding_size": cfg.embedding_size,
+                  "vocab_size": cfg.vocab_size, "size": size_defaults(cfg.hidden_size)[0]},
+        "seeds": seeds, "tasks": {}, "averages": {}, "skipped_tasks": dict(skipped), "data": {},
+        "protocol": protocol, "device": _device_name(device), "precision": precision,
+        "precision_reason": precision_reason, "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "platform": platform.platform(), "command": command, "complete": False,
+    }
+    previous = _reusable(target, result)
+    started = time.perf_counter()
+    for task in tasks:
+        if task in previous:
+            console.print(f"[dim]{ref.name} {task}: reusing the results in {target} (same checkpoint, protocol and seeds)[/]")
+            result["tasks"][task] = previous[task]
+            result["data"][task] = data[task].describe()
+            continue
+        key = (tokenizer.fingerprint(), fc.max_length, task)
+        if key not in encoded_cache:
+            encoded_cache[key] = encode_task(tokenizer, data[task], fc.max_length)
+        enc = encoded_cache[key]
+        per_epoch, steps = plan_steps(len(enc.train), fc.batch_size, fc.task_epochs(task))
+        seed_results, test_outputs = [], []
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"),
+                      TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), TextColumn("loss {task.fields[loss]}"),
+                      console=console, transient=False) as progress:
+            bar = progress.add_task(f"{ref.name} {task}", total=steps * len(seeds), loss="-")
+            for k, seed in enumerate(seeds):
+                progress.update(bar, description=f"{ref.name} {task} seed {k + 1}/{len(seeds)}")
+                done_before = k * steps
+
+                def on_step(step: int, loss: float | None, _base=done_before) -> None:
+                    fields = {} if loss is None else {"loss": f"{loss:.4f}"}
+                    progress.update(bar, completed=_base + step, **fields)
+
+                model, facts = finetune(backbone, task, enc, fc, seed, device, precision, on_step)
+                t_eval = time.perf_counter()
+                record: dict[str, Any] = {"seed": seed}
+                splits = {}
+                for split, dev_enc in enc.dev.items():
+                    score = score_task(task, predict(model, dev_enc, fc.eval_batch_size, device, precision),
+                                       data[task].dev[split].labels, split=split)
+                    splits[split] = {"paper_score": score.paper_score, "glue_score": score.glue_score,
+                                     "metrics": score.metrics, "examples": score.num_examples}
+                primary = splits[get_task(task).primary_dev_split]
+                record.update(paper_score=primary["paper_score"], glue_score=primary["glue_score"],
+                              metrics=primary["metrics"])
+                if len(splits) > 1:
+                    record["splits"] = splits
+                test_outputs.append([predict(model, t, fc.eval_batch_size, device, precision) for t in enc.test])
+                record.update(train_seconds=facts["train_seconds"], eval_seconds=time.perf_counter() - t_eval,
+                              steps=facts["steps"], final_loss=facts["final_loss"])
+                seed_results.append(record)
+                del model
+        entry = {"epochs": fc.task_epochs(task), "train_rows": len(enc.train), "steps_per_epoch": per_epoch,
+                 "steps": steps, "peak_lr": fc.peak_lr(cfg.hidden_size), "truncated_train_rows": enc.train.truncated,
+                 "seeds": seed_results, **summarize_task(task, seed_results)}
+        if data[task].test:
+            chosen = median_seed_index([s["paper_score"] for s in seed_results])
+            sub_dir = out_dir / ref.name / "submission"
+            files = [str(write_submission(sub_dir, split, outputs))
+                     for split, outputs in zip(data[task].test, test_outputs[chosen])]
+            entry["test_predictions"] = {"seed": seeds[chosen], "files": files}
+        result["tasks"][task] = entry
+        result["data"][task] = data[task].describe()
+        result["averages"] = task_averages(result["tasks"])
+        _write_json_atomic(target, result)  # after every task: a long run keeps what it finished
+        console.print(_task_line(ref.name, task, entry))
+    result["averages"] = task_averages(result["tasks"])
+    result["seconds_total"] = time.perf_counter() - started
+    result["complete"] = True
+    _write_json_atomic(target, result)
+    return result
+
+
+def _reusable(target: Path, fresh: dict[str, Any]) -> dict[str, dict]:
+    """Finished tasks of an earlier glue.json for the same checkpoint, protocol and seeds (else nothing)."""
+    if not target.is_file():
+        return {}
+    try:
+        old = json.loads(target.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    same = (old.get("format") == FORMAT and old.get("checkpoint", {}).get("path") == fresh["checkpoint"]["path"]
+            and old.get("seeds") == fresh["seeds"] and old.get("meta") == fresh["meta"]
+            and old.get("device") == fresh["device"] and old.get("precision") == fresh["precision"])
+    if not same:
+        return {}
+    old_settings = (old.get("protocol") or {}).get("settings")
+    if old_settings != fresh["protocol"]["settings"] or old["protocol"].get("max_train_rows") != fresh["protocol"]["max_train_rows"]:
+        return {}
+    return {t: v for t, v in (old.get("tasks") or {}).items() if t in fresh["protocol"]["epochs"]}
+
+
+def _device_name(device) -> str:
+    import torch
+
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)} ({device})"
+    return f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
+def _task_line(name: str, task: str, entry: dict) -> str:
+    scores = ", ".join(f"{s['paper_score']:.1f}" for s in entry["seeds"])
+    seconds = sum(s["train_seconds"] + s["eval_seconds"] for s in entry["seeds"])
+    line = (f"{name} {task}: {entry['paper_metric']} median {_fmt(entry['median_paper'])} ± {_fmt(entry['std_paper'])} "
+            f"(seeds {scores}); GLUE {entry['glue_metric']} {_fmt(entry['median_glue'])}; {seconds:.0f} s")
+    for split, e in (entry.get("splits") or {}).items():
+        line += f"; {split} {_fmt(e['median_paper'])}"
+    return line
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The command
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def glue_command(checkpoint: Path, glue_dir: Path | None, use_hf: bool, tasks: str, seeds: int, out_dir: Path | None,
+                 gpu: int | None, device: str | None, max_train_rows: int | None, overrides: list[str],
+                 command: str) -> list[Path]:
+    """`tinyelectra glue`: fine-tune every selected checkpoint on every selected task; returns the glue.json paths."""
+    from rich.console import Console
+
+    console = Console()
+    fc = FinetuneConfig.from_overrides(overrides)
+    if seeds < 1:
+        raise UserError("--seeds must be at least 1")
+    refs = find_checkpoints(checkpoint)
+    task_names, skipped = choose_tasks(tasks, glue_dir, use_hf)
+    dev = pick_device(gpu, device)
+    precision, reason = pick_precision(fc.precision, dev)
+    if out_dir is None:
+        out_dir = (refs[0].run_dir if refs[0].run_dir is not None else Path(checkpoint)) / "glue"
+    for task, why in skipped.items():
+        console.print(f"skipping {task}: {why}")
+    data = {}
+    for task in task_names:
+        data[task] = read_task(task, glue_dir, max_train_rows, fc.test_predictions)
+        for s in [data[task].train, *data[task].dev.values(), *data[task].test]:
+            if s.malformed:
+                console.print(s.summary())
+    seed_list = list(range(fc.seed, fc.seed + seeds))
+    console.print(f"fine-tuning {len(refs)} checkpoint(s) x {len(task_names)} task(s) ({', '.join(task_names)}) x "
+                  f"{seeds} seed(s) on {_device_name(dev)}, {precision} ({reason}); results in {out_dir}")
+    cache: dict = {}
+    written = []
+    for ref in refs:
+        run_checkpoint(ref, data, fc, seed_list, Path(out_dir), dev, precision, reason, max_train_rows, skipped,
+                       command, console, cache)
+        path = Path(out_dir) / ref.name / "glue.json"
+        result = json.loads(path.read_text(encoding="utf-8"))
+        for kind in ("paper", "glue"):
+            avg = result["averages"].get(kind)
+            if avg:
+                console.print(f"{ref.name}: {kind} average {avg['score']:.1f} ({avg['label']})")
+        console.print(f"wrote {path}")
+        written.append(path)
+    return written
+
