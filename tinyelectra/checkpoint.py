@@ -1,0 +1,233 @@
+"""Fraction checkpoints: atomic save and validated load of `RUN/ckpt-XXXX/` directories.
+
+A checkpoint directory (fraction x 10^4 in its name, e.g. ckpt-0625 = 6.25% of the budget) holds:
+  discriminator.safetensors  `Electra.discriminator_state_dict()` (absent for objective "mlm")
+  generator.safetensors      `Electra.generator_state_dict()`
+  config.json                {"format": "tinyelectra-checkpoint", "format_version": 1, "recipe": {...}, "objective": ...}
+  meta.json                  step, fraction, tokens_seen, train_flops_paper, train_flops_hardware, wall_seconds, ...
+  tokenizer/                 written by `tinyelectra.tokenizer.Tokenizer.save()`
+
+What does not live here: the exact-resume state (optimizer, data cursor, RNG), and transformers' formats (hf.py).
+Everything is written into `DIR.tmp-<pid>`, fsynced, then renamed over DIR, so a crash never leaves half a checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from tinyelectra.config import Recipe, recipe_from_dict
+from tinyelectra.errors import UserError
+
+FORMAT = "tinyelectra-checkpoint"
+FORMAT_VERSION = 1
+CKPT_NAME = re.compile(r"^ckpt-(\d{4,5})$")  # ckpt-0625 ... ckpt-10000
+
+
+def checkpoint_name(fraction: float) -> str:
+    """ckpt-0625 for 1/16, ckpt-10000 for the whole budget (fraction x 10^4, four digits at least)."""
+    return f"ckpt-{round(fraction * 10_000):04d}"
+
+
+def is_checkpoint(path: Path) -> bool:
+    """True if `path` is a directory whose config.json says it is a tinyelectra checkpoint."""
+    cfg = Path(path) / "config.json"
+    if not cfg.is_file():
+        return False
+    try:
+        return json.loads(cfg.read_text(encoding="utf-8")).get("format") == FORMAT
+    except (ValueError, AttributeError, UnicodeDecodeError):
+        return False
+
+
+def checkpoint_dirs(run_dir: Path) -> list[Path]:
+    """The fraction checkpoints inside a run directory, smallest fraction first."""
+    found = [p for p in Path(run_dir).iterdir() if p.is_dir() and CKPT_NAME.match(p.name) and is_checkpoint(p)]
+    return sorted(found, key=lambda p: int(CKPT_NAME.match(p.name).group(1)))  # type: ignore[union-attr]
+
+
+# ---------------------------------------------------------------------------------------------------- writing
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # some platforms cannot open directories; the rename is still atomic
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    path.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+
+
+def _save_tensors(tensors: dict[str, Tensor], path: Path) -> None:
+    from safetensors.torch import save_file
+
+    save_file({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, str(path), metadata={"format": "pt"})
+
+
+def replace_dir(tmp: Path, final: Path) -> None:
+    """Move a finished temporary directory onto `final`, replacing an older one (rename, never copy)."""
+    _fsync_dir(tmp)
+    old = None
+    if final.exists():
+        old = final.with_name(f"{final.name}.old-{os.getpid()}")
+        os.replace(final, old)
+    os.replace(tmp, final)
+    _fsync_dir(final.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def save_checkpoint(directory: Path, model, recipe: Recipe, meta: dict[str, Any], tokenizer_dir: Path | None) -> Path:
+    """Write `model` (an `Electra`) with its recipe, run metadata and tokenizer files, atomically. Returns the path."""
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    if model.objective != recipe.objective.kind:
+        raise ValueError(f"model objective {model.objective!r} differs from the recipe's {recipe.objective.kind!r}")
+    tmp = directory.with_name(f"{directory.name}.tmp-{os.getpid()}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        written = []
+        if model.discriminator is not None:
+            _save_tensors(model.discriminator_state_dict(), tmp / "discriminator.safetensors")
+            written.append(tmp / "discriminator.safetensors")
+        _save_tensors(model.generator_state_dict(), tmp / "generator.safetensors")
+        written.append(tmp / "generator.safetensors")
+        _write_json(tmp / "config.json", {
+            "format": FORMAT, "format_version": FORMAT_VERSION, "recipe": recipe.to_dict(), "objective": model.objective,
+        })
+        _write_json(tmp / "meta.json", meta)
+        written += [tmp / "config.json", tmp / "meta.json"]
+        if tokenizer_dir is not None:
+            shutil.copytree(tokenizer_dir, tmp / "tokenizer")
+            written += [p for p in (tmp / "tokenizer").rglob("*") if p.is_file()]
+        for p in written:
+            _fsync_file(p)
+        replace_dir(tmp, directory)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return directory
+
+
+# ---------------------------------------------------------------------------------------------------- reading
+def read_checkpoint_config(directory: Path) -> tuple[Recipe, str]:
+    """Validate that `directory` is a tinyelectra checkpoint; return its recipe and objective (no weights read)."""
+    d = Path(directory)
+    if not d.exists():
+        raise UserError(f"{d}: no such checkpoint directory")
+    if not d.is_dir():
+        raise UserError(f"{d}: not a directory (a checkpoint is a directory such as runs/NAME/ckpt-10000)")
+    cfg_path = d / "config.json"
+    if not cfg_path.is_file():
+        inner = [p.name for p in d.iterdir() if p.is_dir() and CKPT_NAME.match(p.name)]
+        if inner:
+            raise UserError(f"{d}: a run directory, not one checkpoint; pick one of: {', '.join(sorted(inner))}")
+        raise UserError(f"{d}: not a tinyelectra checkpoint (no config.json)")
+    try:
+        raw = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UserError(f"{cfg_path}: not valid JSON ({e})") from None
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+        model_type = raw.get("model_type") if isinstance(raw, dict) else None
+        if model_type == "electra":
+            raise UserError(f"{d}: a transformers ELECTRA directory, not a tinyelectra checkpoint (load it with tinyelectra.hf)")
+        if model_type:
+            raise UserError(f"{d}: config.json describes a {model_type!r} model, not a tinyelectra ELECTRA checkpoint")
+        raise UserError(f"{d}: not a tinyelectra checkpoint (config.json has no \"format\": \"{FORMAT}\")")
+    version = raw.get("format_version")
+    if version != FORMAT_VERSION:
+        raise UserError(f"{d}: checkpoint format_version {version!r}; this tinyelectra reads version {FORMAT_VERSION}")
+    if not isinstance(raw.get("recipe"), dict):
+        raise UserError(f"{cfg_path}: missing the \"recipe\" table")
+    recipe = recipe_from_dict(raw["recipe"], where=f"{cfg_path} recipe")
+    objective = raw.get("objective")
+    if objective not in ("electra", "mlm"):
+        raise UserError(f"{cfg_path}: objective {objective!r} is not ELECTRA's (\"electra\") or the MLM baseline (\"mlm\")")
+    if objective != recipe.objective.kind:
+        raise UserError(f"{cfg_path}: objective {objective!r} disagrees with its recipe's objective.kind {recipe.objective.kind!r}")
+    return recipe, objective
+
+
+def read_tensors(path: Path) -> dict[str, Tensor]:
+    """A safetensors file as CPU tensors, with a clear error for a missing or damaged file."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    if not path.is_file():
+        raise UserError(f"{path.parent}: checkpoint is missing {path.name}")
+    try:
+        return load_file(str(path), device="cpu")
+    except (SafetensorError, OSError, ValueError) as e:
+        raise UserError(f"{path}: not a readable safetensors file ({str(e).splitlines()[0][:200]})") from None
+
+
+def check_vocab(tensors: dict[str, Tensor], key: str, vocab_size: int, where: Path) -> None:
+    """The word-embedding rows in the weights must equal the vocabulary size in the config."""
+    if key not in tensors:
+        raise UserError(f"{where}: no {key} tensor: not an ELECTRA checkpoint file")
+    rows = tensors[key].shape[0]
+    if rows != vocab_size:
+        raise UserError(f"{where}: vocabulary size mismatch: weights have {rows} word embeddings, config says vocab_size {vocab_size}")
+
+
+def check_tokenizer(tokenizer_dir: Path, vocab_size: int) -> None:
+    """The tokenizer saved beside the weights must have exactly the model's vocabulary size."""
+    from tinyelectra.tokenizer import Tokenizer
+
+    tok = Tokenizer.load(tokenizer_dir)
+    if tok.vocab_size != vocab_size:
+        raise UserError(
+            f"{tokenizer_dir}: vocabulary size mismatch: tokenizer has {tok.vocab_size} tokens, the model {vocab_size}"
+        )
+
+
+def load_checkpoint(directory: Path, check_tokenizer_files: bool = True):
+    """Read a checkpoint back: (Electra in eval mode on the CPU, Recipe, meta dict). Every problem is one UserError."""
+    from tinyelectra.model import Electra
+
+    d = Path(directory)
+    recipe, objective = read_checkpoint_config(d)
+    meta_path = d / "meta.json"
+    if not meta_path.is_file():
+        raise UserError(f"{d}: checkpoint is missing meta.json")
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UserError(f"{meta_path}: not valid JSON ({e})") from None
+    vocab = recipe.model.vocab_size
+    disc = None
+    if objective == "electra":
+        disc = read_tensors(d / "discriminator.safetensors")
+        check_vocab(disc, "embeddings.word.weight", vocab, d / "discriminator.safetensors")
+    gen = read_tensors(d / "generator.safetensors")
+    word_key = "gen_embeddings.word.weight" if "gen_embeddings.word.weight" in gen else "embeddings.word.weight"
+    check_vocab(gen, word_key, vocab, d / "generator.safetensors")
+    if check_tokenizer_files and (d / "tokenizer").is_dir():
+        check_tokenizer(d / "tokenizer", vocab)
+    model = Electra(recipe.model, objective=objective)
+    try:
+        model.load_split_state_dict(disc, gen)
+    except RuntimeError as e:
+        first = str(e).strip().splitlines()
+        detail = " ".join(line.strip() for line in first[:3])[:400]
+        raise UserError(f"{d}: weights do not fit the checkpoint's recipe ({detail})") from None
+    model.eval()
+    return model, recipe, meta

@@ -1,0 +1,498 @@
+"""Conversion to and from transformers' ELECTRA classes, and `tinyelectra export`.
+
+Our modules and transformers' differ only in names and in one layout choice: we fuse query/key/value into one
+`qkv` linear layer (rows [query; key; value], each head-major as transformers'), they keep three. Mapping:
+
+  ours (Embeddings / Encoder / heads)        transformers (ElectraModel / ElectraForPreTraining / ElectraForMaskedLM)
+  word, position, token_type, norm           embeddings.word_embeddings, .position_embeddings, .token_type_embeddings, .LayerNorm
+  project (E -> H, only when E != H)         embeddings_project
+  layers.i.qkv                               encoder.layer.i.attention.self.query | key | value (concatenated)
+  layers.i.attn_out, norm1                   encoder.layer.i.attention.output.dense, .attention.output.LayerNorm
+  layers.i.ffn_in, ffn_out, norm2            encoder.layer.i.intermediate.dense, .output.dense, .output.LayerNorm
+  disc_head.dense, disc_head.out             discriminator_predictions.dense, .dense_prediction
+  gen_head.dense, gen_head.norm, gen_head.bias   generator_predictions.dense, .LayerNorm, generator_lm_head.bias
+                                             (generator_lm_head.weight is tied to the word embeddings, as ours)
+
+Export writes DIR/discriminator (ElectraForPreTraining) and DIR/generator (ElectraForMaskedLM), each with config.json,
+model.safetensors (through transformers' own save_pretrained), the tokenizer files and a short README.md. An MLM
+(BERT-style baseline) checkpoint has no discriminator: it writes DIR/generator only, the full-size masked LM; any
+Electra* class (e.g. ElectraForSequenceClassification) loads its encoder from there, so no separate encoder copy.
+
+Import reads such directories (ours, or a downloaded google/electra-* folder, safetensors or pytorch_model.bin)
+into an `Electra` for continued pre-training (`electra_from_hf`) or into the pieces a `Classifier` loads for
+fine-tuning (`load_backbone_from_hf`; `load_backbone` also accepts a tinyelectra checkpoint directory).
+Checkpoint save/load of our own format lives in checkpoint.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Iterator, NamedTuple
+
+import torch
+from torch import Tensor
+
+from tinyelectra.checkpoint import (
+    check_tokenizer,
+    is_checkpoint,
+    load_checkpoint,
+    read_checkpoint_config,
+    read_tensors,
+    replace_dir,
+)
+from tinyelectra.config import ModelConfig
+from tinyelectra.errors import UserError
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "tokenizer.model")
+
+
+class Backbone(NamedTuple):
+    """What a `Classifier` needs: its shape and the state dicts of its `Embeddings` and `Encoder` modules."""
+
+    config: ModelConfig
+    embeddings: dict[str, Tensor]
+    encoder: dict[str, Tensor]
+    tokenizer_dir: Path | None  # a directory `Tokenizer.load` and `AutoTokenizer` read, or None when there is none
+
+
+# ---------------------------------------------------------------------------------------------------- configs
+def hf_config(cfg: ModelConfig, pad_token_id: int = 0):
+    """The `ElectraConfig` of a model of shape `cfg` (for the generator, pass `cfg.generator()`)."""
+    from transformers import ElectraConfig
+
+    return ElectraConfig(
+        vocab_size=cfg.vocab_size, embedding_size=cfg.embedding_size, hidden_size=cfg.hidden_size,
+        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads, intermediate_size=cfg.ffn_size,
+        hidden_act="gelu",  # exact (erf) GELU, as our F.gelu
+        hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.attention_dropout,
+        max_position_embeddings=cfg.max_positions, type_vocab_size=cfg.type_vocab_size,
+        layer_norm_eps=cfg.layer_norm_eps, pad_token_id=pad_token_id, tie_word_embeddings=True,
+    )
+
+
+def read_hf_config(directory: Path) -> dict[str, Any]:
+    """config.json of a transformers directory, checked to describe an ELECTRA encoder we can run exactly."""
+    d = Path(directory)
+    if not d.exists():
+        raise UserError(f"{d}: no such directory")
+    if not d.is_dir():
+        raise UserError(f"{d}: not a directory (expected a transformers ELECTRA directory or a tinyelectra checkpoint)")
+    path = d / "config.json"
+    if not path.is_file():
+        raise UserError(f"{d}: not an ELECTRA model directory (no config.json)")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}: not a model configuration")
+    if raw.get("format") == "tinyelectra-checkpoint":
+        raise UserError(f"{d}: a tinyelectra checkpoint, not a transformers directory (use load_checkpoint or `tinyelectra export`)")
+    model_type = raw.get("model_type")
+    if model_type != "electra":
+        raise UserError(f"{d}: config.json describes a {model_type!r} model, not ELECTRA (model_type \"electra\")")
+    checks = (
+        ("hidden_act", "gelu", "tinyelectra's encoder uses exact GELU"),
+        ("position_embedding_type", "absolute", "tinyelectra uses absolute position embeddings"),
+        ("is_decoder", False, "tinyelectra's encoder is bidirectional"),
+    )
+    for key, want, why in checks:
+        if key in raw and raw[key] != want:
+            raise UserError(f"{path}: {key} = {raw[key]!r} is not supported ({why})")
+    return raw
+
+
+def model_config_from_hf(raw: dict[str, Any], where: Path, **overrides: Any) -> ModelConfig:
+    """Our ModelConfig from a transformers ELECTRA config.json (transformers' defaults for absent keys)."""
+    from transformers import ElectraConfig
+
+    defaults = ElectraConfig()
+    get = lambda key: raw.get(key, getattr(defaults, key))  # noqa: E731
+    hidden = get("hidden_size")
+    try:
+        return ModelConfig(
+            vocab_size=get("vocab_size"), embedding_size=raw.get("embedding_size", hidden), hidden_size=hidden,
+            num_layers=get("num_hidden_layers"), num_heads=get("num_attention_heads"), ffn_size=get("intermediate_size"),
+            max_positions=get("max_position_embeddings"), type_vocab_size=get("type_vocab_size"),
+            dropout=float(get("hidden_dropout_prob")), attention_dropout=float(get("attention_probs_dropout_prob")),
+            layer_norm_eps=float(get("layer_norm_eps")), **{"generator_fraction": 1.0, **overrides},
+        )
+    except UserError as e:
+        raise UserError(f"{where}/config.json: {e}") from None
+    except TypeError as e:
+        raise UserError(f"{where}/config.json: unexpected value types ({e})") from None
+
+
+# ---------------------------------------------------------------------------------------------------- state dicts
+_LAYER_MAP = (  # ours -> transformers, inside one block, for .weight and .bias
+    ("attn_out", "attention.output.dense"),
+    ("norm1", "attention.output.LayerNorm"),
+    ("ffn_in", "intermediate.dense"),
+    ("ffn_out", "output.dense"),
+    ("norm2", "output.LayerNorm"),
+)
+_EMB_MAP = (
+    ("word.weight", "embeddings.word_embeddings.weight"),
+    ("position.weight", "embeddings.position_embeddings.weight"),
+    ("token_type.weight", "embeddings.token_type_embeddings.weight"),
+    ("norm.weight", "embeddings.LayerNorm.weight"),
+    ("norm.bias", "embeddings.LayerNorm.bias"),
+)
+
+
+def backbone_to_hf(emb: dict[str, Tensor], enc: dict[str, Tensor], num_layers: int) -> dict[str, Tensor]:
+    """Embeddings + Encoder state dicts -> ElectraModel keys (no "electra." prefix)."""
+    out = {hf: emb[ours] for ours, hf in _EMB_MAP}
+    if "project.weight" in enc:
+        out["embeddings_project.weight"] = enc["project.weight"]
+        out["embeddings_project.bias"] = enc["project.bias"]
+    for i in range(num_layers):
+        src, dst = f"layers.{i}.", f"encoder.layer.{i}."
+        for part in ("weight", "bias"):
+            q, k, v = enc[f"{src}qkv.{part}"].chunk(3, dim=0)  # rows [query; key; value]
+            out[f"{dst}attention.self.query.{part}"] = q
+            out[f"{dst}attention.self.key.{part}"] = k
+            out[f"{dst}attention.self.value.{part}"] = v
+            for ours, hf in _LAYER_MAP:
+                out[f"{dst}{hf}.{part}"] = enc[f"{src}{ours}.{part}"]
+    return out
+
+
+def backbone_from_hf(sd: dict[str, Tensor], num_layers: int) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """ElectraModel keys (no "electra." prefix) -> (Embeddings state dict, Encoder state dict)."""
+    emb = {ours: sd[hf] for ours, hf in _EMB_MAP}
+    enc: dict[str, Tensor] = {}
+    if "embeddings_project.weight" in sd:
+        enc["project.weight"] = sd["embeddings_project.weight"]
+        enc["project.bias"] = sd["embeddings_project.bias"]
+    for i in range(num_layers):
+        src, dst = f"encoder.layer.{i}.", f"layers.{i}."
+        for part in ("weight", "bias"):
+            qkv = [sd[f"{src}attention.self.{n}.{part}"] for n in ("query", "key", "value")]
+            enc[f"{dst}qkv.{part}"] = torch.cat(qkv, dim=0)
+            for ours, hf in _LAYER_MAP:
+                enc[f"{dst}{ours}.{part}"] = sd[f"{src}{hf}.{part}"]
+    return emb, enc
+
+
+def _sub(sd: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
+    return {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
+
+
+def _prefix(sd: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
+    return {prefix + k: v for k, v in sd.items()}
+
+
+def discriminator_to_hf(model) -> dict[str, Tensor]:
+    """An `Electra`'s discriminator as an ElectraForPreTraining state dict."""
+    if model.discriminator is None:
+        raise UserError("an MLM checkpoint has no discriminator to export")
+    emb = model.embeddings.state_dict()
+    out = _prefix(backbone_to_hf(emb, model.discriminator.state_dict(), model.cfg.num_layers), "electra.")
+    head = model.disc_head.state_dict()
+    for part in ("weight", "bias"):
+        out[f"discriminator_predictions.dense.{part}"] = head[f"dense.{part}"]
+        out[f"discriminator_predictions.dense_prediction.{part}"] = head[f"out.{part}"]
+    return out
+
+
+def generator_to_hf(model) -> dict[str, Tensor]:
+    """An `Electra`'s generator (or MLM model) as an ElectraForMaskedLM state dict."""
+    emb = model.generator_embeddings.state_dict()
+    out = _prefix(backbone_to_hf(emb, model.generator_encoder.state_dict(), model.gen_cfg.num_layers), "electra.")
+    head = model.gen_head.state_dict()
+    for part in ("weight", "bias"):
+        out[f"generator_predictions.dense.{part}"] = head[f"dense.{part}"]
+        out[f"generator_predictions.LayerNorm.{part}"] = head[f"norm.{part}"]
+    out["generator_lm_head.weight"] = emb["word.weight"]  # tied
+    out["generator_lm_head.bias"] = head["bias"]
+    return out
+
+
+def to_hf_discriminator(model, pad_token_id: int = 0):
+    """A transformers ElectraForPreTraining (eval mode) holding a copy of `model`'s discriminator."""
+    from transformers import ElectraForPreTraining
+
+    with quiet_transformers():
+        hf = ElectraForPreTraining(hf_config(model.cfg, pad_token_id))
+    hf.load_state_dict(discriminator_to_hf(model), strict=True)
+    return hf.eval()
+
+
+def to_hf_generator(model, pad_token_id: int = 0):
+    """A transformers ElectraForMaskedLM (eval mode) holding a copy of `model`'s generator (or MLM model)."""
+    from transformers import ElectraForMaskedLM
+
+    with quiet_transformers():
+        hf = ElectraForMaskedLM(hf_config(model.gen_cfg, pad_token_id))
+    hf.load_state_dict(generator_to_hf(model), strict=True)
+    return hf.eval()
+
+
+# ---------------------------------------------------------------------------------------------------- reading transformers dirs
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers' load reports and progress bars off for the block (we check what was loaded ourselves)."""
+    from transformers.utils import logging as hf_logging
+
+    level, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bar:
+            hf_logging.enable_progress_bar()
+
+
+def _weights_vocab_rows(d: Path) -> int | None:
+    """Rows of the word-embedding matrix in d/model.safetensors, read from the header only (None if not found)."""
+    path = d / "model.safetensors"
+    if not path.is_file():
+        return None
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            for key in f.keys():
+                if key.endswith("embeddings.word_embeddings.weight"):
+                    return int(f.get_slice(key).get_shape()[0])
+    except Exception:  # a damaged file: from_pretrained will say so
+        return None
+    return None
+
+
+def _load_hf(cls, d: Path, raw: dict[str, Any]):
+    """`cls.from_pretrained(d)` on the CPU, as fp32, with every failure turned into one UserError; eval mode."""
+    rows = _weights_vocab_rows(d)
+    if rows is not None and rows != raw.get("vocab_size"):
+        raise UserError(f"{d}: vocabulary size mismatch: weights have {rows} word embeddings, config.json says vocab_size {raw.get('vocab_size')}")
+    try:
+        with quiet_transformers():
+            model, info = cls.from_pretrained(str(d), output_loading_info=True)
+    except OSError as e:
+        raise UserError(f"{d}: no readable weights ({str(e).splitlines()[0][:200]})") from None
+    except (RuntimeError, ValueError) as e:
+        raise UserError(f"{d}: weights do not match config.json ({str(e).splitlines()[0][:200]})") from None
+    missing = sorted(info.get("missing_keys", ()))
+    if missing:
+        shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+        raise UserError(f"{d}: not a complete {cls.__name__} checkpoint; missing weights: {shown}")
+    return model.float().eval()  # fp32 whatever the stored dtype (our modules hold fp32 master weights)
+
+
+def tokenizer_dir_of(d: Path, vocab_size: int) -> Path | None:
+    """`d` itself when it holds tokenizer files (checked against the model's vocabulary size), else None."""
+    if not any((d / n).is_file() for n in TOKENIZER_FILES):
+        return None
+    check_tokenizer(d, vocab_size)
+    return d
+
+
+def load_backbone_from_hf(directory: Path) -> Backbone:
+    """A transformers ELECTRA directory (discriminator, generator or any Electra* model) as a `Classifier` backbone."""
+    from transformers import ElectraModel
+
+    d = Path(directory)
+    raw = read_hf_config(d)
+    cfg = model_config_from_hf(raw, d)
+    hf = _load_hf(ElectraModel, d, raw)
+    emb, enc = backbone_from_hf(hf.state_dict(), cfg.num_layers)
+    return Backbone(cfg, emb, enc, tokenizer_dir_of(d, cfg.vocab_size))
+
+
+def load_backbone(path: Path) -> Backbone:
+    """A tinyelectra checkpoint (its discriminator, or the MLM encoder) or a transformers ELECTRA directory."""
+    p = Path(path)
+    if is_checkpoint(p):
+        recipe, objective = read_checkpoint_config(p)
+        cfg = recipe.model
+        name, enc_prefix = ("discriminator", "discriminator.") if objective == "electra" else ("generator", "generator.")
+        sd = read_tensors(p / f"{name}.safetensors")
+        if sd.get("embeddings.word.weight") is None or sd["embeddings.word.weight"].shape[0] != cfg.vocab_size:
+            rows = None if "embeddings.word.weight" not in sd else sd["embeddings.word.weight"].shape[0]
+            raise UserError(f"{p}: vocabulary size mismatch: weights have {rows} word embeddings, config says {cfg.vocab_size}")
+        tok = p / "tokenizer"
+        tokenizer_dir = None
+        if tok.is_dir():
+            check_tokenizer(tok, cfg.vocab_size)
+            tokenizer_dir = tok
+        backbone_cfg = dataclasses.replace(cfg, generator_fraction=1.0, sharing="embeddings")
+        return Backbone(backbone_cfg, _sub(sd, "embeddings."), _sub(sd, enc_prefix), tokenizer_dir)
+    return load_backbone_from_hf(p)
+
+
+def electra_from_hf(discriminator_dir: Path, generator_dir: Path | None = None, cfg: ModelConfig | None = None):
+    """An `Electra` (objective "electra") from transformers directories, for continued pre-training.
+
+    With `generator_dir`, its generator is loaded too: the width multiplier is read from the two configs, and the
+    embeddings are shared when the two directories hold equal embedding tables (as google's releases do), else
+    kept separate (sharing "none"). Without it, the generator is freshly initialised at `cfg.generator_fraction`
+    (default 1/4, the paper's Small). A given `cfg` (e.g. a recipe's) must match the directories' shapes.
+    Returns (model in eval mode, the ModelConfig it was built with).
+    """
+    from transformers import ElectraForMaskedLM, ElectraForPreTraining
+
+    from tinyelectra.model import Electra
+
+    dd = Path(discriminator_dir)
+    raw_d = read_hf_config(dd)
+    disc_cfg = model_config_from_hf(raw_d, dd)
+    hf_d = _load_hf(ElectraForPreTraining, dd, raw_d)
+    sd_d = hf_d.state_dict()
+    emb, disc_enc = backbone_from_hf(_sub(sd_d, "electra."), disc_cfg.num_layers)
+    disc_head = {
+        "dense.weight": sd_d["discriminator_predictions.dense.weight"], "dense.bias": sd_d["discriminator_predictions.dense.bias"],
+        "out.weight": sd_d["discriminator_predictions.dense_prediction.weight"], "out.bias": sd_d["discriminator_predictions.dense_prediction.bias"],
+    }
+    gen_parts = None
+    fraction = cfg.generator_fraction if cfg is not None else 0.25
+    sharing = cfg.sharing if cfg is not None else "embeddings"
+    if generator_dir is not None:
+        gd = Path(generator_dir)
+        raw_g = read_hf_config(gd)
+        gen_cfg = model_config_from_hf(raw_g, gd)
+        fraction = _generator_fraction(disc_cfg, gen_cfg, gd)
+        hf_g = _load_hf(ElectraForMaskedLM, gd, raw_g)
+        sd_g = hf_g.state_dict()
+        g_emb, g_enc = backbone_from_hf(_sub(sd_g, "electra."), gen_cfg.num_layers)
+        if not torch.equal(sd_g["generator_lm_head.weight"], sd_g["electra.embeddings.word_embeddings.weight"]):
+            raise UserError(f"{gd}: generator output layer is not tied to its word embeddings (tinyelectra always ties them)")
+        g_head = {
+            "dense.weight": sd_g["generator_predictions.dense.weight"], "dense.bias": sd_g["generator_predictions.dense.bias"],
+            "norm.weight": sd_g["generator_predictions.LayerNorm.weight"], "norm.bias": sd_g["generator_predictions.LayerNorm.bias"],
+            "bias": sd_g["generator_lm_head.bias"],
+        }
+        shared = all(torch.equal(emb[k], g_emb[k]) for k in emb)
+        sharing = "embeddings" if shared else "none"
+        gen_parts = (g_emb, g_enc, g_head)
+    full_cfg = dataclasses.replace(disc_cfg, generator_fraction=fraction, sharing=sharing)
+    if cfg is not None:
+        _check_same_shape(cfg, full_cfg, dd)
+        full_cfg = dataclasses.replace(cfg, sharing=sharing, generator_fraction=fraction)
+    model = Electra(full_cfg, objective="electra")
+    with torch.no_grad():
+        model.embeddings.load_state_dict(emb, strict=True)
+        model.discriminator.load_state_dict(disc_enc, strict=True)
+        model.disc_head.load_state_dict(disc_head, strict=True)
+        if gen_parts is not None:
+            g_emb, g_enc, g_head = gen_parts
+            if model.gen_embeddings is not None:
+                model.gen_embeddings.load_state_dict(g_emb, strict=True)
+            model.generator_encoder.load_state_dict(g_enc, strict=True)
+            model.gen_head.load_state_dict(g_head, strict=True)
+    return model.eval(), full_cfg
+
+
+def _generator_fraction(disc: ModelConfig, gen: ModelConfig, where: Path) -> float:
+    """The width multiplier that turns `disc` into `gen` under ModelConfig.generator()'s rule, or a UserError."""
+    for name in ("vocab_size", "embedding_size", "num_layers", "max_positions", "type_vocab_size"):
+        if getattr(gen, name) != getattr(disc, name):
+            raise UserError(
+                f"{where}: generator {name} {getattr(gen, name)} differs from the discriminator's {getattr(disc, name)}"
+                + (" (vocabulary size mismatch)" if name == "vocab_size" else "")
+            )
+    fraction = gen.hidden_size / disc.hidden_size
+    try:
+        derived = dataclasses.replace(disc, generator_fraction=fraction).generator()
+    except UserError as e:
+        raise UserError(f"{where}: generator shape cannot be derived from the discriminator's ({e})") from None
+    if (derived.hidden_size, derived.ffn_size, derived.num_heads) != (gen.hidden_size, gen.ffn_size, gen.num_heads):
+        raise UserError(
+            f"{where}: generator (hidden {gen.hidden_size}, FFN {gen.ffn_size}, heads {gen.num_heads}) is not the "
+            f"discriminator scaled by one width multiplier ({fraction:g} gives {derived.hidden_size}/{derived.ffn_size}/{derived.num_heads})"
+        )
+    return fraction
+
+
+def _check_same_shape(want: ModelConfig, got: ModelConfig, where: Path) -> None:
+    for name in ("vocab_size", "embedding_size", "hidden_size", "num_layers", "num_heads", "ffn_size", "type_vocab_size"):
+        if getattr(want, name) != getattr(got, name):
+            raise UserError(f"{where}: {name} is {getattr(got, name)} but the recipe says {getattr(want, name)}")
+    if got.max_positions < want.max_positions:
+        raise UserError(f"{where}: max_position_embeddings {got.max_positions} < the recipe's {want.max_positions}")
+
+
+# ---------------------------------------------------------------------------------------------------- export
+def _model_card(kind: str, cls_name: str, recipe, meta: dict[str, Any]) -> str:
+    lines = [
+        f"# {recipe.name}: ELECTRA {kind}", "",
+        f"Pre-trained with tinyelectra (objective {recipe.objective.kind!r}, recipe {recipe.name!r}).", "",
+        "| field | value |", "|---|---|",
+    ]
+    for key in ("step", "fraction", "tokens_seen", "train_flops_paper", "train_flops_hardware", "wall_seconds"):
+        if key in meta:
+            lines.append(f"| {key} | {meta[key]} |")
+    lines += [
+        "", "train_flops_paper counts FLOPs in the ELECTRA paper's convention (dense embedding look-ups, backward = forward).",
+        "", "```python", f"from transformers import {cls_name}, AutoTokenizer",
+        f"model = {cls_name}.from_pretrained(PATH)", "tokenizer = AutoTokenizer.from_pretrained(PATH)", "```", "",
+    ]
+    if kind == "generator" and recipe.objective.kind == "electra" and recipe.model.generator_fraction < 1.0:
+        lines += [f"This generator is {recipe.model.generator_fraction:g}x the discriminator's width: it exists to train "
+                  "the discriminator, which is the model to fine-tune.", ""]
+    return "\n".join(lines)
+
+
+def _write_hf_dir(hf_model, out: Path, tokenizer_dir: Path | None, card: str) -> None:
+    with quiet_transformers():
+        hf_model.save_pretrained(str(out))
+    if tokenizer_dir is not None:
+        for name in TOKENIZER_FILES:
+            if (tokenizer_dir / name).is_file():
+                shutil.copy2(tokenizer_dir / name, out / name)
+    (out / "README.md").write_text(card, encoding="utf-8")
+    # Read it back with transformers itself: what we promise is that from_pretrained gives exactly these tensors.
+    with quiet_transformers():
+        again = type(hf_model).from_pretrained(str(out)).float()
+    want, got = hf_model.state_dict(), again.state_dict()
+    if want.keys() != got.keys() or not all(torch.equal(want[k], got[k]) for k in want):
+        raise RuntimeError(f"{out}: transformers did not read back the weights it was given")
+
+
+def export(model, recipe, meta: dict[str, Any], tokenizer_dir: Path | None, out_dir: Path) -> list[Path]:
+    """Write `model` as transformers directories under `out_dir` (atomically); returns the directories written."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise UserError(f"--out {out_dir}: already exists and is not empty; choose a new directory")
+    pad_id = 0
+    if tokenizer_dir is not None:
+        from tinyelectra.tokenizer import Tokenizer
+
+        pad_id = Tokenizer.load(tokenizer_dir).pad_id
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.with_name(f"{out_dir.name}.tmp-{os.getpid()}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    parts = []
+    if model.discriminator is not None:
+        parts.append(("discriminator", "ElectraForPreTraining", to_hf_discriminator(model, pad_id)))
+    parts.append(("generator", "ElectraForMaskedLM", to_hf_generator(model, pad_id)))
+    try:
+        for kind, cls_name, hf_model in parts:
+            _write_hf_dir(hf_model, tmp / kind, tokenizer_dir, _model_card(kind, cls_name, recipe, meta))
+        replace_dir(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return [out_dir / kind for kind, _, _ in parts]
+
+
+def export_command(checkpoint: Path, out_dir: Path) -> None:
+    """`tinyelectra export CKPT --out DIR`."""
+    model, recipe, meta = load_checkpoint(Path(checkpoint))
+    tok = Path(checkpoint) / "tokenizer"
+    tokenizer_dir = tok if tok.is_dir() else None
+    written = export(model, recipe, meta, tokenizer_dir, Path(out_dir))
+    for d in written:
+        cls_name = "ElectraForPreTraining" if d.name == "discriminator" else "ElectraForMaskedLM"
+        print(f"wrote {d} ({cls_name}; from_pretrained('{d}'))")
+    if tokenizer_dir is None:
+        print(f"note: {checkpoint} has no tokenizer/ directory, so the export has no tokenizer files")
