@@ -96,9 +96,10 @@ def flops(
 @app.command()
 def export(
     checkpoint: Path = typer.Argument(..., help="A fraction checkpoint directory (e.g. runs/X/ckpt-10000)."),
-    out: Path = typer.Option(..., "--out", help="Output directory: discriminator/ and generator/ for transformers."),
+    out: Path = typer.Option(..., "--out", help="New output directory: discriminator/ (ElectraForPreTraining) and generator/ "
+                             "(ElectraForMaskedLM), each with tokenizer files; an MLM checkpoint writes generator/ only."),
 ) -> None:
-    """Write a checkpoint as transformers ElectraForPreTraining / ElectraForMaskedLM directories."""
+    """Write a checkpoint as transformers ElectraForPreTraining / ElectraForMaskedLM directories (from_pretrained loads them offline)."""
     from tinyelectra.hf import export_command
 
     export_command(checkpoint=checkpoint, out_dir=out)
