@@ -328,6 +328,11 @@ def test_not_electra_directories(tmp_path):
         hf.load_backbone(electra_no_weights)
     with pytest.raises(UserError, match="transformers ELECTRA directory, not a tinyelectra checkpoint"):
         load_checkpoint(electra_no_weights)
+    damaged = tmp_path / "damaged"
+    save_hf_pair(damaged, small_hf_cfg(), small_hf_cfg(hidden_size=16, num_attention_heads=2, intermediate_size=24))
+    (damaged / "disc" / "model.safetensors").write_bytes(b"\x00" * 64)
+    with pytest.raises(UserError, match="damaged weights file"):
+        hf.load_backbone(damaged / "disc")
     act = tmp_path / "relu"
     act.mkdir()
     (act / "config.json").write_text(json.dumps(small_hf_cfg(hidden_act="relu")))

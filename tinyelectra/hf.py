@@ -30,6 +30,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import pickle
 import shutil
 from pathlib import Path
 from typing import Any, Iterator, NamedTuple
@@ -270,6 +271,8 @@ def _weights_vocab_rows(d: Path) -> int | None:
 
 def _load_hf(cls, d: Path, raw: dict[str, Any]):
     """`cls.from_pretrained(d)` on the CPU, as fp32, with every failure turned into one UserError; eval mode."""
+    from safetensors import SafetensorError
+
     rows = _weights_vocab_rows(d)
     if rows is not None and rows != raw.get("vocab_size"):
         raise UserError(f"{d}: vocabulary size mismatch: weights have {rows} word embeddings, config.json says vocab_size {raw.get('vocab_size')}")
@@ -278,6 +281,8 @@ def _load_hf(cls, d: Path, raw: dict[str, Any]):
             model, info = cls.from_pretrained(str(d), output_loading_info=True)
     except OSError as e:
         raise UserError(f"{d}: no readable weights ({str(e).splitlines()[0][:200]})") from None
+    except (SafetensorError, EOFError, pickle.UnpicklingError) as e:
+        raise UserError(f"{d}: damaged weights file ({str(e).splitlines()[0][:200]})") from None
     except (RuntimeError, ValueError) as e:
         raise UserError(f"{d}: weights do not match config.json ({str(e).splitlines()[0][:200]})") from None
     missing = sorted(info.get("missing_keys", ()))
