@@ -433,7 +433,8 @@ def _model_card(kind: str, cls_name: str, recipe, meta: dict[str, Any]) -> str:
     ]
     for key in ("step", "fraction", "tokens_seen", "train_flops_paper", "train_flops_hardware", "wall_seconds"):
         if key in meta:
-            lines.append(f"| {key} | {meta[key]} |")
+            value = meta[key]
+            lines.append(f"| {key} | {value:.4g} |" if isinstance(value, float) and "flops" in key else f"| {key} | {value} |")
     lines += [
         "", "train_flops_paper counts FLOPs in the ELECTRA paper's convention (dense embedding look-ups, backward = forward).",
         "", "```python", f"from transformers import {cls_name}, AutoTokenizer",
