@@ -7,6 +7,7 @@ The reference outputs come from transformers' own ELECTRA implementation, not fr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -111,7 +112,7 @@ def tiny_model(cfg: ModelConfig = TINY, objective: str = "electra", seed: int = 
 
 def recipe_for(cfg: ModelConfig, objective: str = "electra") -> Recipe:
     raw = Recipe().to_dict()
-    raw["model"] = {k: v for k, v in raw["model"].items()} | {f: getattr(cfg, f) for f in raw["model"]}
+    raw["model"] = dataclasses.asdict(cfg)
     raw["objective"]["kind"] = objective
     raw["train"]["seq_len"] = min(raw["train"]["seq_len"], cfg.max_positions)
     return recipe_from_dict(raw)
@@ -120,8 +121,6 @@ def recipe_for(cfg: ModelConfig, objective: str = "electra") -> Recipe:
 # ---------------------------------------------------------------------------------------------------- export: ours -> transformers
 @pytest.mark.parametrize("sharing,fraction,embedding", [("embeddings", 0.5, 16), ("none", 0.5, 16), ("all", 1.0, 16), ("embeddings", 0.5, 32)])
 def test_export_equals_transformers_small_config(sharing, fraction, embedding):
-    import dataclasses
-
     cfg = dataclasses.replace(TINY, sharing=sharing, generator_fraction=fraction, embedding_size=embedding)
     m = tiny_model(cfg)
     ids, types, mask = batch(cfg.vocab_size, 4, 24)
@@ -189,8 +188,6 @@ def test_import_equals_transformers_small_config(tmp_path, shared):
 
 def test_import_discriminator_only(tmp_path):
     """Without a generator directory the discriminator is exact and a fresh generator of the recipe's width is added."""
-    import dataclasses
-
     disc, _ = save_hf_pair(tmp_path, small_hf_cfg(), small_hf_cfg(hidden_size=16, num_attention_heads=2, intermediate_size=24))
     recipe_cfg = dataclasses.replace(TINY, generator_fraction=0.25)
     m, cfg = hf.electra_from_hf(tmp_path / "disc", cfg=recipe_cfg)
@@ -286,8 +283,6 @@ def test_export_command_end_to_end(tmp_path, capsys):
 
 
 def test_export_mlm_checkpoint(tmp_path):
-    import dataclasses
-
     cfg = dataclasses.replace(TINY, generator_fraction=1.0)
     m = tiny_model(cfg, objective="mlm")
     ck = save_checkpoint(tmp_path / "ckpt-10000", m, recipe_for(cfg, "mlm"), META, None)
@@ -354,8 +349,6 @@ def test_run_directory_and_missing_files(tmp_path):
 
 
 def test_vocabulary_size_mismatches(tmp_path):
-    import dataclasses
-
     # weights vs config (checkpoint): config.json claims a different vocab_size than the tensors have
     m = tiny_model()
     ck = save_checkpoint(tmp_path / "ckpt-10000", m, recipe_for(TINY), META, None)
