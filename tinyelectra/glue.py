@@ -91,7 +91,7 @@ class FinetuneConfig:
     epochs: float = 0.0  # 0 = the task's (3; 10 for RTE and STS-B)
     dropout: float = 0.1  # hidden dropout in the encoder and before the head
     eval_batch_size: int = 128  # sequences per evaluation forward
-    precision: str = "auto"  # auto (bf16 autocast on CUDA when supported, else fp32) | fp32 | bf16
+    precision: str = "auto"  # auto (CPU fp32; GPU bf16 autocast, fp16 with loss scaling where bf16 is missing) | fp32 | bf16 | fp16
     seed: int = 0  # first seed; seeds are seed, seed+1, ...
     test_predictions: bool = True  # write GLUE submission files for test splits that exist
 
@@ -111,7 +111,7 @@ class FinetuneConfig:
         check(self.epochs >= 0, "epochs", "must be >= 0 (0 = the task's)")
         check(0 <= self.dropout < 1, "dropout", "must be in [0, 1)")
         check(self.eval_batch_size > 0, "eval_batch_size", "must be > 0")
-        check(self.precision in ("auto", "fp32", "bf16"), "precision", "must be auto, fp32 or bf16")
+        check(self.precision in ("auto", "fp32", "bf16", "fp16"), "precision", "must be auto, fp32, bf16 or fp16")
 
     @classmethod
     def from_overrides(cls, assignments: list[str]) -> "FinetuneConfig":
@@ -298,59 +298,6 @@ def encode_task(tokenizer, data: TaskData, max_length: int) -> EncodedTask:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Device and precision
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def pick_device(gpu: int | None, device: str | None):
-    """--gpu N or --device STR; neither: the first CUDA GPU when there is one, else the CPU."""
-    import torch
-
-    if gpu is not None and device is not None:
-        raise UserError("give either --gpu N or --device, not both")
-    if gpu is not None:
-        if not torch.cuda.is_available():
-            raise UserError(f"--gpu {gpu}: CUDA is not available here (use --device cpu)")
-        if not 0 <= gpu < torch.cuda.device_count():
-            raise UserError(f"--gpu {gpu}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-        return torch.device("cuda", gpu)
-    if device is not None:
-        try:
-            dev = torch.device(device)
-        except RuntimeError:
-            raise UserError(f"--device {device!r} is not a torch device (e.g. cpu, cuda:0)") from None
-        if dev.type == "cuda" and not torch.cuda.is_available():
-            raise UserError(f"--device {device}: CUDA is not available here (use --device cpu)")
-        return dev
-    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-
-
-def pick_precision(requested: str, device) -> tuple[str, str]:
-    """(precision, reason). The paper fine-tuned in fp32; bf16 autocast is the fast choice on recent GPUs."""
-    import torch
-
-    if requested == "fp32":
-        return "fp32", "asked for"
-    if requested == "bf16":
-        if device.type == "cuda" and not torch.cuda.is_bf16_supported():
-            raise UserError("--set precision=bf16: this GPU does not support bf16")
-        return "bf16", "asked for"
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return "bf16", "auto: bf16 autocast on a GPU that supports it (weights and optimizer stay fp32)"
-    return "fp32", f"auto: fp32 on {device.type}"
-
-
-def _autocast(precision: str, device):
-    import contextlib
-
-    import torch
-
-    if precision == "bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-# ----------------------------------------------------------------------------------------------------------------
 # One fine-tuning run
 # ----------------------------------------------------------------------------------------------------------------
 
@@ -397,6 +344,8 @@ def predict(model, enc: EncodedSplit, batch_size: int, device, precision: str) -
     """Model outputs for every example of `enc`, in its order: (M, C) float32 (C = 1 for regression)."""
     import torch
 
+    from tinyelectra.runtime import autocast_context
+
     was_training = model.training
     model.eval()
     order = np.argsort(enc.lengths, kind="stable")  # similar lengths together: little padding
@@ -405,7 +354,7 @@ def predict(model, enc: EncodedSplit, batch_size: int, device, precision: str) -
         for start in range(0, len(enc), batch_size):
             idx = order[start:start + batch_size]
             ids, types, mask = _tensors(enc.batch(idx), device)
-            with _autocast(precision, device):
+            with autocast_context(precision, device):
                 logits = model(ids, types, mask)  # (B, C)
             values = logits.float().cpu().numpy()
             if out is None:
@@ -430,6 +379,7 @@ def finetune(backbone, task: str, enc: EncodedTask, fc: FinetuneConfig, seed: in
     from tinyelectra.config import OptimConfig
     from tinyelectra.model import Classifier
     from tinyelectra.optim import build_optimizer, lr_at
+    from tinyelectra.runtime import autocast_context
 
     spec = get_task(task)
     torch.manual_seed(seed)  # head initialisation and dropout
@@ -443,6 +393,7 @@ def finetune(backbone, task: str, enc: EncodedTask, fc: FinetuneConfig, seed: in
     optim_cfg = OptimConfig(name="adam", lr=peak, weight_decay=fc.weight_decay, clip_norm=fc.clip_norm, warmup_steps=0)
     optimizer = build_optimizer(layerwise_groups(model, fc), optim_cfg, device.type)
     params = [p for g in optimizer.param_groups for p in g["params"]]
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")  # fp16 only: bf16 needs no scaling
 
     n = len(enc.train)
     per_epoch, total = plan_steps(n, fc.batch_size, fc.task_epochs(task))
@@ -459,7 +410,7 @@ def finetune(backbone, task: str, enc: EncodedTask, fc: FinetuneConfig, seed: in
             idx = order[b * fc.batch_size:(b + 1) * fc.batch_size]
             batch = enc.train.batch(idx)  # padded to this batch's longest row
             ids, types, mask = _tensors(batch, device)
-            with _autocast(precision, device):
+            with autocast_context(precision, device):
                 out = model(ids, types, mask)  # (B, C)
             if spec.is_regression:
                 target = torch.from_numpy(labels_all[idx].astype(np.float32)).to(device)
@@ -467,11 +418,13 @@ def finetune(backbone, task: str, enc: EncodedTask, fc: FinetuneConfig, seed: in
             else:
                 target = torch.from_numpy(labels_all[idx].astype(np.int64)).to(device)
                 loss = F.cross_entropy(out.float(), target)
-            loss.backward()
+            scaler.scale(loss).backward()
+            scaler.unscale_(optimizer)  # (no-op unless fp16) always before step: PaperAdam.step takes no scaler kwargs
             if fc.clip_norm > 0:
                 torch.nn.utils.clip_grad_norm_(params, fc.clip_norm, foreach=True)
             optimizer.set_lr(lr_at(step, peak, warmup, total))  # step 0 runs at lr 0, as the official schedule
-            optimizer.step()
+            scaler.step(optimizer)
+            scaler.update()
             optimizer.zero_grad(set_to_none=True)
             step += 1
             report_now = step % 10 == 0 or step == total
@@ -704,7 +657,13 @@ def _device_name(device) -> str:
 
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)} ({device})"
-    return f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+    cpu = platform.processor() or platform.machine()
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        cpu = next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"cpu ({cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} threads)"
 
 
 def _fmt(x: float | None) -> str:
@@ -732,6 +691,8 @@ def glue_command(checkpoint: Path, glue_dir: Path | None, use_hf: bool, tasks: s
     """`tinyelectra glue`: fine-tune every selected checkpoint on every selected task; returns the glue.json paths."""
     from rich.console import Console
 
+    from tinyelectra.runtime import configure_matmul, pick_device, pick_precision
+
     console = Console()
     fc = FinetuneConfig.from_overrides(overrides)
     if seeds < 1:
@@ -740,6 +701,7 @@ def glue_command(checkpoint: Path, glue_dir: Path | None, use_hf: bool, tasks: s
     task_names, skipped = choose_tasks(tasks, glue_dir, use_hf)
     dev = pick_device(gpu, device)
     precision, reason = pick_precision(fc.precision, dev)
+    configure_matmul(precision, dev)
     if out_dir is None:
         out_dir = (refs[0].run_dir if refs[0].run_dir is not None else Path(checkpoint)) / "glue"
     for task, why in skipped.items():

@@ -1,0 +1,493 @@
+"""Tests of tinyelectra.glue (`tinyelectra glue`): a tiny checkpoint fine-tuned end to end on a slice of the real RTE
+(JSON schema, dev/test row counts from ../shared/data/README.md, GLUE submission file), the same checkpoint exported
+to transformers' format giving the same scores, learning on synthetic tasks that chance cannot pass (classification
+and STS-B-style regression), the protocol's pieces against hand-computed values (layer-wise LR scales in the
+paper's and the official code's forms, LR by model size, seed medians), dynamic padding equal to fixed padding,
+reuse of finished tasks, and one-line errors for bad input.
+
+The checkpoints are built here: an `Electra` of a miniature shape (2 layers, hidden 64) with a WordPiece trained on
+a few KB of text, saved with `save_checkpoint` exactly as the trainer does. Weights are random: the tests check the
+machinery and learning, not pre-training quality.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tinyelectra.errors import UserError
+
+SHARED_DATA = Path(os.environ.get("TINYELECTRA_SHARED_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data"))
+GLUE_DIR = SHARED_DATA / "glue"
+needs_glue = pytest.mark.skipif(not (GLUE_DIR / "RTE" / "train.tsv").is_file(),
+                                reason=f"real GLUE data not found at {GLUE_DIR} (set TINYELECTRA_SHARED_DATA)")
+
+FILLER = ("the a of and to in is was it for on with as by at from this that movie film story plot actor scene "
+          "music light water city road house").split()
+POSITIVE = ("good", "great", "superb", "wonderful", "brilliant")
+NEGATIVE = ("bad", "awful", "terrible", "boring", "dreadful")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One intra-op thread: on 2 cores shared with other jobs, torch's second spinning thread makes these small
+    models several times slower. Results do not depend on it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Builders (also used by test_report.py)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def sentiment_sentence(rng: random.Random, label: int) -> str:
+    """Filler words and exactly one cue word whose polarity is the label."""
+    words = [rng.choice(FILLER) for _ in range(rng.randint(3, 9))]
+    words.insert(rng.randrange(len(words) + 1), rng.choice(POSITIVE if label else NEGATIVE))
+    return " ".join(words)
+
+
+def write_sst2_like(glue_dir: Path, train_rows: int, dev_rows: int, seed: int = 0) -> Path:
+    """An SST-2-format folder (sentence<TAB>label, header) with a task a model must learn: the cue word decides."""
+    rng = random.Random(seed)
+    folder = glue_dir / "SST-2"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, n in (("train", train_rows), ("dev", dev_rows)):
+        labels = [i % 2 for i in range(n)]
+        rng.shuffle(labels)
+        lines = ["sentence\tlabel"] + [f"{sentiment_sentence(rng, y)}\t{y}" for y in labels]
+        (folder / f"{name}.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return glue_dir
+
+
+def write_stsb_like(glue_dir: Path, train_rows: int, dev_rows: int, seed: int = 0) -> Path:
+    """An STS-B-format folder whose score (0-5) is the number of positive cue words across the two sentences."""
+    rng = random.Random(seed)
+    folder = glue_dir / "STS-B"
+    folder.mkdir(parents=True, exist_ok=True)
+    header = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore"
+    for name, n in (("train", train_rows), ("dev", dev_rows)):
+        lines = [header]
+        for i in range(n):
+            k = rng.randint(0, 5)
+            cues = [rng.choice(POSITIVE) for _ in range(k)]
+            split = rng.randint(0, k)
+            a = [rng.choice(FILLER) for _ in range(rng.randint(2, 5))] + cues[:split]
+            b = [rng.choice(FILLER) for _ in range(rng.randint(2, 5))] + cues[split:]
+            rng.shuffle(a)
+            rng.shuffle(b)
+            lines.append(f"{i}\tmain\tx\t2012\t{i}\tnone\tnone\t{' '.join(a)}\t{' '.join(b)}\t{float(k):.3f}")
+        (folder / f"{name}.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return glue_dir
+
+
+def tokenizer_texts() -> list[str]:
+    rng = random.Random(1)
+    texts = [sentiment_sentence(rng, i % 2) for i in range(600)]
+    rte = GLUE_DIR / "RTE" / "train.tsv"
+    if rte.is_file():  # real English as well, so RTE's words are in the vocabulary
+        for line in rte.read_text(encoding="utf-8").splitlines()[1:400]:
+            texts += line.split("\t")[1:3]
+    return texts
+
+
+def make_checkpoint(directory: Path, vocab_size: int = 400, seed: int = 0, fraction: float = 1.0, step: int = 100,
+                    tokenizer=None) -> Path:
+    """A tinyelectra checkpoint of a miniature ELECTRA (random weights) with its tokenizer, as the trainer saves it."""
+    from tinyelectra.checkpoint import save_checkpoint
+    from tinyelectra.config import load_recipe
+    from tinyelectra.model import Electra
+    from tinyelectra.tokenizer import Tokenizer
+
+    tok = tokenizer or Tokenizer.train(tokenizer_texts(), vocab_size=vocab_size, lowercase=True)
+    tok_dir = directory.parent / f".tok-{directory.name}"
+    tok.save(tok_dir)
+    recipe = load_recipe("tiny", [
+        f"model.vocab_size={tok.vocab_size}", "model.embedding_size=32", "model.hidden_size=64",
+        "model.num_layers=2", "model.num_heads=2", "model.ffn_size=128", "model.max_positions=128",
+        "model.generator_fraction=0.5",
+    ])
+    torch.manual_seed(seed)
+    model = Electra(recipe.model)
+    meta = {"name": directory.name, "step": step, "fraction": fraction, "tokens_seen": step * 32 * 128,
+            "train_flops_paper": step * 1.0e9, "train_flops_hardware": step * 0.6e9, "wall_seconds": step * 0.5,
+            "precision": "fp32", "device": "test cpu", "budget": f"{step}steps", "recipe": "tiny-test"}
+    return save_checkpoint(directory, model, recipe, meta, tok_dir)
+
+
+def make_run(run_dir: Path, fractions=(0.5, 1.0)) -> Path:
+    """A run directory with plan.json and fraction checkpoints (random weights, one shared tokenizer)."""
+    from tinyelectra.budget import checkpoint_name
+    from tinyelectra.tokenizer import Tokenizer
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer.train(tokenizer_texts(), vocab_size=400, lowercase=True)
+    total = 200
+    for i, f in enumerate(fractions):
+        make_checkpoint(run_dir / checkpoint_name(f), seed=i, fraction=f, step=round(total * f), tokenizer=tok)
+    (run_dir / "plan.json").write_text(json.dumps({"budget": f"{total}steps", "budget_kind": "steps",
+                                                   "total_steps": total}), encoding="utf-8")
+    return run_dir
+
+
+def run_glue(checkpoint: Path, glue_dir: Path | None, out: Path, tasks: str, seeds: int = 1,
+             max_train_rows: int | None = None, overrides: list[str] | None = None) -> list[Path]:
+    from tinyelectra.glue import glue_command
+
+    return glue_command(checkpoint=checkpoint, glue_dir=glue_dir, use_hf=False, tasks=tasks, seeds=seeds, out_dir=out,
+                        gpu=None, device="cpu", max_train_rows=max_train_rows, overrides=list(overrides or []),
+                        command="pytest")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# End to end on real RTE, and through a transformers export
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> Path:
+    return make_checkpoint(tmp_path_factory.mktemp("ckpt") / "ckpt-10000")
+
+
+@pytest.fixture(scope="module")
+def rte_result(ckpt, tmp_path_factory) -> dict:
+    if not (GLUE_DIR / "RTE" / "train.tsv").is_file():
+        pytest.skip(f"real GLUE data not found at {GLUE_DIR} (set TINYELECTRA_SHARED_DATA)")
+    out = tmp_path_factory.mktemp("rte-out")
+    paths = run_glue(ckpt, GLUE_DIR, out, "rte", seeds=2, max_train_rows=48, overrides=["epochs=1"])
+    assert paths == [out / "ckpt-10000" / "glue.json"]
+    return json.loads(paths[0].read_text())
+
+
+@needs_glue
+@pytest.mark.slow
+def test_rte_slice_end_to_end_schema(rte_result, ckpt):
+    r = rte_result
+    assert r["format"] == "tinyelectra-glue" and r["complete"] is True
+    assert r["checkpoint"]["name"] == "ckpt-10000" and r["checkpoint"]["kind"] == "tinyelectra"
+    assert r["meta"]["step"] == 100 and r["meta"]["fraction"] == 1.0 and r["meta"]["train_flops_paper"] == 1.0e11
+    assert r["device"].startswith("cpu") and r["precision"] == "fp32" and r["command"] == "pytest"
+    assert r["seeds"] == [0, 1]
+    p = r["protocol"]
+    assert p["peak_lr"] == 3e-4 and p["layerwise"] == "intended" and p["layerwise_decay"] == 0.8
+    assert p["epochs"] == {"rte": 1.0} and p["max_train_rows"] == 48 and p["settings"]["batch_size"] == 32
+    t = r["tasks"]["rte"]
+    assert t["paper_metric"] == "accuracy" and t["glue_metric"] == "accuracy"
+    assert t["train_rows"] == 48 and t["steps_per_epoch"] == 2 and t["steps"] == 2  # ceil(48 / 32)
+    assert len(t["seeds"]) == 2
+    for s in t["seeds"]:
+        assert set(s) >= {"seed", "paper_score", "glue_score", "metrics", "train_seconds", "eval_seconds", "steps"}
+        assert 0.0 <= s["paper_score"] <= 100.0 and s["paper_score"] == s["metrics"]["accuracy"]
+        assert s["train_seconds"] > 0
+        # a dev accuracy on RTE's 277 dev rows is a multiple of 100/277
+        assert abs(s["paper_score"] * 277 / 100 - round(s["paper_score"] * 277 / 100)) < 1e-6
+    scores = [s["paper_score"] for s in t["seeds"]]
+    assert t["median_paper"] == pytest.approx(statistics.median(scores))
+    assert t["std_paper"] == pytest.approx(statistics.stdev(scores))
+    assert r["averages"]["paper"] == {"score": t["median_paper"], "tasks": ["rte"], "label": "GLUE-1: rte"}
+    # row counts published in ../shared/data/README.md
+    assert r["data"]["rte"]["dev"]["rows"] == 277 and r["data"]["rte"]["train"]["rows_in_file"] == 2490
+    # test predictions: RTE.tsv with 3000 rows, labels spelled as in the files, from the median seed
+    sub = Path(t["test_predictions"]["files"][0])
+    assert sub.name == "RTE.tsv"
+    lines = sub.read_text().splitlines()
+    assert lines[0] == "index\tprediction" and len(lines) == 3001
+    assert {line.split("\t")[1] for line in lines[1:]} <= {"entailment", "not_entailment"}
+    assert [line.split("\t")[0] for line in lines[1:4]] == ["0", "1", "2"]
+    assert t["test_predictions"]["seed"] in (0, 1)
+
+
+@needs_glue
+@pytest.mark.slow
+def test_transformers_export_fine_tunes_the_same_way(rte_result, ckpt, tmp_path):
+    """`tinyelectra export` output (transformers format) gives the same weights, so seed 0 gives the same scores."""
+    from tinyelectra.checkpoint import load_checkpoint
+    from tinyelectra.hf import export
+
+    model, recipe, meta = load_checkpoint(ckpt)
+    export(model, recipe, meta, ckpt / "tokenizer", tmp_path / "export")
+    paths = run_glue(tmp_path / "export", GLUE_DIR, tmp_path / "out", "rte", seeds=1, max_train_rows=48,
+                     overrides=["epochs=1", "test_predictions=false"])
+    r = json.loads(paths[0].read_text())
+    assert r["checkpoint"]["kind"] == "transformers" and r["checkpoint"]["path"].endswith("discriminator")
+    assert r["meta"] == {}
+    ours = rte_result["tasks"]["rte"]["seeds"][0]
+    theirs = r["tasks"]["rte"]["seeds"][0]
+    assert theirs["seed"] == ours["seed"] == 0
+    assert theirs["paper_score"] == pytest.approx(ours["paper_score"], abs=1e-9)
+    assert theirs["final_loss"] == pytest.approx(ours["final_loss"], rel=1e-4)
+    assert "test_predictions" not in r["tasks"]["rte"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# It learns
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_fine_tuning_learns_a_task_chance_cannot_pass(ckpt, tmp_path):
+    """Balanced 2-class dev set of 200 rows: chance is 50%, P(>= 90% correct by luck) < 1e-30."""
+    glue_dir = write_sst2_like(tmp_path / "glue", train_rows=480, dev_rows=200)
+    paths = run_glue(ckpt, glue_dir, tmp_path / "out", "sst2", seeds=1, overrides=["epochs=3"])
+    t = json.loads(paths[0].read_text())["tasks"]["sst2"]
+    assert t["steps"] == 45  # 3 epochs x 15 batches of 32
+    assert t["median_paper"] >= 90.0, t
+    assert t["seeds"][0]["final_loss"] < 0.5  # mean of the last 10 steps; ln 2 = 0.69 is the loss of knowing nothing
+
+
+def test_regression_learns_with_swapped_pairs(ckpt, tmp_path):
+    """STS-B-style: the 0-5 score counts cue words over both sentences; Spearman of an untrained head is ~0."""
+    glue_dir = write_stsb_like(tmp_path / "glue", train_rows=300, dev_rows=150)
+    paths = run_glue(ckpt, glue_dir, tmp_path / "out", "stsb", seeds=1, overrides=["epochs=6"])
+    r = json.loads(paths[0].read_text())
+    t = r["tasks"]["stsb"]
+    assert t["train_rows"] == 600  # the swapped order added (REFERENCE §5)
+    assert r["protocol"]["swapped_pairs"] == ["stsb"]
+    assert t["paper_metric"] == "spearman" and t["glue_metric"] == "pearson_spearman_mean"
+    m = t["seeds"][0]["metrics"]
+    assert t["median_glue"] == pytest.approx((m["pearson"] + m["spearman"]) / 2)
+    assert t["median_paper"] > 75.0, m  # about 93 with this seed and data
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Protocol pieces against hand-computed values
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_lr_and_decay_by_model_size():
+    from tinyelectra.glue import FinetuneConfig, size_defaults
+
+    assert size_defaults(256) == ("small", 3e-4, 0.8)  # REFERENCE §5
+    assert size_defaults(768) == ("base", 1e-4, 0.8)
+    assert size_defaults(1024) == ("large", 5e-5, 0.9)
+    fc = FinetuneConfig.from_overrides(["lr=2e-4", "layerwise=none"])
+    assert fc.peak_lr(256) == 2e-4 and fc.decay(256) == 1.0
+    assert FinetuneConfig().task_epochs("rte") == 10 and FinetuneConfig().task_epochs("stsb") == 10
+    assert FinetuneConfig().task_epochs("cola") == 3 and FinetuneConfig(epochs=0.5).task_epochs("rte") == 0.5
+
+
+@pytest.mark.parametrize("form, expected", [
+    # 2 layers, decay 0.8. Intended: head depth 3 -> top layer 0.8, layer 0 0.64, embeddings 0.512.
+    ("intended", {"head": 1.0, "layer.1": 0.8, "layer.0": 0.64, "embeddings": 0.512}),
+    # Official code: head at depth L + 2 = 4 -> top layer 0.64, layer 0 0.512, embeddings 0.4096.
+    ("official", {"head": 1.0, "layer.1": 0.64, "layer.0": 0.512, "embeddings": 0.4096}),
+])
+def test_layerwise_groups_give_each_parameter_its_depth_lr(form, expected):
+    from tinyelectra.config import ModelConfig, OptimConfig
+    from tinyelectra.glue import FinetuneConfig, layerwise_groups
+    from tinyelectra.model import Classifier
+    from tinyelectra.optim import build_optimizer
+
+    cfg = ModelConfig(vocab_size=300, embedding_size=32, hidden_size=64, num_layers=2, num_heads=2, ffn_size=128,
+                      max_positions=64)
+    model = Classifier(cfg, 2)
+    fc = FinetuneConfig(layerwise=form)
+    groups = layerwise_groups(model, fc)
+    opt = build_optimizer(groups, OptimConfig(name="adam", lr=3e-4, weight_decay=0.0), "cpu")
+    opt.set_lr(3e-4)
+    owner = {}
+    for g in opt.param_groups:
+        assert g["weight_decay"] == 0.0
+        for p in g["params"]:
+            assert id(p) not in owner
+            owner[id(p)] = g
+    names = dict(model.named_parameters())
+    assert set(owner) == {id(p) for p in names.values()}  # every parameter exactly once
+    for name, p in names.items():
+        want = expected["embeddings" if name.startswith(("embeddings.", "encoder.project.")) else
+                        "head" if name.startswith("head.") else f"layer.{name.split('.')[2]}"]
+        assert owner[id(p)]["paper_lr"] == pytest.approx(3e-4 * want), name
+
+
+def test_weight_decay_groups_skip_layernorm_and_bias():
+    from tinyelectra.config import ModelConfig
+    from tinyelectra.glue import FinetuneConfig, layerwise_groups
+    from tinyelectra.model import Classifier
+
+    cfg = ModelConfig(vocab_size=300, embedding_size=32, hidden_size=64, num_layers=2, num_heads=2, ffn_size=128,
+                      max_positions=64)
+    model = Classifier(cfg, 3)
+    names = {id(p): n for n, p in model.named_parameters()}
+    for g in layerwise_groups(model, FinetuneConfig(weight_decay=0.01)):
+        for p in g["params"]:
+            n = names[id(p)]
+            skip = n.endswith("bias") or ".norm" in n
+            assert g["weight_decay"] == (0.0 if skip else 0.01), n
+
+
+def test_seed_summary_median_std_and_median_seed():
+    from tinyelectra.glue import median_seed_index, summarize_task
+
+    seeds = [{"paper_score": v, "glue_score": v + 1} for v in (60.0, 70.0, 65.0)]
+    s = summarize_task("rte", seeds)
+    assert s["median_paper"] == 65.0 and s["median_glue"] == 66.0
+    assert s["std_paper"] == pytest.approx(5.0)  # sample std of 60, 65, 70
+    assert median_seed_index([60.0, 70.0, 65.0]) == 2
+    assert median_seed_index([4.0, 1.0, 3.0, 2.0]) == 3  # even count: the lower middle (2.0)
+    assert summarize_task("cola", [{"paper_score": 50.0, "glue_score": 50.0}])["std_paper"] is None
+    mnli = [{"paper_score": v, "glue_score": v, "splits": {"dev_mismatched": {"paper_score": v - 1, "glue_score": v - 1}}}
+            for v in (80.0, 82.0, 81.0)]
+    assert summarize_task("mnli", mnli)["splits"]["dev_mismatched"]["median_paper"] == 80.0
+
+
+def test_averages_leave_wnli_out_and_name_their_tasks():
+    from tinyelectra.glue import task_averages
+
+    tasks = {t: {"median_paper": v, "median_glue": v + 2} for t, v in
+             (("cola", 40.0), ("sst2", 80.0), ("mrpc", 75.0), ("stsb", 70.0), ("rte", 55.0), ("wnli", 10.0))}
+    a = task_averages(tasks)
+    assert a["paper"]["score"] == pytest.approx((40 + 80 + 75 + 70 + 55) / 5)
+    assert a["paper"]["label"] == "GLUE-5: cola, mrpc, rte, sst2, stsb"
+    assert a["glue"]["score"] == pytest.approx((40 + 80 + 75 + 70 + 55) / 5 + 2)
+    assert set(a["excluded"]) == {"wnli"}
+
+
+def test_dynamic_padding_equals_padding_to_128(ckpt):
+    """Same [CLS] outputs whether a batch is padded to its longest row or to 128 tokens (eval mode, fp32)."""
+    from tinyelectra.glue_data import encode_pairs
+    from tinyelectra.hf import load_backbone
+    from tinyelectra.model import Classifier
+    from tinyelectra.tokenizer import Tokenizer
+
+    bb = load_backbone(ckpt)
+    tok = Tokenizer.load(bb.tokenizer_dir)
+    rng = random.Random(3)
+    a = [sentiment_sentence(rng, i % 2) for i in range(16)]
+    b = [" ".join(rng.choice(FILLER) for _ in range(rng.randint(1, 20))) for _ in range(16)]
+    enc = encode_pairs(tok, a, b, max_length=128)
+    assert enc.lengths.max() < 64  # the comparison is meaningful: lots of padding at 128
+    torch.manual_seed(0)
+    model = Classifier(bb.config, 3)
+    model.load_backbone(bb.embeddings, bb.encoder)
+    model.eval()
+    outs = []
+    for pad_to in (None, 128):
+        batch = enc.batch(np.arange(16), pad_to=pad_to)
+        with torch.no_grad():
+            outs.append(model(torch.from_numpy(batch.input_ids), torch.from_numpy(batch.token_type_ids),
+                              torch.from_numpy(batch.attention_mask).bool()))
+    assert outs[0].shape == outs[1].shape == (16, 3)
+    assert (outs[0] - outs[1]).abs().max().item() < 1e-5
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Checkpoints, tasks, reuse
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@needs_glue
+def test_all_means_the_tasks_with_train_and_dev_files():
+    from tinyelectra.glue import choose_tasks
+
+    chosen, skipped = choose_tasks("all", GLUE_DIR, use_hf=False)
+    # ../shared/data/README.md: CoLA, SST-2, MRPC, STS-B, RTE and WNLI have train + dev; QNLI lacks train,
+    # QQP has only dev.partial.tsv, MNLI is missing.
+    assert chosen == ["cola", "sst2", "mrpc", "stsb", "rte", "wnli"]
+    assert set(skipped) == {"qqp", "mnli", "qnli"}
+    assert "train.tsv" in skipped["qnli"] and "MNLI" in skipped["mnli"]
+
+
+def test_run_directory_fine_tunes_every_checkpoint_and_reuses_finished_tasks(tmp_path, capsys):
+    run = make_run(tmp_path / "run", fractions=(0.5, 1.0))
+    glue_dir = write_sst2_like(tmp_path / "glue", train_rows=40, dev_rows=20)
+    paths = run_glue(run, glue_dir, None, "sst2", seeds=1, overrides=["epochs=1"])
+    assert paths == [run / "glue" / "ckpt-5000" / "glue.json", run / "glue" / "ckpt-10000" / "glue.json"]
+    first = [json.loads(p.read_text()) for p in paths]
+    assert [r["meta"]["fraction"] for r in first] == [0.5, 1.0]
+    assert [r["meta"]["step"] for r in first] == [100, 200]
+    capsys.readouterr()
+    run_glue(run / "ckpt-10000", glue_dir, None, "sst2", seeds=1, overrides=["epochs=1"])  # default out: RUN/glue
+    assert "reusing" in capsys.readouterr().out
+    again = json.loads(paths[1].read_text())
+    assert again["tasks"]["sst2"]["seeds"] == first[1]["tasks"]["sst2"]["seeds"]  # not retrained
+    run_glue(run / "ckpt-10000", glue_dir, None, "sst2", seeds=1, overrides=["epochs=1", "lr=1e-4"])
+    changed = json.loads(paths[1].read_text())
+    assert changed["protocol"]["peak_lr"] == 1e-4
+    assert changed["tasks"]["sst2"]["seeds"][0]["train_seconds"] != first[1]["tasks"]["sst2"]["seeds"][0]["train_seconds"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Bad input: one clear line each
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _cli_error(argv: list[str], capsys) -> str:
+    from tinyelectra import cli
+
+    old = sys.argv
+    sys.argv = ["tinyelectra", *argv]
+    try:
+        with pytest.raises(SystemExit) as exc:
+            cli.main()
+    finally:
+        sys.argv = old
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err
+    return err
+
+
+def test_missing_task_directory(ckpt, tmp_path, capsys):
+    glue_dir = write_sst2_like(tmp_path / "glue", 8, 8)
+    err = _cli_error(["glue", "--checkpoint", str(ckpt), "--glue-dir", str(glue_dir), "--tasks", "rte",
+                      "--device", "cpu", "--out", str(tmp_path / "o")], capsys)
+    assert "RTE" in err and "glue_data" in err
+
+
+def test_wrong_columns(ckpt, tmp_path, capsys):
+    folder = tmp_path / "glue" / "RTE"
+    folder.mkdir(parents=True)
+    for name in ("train", "dev"):
+        (folder / f"{name}.tsv").write_text("id\tpremise\thypothesis\tlabel\n0\ta\tb\tentailment\n")
+    err = _cli_error(["glue", "--checkpoint", str(ckpt), "--glue-dir", str(tmp_path / "glue"), "--tasks", "rte",
+                      "--device", "cpu", "--out", str(tmp_path / "o")], capsys)
+    assert "sentence1" in err and "missing" in err
+
+
+def test_checkpoint_that_is_not_electra(tmp_path, capsys):
+    bert = tmp_path / "bert"
+    bert.mkdir()
+    (bert / "config.json").write_text(json.dumps({"model_type": "bert", "hidden_size": 128}))
+    err = _cli_error(["glue", "--checkpoint", str(bert), "--glue-dir", str(tmp_path), "--device", "cpu"], capsys)
+    assert "not ELECTRA" in err and "bert" in err
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    (junk / "notes.txt").write_text("hello")
+    err = _cli_error(["glue", "--checkpoint", str(junk), "--glue-dir", str(tmp_path), "--device", "cpu"], capsys)
+    assert "not a run directory" in err
+
+
+def test_tokenizer_that_does_not_match_the_checkpoint(ckpt, tmp_path, capsys):
+    import shutil
+
+    from tinyelectra.tokenizer import Tokenizer
+
+    bad = tmp_path / "ckpt-10000"
+    shutil.copytree(ckpt, bad)
+    shutil.rmtree(bad / "tokenizer")
+    Tokenizer.train(tokenizer_texts(), vocab_size=300, lowercase=True).save(bad / "tokenizer")
+    glue_dir = write_sst2_like(tmp_path / "glue", 8, 8)
+    err = _cli_error(["glue", "--checkpoint", str(bad), "--glue-dir", str(glue_dir), "--tasks", "sst2",
+                      "--device", "cpu", "--out", str(tmp_path / "o")], capsys)
+    assert "300" in err and "400" in err and "mismatch" in err
+
+
+def test_glue_data_source_is_required_and_set_keys_are_checked(ckpt, tmp_path, capsys):
+    err = _cli_error(["glue", "--checkpoint", str(ckpt), "--device", "cpu"], capsys)
+    assert "--glue-dir" in err and "--hf" in err
+    err = _cli_error(["glue", "--checkpoint", str(ckpt), "--glue-dir", str(tmp_path), "--device", "cpu",
+                      "--set", "learning_rate=1"], capsys)
+    assert "learning_rate" in err and "lr" in err
+    err = _cli_error(["glue", "--checkpoint", str(ckpt), "--glue-dir", str(tmp_path), "--device", "cpu",
+                      "--set", "layerwise=sideways"], capsys)
+    assert "intended, official or none" in err
