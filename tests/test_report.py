@@ -1,0 +1,228 @@
+"""Tests of tinyelectra.report (`tinyelectra report RUN_DIR`): on a run directory with hand-chosen GLUE results at
+all five fractions, every number report.md shows equals report.json's (parsed back from the markdown tables), the
+averages and the like-for-like paper comparator equal hand-computed values, the paper's Table 1 rows appear as
+published, the PNGs are real images; and end to end on a run whose checkpoints were fine-tuned by `tinyelectra glue`.
+Also the published numbers in paper.py against their own printed averages."""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from tinyelectra import paper  # noqa: E402
+from tinyelectra.report import build_report, fmt_flops, fmt_score, report_command  # noqa: E402
+
+FRACTIONS = (0.0625, 0.125, 0.25, 0.5, 1.0)
+# hand-chosen seed scores per task at each fraction (grow with the fraction)
+BASE = {"cola": 20.0, "sst2": 80.0, "mrpc": 72.0, "stsb": 60.0, "rte": 54.0, "wnli": 50.0}
+
+
+def seed_scores(task: str, i: int) -> list[float]:
+    b = BASE[task] + 2.0 * i
+    return [b - 1.0, b + 0.5, b + 1.5]
+
+
+def write_glue_json(out: Path, name: str, fraction: float, step: int, i: int) -> None:
+    from tinyelectra.glue import summarize_task, task_averages
+
+    tasks = {}
+    for task in BASE:
+        seeds = [{"seed": k, "paper_score": v, "glue_score": v + 0.25, "metrics": {}, "train_seconds": 10.0 + k,
+                  "eval_seconds": 1.0, "steps": 5} for k, v in enumerate(seed_scores(task, i))]
+        tasks[task] = {"seeds": seeds, **summarize_task(task, seeds)}
+    doc = {
+        "format": "tinyelectra-glue", "format_version": 1, "complete": True,
+        "checkpoint": {"name": name, "path": f"/x/{name}", "kind": "tinyelectra", "run_dir": "/x"},
+        "meta": {"step": step, "fraction": fraction, "tokens_seen": step * 4096, "train_flops_paper": step * 2.0e10,
+                 "train_flops_hardware": step * 1.5e10, "wall_seconds": step * 3.6},
+        "seeds": [0, 1, 2], "tasks": tasks, "averages": task_averages(tasks),
+        "protocol": {"max_train_rows": None, "peak_lr": 3e-4, "layerwise": "intended", "layerwise_decay": 0.8,
+                     "epochs": {t: 3.0 for t in BASE}},
+        "device": "cpu (test)", "precision": "fp32",
+    }
+    (out / name).mkdir(parents=True, exist_ok=True)
+    (out / name / "glue.json").write_text(json.dumps(doc))
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    from tinyelectra.budget import checkpoint_name, make_plan, parse_budget
+    from tinyelectra.config import load_recipe
+
+    run = tmp_path_factory.mktemp("run")
+    recipe = load_recipe("tiny")
+    plan = make_plan(parse_budget("1600steps"), recipe)
+    plan.save(run / "plan.json")
+    (run / "recipe.json").write_text(json.dumps(recipe.to_dict()))
+    lines = []
+    for step in range(10, 1601, 10):
+        lines.append({"step": step, "lr": 1e-3, "gen_loss": 9.0 - 4.0 * step / 1600, "disc_loss": 0.5 - 0.3 * step / 1600,
+                      "gen_acc": 0.05 + 0.3 * step / 1600, "disc_acc": 0.85 + 0.1 * step / 1600, "tokens_seen": step * 4096,
+                      "train_seconds": step * 3.6, "train_flops_paper": step * 2.0e10, "train_flops_hardware": step * 1.5e10,
+                      "tokens_per_second": 1137.8})
+        for i, f in enumerate(FRACTIONS):
+            if step == round(1600 * f):
+                lines.append({"event": "checkpoint", "name": checkpoint_name(f), "step": step, "fraction": f,
+                              "wall_seconds": step * 3.6, "device": "cpu (test)", "precision": "fp32"})
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n{\"step\": 16")  # torn last line
+    (run / "summary.json").write_text(json.dumps({"steps": 1600, "tokens_seen": 1600 * 4096, "train_flops_paper": 3.2e13,
+                                                  "train_flops_hardware": 2.4e13, "train_seconds": 5760.0,
+                                                  "device": "cpu (test)", "precision": "fp32"}))
+    for i, f in enumerate(FRACTIONS):
+        write_glue_json(run / "glue", checkpoint_name(f), f, round(1600 * f), i)
+    report_command(run, None)
+    return run
+
+
+def _md_table(md: str, first_header: str) -> tuple[list[str], list[list[str]]]:
+    lines = md.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_header} |"))
+    header = [c.strip() for c in lines[start].strip("|").split("|")]
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip("|").split("|")])
+    return header, rows
+
+
+def test_report_files_exist_and_plots_are_pngs(run_dir):
+    for name in ("report.md", "report.json", "glue_vs_compute.png", "pretraining_curves.png"):
+        assert (run_dir / name).is_file(), name
+    for png in ("glue_vs_compute.png", "pretraining_curves.png"):
+        data = (run_dir / png).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+    rep = json.loads((run_dir / "report.json").read_text())
+    assert rep["plots"] == ["glue_vs_compute.png", "pretraining_curves.png"]
+    assert "![glue_vs_compute.png](glue_vs_compute.png)" in (run_dir / "report.md").read_text()
+
+
+def test_glue_table_numbers_match_report_json(run_dir):
+    md = (run_dir / "report.md").read_text()
+    rep = json.loads((run_dir / "report.json").read_text())
+    header, rows = _md_table(md, "checkpoint")
+    assert header[5:11] == ["CoLA", "SST-2", "MRPC", "STS-B", "RTE", "WNLI"]
+    assert [r[0] for r in rows] == [c["name"] for c in rep["checkpoints"]] == \
+        ["ckpt-0625", "ckpt-1250", "ckpt-2500", "ckpt-5000", "ckpt-10000"]
+    for row, c in zip(rows, rep["checkpoints"]):
+        assert row[1] == f"{100 * c['fraction']:g}%"
+        assert int(row[2]) == c["step"]
+        assert float(row[3]) == pytest.approx(c["train_flops_paper"], rel=5e-3)
+        assert float(row[4].split()[0]) == pytest.approx(c["wall_seconds"] / 3600, abs=0.005)
+        for cell, task in zip(row[5:11], rep["tasks"]):
+            median, std = (float(x) for x in cell.split(" ± "))
+            assert median == pytest.approx(c["tasks"][task]["median_paper"], abs=0.05)
+            assert std == pytest.approx(c["tasks"][task]["std_paper"], abs=0.05)
+        assert float(row[11]) == pytest.approx(c["average_paper"]["score"], abs=0.05)
+        assert float(row[12]) == pytest.approx(c["average_glue"]["score"], abs=0.05)
+
+
+def test_averages_and_medians_equal_hand_computed_values(run_dir):
+    rep = json.loads((run_dir / "report.json").read_text())
+    for i, c in enumerate(rep["checkpoints"]):
+        for task in BASE:
+            scores = seed_scores(task, i)
+            assert c["tasks"][task]["median_paper"] == pytest.approx(BASE[task] + 2.0 * i + 0.5)
+            assert c["tasks"][task]["std_paper"] == pytest.approx(statistics.stdev(scores))
+        # GLUE-5: WNLI left out; medians are BASE + 2i + 0.5
+        five = ("cola", "mrpc", "rte", "sst2", "stsb")
+        assert c["average_paper"]["score"] == pytest.approx(sum(BASE[t] for t in five) / 5 + 2.0 * i + 0.5)
+        assert c["average_paper"]["label"] == "GLUE-5: cola, mrpc, rte, sst2, stsb"
+        assert c["average_glue"]["score"] == pytest.approx(c["average_paper"]["score"] + 0.25)
+    # the published OpenWebText row over our five tasks: (56.8 + 88.3 + 87.4 + 86.8 + 68.5) / 5 = 77.56
+    owt = rep["paper_average_over_our_tasks"][0]
+    assert owt["score"] == pytest.approx(77.56) and owt["tasks"] == ["cola", "sst2", "mrpc", "stsb", "rte"]
+    md = (run_dir / "report.md").read_text()
+    assert f"{fmt_score(owt['score'])} over cola, sst2, mrpc, stsb, rte" in md and "77.6" in md
+    assert any("WNLI" in n for n in rep["notes"])
+
+
+def test_paper_rows_are_shown_as_published_and_beside_ours(run_dir):
+    md = (run_dir / "report.md").read_text()
+    rep = json.loads((run_dir / "report.json").read_text())
+    header, rows = _md_table(md, "fraction")
+    assert header[:4] == ["fraction", "paper FLOPs", "paper V100 time", "paper GLUE (8 tasks)"]
+    published = [(0.0625, 8.9e16, "6h", 74.1), (0.125, 1.8e17, "12h", 76.0), (0.25, 3.6e17, "1d", 77.7),
+                 (0.5, 7.1e17, "2d", 79.0), (1.0, 1.4e18, "4d", 79.9)]  # REFERENCE §4, Table 1
+    by_fraction = {c["fraction"]: c for c in rep["comparison"]}
+    for row, (f, flops, time_text, score) in zip(rows, published):
+        assert float(row[1]) == flops and row[2] == time_text and float(row[3]) == score
+        ours = by_fraction[f]
+        assert float(row[4]) == pytest.approx(ours["train_flops_paper"], rel=5e-3)
+        assert float(row[6]) == pytest.approx(ours["average_paper"], abs=0.05)
+        assert row[7] == "GLUE-5: cola, mrpc, rte, sst2, stsb"
+        assert ours["paper_glue"] == score and ours["paper_train_flops"] == flops
+    assert "published values, not ours" in md and fmt_flops(1.4e18) in md and "75.1" in md  # BERT-Small
+    # per-task table: our final checkpoint beside the published rows
+    header, rows = _md_table(md, "task")
+    cola = next(r for r in rows if r[0] == "CoLA")
+    assert cola[1] == "matthews_corr" and float(cola[3]) == 56.8 and float(cola[4]) == 58.7
+
+
+def test_pretraining_facts_recipe_deviations_and_hardware(run_dir):
+    md = (run_dir / "report.md").read_text()
+    rep = json.loads((run_dir / "report.json").read_text())
+    pre = rep["pretraining"]
+    assert pre["steps"] == 1600 and pre["finished"] and pre["log_records"] == 160  # the torn line is skipped
+    assert pre["last_log"]["gen_loss"] == pytest.approx(5.0) and pre["last_log"]["disc_acc"] == pytest.approx(0.95)
+    assert "| last logged gen_loss (step 1600) | 5.0000 |" in md
+    assert f"| train FLOPs, paper convention | {fmt_flops(3.2e13)} |" in md
+    assert "| training time | 1.60 h |" in md
+    assert rep["hardware"]["pretraining_device"] == "cpu (test)" and rep["hardware"]["finetuning_precisions"] == ["fp32"]
+    assert rep["recipe"]["deviations"] and all(d in md for d in rep["recipe"]["deviations"])
+    assert len(pre["checkpoint_events"]) == 5
+
+
+def test_published_numbers_agree_with_their_printed_averages():
+    for row in paper.PER_TASK:
+        assert set(row.scores) == set(paper.PAPER_TASKS)
+        assert sum(row.scores.values()) / 8 == pytest.approx(row.average, abs=0.05)
+    # Table 1's partial rows are 1.424e18 x 1/16 ... 1/2, rounded as printed (REFERENCE §4)
+    for r in paper.TABLE1:
+        assert float(f"{1.424e18 * r.fraction:.1e}") == r.train_flops_paper
+        assert r.steps == round(1_000_000 * r.fraction)
+
+
+def test_report_needs_a_run_or_results(tmp_path):
+    from tinyelectra.errors import UserError
+
+    with pytest.raises(UserError, match="neither a run directory"):
+        build_report(tmp_path)
+    with pytest.raises(UserError, match="no such run directory"):
+        build_report(tmp_path / "missing")
+
+
+def test_end_to_end_after_tinyelectra_glue(tmp_path):
+    """A run with two checkpoints fine-tuned by `tinyelectra glue` (synthetic SST-2-format task), then reported."""
+    import torch
+    from test_glue import make_run, run_glue, write_sst2_like
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # see test_glue.one_thread
+    try:
+        run = make_run(tmp_path / "run", fractions=(0.5, 1.0))
+        glue_dir = write_sst2_like(tmp_path / "glue", train_rows=40, dev_rows=30)
+        run_glue(run, glue_dir, None, "sst2", seeds=2, overrides=["epochs=1"])
+    finally:
+        torch.set_num_threads(threads)
+    rep = report_command(run, tmp_path / "report")
+    md = (tmp_path / "report" / "report.md").read_text()
+    _, rows = _md_table(md, "checkpoint")
+    assert [r[0] for r in rows] == ["ckpt-5000", "ckpt-10000"]
+    for row, c in zip(rows, rep["checkpoints"]):
+        t = c["tasks"]["sst2"]
+        glue = json.loads(Path(c["glue_json"]).read_text())["tasks"]["sst2"]
+        assert t["median_paper"] == glue["median_paper"]
+        assert row[5] == f"{fmt_score(t['median_paper'])} ± {t['std_paper']:.1f}"
+        assert c["average_paper"]["label"] == "GLUE-1: sst2"
+        # a dev accuracy on 30 rows is a multiple of 100/30
+        assert all(abs(v * 0.3 - round(v * 0.3)) < 1e-6 for v in t["seed_paper_scores"])
+    assert rep["plots"] == ["glue_vs_compute.png"]  # no metrics.jsonl in this run: no curves
+    assert re.search(r"\| 50% \| 7\.10e\+17 \| 2d \| 79\.0 \| [0-9.e+]+ \| [0-9.]+ h \| [0-9.]+ \| GLUE-1: sst2 \|", md)

@@ -1,0 +1,584 @@
+"""The FLOPs-versus-GLUE report of one run: `tinyelectra report RUN_DIR` -> report.md, report.json and PNG plots.
+
+What lives here: reading what a run wrote (plan.json, recipe.json, summary.json, metrics.jsonl) and what
+`tinyelectra glue` wrote (RUN/glue/<checkpoint>/glue.json), putting it beside the paper's published numbers
+(paper.py), and rendering. What does not: any training, fine-tuning or metric arithmetic.
+
+report.json is built first and holds every number report.md shows; the markdown is rendered from it alone (and the
+tests check the two agree). Plots: glue_vs_compute.png (GLUE average and per task against pre-training FLOPs in
+the paper's convention, the fraction of the budget and wall time, with the paper's Table 1 rows) and
+pretraining_curves.png (generator and discriminator loss and accuracy against steps, checkpoints marked).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from tinyelectra import paper
+from tinyelectra.errors import UserError
+from tinyelectra.glue_data import PAPER_TASK_NAMES, get_task
+
+FORMAT = "tinyelectra-report"
+TASK_ORDER = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
+TASK_TITLES = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "stsb": "STS-B", "qqp": "QQP", "mnli": "MNLI",
+               "qnli": "QNLI", "rte": "RTE", "wnli": "WNLI"}
+CURVE_KEYS = ("gen_loss", "disc_loss", "gen_acc", "disc_acc")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Formatting (shared by report.md and the tests that compare it with report.json)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def fmt_score(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
+def fmt_flops(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2e}"
+
+
+def fmt_hours(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds / 3600:.2f} h"
+
+
+def fmt_fraction(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:g}%"
+
+
+def fmt_score_std(median: float | None, std: float | None) -> str:
+    return fmt_score(median) if std is None else f"{fmt_score(median)} ± {std:.1f}"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Reading
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: cannot read it as JSON ({e})") from None
+
+
+def read_metrics(path: Path) -> tuple[list[dict], list[dict]]:
+    """metrics.jsonl -> (log records with a step, checkpoint events). A torn last line (a run in progress) is skipped."""
+    records, events = [], []
+    if not path.is_file():
+        return records, events
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(rec, dict):
+            continue
+        if rec.get("event") == "checkpoint":
+            events.append(rec)
+        elif rec.get("event") is None and "step" in rec:
+            records.append(rec)
+    return records, events
+
+
+def find_glue_results(run_dir: Path) -> list[Path]:
+    """RUN/glue/*/glue.json (what `tinyelectra glue --checkpoint RUN` writes), or RUN/*/glue.json when RUN is
+    itself a glue output directory."""
+    found = sorted(run_dir.glob("glue/*/glue.json")) or sorted(run_dir.glob("*/glue.json"))
+    return found
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Building report.json
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _checkpoint_entry(path: Path, glue: dict) -> dict[str, Any]:
+    meta = glue.get("meta") or {}
+    tasks = {}
+    for task in TASK_ORDER:
+        t = (glue.get("tasks") or {}).get(task)
+        if t is None:
+            continue
+        tasks[task] = {
+            "paper_metric": t["paper_metric"], "glue_metric": t["glue_metric"],
+            "median_paper": t["median_paper"], "std_paper": t["std_paper"],
+            "median_glue": t["median_glue"], "std_glue": t["std_glue"],
+            "seed_paper_scores": [s["paper_score"] for s in t["seeds"]],
+            "seeds": [s["seed"] for s in t["seeds"]],
+            "train_seconds": sum(s["train_seconds"] for s in t["seeds"]),
+        }
+        for split, e in (t.get("splits") or {}).items():
+            tasks[task].setdefault("splits", {})[split] = {"median_paper": e["median_paper"], "std_paper": e["std_paper"]}
+    averages = glue.get("averages") or {}
+    protocol = glue.get("protocol") or {}
+    return {
+        "name": (glue.get("checkpoint") or {}).get("name", path.parent.name),
+        "glue_json": str(path),
+        "complete": bool(glue.get("complete")),
+        "step": meta.get("step"), "fraction": meta.get("fraction"), "tokens_seen": meta.get("tokens_seen"),
+        "train_flops_paper": meta.get("train_flops_paper"), "train_flops_hardware": meta.get("train_flops_hardware"),
+        "wall_seconds": meta.get("wall_seconds"),
+        "tasks": tasks,
+        "average_paper": averages.get("paper"), "average_glue": averages.get("glue"),
+        "finetune": {"device": glue.get("device"), "precision": glue.get("precision"),
+                     "max_train_rows": protocol.get("max_train_rows"), "peak_lr": protocol.get("peak_lr"),
+                     "layerwise": protocol.get("layerwise"), "layerwise_decay": protocol.get("layerwise_decay"),
+                     "epochs": protocol.get("epochs"), "seeds": glue.get("seeds")},
+    }
+
+
+def _paper_average_over(tasks: list[str]) -> list[dict]:
+    """The published per-task rows averaged over the tasks we cover (a like-for-like comparator)."""
+    out = []
+    covered = [t for t in tasks if t in PAPER_TASK_NAMES]
+    if not covered:
+        return out
+    for row in paper.PER_TASK:
+        scores = [row.scores[t] for t in covered]
+        out.append({"model": row.model, "tasks": covered, "score": sum(scores) / len(scores), "source": row.source})
+    return out
+
+
+def build_report(run_dir: Path) -> dict[str, Any]:
+    """Everything the report shows, as one JSON-ready dict."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise UserError(f"{run_dir}: no such run directory")
+    plan = _read_json(run_dir / "plan.json") if (run_dir / "plan.json").is_file() else None
+    recipe = _read_json(run_dir / "recipe.json") if (run_dir / "recipe.json").is_file() else None
+    summary = _read_json(run_dir / "summary.json") if (run_dir / "summary.json").is_file() else None
+    records, events = read_metrics(run_dir / "metrics.jsonl")
+    glue_paths = find_glue_results(run_dir)
+    if plan is None and not glue_paths:
+        raise UserError(f"{run_dir}: neither a run directory (plan.json) nor GLUE results (glue/*/glue.json) inside")
+
+    checkpoints = [_checkpoint_entry(p, _read_json(p)) for p in glue_paths]
+    checkpoints.sort(key=lambda c: (c["fraction"] is None, c["fraction"] or 0.0, c["name"]))
+    tasks_seen = [t for t in TASK_ORDER if any(t in c["tasks"] for c in checkpoints)]
+
+    table1 = paper.table1_by_fraction()
+    comparison = []
+    for c in checkpoints:
+        row = table1.get(c["fraction"]) if c["fraction"] is not None else None
+        comparison.append({
+            "checkpoint": c["name"], "fraction": c["fraction"], "train_flops_paper": c["train_flops_paper"],
+            "wall_seconds": c["wall_seconds"],
+            "average_paper": None if c["average_paper"] is None else c["average_paper"]["score"],
+            "average_label": None if c["average_paper"] is None else c["average_paper"]["label"],
+            "paper_train_flops": None if row is None else row.train_flops_paper,
+            "paper_glue": None if row is None else row.glue_dev,
+            "paper_v100_time": None if row is None else row.v100_time,
+        })
+
+    last = records[-1] if records else {}
+    pretraining = {
+        "steps": (summary or {}).get("steps", last.get("step")),
+        "tokens_seen": (summary or {}).get("tokens_seen", last.get("tokens_seen")),
+        "train_flops_paper": (summary or {}).get("train_flops_paper", last.get("train_flops_paper")),
+        "train_flops_hardware": (summary or {}).get("train_flops_hardware", last.get("train_flops_hardware")),
+        "train_seconds": (summary or {}).get("train_seconds", last.get("train_seconds")),
+        "finished": summary is not None,
+        "last_log": {k: last.get(k) for k in ("step", *CURVE_KEYS, "tokens_per_second") if k in last},
+        "log_records": len(records),
+        "checkpoint_events": [{k: e.get(k) for k in ("name", "step", "fraction", "wall_seconds")} for e in events],
+    }
+    plan_facts = None
+    if plan is not None:
+        plan_facts = {k: plan.get(k) for k in ("budget", "budget_kind", "recipe", "total_steps", "warmup_steps",
+                                               "batch_size", "seq_len", "tokens_per_step", "train_flops_paper",
+                                               "train_flops_hardware", "budget_seconds", "checkpoint_steps")}
+    hardware = {
+        "pretraining_device": (summary or {}).get("device") or _first(events, "device"),
+        "pretraining_precision": (summary or {}).get("precision") or _first(events, "precision"),
+        "finetuning_devices": sorted({c["finetune"]["device"] for c in checkpoints if c["finetune"]["device"]}),
+        "finetuning_precisions": sorted({c["finetune"]["precision"] for c in checkpoints if c["finetune"]["precision"]}),
+    }
+    notes = [paper.PAPER_GLUE_NOTE]
+    limited = sorted({c["finetune"]["max_train_rows"] for c in checkpoints if c["finetune"]["max_train_rows"]})
+    if limited:
+        notes.append(f"fine-tuned on the first {', '.join(map(str, limited))} training rows per task only "
+                     "(--max-train-rows): a quick check, not comparable with the paper")
+    incomplete = [c["name"] for c in checkpoints if not c["complete"]]
+    if incomplete:
+        notes.append(f"GLUE still running or interrupted for: {', '.join(incomplete)}")
+    if "wnli" in tasks_seen:
+        notes.append("WNLI is shown but left out of the averages, as the paper's GLUE score does")
+    return {
+        "format": FORMAT, "format_version": 1, "run_dir": str(run_dir.resolve()),
+        "generated_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "recipe": None if recipe is None else {"name": recipe.get("name"), "description": recipe.get("description"),
+                                               "deviations": list(recipe.get("deviations") or []),
+                                               "model": recipe.get("model"), "optim": recipe.get("optim"),
+                                               "train": recipe.get("train")},
+        "plan": plan_facts, "pretraining": pretraining, "hardware": hardware,
+        "tasks": tasks_seen, "checkpoints": checkpoints, "comparison": comparison,
+        "paper_average_over_our_tasks": _paper_average_over(tasks_seen),
+        "paper": paper.published(), "notes": notes, "plots": [],
+    }
+
+
+def _first(events: list[dict], key: str):
+    return next((e[key] for e in events if e.get(key) is not None), None)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# report.md
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _v(x: Any) -> str:
+    return "-" if x is None else str(x)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return out
+
+
+def render_markdown(rep: dict[str, Any]) -> str:
+    """report.md from report.json's dict alone."""
+    L: list[str] = []
+    recipe = rep.get("recipe") or {}
+    plan = rep.get("plan") or {}
+    pre = rep["pretraining"]
+    hw = rep["hardware"]
+    L.append(f"# tinyelectra report: {recipe.get('name') or Path(rep['run_dir']).name}")
+    L.append("")
+    L.append(f"Run directory `{rep['run_dir']}`, generated {rep['generated_utc']}.")
+    L.append("")
+    L.append("## Pre-training")
+    L.append("")
+    rows = [
+        ["recipe", _v(recipe.get("name"))],
+        ["budget", f"{_v(plan.get('budget'))} ({_v(plan.get('budget_kind'))})"],
+        ["steps", f"{_v(pre['steps'])} of {_v(plan.get('total_steps'))} planned"
+                  + ("" if pre["finished"] else " (run not finished: no summary.json)")],
+        ["batch x length", f"{_v(plan.get('batch_size'))} x {_v(plan.get('seq_len'))}"],
+        ["tokens seen", _v(pre["tokens_seen"])],
+        ["train FLOPs, paper convention", fmt_flops(pre["train_flops_paper"])],
+        ["train FLOPs, hardware convention", fmt_flops(pre["train_flops_hardware"])],
+        ["training time", fmt_hours(pre["train_seconds"])],
+        ["pre-training device", _v(hw["pretraining_device"])],
+        ["pre-training precision", _v(hw["pretraining_precision"])],
+        ["fine-tuning device", ", ".join(hw["finetuning_devices"]) or "-"],
+        ["fine-tuning precision", ", ".join(hw["finetuning_precisions"]) or "-"],
+    ]
+    last = pre["last_log"]
+    for k in CURVE_KEYS:
+        if last.get(k) is not None:
+            rows.append([f"last logged {k} (step {last.get('step')})", f"{last[k]:.4f}"])
+    L += _table(["", "value"], rows)
+    L.append("")
+    deviations = recipe.get("deviations") or []
+    if deviations:
+        L.append("Recipe deviations from the paper:")
+        L.append("")
+        L += [f"- {d}" for d in deviations]
+        L.append("")
+
+    L.append("## GLUE per checkpoint (ours)")
+    L.append("")
+    cks = rep["checkpoints"]
+    if not cks:
+        L.append(f"No GLUE results yet: run `tinyelectra glue --checkpoint {rep['run_dir']} --glue-dir DIR` first.")
+        L.append("")
+    else:
+        tasks = rep["tasks"]
+        label = next((c["average_paper"]["label"] for c in cks if c["average_paper"]), "average")
+        header = ["checkpoint", "fraction", "step", "FLOPs (paper)", "wall time"] + [TASK_TITLES[t] for t in tasks] + \
+                 ["average (paper metrics)", "average (GLUE metrics)"]
+        rows = []
+        for c in cks:
+            r = [c["name"], fmt_fraction(c["fraction"]), _v(c["step"]),
+                 fmt_flops(c["train_flops_paper"]), fmt_hours(c["wall_seconds"])]
+            r += [fmt_score_std(c["tasks"][t]["median_paper"], c["tasks"][t]["std_paper"]) if t in c["tasks"] else "-"
+                  for t in tasks]
+            r.append(fmt_score(c["average_paper"]["score"]) if c["average_paper"] else "-")
+            r.append(fmt_score(c["average_glue"]["score"]) if c["average_glue"] else "-")
+            rows.append(r)
+        L += _table(header, rows)
+        L.append("")
+        L.append(f"Scores are medians over fine-tuning seeds ± their standard deviation, dev sets, x100. Paper metrics: "
+                 f"CoLA Matthews corr., STS-B Spearman, the rest accuracy; GLUE metrics: MRPC/QQP mean of F1 and "
+                 f"accuracy, STS-B mean of Pearson and Spearman. Averages cover {label}.")
+        mnli = [c for c in cks if "splits" in c["tasks"].get("mnli", {})]
+        for c in mnli:
+            e = c["tasks"]["mnli"]["splits"]["dev_mismatched"]
+            L.append(f"MNLI mismatched, {c['name']}: {fmt_score_std(e['median_paper'], e['std_paper'])}.")
+        L.append("")
+        L.append("Seeds (paper metric each):")
+        L.append("")
+        for c in cks:
+            for t in tasks:
+                if t in c["tasks"]:
+                    e = c["tasks"][t]
+                    scores = ", ".join(f"seed {s}: {fmt_score(v)}" for s, v in zip(e["seeds"], e["seed_paper_scores"]))
+                    L.append(f"- {c['name']} {TASK_TITLES[t]}: {scores}")
+        L.append("")
+
+    L.append("## Beside the paper")
+    L.append("")
+    L.append(f"The paper's numbers are **published values, not ours** ({paper.TABLE1_SOURCE}); BERT-Small at the same "
+             f"compute: {fmt_score(paper.BERT_SMALL['glue_dev'])} at {fmt_flops(paper.BERT_SMALL['train_flops_paper'])} FLOPs.")
+    L.append("")
+    rows = []
+    for row in rep["paper"]["table1"]:
+        ours = [c for c in rep["comparison"] if c["fraction"] == row["fraction"]]
+        o = ours[0] if ours else None
+        rows.append([fmt_fraction(row["fraction"]), fmt_flops(row["train_flops_paper"]), row["v100_time"],
+                     fmt_score(row["glue_dev"]),
+                     fmt_flops(o["train_flops_paper"]) if o else "-", fmt_hours(o["wall_seconds"]) if o else "-",
+                     fmt_score(o["average_paper"]) if o else "-", (o["average_label"] or "-") if o else "-"])
+    L += _table(["fraction", "paper FLOPs", "paper V100 time", "paper GLUE (8 tasks)", "our FLOPs (paper conv.)",
+                 "our wall time", "our average", "our tasks"], rows)
+    L.append("")
+    if rep["paper_average_over_our_tasks"]:
+        L.append("The published per-task rows averaged over the tasks we cover (a like-for-like comparator):")
+        L.append("")
+        for a in rep["paper_average_over_our_tasks"]:
+            L.append(f"- {a['model']}: {fmt_score(a['score'])} over {', '.join(a['tasks'])} ({a['source']})")
+        L.append("")
+    if cks:
+        final = cks[-1]
+        header = ["task", "metric", f"ours ({final['name']})"] + [r["model"] for r in rep["paper"]["per_task"]]
+        rows = []
+        for t in rep["tasks"]:
+            ours = final["tasks"].get(t)
+            rows.append([TASK_TITLES[t], get_task(t).paper_metric,
+                         fmt_score_std(ours["median_paper"], ours["std_paper"]) if ours else "-"]
+                        + [fmt_score(r["scores"].get(t)) for r in rep["paper"]["per_task"]])
+        L += _table(header, rows)
+        L.append("")
+        L.append("Per-task sources: " + "; ".join(f"{r['model']}: {r['source']}" for r in rep["paper"]["per_task"]) + ".")
+        L.append("")
+    if rep["plots"]:
+        L.append("## Plots")
+        L.append("")
+        L += [f"![{p}]({p})" for p in rep["plots"]]
+        L.append("")
+    L.append("## Notes")
+    L.append("")
+    L += [f"- {n}" for n in rep["notes"]]
+    L.append("")
+    return "\n".join(L)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Plots
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def plot_glue(rep: dict[str, Any], path: Path) -> bool:
+    """GLUE against FLOPs (log), fraction and wall time, ours beside the paper's Table 1. False when nothing to plot."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import LogLocator, NullFormatter, NullLocator
+
+    from tinyelectra.metrics import METRIC_TITLES
+
+    cks = [c for c in rep["checkpoints"] if c["average_paper"] is not None]
+    if not cks:
+        return False
+    t1 = rep["paper"]["table1"]
+    label = cks[0]["average_paper"]["label"].split(":")[0]
+    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    ax_avg, ax_task, ax_frac, ax_time = axes.flat
+
+    def ours_xy(key, scale=1.0):
+        pts = [(c[key] * scale, c["average_paper"]["score"]) for c in cks if c.get(key) is not None]
+        return [p[0] for p in pts], [p[1] for p in pts]
+
+    # (a) average vs FLOPs
+    x, y = ours_xy("train_flops_paper")
+    ax_avg.plot([r["train_flops_paper"] for r in t1], [r["glue_dev"] for r in t1], "s--", color="tab:gray",
+                label="paper: ELECTRA-Small, GLUE-8 (Table 1)")
+    ax_avg.plot([paper.BERT_SMALL["train_flops_paper"]], [paper.BERT_SMALL["glue_dev"]], "*", color="tab:red",
+                markersize=12, label="paper: BERT-Small, GLUE-8")
+    if x:
+        ax_avg.plot(x, y, "o-", color="tab:blue", label=f"ours: {label} average")
+        for c, xi, yi in zip([c for c in cks if c.get("train_flops_paper") is not None], x, y):
+            if c.get("fraction") is not None:
+                ax_avg.annotate(fmt_fraction(c["fraction"]), (xi, yi), textcoords="offset points", xytext=(4, -10), fontsize=7)
+    for r in t1:
+        ax_avg.annotate(fmt_fraction(r["fraction"]), (r["train_flops_paper"], r["glue_dev"]), textcoords="offset points",
+                        xytext=(-8, 6), fontsize=7, color="tab:gray")
+    ax_avg.set_xscale("log")
+    ax_avg.set_xlabel("pre-training FLOPs (paper convention)")
+    ax_avg.set_ylabel("GLUE dev score (paper metrics)")
+    ax_avg.set_title("GLUE average vs. pre-training compute")
+    ax_avg.legend(fontsize=8, loc="lower right")
+    ax_avg.grid(True, which="both", alpha=0.3)
+
+    # (b) per task vs FLOPs, with seed std as error bars
+    for t in rep["tasks"]:
+        pts = [(c["train_flops_paper"], c["tasks"][t]["median_paper"], c["tasks"][t]["std_paper"] or 0.0)
+               for c in rep["checkpoints"] if t in c["tasks"] and c["train_flops_paper"] is not None]
+        if pts:
+            ax_task.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o",
+                             capsize=3, label=f"{TASK_TITLES[t]} ({METRIC_TITLES[get_task(t).paper_metric]})")
+    ax_task.set_xscale("log")
+    ax_task.xaxis.set_minor_formatter(NullFormatter())  # minor labels collide; 1-2-5 majors instead
+    ax_task.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    marks = [(c["train_flops_paper"], fmt_fraction(c["fraction"])) for c in rep["checkpoints"]
+             if c["train_flops_paper"] is not None and c["fraction"] is not None]
+    if marks:  # within one run FLOPs are proportional to the fraction: label the checkpoints on top
+        top = ax_task.secondary_xaxis("top")
+        top.set_xticks([m[0] for m in marks], [m[1] for m in marks])
+        top.xaxis.set_minor_locator(NullLocator())
+        top.tick_params(labelsize=8)
+    ax_task.set_xlabel("pre-training FLOPs (paper convention)")
+    ax_task.set_ylabel("dev score, median over seeds (± std)")
+    ax_task.set_title("ours, per task (top: fraction of the budget)")
+    if ax_task.get_legend_handles_labels()[0]:
+        ax_task.legend(fontsize=7, loc="best")
+    ax_task.grid(True, which="both", alpha=0.3)
+
+    # (c) vs fraction of the budget: averages (per task vs fraction: the top axis of (b))
+    ax_frac.plot([r["fraction"] for r in t1], [r["glue_dev"] for r in t1], "s--", color="tab:gray",
+                 label="paper: ELECTRA-Small, GLUE-8")
+    x, y = ours_xy("fraction")
+    if x:
+        ax_frac.plot(x, y, "o-", color="tab:blue", label=f"ours: {label} average (paper metrics)")
+    pts = [(c["fraction"], c["average_glue"]["score"]) for c in cks if c["fraction"] is not None and c["average_glue"]]
+    if pts:
+        ax_frac.plot([p[0] for p in pts], [p[1] for p in pts], "o:", color="tab:cyan",
+                     label=f"ours: {label} average (GLUE leaderboard metrics)")
+    ax_frac.set_xscale("log", base=2)
+    ax_frac.set_xticks([r["fraction"] for r in t1], [fmt_fraction(r["fraction"]) for r in t1])
+    ax_frac.set_xlabel("fraction of the pre-training budget")
+    ax_frac.set_ylabel("GLUE dev score")
+    ax_frac.set_title("vs. fraction of the budget (checkpoints of one run)")
+    ax_frac.legend(fontsize=8, loc="lower right")
+    ax_frac.grid(True, alpha=0.3)
+
+    # (d) vs wall time
+    ax_time.plot([r["v100_hours"] for r in t1], [r["glue_dev"] for r in t1], "s--", color="tab:gray",
+                 label="paper: one V100, GLUE-8")
+    x, y = ours_xy("wall_seconds", 1 / 3600)
+    device = rep["hardware"]["pretraining_device"] or "this run"
+    if x:
+        ax_time.plot(x, y, "o-", color="tab:blue", label=f"ours: {device}, {label}")
+    ax_time.set_xscale("log")
+    ax_time.set_xlabel("pre-training wall time (hours)")
+    ax_time.set_ylabel("GLUE dev score")
+    ax_time.set_title("vs. wall time")
+    ax_time.legend(fontsize=8, loc="lower right")
+    ax_time.grid(True, which="both", alpha=0.3)
+
+    fig.suptitle("tinyelectra: GLUE vs. pre-training (paper's numbers are published values, 8 tasks; ours cover "
+                 f"{label})", fontsize=11)
+    fig.tight_layout()
+    _save_fig(fig, path)
+    plt.close(fig)
+    return True
+
+
+def plot_curves(run_dir: Path, rep: dict[str, Any], path: Path) -> bool:
+    """Generator/discriminator loss and accuracy from metrics.jsonl against steps; checkpoint steps marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records, events = read_metrics(Path(run_dir) / "metrics.jsonl")
+    if not records:
+        return False
+    steps = [r["step"] for r in records]
+    fig, (ax_g, ax_d, ax_acc) = plt.subplots(1, 3, figsize=(15, 4.2))
+
+    def series(key):
+        pts = [(r["step"], r[key]) for r in records if r.get(key) is not None]
+        return [p[0] for p in pts], [p[1] for p in pts]
+
+    for ax, key, title in ((ax_g, "gen_loss", "generator MLM loss"), (ax_d, "disc_loss", "discriminator loss (per token)")):
+        x, y = series(key)
+        if x:
+            ax.plot(x, y, color="tab:blue" if key == "gen_loss" else "tab:orange")
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss")
+    for key, color, name in (("gen_acc", "tab:blue", "generator accuracy (masked)"),
+                             ("disc_acc", "tab:orange", "discriminator accuracy (all tokens)")):
+        x, y = series(key)
+        if x:
+            ax_acc.plot(x, y, color=color, label=name)
+    ax_acc.set_ylim(0, 1)
+    ax_acc.set_title("accuracies")
+    ax_acc.set_xlabel("step")
+    ax_acc.legend(fontsize=8)
+    for ax in (ax_g, ax_d, ax_acc):
+        ax.grid(True, alpha=0.3)
+        for e in events:
+            if e.get("step") is not None:
+                ax.axvline(e["step"], color="gray", linestyle=":", linewidth=1)
+        ax.set_xlim(0, max(steps) * 1.02)
+    if events:
+        ax_g.text(0.99, 0.98, "dotted: fraction checkpoints", transform=ax_g.transAxes, ha="right", va="top", fontsize=8)
+    recipe = (rep.get("recipe") or {}).get("name", "")
+    fig.suptitle(f"pre-training curves ({recipe}, {len(records)} log steps)", fontsize=11)
+    fig.tight_layout()
+    _save_fig(fig, path)
+    plt.close(fig)
+    return True
+
+
+def _save_fig(fig, path: Path) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".png", dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=110)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _write_text(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def report_command(run_dir: Path, out_dir: Path | None) -> dict[str, Any]:
+    """`tinyelectra report RUN_DIR`: write report.json, report.md and the plots (default: into RUN_DIR)."""
+    run_dir = Path(run_dir)
+    rep = build_report(run_dir)
+    out = Path(out_dir) if out_dir is not None else run_dir
+    out.mkdir(parents=True, exist_ok=True)
+    if plot_glue(rep, out / "glue_vs_compute.png"):
+        rep["plots"].append("glue_vs_compute.png")
+    if plot_curves(run_dir, rep, out / "pretraining_curves.png"):
+        rep["plots"].append("pretraining_curves.png")
+    _write_text(out / "report.json", json.dumps(_finite(rep), indent=2) + "\n")
+    _write_text(out / "report.md", render_markdown(rep))
+    print(f"wrote {out / 'report.md'}, {out / 'report.json'}" + "".join(f", {out / p}" for p in rep["plots"]))
+    return rep
+
+
+def _finite(obj: Any) -> Any:
+    """NaN/inf -> None, so report.json is strict JSON (a diverged seed shows as null)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    return obj
