@@ -45,13 +45,25 @@ def prepare(
     workers: int = typer.Option(0, "--workers", help="Tokenization processes (0 = one per CPU core)."),
     force: bool = typer.Option(False, "--force", help="Replace an output directory that holds a different dataset."),
     seed: int = typer.Option(0, "--seed", help="Seed of the example builder's random choices."),
+    validation_fraction: float = typer.Option(0.01, "--validation-fraction", help="Share of documents held out for validation."),
+    tokenizer_sample_mb: float = typer.Option(
+        32.0, "--tokenizer-sample-mb", help="Train the WordPiece on the first N MB of text (0 = all of it; more is slower)."
+    ),
 ) -> None:
-    """Turn raw text into a tokenizer and packed ELECTRA pre-training examples."""
+    """Turn raw text into a tokenizer and packed ELECTRA pre-training examples.
+
+    Documents end at blank lines, at WikiExtractor's </doc> (the title line after <doc> is dropped), and at each
+    jsonl/parquet record; lines are the builder's sentence units. Examples follow the official ELECTRA builder.
+    Files that look binary or are not UTF-8 (in their first 64 KiB) are skipped with a warning and listed in
+    manifest.json; later invalid bytes are replaced and counted. The output appears only when complete; rerunning
+    the same request reuses it.
+    """
     from tinyelectra.data import prepare as run_prepare
 
     run_prepare(
         sources=list(corpus), out_dir=out, tokenizer_path=tokenizer, vocab_size=vocab_size, seq_len=seq_len,
         lowercase=lowercase, workers=workers, force=force, seed=seed, command=_command_line(),
+        validation_fraction=validation_fraction, tokenizer_sample_mb=tokenizer_sample_mb,
     )
 
 

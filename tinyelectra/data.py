@@ -1,0 +1,766 @@
+"""Pre-training data: the official example builder, `prepare` (text -> tokenizer -> shards) and the batch loader.
+
+The path:  corpus.py reads documents (lists of sentence lines)  ->  fixed-size chunks of documents are tokenized and
+built into examples in worker processes (each chunk's random choices seeded from (seed, chunk index), so the output
+is byte-identical for any --workers)  ->  rows are written as .npy shards in `OUT.tmp-<pid>`, manifest.json last,
+then the directory is renamed into place  ->  `PretrainData` memory-maps the shards and `BatchLoader` yields
+shuffled, resumable (B, T) batches.
+
+Example builder: google-research/electra build_pretraining_dataset.py (REFERENCE.md §2), ported decision by decision:
+lines accumulate until their length reaches the target (never across documents); 10% of examples have one segment;
+after each example the next target is random in [5, T] with probability 0.05; [CLS] A [SEP] (B [SEP]) padded to T.
+A row stores its token ids; its A/B boundary (index where segment 1 starts, = length when single) and its length
+are stored beside it, so token_type_ids and attention_mask are derived at load time.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import platform
+import random
+import shutil
+import sys
+import threading
+import time
+from collections import deque
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from tinyelectra.corpus import CorpusReader, Document, resolve_inputs
+from tinyelectra.errors import UserError
+from tinyelectra.tokenizer import Tokenizer
+
+FORMAT_VERSION = 1
+BUILDER_VERSION = "electra-official-1"  # bump when the builder's output for the same input changes
+MIN_SEQ_LEN, MAX_SEQ_LEN = 8, 512
+CHUNK_CHARS = 1 << 20  # documents are grouped into chunks of about this many characters (fixed: decides the seeds)
+ROWS_PER_SHARD = 1 << 19  # 128 MiB of uint16 rows at T = 128
+TOKENIZER_SAMPLE_MB = 32.0  # default: train the WordPiece on the first 32 MB of text (speed; see prepare --help)
+SINGLE_SEGMENT_TARGET = 100_000  # the official code's "unlimited" first-segment target
+SPLITS = ("train", "validation")
+
+
+# ---------------------------------------------------------------------------------------------------- builder
+@dataclass
+class BuilderStats:
+    examples: int = 0
+    single_segment_draws: int = 0  # the 10% draw: first segment unlimited
+    random_target_draws: int = 0  # the 5% draw: next target length random in [5, T]
+
+
+def build_examples(
+    documents: Iterator[tuple[list[list[int]], list[int]]], seq_len: int, rng: random.Random, stats: BuilderStats
+) -> Iterator[tuple[int, list[int], list[int]]]:
+    """The official ExampleBuilder. `documents` yields (line_ids, line_lengths) per document; yields
+    (document number, segment A ids, segment B ids) with A and B already cut to fit [CLS] A [SEP] B [SEP] in T.
+
+    """
+    T = seq_len
+    target = T
+    for doc_number, (line_ids, lengths) in enumerate(documents):
+        start, accumulated = 0, 0
+        for j, n in enumerate(lengths):
+            accumulated += n
+            if accumulated >= target:
+                a, b = _make_example(line_ids[start : j + 1], lengths[start : j + 1], target, T, rng, stats)
+                yield doc_number, a, b
+                target = _next_target(T, rng, stats)
+                start, accumulated = j + 1, 0
+        # Document end: the accumulated lines become an example. (Lines with zero tokens alone make none, and unlike
+        # the official code they are not carried into the next document: examples never cross documents.)
+        if accumulated > 0:
+            a, b = _make_example(line_ids[start:], lengths[start:], target, T, rng, stats)
+            yield doc_number, a, b
+            target = _next_target(T, rng, stats)
+
+
+def _make_example(line_ids, lengths, target: int, T: int, rng: random.Random, stats: BuilderStats):
+    stats.examples += 1
+    if rng.random() < 0.1:  # small chance of a single segment, as in classification tasks
+        first_target = SINGLE_SEGMENT_TARGET
+        stats.single_segment_draws += 1
+    else:
+        first_target = (target - 3) // 2  # -3: [CLS] and two [SEP] are not in the text yet
+    a: list[int] = []
+    b: list[int] = []
+    len_a = len_b = 0
+    for ids, n in zip(line_ids, lengths):
+        # A line joins segment A if A is empty, if it keeps A under its target, or (B still empty, A under target)
+        # half of the time; otherwise B. (A later short line can still join A after B has started: official.)
+        if len_a == 0 or len_a + n < first_target or (len_b == 0 and len_a < first_target and rng.random() < 0.5):
+            a += ids
+            len_a += n
+        else:
+            b += ids
+            len_b += n
+    keep_a = min(len_a, T - 2)
+    keep_b = min(len_b, max(0, T - keep_a - 3))
+    return a[:keep_a], b[:keep_b]
+
+
+def _next_target(T: int, rng: random.Random, stats: BuilderStats) -> int:
+    if rng.random() < 0.05:  # small chance of a random-length example instead of a full-length one
+        stats.random_target_draws += 1
+        return rng.randint(5, T)
+    return T
+
+
+def example_row(a: list[int], b: list[int], seq_len: int, cls_id: int, sep_id: int) -> tuple[list[int], int]:
+    """[CLS] A [SEP] (B [SEP]) as a list of ids (unpadded) and the A/B boundary (= length when single-segment)."""
+    row = [cls_id, *a, sep_id]
+    boundary = len(row)  # segment 1 starts after [CLS] A [SEP]; with no B this is also the length
+    if b:
+        row += b
+        row.append(sep_id)
+    return row, boundary
+
+
+# ---------------------------------------------------------------------------------------------------- chunk workers
+_WORKER: dict = {}
+
+
+def _init_worker(tokenizer: Tokenizer, settings: dict, single_threaded: bool) -> None:
+    if single_threaded:
+        # One tokenizer thread per worker process: the processes already fill the cores.
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _WORKER.clear()
+    _WORKER.update(settings, tokenizer=tokenizer)
+
+
+def _process_chunk(chunk_index: int, docs: list[Document]) -> dict:
+    """Tokenize one chunk of documents and build its examples. Pure function of (chunk, seed, settings)."""
+    tok: Tokenizer = _WORKER["tokenizer"]
+    T: int = _WORKER["seq_len"]
+    seed: int = _WORKER["seed"]
+    lines = [line for d in docs for line in d]
+    ids = tok.encode_batch(lines)
+    lengths = [len(x) for x in ids]
+
+    # Which documents are held out: its own random stream, so the builder's draws do not depend on it.
+    val_rng = random.Random(f"validation:{seed}:{chunk_index}")
+    fraction = _WORKER["validation_fraction"]
+    doc_split = [1 if val_rng.random() < fraction else 0 for _ in docs]
+
+    def per_document():
+        at = 0
+        for d in docs:
+            yield ids[at : at + len(d)], lengths[at : at + len(d)]
+            at += len(d)
+
+    stats = BuilderStats()
+    rng = random.Random(f"builder:{seed}:{chunk_index}")
+    rows: list[list[list[int]]] = [[], []]
+    bounds: list[list[int]] = [[], []]
+    for doc_number, a, b in build_examples(per_document(), T, rng, stats):
+        row, boundary = example_row(a, b, T, tok.cls_id, tok.sep_id)
+        s = doc_split[doc_number]
+        rows[s].append(row)
+        bounds[s].append(boundary)
+
+    dtype = np.dtype(_WORKER["dtype"])
+    out = {"lines": len(lines), "documents": [doc_split.count(0), doc_split.count(1)], "stats": stats.__dict__}
+    for s, split in enumerate(SPLITS):
+        n = len(rows[s])
+        arr = np.full((n, T), tok.pad_id, dtype=dtype)
+        meta = np.empty((n, 2), dtype=np.uint16)  # [boundary, length]
+        for k, row in enumerate(rows[s]):
+            arr[k, : len(row)] = row
+            meta[k, 1] = len(row)
+        meta[:, 0] = bounds[s]
+        out[split] = (arr, meta)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- shards
+def _write_npy(path: Path, array: np.ndarray) -> None:
+    """Every byte of a dataset goes through here (tests simulate a full disk by replacing it)."""
+    with open(path, "wb") as f:
+        np.save(f, array, allow_pickle=False)
+
+
+class _ShardWriter:
+    """Buffers one split's rows and writes them as numbered .npy shards of `rows_per_shard` rows."""
+
+    def __init__(self, directory: Path, split: str, rows_per_shard: int) -> None:
+        self.directory, self.split, self.rows_per_shard = directory, split, rows_per_shard
+        self.ids: list[np.ndarray] = []
+        self.meta: list[np.ndarray] = []
+        self.buffered = 0
+        self.rows = 0
+        self.shards: list[dict] = []
+        self.bytes_written = 0
+
+    def add(self, ids: np.ndarray, meta: np.ndarray) -> None:
+        if len(ids):
+            self.ids.append(ids)
+            self.meta.append(meta)
+            self.buffered += len(ids)
+        while self.buffered >= self.rows_per_shard:
+            self._flush(self.rows_per_shard)
+
+    def close(self) -> None:
+        if self.buffered:
+            self._flush(self.buffered)
+
+    def _flush(self, n: int) -> None:
+        ids, meta = np.concatenate(self.ids), np.concatenate(self.meta)
+        name = f"{self.split}-{len(self.shards):05d}"
+        _write_npy(self.directory / f"{name}.ids.npy", ids[:n])
+        _write_npy(self.directory / f"{name}.meta.npy", meta[:n])
+        self.bytes_written += ids[:n].nbytes + meta[:n].nbytes
+        self.shards.append({"ids": f"{name}.ids.npy", "meta": f"{name}.meta.npy", "rows": n})
+        self.rows += n
+        self.ids, self.meta = ([ids[n:]], [meta[n:]]) if n < len(ids) else ([], [])
+        self.buffered -= n
+
+
+# ---------------------------------------------------------------------------------------------------- prepare
+def prepare(
+    sources: list[str],
+    out_dir,
+    tokenizer_path: str | None = None,
+    vocab_size: int = 30522,
+    seq_len: int = 128,
+    lowercase: bool = True,
+    workers: int = 0,
+    force: bool = False,
+    seed: int = 0,
+    command: str = "",
+    validation_fraction: float = 0.01,
+    tokenizer_sample_mb: float = TOKENIZER_SAMPLE_MB,
+    quiet: bool = False,
+    chunk_chars: int = CHUNK_CHARS,
+    rows_per_shard: int = ROWS_PER_SHARD,
+) -> dict:
+    """Text -> tokenizer -> packed examples in `out_dir`. Returns the manifest; reuses an identical existing dataset."""
+    started = time.perf_counter()
+    from rich.console import Console
+
+    console = Console(stderr=True, quiet=quiet, highlight=False)
+    say = lambda msg: console.print(f"prepare: {msg}", markup=False)  # noqa: E731
+    if not MIN_SEQ_LEN <= seq_len <= MAX_SEQ_LEN:
+        raise UserError(f"--seq-len {seq_len}: must be between {MIN_SEQ_LEN} and {MAX_SEQ_LEN}")
+    if not 0.0 <= validation_fraction < 0.5:
+        raise UserError(f"--validation-fraction {validation_fraction}: must be in [0, 0.5)")
+    if workers < 0:
+        raise UserError(f"--workers {workers}: must be >= 0 (0 = one per CPU core)")
+    if tokenizer_sample_mb < 0:
+        raise UserError(f"--tokenizer-sample-mb {tokenizer_sample_mb}: must be >= 0 (0 = all the text)")
+    if seed < 0:
+        raise UserError(f"--seed {seed}: must be >= 0")
+    out_dir = Path(out_dir).expanduser()
+    inputs = resolve_inputs(list(sources))
+    tokenizer = Tokenizer.load(tokenizer_path, lowercase=lowercase) if tokenizer_path else None
+    if tokenizer is None and not 200 <= vocab_size <= 2**31 - 1:
+        raise UserError(f"--vocab-size {vocab_size}: must be between 200 and {2**31 - 1}")
+    request = {
+        "format_version": FORMAT_VERSION, "builder": BUILDER_VERSION,
+        "inputs": [i.identity() for i in inputs],
+        "tokenizer": {"file_fingerprint": tokenizer.fingerprint()} if tokenizer else
+        {"train_vocab_size": vocab_size, "lowercase": lowercase, "sample_mb": tokenizer_sample_mb},
+        "seq_len": seq_len, "seed": seed, "validation_fraction": validation_fraction,
+        "chunk_chars": chunk_chars, "rows_per_shard": rows_per_shard,
+    }
+    cached = _check_out_dir(out_dir, request, force)
+    if cached is not None:
+        say(f"{out_dir} already holds this dataset (same sources and settings): reusing it")
+        return cached
+
+    tmp = out_dir.parent / f"{out_dir.name}.tmp-{os.getpid()}"
+    _remove_stale_tmp_dirs(out_dir)
+    writers: dict[str, _ShardWriter] = {}
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        reader = CorpusReader(inputs)
+        warn = lambda msg: say(f"warning: {msg}")  # noqa: E731
+
+        # 1. tokenizer
+        t0 = time.perf_counter()
+        sample_chars = 0
+        if tokenizer is None:
+            limit = tokenizer_sample_mb * 1e6 if tokenizer_sample_mb > 0 else float("inf")
+            what = f"the first {tokenizer_sample_mb:g} MB" if tokenizer_sample_mb > 0 else "all"
+            say(f"training a {vocab_size}-entry WordPiece on {what} of the text "
+                          f"({'uncased' if lowercase else 'cased'})")
+
+            def sample() -> Iterator[str]:
+                nonlocal sample_chars
+                for doc in reader.documents():  # warnings come once, in the full pass
+                    for line in doc:
+                        sample_chars += len(line)
+                        yield line
+                    if sample_chars >= limit:
+                        return
+
+            tokenizer = Tokenizer.train(sample(), vocab_size, lowercase)
+        tokenizer_seconds = time.perf_counter() - t0
+        tokenizer.save(tmp / "tokenizer")
+        dtype = "uint16" if tokenizer.vocab_size <= 2**16 else "uint32"
+
+        # 2. examples
+        t1 = time.perf_counter()
+        writers = {s: _ShardWriter(tmp, s, rows_per_shard) for s in SPLITS}
+        totals = {"documents": [0, 0], "lines": 0, "tokens": [0, 0], "examples": [0, 0], "single_segment_rows": [0, 0],
+                  "single_segment_draws": 0, "random_target_draws": 0}
+        settings = {"seq_len": seq_len, "seed": seed, "validation_fraction": validation_fraction, "dtype": dtype}
+        n_workers = workers or len(os.sched_getaffinity(0))
+        known_total = sum(i.size_bytes for i in inputs) if all(i.kind == "file" for i in inputs) else None
+        with _progress(console, known_total) as progress:
+            for result in _run_chunks(reader.documents(warn), tokenizer, settings, n_workers, chunk_chars):
+                for s, split in enumerate(SPLITS):
+                    ids, meta = result[split]
+                    writers[split].add(ids, meta)
+                    totals["examples"][s] += len(ids)
+                    # text tokens: length minus [CLS] and one or two [SEP]
+                    two_segments = meta[:, 0] < meta[:, 1]
+                    totals["tokens"][s] += int(meta[:, 1].sum(dtype=np.int64)) - 2 * len(meta) - int(two_segments.sum())
+                    totals["single_segment_rows"][s] += int((~two_segments).sum())
+                    totals["documents"][s] += result["documents"][s]
+                totals["lines"] += result["lines"]
+                totals["single_segment_draws"] += result["stats"]["single_segment_draws"]
+                totals["random_target_draws"] += result["stats"]["random_target_draws"]
+                progress(reader.stats.input_bytes_done, reader.stats.text_bytes)
+            for w in writers.values():
+                w.close()
+            progress(reader.stats.input_bytes_done, reader.stats.text_bytes)
+        build_seconds = time.perf_counter() - t1
+        if totals["examples"][0] == 0:
+            skipped = f"; {len(reader.stats.skipped)} input(s) skipped" if reader.stats.skipped else ""
+            raise UserError(f"--corpus: the text yielded no training examples ({sum(totals['documents'])} documents"
+                            f"{skipped}); is it empty?")
+
+        seconds = time.perf_counter() - started
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            "created_by": f"tinyelectra {_version()}",
+            "request": request,
+            "command": command,
+            "sources": _summarize_sources(inputs),
+            "skipped_inputs": reader.stats.skipped,
+            "invalid_utf8_replaced": reader.stats.replaced_invalid_bytes,
+            "text_bytes": reader.stats.text_bytes,
+            "documents": dict(zip(SPLITS, totals["documents"])),
+            "lines": totals["lines"],
+            "examples": dict(zip(SPLITS, totals["examples"])),
+            "tokens": dict(zip(SPLITS, totals["tokens"])),  # text tokens stored in examples (no specials, no padding)
+            "single_segment_rows": dict(zip(SPLITS, totals["single_segment_rows"])),
+            "builder_draws": {"single_segment": totals["single_segment_draws"], "random_target": totals["random_target_draws"]},
+            "seq_len": seq_len,
+            "dtype": dtype,
+            "seed": seed,
+            "validation_fraction": validation_fraction,
+            "tokenizer": {
+                "kind": tokenizer.kind, "fingerprint": tokenizer.fingerprint(), "vocab_size": tokenizer.vocab_size,
+                "lowercase": tokenizer.lowercase, "path": "tokenizer", "source": tokenizer_path or "trained",
+                "special_ids": {r: getattr(tokenizer, f"{r}_id") for r in ("pad", "unk", "cls", "sep", "mask")},
+                "training_sample_chars": sample_chars, "vocab_padding": tokenizer.vocab_padding,
+            },
+            "splits": {s: {"rows": w.rows, "shards": w.shards} for s, w in writers.items()},
+            "seconds": {"tokenizer": round(tokenizer_seconds, 3), "examples": round(build_seconds, 3), "total": round(seconds, 3)},
+            "text_mb_per_second": round(reader.stats.text_bytes / 1e6 / seconds, 3),
+            "workers": n_workers,
+            "python": platform.python_version(),
+        }
+        _write_json(tmp / "manifest.json", manifest)  # last: a directory without it is never taken as complete
+        _move_into_place(tmp, out_dir)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if e.errno == errno.ENOSPC:
+            written = sum(w.bytes_written for w in writers.values()) / 1e6
+            raise UserError(f"no space left on device while writing {out_dir} ({written:.0f} MB of shards were written, "
+                            f"now removed); free some space or choose another --out") from None
+        raise
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    ex = manifest["examples"]
+    say(
+        f"{sum(manifest['documents'].values()):,} documents, {sum(manifest['tokens'].values()):,} tokens -> "
+        f"{ex['train']:,} train + {ex['validation']:,} validation examples of {seq_len} in {seconds:.1f} s "
+        f"({manifest['text_mb_per_second']:.2f} MB/s of text) -> {out_dir}"
+    )
+    return manifest
+
+
+def _run_chunks(documents: Iterator[Document], tokenizer: Tokenizer, settings: dict, workers: int, chunk_chars: int):
+    """Group documents into chunks and yield each chunk's result, in order, from `workers` processes."""
+
+    def chunks():
+        docs: list[Document] = []
+        chars = 0
+        index = 0
+        for d in documents:
+            docs.append(d)
+            chars += sum(len(line) for line in d)
+            if chars >= chunk_chars:
+                yield index, docs
+                index, docs, chars = index + 1, [], 0
+        if docs:
+            yield index, docs
+
+    if workers <= 1:
+        _init_worker(tokenizer, settings, single_threaded=False)
+        for index, docs in chunks():
+            yield _process_chunk(index, docs)
+        return
+    import multiprocessing
+
+    # spawn: no forked copies of the tokenizer's thread pool (tokenizers warns and turns parallelism off after fork).
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker,
+                             initargs=(tokenizer, settings, True)) as pool:
+        pending: deque = deque()
+        for index, docs in chunks():
+            pending.append(pool.submit(_process_chunk, index, docs))
+            if len(pending) >= 2 * workers:  # bounded: never read the whole corpus ahead of the workers
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
+class _progress:
+    """A rich progress bar on stderr: on-disk bytes done (bar, ETA) and text MB/s."""
+
+    def __init__(self, console, total_bytes: int | None) -> None:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        self.start = time.perf_counter()
+        columns = [TextColumn("prepare: examples", markup=False), BarColumn()]
+        if total_bytes is not None:  # unknown for hf: and builtin sources
+            columns += [TextColumn("{task.percentage:>3.0f}%  ETA"), TimeRemainingColumn()]
+        self.bar = Progress(*columns, TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), console=console)
+        self.task = self.bar.add_task("examples", total=total_bytes, rate="")
+
+    def __enter__(self):
+        self.bar.__enter__()
+        return self
+
+    def __call__(self, done_bytes: int, text_bytes: int) -> None:
+        rate = text_bytes / 1e6 / max(time.perf_counter() - self.start, 1e-9)
+        self.bar.update(self.task, completed=done_bytes, rate=f"{text_bytes / 1e6:,.0f} MB, {rate:.1f} MB/s")
+
+    def __exit__(self, *exc):
+        return self.bar.__exit__(*exc)
+
+
+def _check_out_dir(out_dir: Path, request: dict, force: bool) -> dict | None:
+    """The cached manifest if `out_dir` holds exactly this request; None to build; UserError if we must not touch it."""
+    if not out_dir.exists():
+        return None
+    if not out_dir.is_dir():
+        raise UserError(f"--out {out_dir}: exists and is not a directory")
+    manifest_path = out_dir / "manifest.json"
+    if not manifest_path.is_file():
+        if any(out_dir.iterdir()):
+            raise UserError(f"--out {out_dir}: a non-empty directory that is not a tinyelectra dataset; "
+                            f"choose a new or empty directory")
+        return None
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        manifest = {}
+    if manifest.get("request") == request and _files_present(out_dir, manifest):
+        return manifest
+    if manifest.get("request") == request:
+        return None  # our own dataset with files missing: rebuild it in place
+    if not force:
+        raise UserError(f"--out {out_dir} already holds a different dataset (other sources or settings); "
+                        f"add --force to replace it, or choose another --out")
+    return None
+
+
+def _files_present(out_dir: Path, manifest: dict) -> bool:
+    try:
+        names = [f for s in manifest["splits"].values() for sh in s["shards"] for f in (sh["ids"], sh["meta"])]
+    except (KeyError, TypeError):
+        return False
+    return all((out_dir / n).is_file() for n in names) and (out_dir / "tokenizer").is_dir()
+
+
+def _remove_stale_tmp_dirs(out_dir: Path) -> None:
+    """Remove `OUT.tmp-<pid>` directories left by prepare runs that were killed (their process is gone)."""
+    if not out_dir.parent.is_dir():
+        return
+    for p in out_dir.parent.glob(f"{out_dir.name}.tmp-*"):
+        pid = p.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _move_into_place(tmp: Path, out_dir: Path) -> None:
+    """Atomically replace `out_dir` by `tmp` (an existing dataset is renamed away first, then deleted)."""
+    old = None
+    if out_dir.exists():
+        old = out_dir.parent / f"{out_dir.name}.old-{os.getpid()}"
+        os.replace(out_dir, old)
+    os.replace(tmp, out_dir)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    data = (json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def _summarize_sources(inputs) -> list[dict]:
+    by_spec: dict[str, dict] = {}
+    for i in inputs:
+        s = by_spec.setdefault(i.spec, {"spec": i.spec, "kind": i.kind, "files": 0, "bytes_on_disk": 0})
+        if i.kind == "file":
+            s["files"] += 1
+            s["bytes_on_disk"] += i.size_bytes
+    return list(by_spec.values())
+
+
+def _version() -> str:
+    from tinyelectra import __version__
+
+    return __version__
+
+
+# ---------------------------------------------------------------------------------------------------- loading
+@dataclass
+class Batch:
+    input_ids: "torch.Tensor"  # (B, T) int64  # noqa: F821
+    token_type_ids: "torch.Tensor"  # (B, T) int64: 0 for [CLS] A [SEP] and padding, 1 for B [SEP]  # noqa: F821
+    attention_mask: "torch.Tensor"  # (B, T) bool: True = real token  # noqa: F821
+
+    def to(self, device, non_blocking: bool = False) -> "Batch":
+        return Batch(*(t.to(device, non_blocking=non_blocking) for t in (self.input_ids, self.token_type_ids, self.attention_mask)))
+
+    def pin_memory(self) -> "Batch":
+        return Batch(*(t.pin_memory() for t in (self.input_ids, self.token_type_ids, self.attention_mask)))
+
+
+class PretrainData:
+    """A directory written by `prepare`: the manifest, the tokenizer (loaded on first use), memory-mapped shards."""
+
+    def __init__(self, data_dir) -> None:
+        self.path = Path(data_dir)
+        manifest_path = self.path / "manifest.json"
+        if not manifest_path.is_file():
+            raise UserError(f"{self.path}: not a prepared data directory (no manifest.json); "
+                            f"run `tinyelectra prepare --corpus ... --out {self.path}` first")
+        try:
+            self.manifest: dict = json.loads(manifest_path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise UserError(f"{manifest_path}: not valid JSON; prepare the data again") from None
+        version = self.manifest.get("format_version")
+        if version != FORMAT_VERSION:
+            raise UserError(f"{self.path}: data format version {version!r}, this tinyelectra reads version "
+                            f"{FORMAT_VERSION}; prepare the data again")
+        if not _files_present(self.path, self.manifest):
+            raise UserError(f"{self.path}: shard or tokenizer files listed in manifest.json are missing; prepare again")
+        self.seq_len: int = int(self.manifest["seq_len"])
+        self.vocab_size: int = int(self.manifest["tokenizer"]["vocab_size"])
+        self._tokenizer: Tokenizer | None = None
+        self._shards: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+        self._starts: dict[str, np.ndarray] = {}
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        if self._tokenizer is None:
+            self._tokenizer = Tokenizer.load(self.path / "tokenizer")
+        return self._tokenizer
+
+    def num_rows(self, split: str) -> int:
+        self._check_split(split)
+        return int(self.manifest["splits"][split]["rows"])
+
+    def _check_split(self, split: str) -> None:
+        if split not in self.manifest["splits"]:
+            raise UserError(f"{self.path}: no split {split!r} (has: {', '.join(self.manifest['splits'])})")
+
+    def _open(self, split: str) -> list[tuple[np.ndarray, np.ndarray]]:
+        if split not in self._shards:
+            self._check_split(split)
+            shards = [(np.load(self.path / s["ids"], mmap_mode="r"), np.load(self.path / s["meta"], mmap_mode="r"))
+                      for s in self.manifest["splits"][split]["shards"]]
+            self._shards[split] = shards
+            self._starts[split] = np.cumsum([0] + [len(ids) for ids, _ in shards])
+        return self._shards[split]
+
+    def rows(self, split: str, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Token rows (B, T) and their [boundary, length] (B, 2) for global row indices, in the order given."""
+        shards = self._open(split)
+        indices = np.asarray(indices, dtype=np.int64)
+        if len(shards) == 1:
+            ids, meta = shards[0]
+            return ids[indices], meta[indices]
+        starts = self._starts[split]
+        which = np.searchsorted(starts, indices, side="right") - 1
+        out_ids = np.empty((len(indices), self.seq_len), dtype=shards[0][0].dtype)
+        out_meta = np.empty((len(indices), 2), dtype=np.uint16)
+        for s in np.unique(which):
+            sel = which == s
+            local = indices[sel] - starts[s]
+            out_ids[sel] = shards[s][0][local]
+            out_meta[sel] = shards[s][1][local]
+        return out_ids, out_meta
+
+    def batch(self, split: str, indices) -> Batch:
+        """The rows at `indices` as a CPU Batch (token_type_ids and attention_mask derived from boundary/length)."""
+        import torch
+
+        ids, meta = self.rows(split, indices)
+        positions = np.arange(self.seq_len)[None, :]  # (1, T)
+        boundary, length = meta[:, :1].astype(np.int64), meta[:, 1:].astype(np.int64)  # (B, 1) each
+        attention = positions < length  # (B, T)
+        token_types = (positions >= boundary) & attention  # (B, T)
+        return Batch(
+            input_ids=torch.from_numpy(ids.astype(np.int64)),
+            token_type_ids=torch.from_numpy(token_types.astype(np.int64)),
+            attention_mask=torch.from_numpy(attention),
+        )
+
+
+class BatchLoader:
+    """Infinite shuffled (B, T) batches of one split, resumable from a cursor.
+
+    Epoch e visits the rows in `np.random.default_rng([seed, e]).permutation(N)`, B rows per batch (the last partial
+    batch is dropped: static shapes). The order depends only on (seed, epoch): never on row_range, prefetch or
+    where the run was resumed. `row_range=(start, stop)` keeps rows start:stop of every global batch (a DDP rank's
+    slice). A background thread prepares the next `prefetch` batches (pinned on CUDA for non_blocking copies).
+    """
+
+    def __init__(self, data: PretrainData, split: str, batch_size: int, seed: int, device="cpu",
+                 row_range: tuple[int, int] | None = None, prefetch: int = 2) -> None:
+        import torch
+
+        self.data, self.split, self.batch_size, self.seed = data, split, int(batch_size), int(seed)
+        self.num_rows = data.num_rows(split)
+        if self.batch_size <= 0:
+            raise UserError(f"batch size {batch_size}: must be > 0")
+        if self.num_rows < self.batch_size:
+            raise UserError(f"{data.path}: the {split} split has {self.num_rows} rows, fewer than one batch of "
+                            f"{self.batch_size}; prepare more text or use a smaller batch")
+        if self.seed < 0:
+            raise UserError(f"seed {seed}: must be >= 0")
+        self.row_range = (0, self.batch_size) if row_range is None else (int(row_range[0]), int(row_range[1]))
+        if not 0 <= self.row_range[0] < self.row_range[1] <= self.batch_size:
+            raise ValueError(f"row_range {row_range} must satisfy 0 <= start < stop <= batch_size {self.batch_size}")
+        self.batches_per_epoch = self.num_rows // self.batch_size
+        self.device = torch.device(device)
+        self.prefetch = max(0, int(prefetch))
+        self._epoch, self._batch_index = 0, 0  # cursor: the next batch __next__ returns
+        self._order_cache: tuple[int, np.ndarray] | None = None
+        self._thread: threading.Thread | None = None
+        self._queue = None
+        self._stop = threading.Event()
+
+    # ---------------------------------------------------------------- order and batches
+    def _order(self, epoch: int) -> np.ndarray:
+        if self._order_cache is None or self._order_cache[0] != epoch:
+            self._order_cache = (epoch, np.random.default_rng([self.seed, epoch]).permutation(self.num_rows))
+        return self._order_cache[1]
+
+    def _make(self, epoch: int, batch_index: int) -> Batch:
+        start = batch_index * self.batch_size
+        indices = self._order(epoch)[start + self.row_range[0] : start + self.row_range[1]]
+        batch = self.data.batch(self.split, indices)
+        if self.device.type == "cuda":
+            batch = batch.pin_memory()
+        return batch
+
+    def _advance(self, epoch: int, batch_index: int) -> tuple[int, int]:
+        batch_index += 1
+        if batch_index == self.batches_per_epoch:
+            return epoch + 1, 0
+        return epoch, batch_index
+
+    # ---------------------------------------------------------------- background thread
+    def _producer(self, epoch: int, batch_index: int, q, stop: threading.Event) -> None:
+        import queue
+
+        try:
+            while not stop.is_set():
+                item = (epoch, batch_index, self._make(epoch, batch_index))
+                while not stop.is_set():
+                    try:
+                        q.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                epoch, batch_index = self._advance(epoch, batch_index)
+        except BaseException as e:  # hand the error to the consumer instead of dying silently
+            q.put((None, None, e))
+
+    def _start(self) -> None:
+        import queue
+
+        self._stop = threading.Event()
+        self._queue = queue.Queue(maxsize=self.prefetch)
+        self._thread = threading.Thread(target=self._producer, args=(self._epoch, self._batch_index, self._queue, self._stop),
+                                        name="tinyelectra-batches", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop the background thread (it is also a daemon, so an exiting program never waits for it)."""
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=5)
+            self._thread = None
+            self._queue = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # ---------------------------------------------------------------- iteration and cursor
+    def __iter__(self) -> "BatchLoader":
+        return self
+
+    def __next__(self) -> Batch:
+        if self.prefetch == 0:
+            batch = self._make(self._epoch, self._batch_index)
+        else:
+            if self._thread is None:
+                self._start()
+            epoch, batch_index, batch = self._queue.get()
+            if epoch is None:
+                self.close()
+                raise batch
+            assert (epoch, batch_index) == (self._epoch, self._batch_index), "prefetch queue out of step"
+        self._epoch, self._batch_index = self._advance(self._epoch, self._batch_index)
+        if self.device.type != "cpu":
+            batch = batch.to(self.device, non_blocking=True)  # pinned source: the copy overlaps with compute
+        return batch
+
+    def state_dict(self) -> dict:
+        """A JSON-able cursor: the batch the next __next__ returns."""
+        return {"epoch": self._epoch, "batch_index": self._batch_index, "seed": self.seed, "batch_size": self.batch_size,
+                "num_rows": self.num_rows}
+
+    def load_state_dict(self, d: dict) -> None:
+        """Continue from a cursor: the next batch is the one the uninterrupted run would have drawn."""
+        for key in ("seed", "batch_size", "num_rows"):
+            if key in d and d[key] != getattr(self, key):
+                raise UserError(f"cannot resume the data order: the checkpoint's {key} is {d[key]}, this run's is "
+                                f"{getattr(self, key)} (a different dataset or batch size)")
+        epoch, batch_index = int(d["epoch"]), int(d["batch_index"])
+        if not (epoch >= 0 and 0 <= batch_index < self.batches_per_epoch):
+            raise UserError(f"data cursor {d} is out of range ({self.batches_per_epoch} batches per epoch)")
+        self.close()
+        self._epoch, self._batch_index = epoch, batch_index
