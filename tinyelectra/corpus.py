@@ -160,7 +160,7 @@ class CorpusReader:
         done_before = self.stats.input_bytes_done
         replaced_before = _REPLACED[0]
         with open(path, "rb") as raw:
-            stream = COMPRESSION[suffix](fileobj=raw) if suffix in COMPRESSION else raw
+            stream = (gzip.GzipFile(fileobj=raw) if suffix == ".gz" else COMPRESSION[suffix](raw)) if suffix in COMPRESSION else raw
             lines = _block_lines(stream, raw, self.stats, done_before)
             try:
                 if inner in (".jsonl", ".json"):

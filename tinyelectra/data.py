@@ -312,8 +312,10 @@ def prepare(
         totals = {"documents": [0, 0], "lines": 0, "tokens": [0, 0], "examples": [0, 0], "single_segment_rows": [0, 0],
                   "single_segment_draws": 0, "random_target_draws": 0}
         settings = {"seq_len": seq_len, "seed": seed, "validation_fraction": validation_fraction, "dtype": dtype}
-        n_workers = workers or len(os.sched_getaffinity(0))
         known_total = sum(i.size_bytes for i in inputs) if all(i.kind == "file" for i in inputs) else None
+        n_workers = workers or len(os.sched_getaffinity(0))
+        if workers == 0 and (all(i.kind == "builtin" for i in inputs) or (known_total or 1e18) < 4 * chunk_chars):
+            n_workers = 1  # a small corpus: starting worker processes would cost more than the work
         with _progress(console, known_total) as progress:
             for result in _run_chunks(reader.documents(warn), tokenizer, settings, n_workers, chunk_chars):
                 for s, split in enumerate(SPLITS):
