@@ -52,11 +52,13 @@ def prepare(
 ) -> None:
     """Turn raw text into a tokenizer and packed ELECTRA pre-training examples.
 
-    Documents end at blank lines, at WikiExtractor's </doc> (the title line after <doc> is dropped), and at each
-    jsonl/parquet record; lines are the builder's sentence units. Examples follow the official ELECTRA builder.
-    Files that look binary or are not UTF-8 (in their first 64 KiB) are skipped with a warning and listed in
-    manifest.json; later invalid bytes are replaced and counted. The output appears only when complete; rerunning
-    the same request reuses it.
+    Documents end at blank lines, at WikiExtractor's </doc> (its title line is dropped) and at each jsonl/parquet record.
+
+    Lines are the sentence units of the official ELECTRA example builder (10% single segment, 5% random length).
+
+    Binary or non-UTF-8 files (judged on their first 64 KiB) are skipped with a warning and listed in manifest.json.
+
+    The output directory appears only when complete; running the same request again reuses it.
     """
     from tinyelectra.data import prepare as run_prepare
 

@@ -1,0 +1,167 @@
+"""`tinyelectra prepare` through the command line: the built-in corpus works offline, and each bad input gets one
+line on stderr, exit code 2, no traceback and nothing half-written."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tinyelectra import cli
+from tinyelectra import data as D
+
+
+def run_cli(args: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
+    """The real entry point (`tinyelectra.cli.main`) in this process: exit code, stdout, stderr."""
+    monkeypatch.setattr(sys, "argv", ["tinyelectra", *args])
+    code = 0
+    try:
+        cli.main()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_clean_failure(code: int, err: str, *expected: str) -> None:
+    assert code == 2, err
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert lines and lines[-1].startswith("error: "), err
+    errors = [line for line in lines if line.startswith("error: ")]
+    assert len(errors) == 1 and "Traceback" not in err
+    for e in expected:
+        assert e in errors[0], errors[0]
+
+
+def nothing_left(parent: Path, out_name: str) -> None:
+    assert not (parent / out_name).exists()
+    assert not [p.name for p in parent.iterdir() if p.name.startswith(out_name + ".")]  # no .tmp-PID / .old-PID
+
+
+def text_file(tmp_path: Path, name: str = "c.txt") -> Path:
+    p = tmp_path / name
+    p.write_text("\n\n".join(f"Document {i} has a first sentence.\nAnd a second sentence about item {i}."
+                             for i in range(60)), encoding="utf-8")
+    return p
+
+
+def test_missing_path(tmp_path, monkeypatch, capsys):
+    code, _, err = run_cli(["prepare", "--corpus", str(tmp_path / "nope"), "--out", str(tmp_path / "out")], monkeypatch, capsys)
+    assert_clean_failure(code, err, "no such file or directory", "nope")
+    nothing_left(tmp_path, "out")
+
+
+def test_corpus_without_examples(tmp_path, monkeypatch, capsys):
+    (tmp_path / "empty.txt").write_text("\n\n   \n\n", encoding="utf-8")
+    code, _, err = run_cli(["prepare", "--corpus", str(tmp_path / "empty.txt"), "--out", str(tmp_path / "out"),
+                            "--vocab-size", "300"], monkeypatch, capsys)
+    assert_clean_failure(code, err, "no training examples")
+    nothing_left(tmp_path, "out")
+
+
+def test_binary_and_non_utf8_files_are_skipped_counted_and_warned(tmp_path, monkeypatch, capsys):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    text_file(corpus)
+    (corpus / "image.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 40)
+    (corpus / "latin1.txt").write_bytes("Ein Text über Käse und Öl.\n".encode("latin-1") * 20)
+    code, _, err = run_cli(["prepare", "--corpus", str(corpus), "--out", str(tmp_path / "out"), "--vocab-size", "300"],
+                           monkeypatch, capsys)
+    assert code == 0, err
+    assert "warning: skipping" in err and "image.png" in err and "latin1.txt" in err
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert {Path(s["path"]).name for s in manifest["skipped_inputs"]} == {"image.png", "latin1.txt"}
+    # only binary input: skipped, so the corpus yields nothing -> a clean error
+    code, _, err = run_cli(["prepare", "--corpus", str(corpus / "image.png"), "--out", str(tmp_path / "out2"),
+                            "--vocab-size", "300"], monkeypatch, capsys)
+    assert_clean_failure(code, err, "no training examples", "1 input(s) skipped")
+    nothing_left(tmp_path, "out2")
+
+
+def test_vocabulary_missing_a_special_token(tmp_path, monkeypatch, capsys):
+    (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "the", "a"]) + "\n", encoding="utf-8")
+    code, _, err = run_cli(["prepare", "--corpus", str(text_file(tmp_path)), "--out", str(tmp_path / "out"),
+                            "--tokenizer", str(tmp_path / "vocab.txt")], monkeypatch, capsys)
+    assert_clean_failure(code, err, "[MASK]")
+    nothing_left(tmp_path, "out")
+
+
+@pytest.mark.parametrize("seq_len", ["7", "513"])
+def test_seq_len_out_of_range(tmp_path, monkeypatch, capsys, seq_len):
+    code, _, err = run_cli(["prepare", "--corpus", str(text_file(tmp_path)), "--out", str(tmp_path / "out"),
+                            "--seq-len", seq_len], monkeypatch, capsys)
+    assert_clean_failure(code, err, f"--seq-len {seq_len}", "between 8 and 512")
+    nothing_left(tmp_path, "out")
+
+
+def test_out_dir_with_a_different_dataset_needs_force(tmp_path, monkeypatch, capsys):
+    corpus, out = text_file(tmp_path), tmp_path / "out"
+    base = ["prepare", "--corpus", str(corpus), "--out", str(out), "--vocab-size", "300"]
+    assert run_cli(base, monkeypatch, capsys)[0] == 0
+    before = (out / "manifest.json").read_text()
+    code, _, err = run_cli(base + ["--seq-len", "32"], monkeypatch, capsys)
+    assert_clean_failure(code, err, "different dataset", "--force")
+    assert (out / "manifest.json").read_text() == before  # untouched
+    code, _, err = run_cli(base, monkeypatch, capsys)
+    assert code == 0 and "reusing" in err  # the identical request is a cache hit
+    assert run_cli(base + ["--seq-len", "32", "--force"], monkeypatch, capsys)[0] == 0
+    assert json.loads((out / "manifest.json").read_text())["seq_len"] == 32
+    (tmp_path / "notdata").mkdir()
+    (tmp_path / "notdata" / "precious.txt").write_text("keep me")
+    code, _, err = run_cli(["prepare", "--corpus", str(corpus), "--out", str(tmp_path / "notdata"), "--force"],
+                           monkeypatch, capsys)
+    assert_clean_failure(code, err, "not a tinyelectra dataset")
+    assert (tmp_path / "notdata" / "precious.txt").read_text() == "keep me"
+
+
+def test_disk_full_while_writing_leaves_nothing(tmp_path, monkeypatch, capsys):
+    calls = []
+
+    def full_disk(path, array):
+        calls.append(path)
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(D, "_write_npy", full_disk)
+    code, _, err = run_cli(["prepare", "--corpus", str(text_file(tmp_path)), "--out", str(tmp_path / "out"),
+                            "--vocab-size", "300"], monkeypatch, capsys)
+    assert calls
+    assert_clean_failure(code, err, "no space left on device")
+    nothing_left(tmp_path, "out")
+
+
+def test_hf_source_without_datasets_package(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "datasets", None)  # `import datasets` now raises ImportError
+    code, _, err = run_cli(["prepare", "--corpus", "hf:wikitext:wikitext-2-raw-v1", "--out", str(tmp_path / "out")],
+                           monkeypatch, capsys)
+    assert_clean_failure(code, err, "needs the `datasets` package")
+    nothing_left(tmp_path, "out")
+
+
+@pytest.mark.slow
+def test_hf_source_with_the_hub_unreachable(tmp_path):
+    pytest.importorskip("datasets")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
+    r = subprocess.run([sys.executable, "-m", "tinyelectra", "prepare", "--corpus", "hf:no-such-user/no-such-dataset",
+                        "--out", str(tmp_path / "out")], capture_output=True, text=True, env=env, timeout=120)
+    assert_clean_failure(r.returncode, r.stderr, "could not load it from the Hugging Face hub")
+    nothing_left(tmp_path, "out")
+
+
+@pytest.mark.slow
+def test_builtin_corpus_through_the_real_command(tmp_path):
+    """The quickstart's data step: offline, the tiny recipe's settings, then a cache hit."""
+    cmd = [sys.executable, "-m", "tinyelectra", "prepare", "--corpus", "builtin", "--out", str(tmp_path / "data"),
+           "--vocab-size", "8192", "--seq-len", "128"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    assert r.returncode == 0, r.stderr
+    data = D.PretrainData(tmp_path / "data")
+    m = data.manifest
+    assert m["tokenizer"]["vocab_size"] == 8192 and m["seq_len"] == 128 and m["examples"]["train"] > 2000
+    assert m["sources"][0]["kind"] == "builtin" and m["command"].startswith("tinyelectra prepare --corpus builtin")
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "reusing" in again.stderr
