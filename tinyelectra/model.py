@@ -25,6 +25,7 @@ from torch.utils.checkpoint import checkpoint
 
 from tinyelectra.config import ModelConfig
 from tinyelectra.errors import UserError
+from tinyelectra.runtime import linear
 
 
 class Embeddings(nn.Module):
@@ -62,14 +63,14 @@ class Block(nn.Module):
     def forward(self, x: Tensor, attn_mask: Tensor | None) -> Tensor:
         B, T, H = x.shape
         nh = self.num_heads
-        q, k, v = self.qkv(x).view(B, T, 3, nh, H // nh).permute(2, 0, 3, 1, 4)  # each (B, nh, T, hd)
+        q, k, v = _apply(self.qkv, x).view(B, T, 3, nh, H // nh).permute(2, 0, 3, 1, 4)  # each (B, nh, T, hd)
         p_attn = self.attention_dropout_p if self.training else 0.0
         a = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p_attn)  # (B, nh, T, hd)
         a = a.transpose(1, 2).reshape(B, T, H)
         p = self.dropout_p if self.training else 0.0
-        x = self.norm1(x + F.dropout(self.attn_out(a), p, self.training))
-        h = F.gelu(self.ffn_in(x))  # exact (erf) GELU, as BERT/ELECTRA and transformers' "gelu"
-        return self.norm2(x + F.dropout(self.ffn_out(h), p, self.training))
+        x = self.norm1(x + F.dropout(_apply(self.attn_out, a), p, self.training))
+        h = F.gelu(_apply(self.ffn_in, x))  # exact (erf) GELU, as BERT/ELECTRA and transformers' "gelu"
+        return self.norm2(x + F.dropout(_apply(self.ffn_out, h), p, self.training))
 
 
 class Encoder(nn.Module):
@@ -84,7 +85,7 @@ class Encoder(nn.Module):
         self.grad_checkpointing = False
 
     def forward(self, embedded: Tensor, attention_mask: Tensor | None) -> Tensor:
-        x = self.project(embedded) if self.project is not None else embedded  # (B, T, H)
+        x = _apply(self.project, embedded) if self.project is not None else embedded  # (B, T, H)
         attn_mask = None if attention_mask is None else attention_mask[:, None, None, :]  # (B, 1, 1, T) True = attend
         for layer in self.layers:
             if self.grad_checkpointing and self.training:
@@ -103,7 +104,7 @@ class DiscriminatorHead(nn.Module):
         self.out = nn.Linear(hidden_size, 1)
 
     def forward(self, h: Tensor) -> Tensor:
-        return self.out(F.gelu(self.dense(h))).squeeze(-1)  # (B, T)
+        return _apply(self.out, F.gelu(_apply(self.dense, h))).squeeze(-1)  # (B, T)
 
 
 class GeneratorHead(nn.Module):
@@ -116,8 +117,8 @@ class GeneratorHead(nn.Module):
         self.bias = nn.Parameter(torch.zeros(vocab_size))
 
     def forward(self, h: Tensor, word_embeddings: Tensor) -> Tensor:
-        x = self.norm(F.gelu(self.dense(h)))  # (..., E)
-        return F.linear(x, word_embeddings, self.bias)  # (..., V)
+        x = self.norm(F.gelu(_apply(self.dense, h)))  # (..., E)
+        return linear(x, word_embeddings, self.bias)  # (..., V)
 
 
 class Electra(nn.Module):
@@ -218,6 +219,11 @@ class Classifier(nn.Module):
         """Load pre-trained weights (keys relative to the Embeddings / Encoder modules); the head stays fresh."""
         self.embeddings.load_state_dict(embeddings, strict=True)
         self.encoder.load_state_dict(encoder, strict=True)
+
+
+def _apply(layer: nn.Linear, x: Tensor) -> Tensor:
+    """layer(x), through runtime.linear (oneDNN matmuls for fp32 on the CPU, F.linear elsewhere)."""
+    return linear(x, layer.weight, layer.bias)
 
 
 def init_weights(module: nn.Module) -> None:
