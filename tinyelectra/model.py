@@ -25,7 +25,7 @@ from torch.utils.checkpoint import checkpoint
 
 from tinyelectra.config import ModelConfig
 from tinyelectra.errors import UserError
-from tinyelectra.runtime import linear
+from tinyelectra.runtime import dropout, linear
 
 
 class Embeddings(nn.Module):
@@ -41,7 +41,7 @@ class Embeddings(nn.Module):
     def forward(self, input_ids: Tensor, token_type_ids: Tensor) -> Tensor:
         T = input_ids.shape[1]
         x = self.word(input_ids) + self.token_type(token_type_ids) + self.position.weight[:T]  # (B, T, E)
-        return self.dropout(self.norm(x))
+        return dropout(self.norm(x), self.dropout.p, self.training)
 
 
 class Block(nn.Module):
@@ -65,12 +65,12 @@ class Block(nn.Module):
         nh = self.num_heads
         q, k, v = _apply(self.qkv, x).view(B, T, 3, nh, H // nh).permute(2, 0, 3, 1, 4)  # each (B, nh, T, hd)
         p_attn = self.attention_dropout_p if self.training else 0.0
-        a = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p_attn)  # (B, nh, T, hd)
+        a = _attention(q, k, v, attn_mask, p_attn)  # (B, nh, T, hd)
         a = a.transpose(1, 2).reshape(B, T, H)
         p = self.dropout_p if self.training else 0.0
-        x = self.norm1(x + F.dropout(_apply(self.attn_out, a), p, self.training))
+        x = self.norm1(x + dropout(_apply(self.attn_out, a), p, self.training))
         h = F.gelu(_apply(self.ffn_in, x))  # exact (erf) GELU, as BERT/ELECTRA and transformers' "gelu"
-        return self.norm2(x + F.dropout(_apply(self.ffn_out, h), p, self.training))
+        return self.norm2(x + dropout(_apply(self.ffn_out, h), p, self.training))
 
 
 class Encoder(nn.Module):
@@ -219,6 +219,28 @@ class Classifier(nn.Module):
         """Load pre-trained weights (keys relative to the Embeddings / Encoder modules); the head stays fresh."""
         self.embeddings.load_state_dict(embeddings, strict=True)
         self.encoder.load_state_dict(encoder, strict=True)
+
+
+def _attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, dropout_p: float) -> Tensor:
+    """softmax(q k^T / sqrt(hd) + mask) -> dropout -> @ v, for q, k, v (B, nh, T, hd) and a bool mask (True = attend)
+    broadcastable to (B, nh, T, T).
+
+    F.scaled_dot_product_attention everywhere (flash / memory-efficient kernels on GPU, the fused CPU kernel without
+    dropout), except CPU training with attention dropout: there SDPA falls back to its unfused math path, and this
+    one does the same mathematics with fewer passes (one baddbmm for scale + mask, a plain softmax, runtime's
+    dropout with its cheaper random numbers)."""
+    if dropout_p == 0.0 or q.device.type != "cpu" or torch.compiler.is_compiling():
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
+    B, nh, T, hd = q.shape
+    q3, k3, v3 = (t.reshape(B * nh, T, hd) for t in (q, k, v))  # (B*nh, T, hd)
+    if attn_mask is None:
+        scores = torch.bmm(q3, k3.transpose(1, 2)).mul_(hd**-0.5)  # (B*nh, T, T)
+    else:
+        bias = torch.zeros(attn_mask.shape, dtype=q.dtype).masked_fill_(~attn_mask, torch.finfo(q.dtype).min)
+        bias = bias.expand(B, nh, *attn_mask.shape[-2:]).reshape(B * nh, -1, attn_mask.shape[-1])  # (B*nh, 1|T, T)
+        scores = torch.baddbmm(bias, q3, k3.transpose(1, 2), alpha=hd**-0.5)  # (B*nh, T, T)
+    probs = dropout(scores.softmax(-1), dropout_p, True)
+    return torch.bmm(probs, v3).view(B, nh, T, hd)
 
 
 def _apply(layer: nn.Linear, x: Tensor) -> Tensor:

@@ -224,3 +224,29 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if _ONEDNN_LINEAR is None:
         _ONEDNN_LINEAR = _onednn_linear_works()
     return _OneDNNLinear.apply(x, weight, bias) if _ONEDNN_LINEAR else F.linear(x, weight, bias)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# CPU fast path: random numbers and dropout.
+# ----------------------------------------------------------------------------------------------------------
+
+
+def cpu_rand(shape: tuple[int, ...] | torch.Size, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Uniform [0, 1) float32 numbers on the CPU, like torch.rand, drawn by NumPy's PCG64 seeded from one draw of
+    torch's generator (so torch.manual_seed still fixes them).
+
+    Why: torch's CPU generator (mt19937, one thread) costs ~4 ns per float here; PCG64 about a third of that, and
+    dropout draws ~32M numbers per ELECTRA-Small step (benchmarks/NOTES.md)."""
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+    out = np.random.Generator(np.random.PCG64(seed)).random(int(np.prod(shape, dtype=np.int64)), dtype=np.float32)
+    return torch.from_numpy(out).view(shape)
+
+
+def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """F.dropout(x, p, training), with the CPU's keep mask drawn by `cpu_rand` (fp32/bf16 CPU tensors, eager)."""
+    if not training or p == 0.0:
+        return x
+    if x.device.type != "cpu" or torch.compiler.is_compiling():
+        return F.dropout(x, p, True)
+    keep_scaled = (cpu_rand(x.shape) >= p).to(x.dtype).mul_(1.0 / (1.0 - p))  # 0 or 1/(1-p), no gradient
+    return x * keep_scaled
