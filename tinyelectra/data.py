@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 from collections import deque
+from itertools import chain
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,12 +168,12 @@ def _process_chunk(chunk_index: int, docs: list[Document]) -> dict:
     out = {"lines": len(lines), "documents": [doc_split.count(0), doc_split.count(1)], "stats": stats.__dict__}
     for s, split in enumerate(SPLITS):
         n = len(rows[s])
-        arr = np.full((n, T), tok.pad_id, dtype=dtype)
         meta = np.empty((n, 2), dtype=np.uint16)  # [boundary, length]
-        for k, row in enumerate(rows[s]):
-            arr[k, : len(row)] = row
-            meta[k, 1] = len(row)
         meta[:, 0] = bounds[s]
+        meta[:, 1] = [len(row) for row in rows[s]]
+        arr = np.full((n, T), tok.pad_id, dtype=dtype)  # (n, T)
+        # one conversion for the whole chunk, scattered row-major into the real (non-pad) positions
+        arr[np.arange(T)[None, :] < meta[:, 1:]] = np.fromiter(chain.from_iterable(rows[s]), dtype=dtype)
         out[split] = (arr, meta)
     return out
 
@@ -435,6 +436,8 @@ class _progress:
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
         self.start = time.perf_counter()
+        self.console = console
+        self.next_line_at = 15.0
         columns = [TextColumn("prepare: examples", markup=False), BarColumn()]
         if total_bytes is not None:  # unknown for hf: and builtin sources
             columns += [TextColumn("{task.percentage:>3.0f}%  ETA"), TimeRemainingColumn()]
@@ -446,8 +449,14 @@ class _progress:
         return self
 
     def __call__(self, done_bytes: int, text_bytes: int) -> None:
-        rate = text_bytes / 1e6 / max(time.perf_counter() - self.start, 1e-9)
-        self.bar.update(self.task, completed=done_bytes, rate=f"{text_bytes / 1e6:,.0f} MB, {rate:.1f} MB/s")
+        elapsed = max(time.perf_counter() - self.start, 1e-9)
+        rate = f"{text_bytes / 1e6:,.0f} MB, {text_bytes / 1e6 / elapsed:.1f} MB/s"
+        self.bar.update(self.task, completed=done_bytes, rate=rate)
+        if not self.console.is_terminal and elapsed >= self.next_line_at:  # logs get a plain line every 15 s
+            self.next_line_at = elapsed + 15
+            total = self.bar.tasks[0].total
+            where = f", {100 * done_bytes / total:.0f}% of the input" if total else ""
+            self.console.print(f"prepare: {rate}{where}, {elapsed:.0f} s", markup=False)
 
     def __exit__(self, *exc):
         return self.bar.__exit__(*exc)

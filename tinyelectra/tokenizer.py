@@ -230,10 +230,7 @@ class Tokenizer:
         """
         cache = self._pieces
         split = [t.split(" ") for t in texts]
-        seen: set[str] = set()
-        for pieces in split:
-            seen.update(pieces)
-        new = [p for p in seen if p not in cache]  # set order varies by run; the ids of each piece do not
+        new = list(set(chain.from_iterable(split)).difference(cache))  # order varies by run; each piece's ids do not
         room = PIECE_CACHE_ENTRIES - len(cache)
         if new:
             cache.update(zip(new, self._encode_new_pieces(new)))
@@ -260,11 +257,7 @@ class Tokenizer:
             else:
                 split.append(None)
                 other.append(p)
-        seen: set[str] = set()
-        for ws in split:
-            if ws is not None:
-                seen.update(ws)
-        new = [w for w in seen if w not in words]
+        new = list(set(chain.from_iterable(ws for ws in split if ws is not None)).difference(words))
         if len(words) + len(new) > PIECE_CACHE_ENTRIES:
             words.clear()  # rare: bounded memory
         words.update(zip(new, self._encode_pieces(new)))
