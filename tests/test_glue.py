@@ -259,6 +259,15 @@ def test_regression_learns_with_swapped_pairs(ckpt, tmp_path):
     assert t["median_paper"] > 75.0, m  # about 93 with this seed and data
 
 
+@pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="this CPU has no fast bf16")
+def test_cpu_bf16_is_opt_in_and_still_learns(ckpt, tmp_path):
+    glue_dir = write_sst2_like(tmp_path / "glue", train_rows=480, dev_rows=200)
+    paths = run_glue(ckpt, glue_dir, tmp_path / "out", "sst2", seeds=1, overrides=["epochs=3", "precision=bf16"])
+    r = json.loads(paths[0].read_text())
+    assert r["precision"] == "bf16" and "not the paper's fp32" in r["precision_reason"]
+    assert r["tasks"]["sst2"]["median_paper"] >= 90.0
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Protocol pieces against hand-computed values
 # ----------------------------------------------------------------------------------------------------------------
@@ -323,6 +332,26 @@ def test_weight_decay_groups_skip_layernorm_and_bias():
             n = names[id(p)]
             skip = n.endswith("bias") or ".norm" in n
             assert g["weight_decay"] == (0.0 if skip else 0.01), n
+
+
+def test_batches_random_as_numpy_permutations_and_length_grouped_with_less_padding():
+    from tinyelectra.glue import batch_indices
+
+    n, bs = 1000, 32
+    random_batches = list(batch_indices(n, bs, 64, seed=7))  # 2 epochs of ceil(1000 / 32) = 32 batches
+    rng = np.random.default_rng(7)
+    for epoch in range(2):
+        order = rng.permutation(n)
+        for b in range(32):
+            assert np.array_equal(random_batches[epoch * 32 + b], order[b * bs:(b + 1) * bs])
+    lengths = np.random.default_rng(0).integers(5, 129, size=n)
+    grouped = list(batch_indices(n, bs, 64, seed=7, lengths=lengths))
+    assert len(grouped) == 64 and all(len(b) <= bs for b in grouped)
+    for epoch in range(2):  # every row once per epoch
+        assert np.array_equal(np.sort(np.concatenate(grouped[epoch * 32:(epoch + 1) * 32])), np.arange(n))
+    padded = lambda batches: sum(len(b) * int(lengths[b].max()) for b in batches)  # noqa: E731
+    assert padded(grouped) < 0.75 * padded(random_batches)
+    assert padded(grouped) >= int(lengths.sum()) * 2  # never below the real tokens (2 epochs)
 
 
 def test_seed_summary_median_std_and_median_seed():
