@@ -96,8 +96,19 @@ def mask_batch(
 
 @torch.no_grad()
 def gumbel_sample(logits: Tensor, temperature: float, generator: torch.Generator | None = None) -> Tensor:
-    """argmax(logits / t + Gumbel noise) in fp32: an exact sample from softmax(logits / t). No gradient."""
-    logits = logits.float() / temperature  # fp16 Gumbel noise gives NaN/inf (REFERENCE §6): always fp32 here
+    """An exact sample from softmax(logits / t) along the last dimension, computed in fp32. No gradient.
+
+    GPU: argmax(logits / t + Gumbel noise), the official code's Gumbel-max (one parallel random number per entry).
+    CPU: inverse-CDF sampling, the same distribution with one random number per row instead of V: torch's CPU
+    generator is serial (~4 ns a number), so V = 30522 numbers per masked slot cost more than the softmax and
+    prefix sum this path needs (benchmarks/NOTES.md). The prefix sum is fp64, so its rounding is far below fp32's."""
+    logits = logits.float()  # fp16 Gumbel noise gives NaN/inf (REFERENCE §6): always fp32 here
+    if temperature != 1.0:
+        logits = logits / temperature
+    if logits.device.type == "cpu" and not torch.compiler.is_compiling():
+        cdf = torch.softmax(logits, -1).cumsum(-1, dtype=torch.float64)  # (..., V), non-decreasing
+        u = torch.rand(*cdf.shape[:-1], 1, dtype=torch.float64, generator=generator) * cdf[..., -1:]  # (..., 1)
+        return torch.searchsorted(cdf, u, right=True).clamp_max_(cdf.shape[-1] - 1).squeeze(-1)  # first cdf > u
     u = torch.rand(logits.shape, device=logits.device, generator=generator)
     gumbel = -torch.log(-torch.log(u + 1e-9) + 1e-9)  # the official code's epsilons
     return (logits + gumbel).argmax(-1)
