@@ -82,14 +82,25 @@ def train(
     device: Optional[str] = typer.Option(None, "--device", help="'cpu' (or a torch device string)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default runs/RECIPE-BUDGET)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --out exactly where it stopped."),
+    init: Optional[Path] = typer.Option(
+        None, "--init", help="Start from these weights (continued pre-training): a tinyelectra checkpoint, a "
+        "`tinyelectra export` directory, or a transformers ELECTRA discriminator directory. Shapes must match the recipe."
+    ),
     set_: Optional[list[str]] = typer.Option(None, "--set", help="Override a recipe field: section.key=value (repeatable)."),
 ) -> None:
-    """Pre-train within a budget; checkpoints at 6.25%, 12.5%, 25%, 50% and 100% of it."""
+    """Pre-train within a budget; checkpoints at 6.25%, 12.5%, 25%, 50% and 100% of it.
+
+    The five checkpoints are snapshots of ONE run whose learning-rate schedule spans the whole budget (the paper's
+    Table 1 "partial training"); a separately scheduled shorter run is simply a smaller --budget.
+    Time budgets count training time only: start-up (data preparation, building and compiling, the first step)
+    and checkpoint/evaluation/resume-state writes are excluded and reported. Ctrl-C (SIGINT) or SIGTERM saves a
+    resume state and exits; --resume continues exactly where the run stopped.
+    """
     from tinyelectra.train import train_command
 
     train_command(
         budget=budget, data_dir=data, corpus=corpus, recipe_name=recipe, gpu=gpu, device=device, out_dir=out,
-        resume=resume, overrides=list(set_ or []), command=_command_line(),
+        resume=resume, overrides=list(set_ or []), command=_command_line(), init=init,
     )
 
 

@@ -51,6 +51,10 @@ class PaperAdam(torch.optim.AdamW):
         for g in self.param_groups:
             g["paper_lr"], g["paper_eps"], g["paper_wd"] = g["lr"], g["eps"], g["weight_decay"]
         self.paper_step = 0
+        # fp16 loss scaling: a fused kernel would skip an overflowing update *inside* the kernel (torch's own step
+        # count rolls back) while paper_step advanced, desynchronising the bias-correction cancellation. Without
+        # this flag GradScaler checks for inf/NaN itself and does not call step() at all on an overflow.
+        self._step_supports_amp_scaling = False
 
     def set_lr(self, lr: float) -> None:
         for g in self.param_groups:

@@ -1,0 +1,389 @@
+"""The budgeted trainer (issue 4): budgets and plans, a wall-clock run, exact resume after SIGKILL, atomic writes,
+DDP against one process, fp16 loss scaling, micro-batch fitting, and one clear error for each kind of bad input.
+
+Runs go through the real command line (`python -m tinyelectra train`) on the built-in corpus, prepared once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tinyelectra import flops
+from tinyelectra.budget import FRACTIONS, checkpoint_name, make_plan, parse_budget
+from tinyelectra.config import load_recipe
+from tinyelectra.errors import UserError
+from tinyelectra.optim import build_optimizer, lr_at
+from tinyelectra.train import apply_update, fit_micro_batch, step_seed
+
+CKPTS = [checkpoint_name(f) for f in FRACTIONS]
+# a smaller-than-tiny model keeps the exactness tests quick; the data stay the tiny recipe's (vocab 8192, T 128)
+SMALL = ["--set", "model.num_layers=2", "--set", "train.batch_size=8", "--set", "train.eval_rows=32"]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory) -> dict:
+    """Environment for CLI runs: a private cache so the built-in corpus is prepared once for this module."""
+    cache = tmp_path_factory.mktemp("cache")
+    e = dict(os.environ, TINYELECTRA_CACHE=str(cache), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    return e
+
+
+def run_cli(args: list[str], env: dict, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
+    p = subprocess.run([sys.executable, "-m", "tinyelectra", *args], env=env, capture_output=True, text=True, timeout=timeout)
+    if check and p.returncode != 0:
+        raise AssertionError(f"exit {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}")
+    return p
+
+
+def metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def step_losses(run: Path) -> dict[int, tuple[float, float]]:
+    return {r["step"]: (r["gen_loss"], r["disc_loss"]) for r in metrics(run) if "event" not in r}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# budgets and plans (numbers from outside: the official FLOP script's values, REFERENCE §3)
+
+
+def test_budget_units():
+    assert parse_budget("4d").value == 4 * 86400
+    assert parse_budget("36h").value == 36 * 3600
+    assert parse_budget("90m").value == 5400
+    assert parse_budget("45s").value == 45
+    assert parse_budget("62500steps").value == 62500
+    assert parse_budget("1Msteps").value == 1_000_000
+    assert parse_budget("1.4e18flops").value == 1.4e18
+    assert parse_budget("paper").kind == "paper"
+
+
+@pytest.mark.parametrize("bad", ["4x", "0h", "-3d", "steps", "1.5steps", "", "0flops"])
+def test_bad_budgets(bad):
+    with pytest.raises(UserError):
+        parse_budget(bad)
+
+
+def test_paper_plan_matches_table_1():
+    r = load_recipe("electra-small")
+    plan = make_plan(parse_budget("paper"), r)
+    assert plan.total_steps == 1_000_000 and plan.warmup_steps == 10_000
+    assert plan.checkpoint_steps == {"ckpt-0625": 62_500, "ckpt-1250": 125_000, "ckpt-2500": 250_000,
+                                     "ckpt-5000": 500_000, "ckpt-10000": 1_000_000}
+    assert plan.train_flops_paper == pytest.approx(1.294e18, rel=1e-3)  # the official script, generator hidden 64
+    assert plan.expected_tokens == 1_000_000 * 128 * 128
+
+
+def test_flops_budget_buys_the_right_steps():
+    r = load_recipe("electra-small")
+    per_step = flops.paper_train_flops_per_step(r.model, r.objective, 128, 128)
+    plan = make_plan(parse_budget("1.4e18flops"), r)
+    assert plan.total_steps == int(1.4e18 // per_step)
+    assert plan.train_flops_paper <= 1.4e18 < plan.train_flops_paper + per_step
+    # the MLM baseline at the same FLOPs: the paper's BERT-Small ran 1.45M steps for its 1.4e18
+    bert = make_plan(parse_budget("1.4e18flops"), load_recipe("bert-small"))
+    assert 1.40e6 < bert.total_steps < 1.50e6
+
+
+def test_time_plan_and_schedule():
+    r = load_recipe("electra-small")
+    plan = make_plan(parse_budget("6h"), r, steps_per_second=10.0)
+    assert plan.total_steps == 216_000 and plan.warmup_steps == 2160  # warm-up keeps the paper's 1% share
+    assert plan.checkpoint_steps["ckpt-0625"] == 13_500
+    # the official schedule: linear warm-up and linear decay at once; 0 at the start and at the end
+    assert lr_at(0, 5e-4, 100, 1000) == 0.0
+    assert lr_at(50, 5e-4, 100, 1000) == pytest.approx(5e-4 * 0.5 * 0.95)
+    assert lr_at(500, 5e-4, 100, 1000) == pytest.approx(2.5e-4)
+    assert lr_at(1000, 5e-4, 100, 1000) == 0.0
+
+
+def test_step_seed_depends_only_on_rows():
+    assert step_seed(0, 5, 16, 0) == step_seed(0, 5, 16, 0)
+    assert len({step_seed(0, s, r, k) for s in range(20) for r in range(0, 64, 8) for k in (0, 1)}) == 20 * 8 * 2
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# logic tests of GPU-only paths, on the CPU
+
+
+def test_fp16_overflow_skips_the_step_and_lowers_the_scale():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 8)
+    opt = build_optimizer(model, load_recipe("tiny").optim, "cpu")
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16, enabled=True)
+    params = list(model.parameters())
+    before = [p.detach().clone() for p in params]
+    loss = scaler.scale(model(torch.randn(4, 8)).pow(2).mean())
+    loss.backward()
+    params[0].grad[0, 0] = float("inf")  # the injected overflow
+    opt.set_lr(1e-3)
+    apply_update(params, opt, scaler, 1.0)
+    assert scaler.get_scale() == 2.0**15  # halved
+    assert opt.paper_step == 0  # the optimizer did not step
+    assert all(torch.equal(a, b.detach()) for a, b in zip(before, params))
+    assert all(p.grad is None for p in params)
+    # a clean step afterwards goes through, and every weight stays finite
+    scaler.scale(model(torch.randn(4, 8)).pow(2).mean()).backward()
+    opt.set_lr(1e-3)
+    apply_update(params, opt, scaler, 1.0)
+    assert opt.paper_step == 1
+    assert not all(torch.equal(a, b.detach()) for a, b in zip(before, params))
+    assert all(torch.isfinite(p).all() for p in params)
+
+
+def test_micro_batch_fitting_finds_the_largest_divisor_that_fits():
+    tried = []
+
+    def probe(mb: int) -> None:
+        tried.append(mb)
+        if mb > 12:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    assert fit_micro_batch(0, 128, torch.device("cuda"), probe) == 8  # 8 divides 128; 12 does not
+    assert tried == [128, 64, 32, 16, 8]
+    assert fit_micro_batch(0, 128, torch.device("cpu"), probe) == 128  # CPU: the whole batch, no probing
+    assert fit_micro_batch(16, 128, torch.device("cuda"), probe) == 16  # the recipe's choice is kept
+    with pytest.raises(UserError):
+        fit_micro_batch(24, 128, torch.device("cpu"), probe)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# real runs
+
+
+@pytest.mark.slow
+def test_wall_clock_budget_run(env, tmp_path):
+    """tiny, --budget 60s: 60 +- 3 s of training time, a plan, metrics, five checkpoints, and a discriminator that
+    beats answering "original" everywhere on held-out rows."""
+    run = tmp_path / "run"
+    run_cli(["train", "--recipe", "tiny", "--budget", "60s", "--device", "cpu", "--out", str(run)], env)
+    summary = json.loads((run / "summary.json").read_text())
+    assert abs(summary["train_seconds"] - 60.0) <= 3.0, summary
+    plan = json.loads((run / "plan.json").read_text())
+    assert plan["status"] == "final" and plan["total_steps"] == summary["steps"]
+    assert summary["final_lr"] == 0.0
+    recs = [r for r in metrics(run) if "event" not in r]
+    assert recs and recs[-1]["step"] == plan["total_steps"]
+    for name in CKPTS:
+        meta = json.loads((run / name / "meta.json").read_text())
+        assert meta["step"] == plan["checkpoint_steps"][name]
+        assert (run / name / "discriminator.safetensors").is_file() and (run / name / "generator.safetensors").is_file()
+    final = json.loads((run / "ckpt-10000" / "meta.json").read_text())["eval"]
+    assert final["rows"] > 0
+    assert final["disc_acc"] > final["baseline_acc"], final
+
+
+@pytest.mark.slow
+def test_sigkill_and_resume_is_exact(env, tmp_path):
+    """A run killed with SIGKILL mid-way and resumed gives the same per-step losses and bit-identical weights."""
+    args = ["train", "--recipe", "tiny", "--budget", "24steps", "--device", "cpu", *SMALL,
+            "--set", "train.log_every_steps=1", "--set", "train.deterministic=true",
+            "--set", "train.resume_every_seconds=0.01"]
+    ref = tmp_path / "ref"
+    run_cli([*args, "--out", str(ref)], env)
+
+    run = tmp_path / "killed"
+    p = subprocess.Popen([sys.executable, "-m", "tinyelectra", *args, "--out", str(run)], env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        if (run / "metrics.jsonl").exists() and len(step_losses(run)) >= 12:
+            break
+        time.sleep(0.05)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    killed_at = max(step_losses(run))
+    assert 12 <= killed_at < 24, "the kill should land mid-way"
+    run_cli([*args, "--out", str(run), "--resume"], env)
+
+    assert step_losses(run) == step_losses(ref)  # exactly equal floats, every step
+    for name in CKPTS:
+        for part in ("discriminator", "generator"):
+            a = load_file(str(ref / name / f"{part}.safetensors"))
+            b = load_file(str(run / name / f"{part}.safetensors"))
+            assert a.keys() == b.keys()
+            assert all(torch.equal(a[k], b[k]) for k in a), f"{name}/{part} differs"
+
+
+@pytest.mark.slow
+def test_sigint_saves_and_exits_cleanly(env, tmp_path):
+    run = tmp_path / "run"
+    args = ["train", "--recipe", "tiny", "--budget", "400steps", "--device", "cpu", *SMALL, "--out", str(run)]
+    p = subprocess.Popen([sys.executable, "-m", "tinyelectra", *args], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and not (run / "metrics.jsonl").exists():
+        time.sleep(0.1)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130
+    assert "Traceback" not in err and "--resume" in err
+    state = json.loads((run / "state" / (run / "state" / "LATEST").read_text().strip() / "trainer.json").read_text())
+    assert 0 < state["step"] < 400
+
+
+@pytest.mark.slow
+def test_kill_during_checkpoint_write_leaves_nothing_loadable(env, tmp_path):
+    """The process dies (os._exit, as abrupt as SIGKILL) in the middle of writing the 25% checkpoint: no checkpoint
+    directory that loads appears for it, the earlier ones are intact, and the resumed run writes it completely."""
+    from tinyelectra.checkpoint import is_checkpoint, load_checkpoint
+
+    run = tmp_path / "run"
+    script = (
+        "import os, sys\n"
+        "import tinyelectra.checkpoint as c\n"
+        "real = c._fsync_file\n"
+        "def dying(path):\n"
+        "    if 'ckpt-2500' in str(path) and path.name == 'config.json':\n"  # weights written, config not yet synced
+        "        os._exit(9)\n"
+        "    real(path)\n"
+        "c._fsync_file = dying\n"
+        "from tinyelectra.cli import main\n"
+        "sys.argv = ['tinyelectra'] + sys.argv[1:]\n"
+        "main()\n"
+    )
+    args = ["train", "--recipe", "tiny", "--budget", "16steps", "--device", "cpu", *SMALL,
+            "--set", "train.resume_every_seconds=0.01", "--out", str(run)]
+    p = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 9, p.stderr[-2000:]
+    assert list(run.glob("ckpt-2500.tmp-*")), "the kill should land inside the checkpoint write"
+    assert is_checkpoint(run / "ckpt-0625") and is_checkpoint(run / "ckpt-1250")
+    assert not (run / "ckpt-2500").exists() and not is_checkpoint(run / "ckpt-2500")
+    run_cli([*args, "--resume"], env)
+    for n in CKPTS:
+        model, recipe, meta = load_checkpoint(run / n)
+        assert meta["name"] == n
+    assert not list(run.glob("*.tmp-*"))
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_match_one(env, tmp_path):
+    """torchrun, 2 CPU processes (gloo) vs 1 process accumulating the same global batch in two halves."""
+    common = ["--recipe", "tiny", "--budget", "6steps", "--device", "cpu", *SMALL,
+              "--set", "train.log_every_steps=1"]
+    one = tmp_path / "one"
+    run_cli(["train", *common, "--set", "train.micro_batch_size=4", "--out", str(one)], env)
+    two = tmp_path / "two"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(29500 + os.getpid() % 1000),
+           "-m", "tinyelectra", "train", *common, "--out", str(two)]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    a, b = step_losses(one), step_losses(two)
+    assert a.keys() == b.keys() == set(range(1, 7))
+    for s in a:
+        assert a[s][0] == pytest.approx(b[s][0], abs=1e-5) and a[s][1] == pytest.approx(b[s][1], abs=1e-5), (s, a[s], b[s])
+
+
+def test_deepspeed_runs_a_few_steps_or_skips(env, tmp_path):
+    pytest.importorskip("deepspeed", reason="deepspeed is not installed (pip install 'tinyelectra[deepspeed]')")
+    run = tmp_path / "run"
+    run_cli(["train", "--recipe", "tiny", "--budget", "3steps", "--device", "cpu", *SMALL,
+             "--set", "train.strategy=deepspeed", "--out", str(run)], env)
+    assert len(step_losses(run)) >= 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# bad input: one line on stderr, exit code 2, no traceback
+
+
+def cli_error(args: list[str], env: dict, capsys, monkeypatch) -> subprocess.CompletedProcess:
+    """Run the command line in this process (no interpreter start-up: the bad input is refused before any work)."""
+    from tinyelectra.cli import main
+
+    for k in ("TINYELECTRA_CACHE",):
+        monkeypatch.setenv(k, env[k])
+    monkeypatch.setattr(sys, "argv", ["tinyelectra", *args])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(args, exit_info.value.code, out, err)
+
+
+def assert_one_line_error(p: subprocess.CompletedProcess, *needles: str) -> None:
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    lines = [line for line in p.stderr.strip().splitlines() if line.strip()]
+    assert lines and lines[-1].startswith("error: "), p.stderr
+    assert "Traceback" not in p.stderr
+    for n in needles:
+        assert n in lines[-1], (n, lines[-1])
+
+
+@pytest.mark.parametrize("bad", ["4x", "0h", "-3d"])
+def test_cli_bad_budget(env, tmp_path, bad, capsys, monkeypatch):
+    p = cli_error(["train", "--recipe", "tiny", "--budget", bad, "--device", "cpu", "--out", str(tmp_path / "r")], env, capsys, monkeypatch)
+    assert_one_line_error(p, bad)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() > 3, reason="this machine has a GPU 3")
+def test_cli_missing_gpu(env, tmp_path, capsys, monkeypatch):
+    p = cli_error(["train", "--recipe", "tiny", "--budget", "1steps", "--gpu", "3", "--out", str(tmp_path / "r")], env, capsys, monkeypatch)
+    assert_one_line_error(p, "--gpu 3", "--device cpu")
+
+
+def test_cli_data_from_another_tokenizer(env, tmp_path, capsys, monkeypatch):
+    # the built-in corpus prepared for `tiny` (8192 entries) offered to a recipe that expects 30522
+    run_cli(["train", "--recipe", "tiny", "--budget", "1steps", "--device", "cpu", *SMALL, "--out", str(tmp_path / "a")], env)
+    cache = Path(env["TINYELECTRA_CACHE"])
+    data = next(cache.glob("builtin-v8192-*"))
+    p = cli_error(["train", "--recipe", "electra-small", "--budget", "1steps", "--device", "cpu", "--data", str(data),
+                   "--out", str(tmp_path / "b")], env, capsys, monkeypatch)
+    assert_one_line_error(p, "8192", "30522")
+
+
+def test_cli_resume_without_state_and_with_another_recipe(env, tmp_path, capsys, monkeypatch):
+    p = cli_error(["train", "--recipe", "tiny", "--budget", "1steps", "--device", "cpu", "--out", str(tmp_path / "none"),
+                   "--resume"], env, capsys, monkeypatch)
+    assert_one_line_error(p, "no resume state")
+    run = tmp_path / "r"
+    run_cli(["train", "--recipe", "tiny", "--budget", "2steps", "--device", "cpu", *SMALL, "--out", str(run)], env)
+    p = cli_error(["train", "--recipe", "tiny", "--budget", "2steps", "--device", "cpu", *SMALL, "--set", "optim.lr=0.002",
+                   "--out", str(run), "--resume"], env, capsys, monkeypatch)
+    assert_one_line_error(p, "another recipe", "optim.lr")
+    p = cli_error(["train", "--recipe", "tiny", "--budget", "2steps", "--device", "cpu", *SMALL, "--out", str(run)],
+                  env, capsys, monkeypatch)
+    assert_one_line_error(p, "already holds a run")
+    p = cli_error(["train", "--recipe", "tiny", "--budget", "3steps", "--device", "cpu", *SMALL, "--out", str(run),
+                   "--resume"], env, capsys, monkeypatch)
+    assert_one_line_error(p, "--budget 2steps")
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root can write anywhere")
+def test_cli_unwritable_output(env, tmp_path, capsys, monkeypatch):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    p = cli_error(["train", "--recipe", "tiny", "--budget", "1steps", "--device", "cpu", "--out", str(ro / "run")], env, capsys, monkeypatch)
+    assert_one_line_error(p, "cannot write")
+
+
+def test_cli_output_that_is_a_file(env, tmp_path, capsys, monkeypatch):
+    f = tmp_path / "file"
+    f.write_text("x")
+    p = cli_error(["train", "--recipe", "tiny", "--budget", "1steps", "--device", "cpu", "--out", str(f / "run")], env, capsys, monkeypatch)
+    assert_one_line_error(p, "cannot write")
+
+
+def test_cli_recipe_with_unknown_key_or_wrong_type(env, tmp_path, capsys, monkeypatch):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "bad"\n[train]\nbatch_size = 8\nsequence_length = 128\n')
+    p = cli_error(["train", "--recipe", str(bad), "--budget", "1steps", "--device", "cpu", "--out", str(tmp_path / "r")], env, capsys, monkeypatch)
+    assert_one_line_error(p, "sequence_length")
+    bad.write_text('name = "bad"\n[train]\nbatch_size = "eight"\n')
+    p = cli_error(["train", "--recipe", str(bad), "--budget", "1steps", "--device", "cpu", "--out", str(tmp_path / "r")], env, capsys, monkeypatch)
+    assert_one_line_error(p, "batch_size", "int")
+    p = cli_error(["train", "--recipe", "tiny", "--set", "train.batch_size=eight", "--budget", "1steps", "--device", "cpu",
+                 "--out", str(tmp_path / "r")], env, capsys, monkeypatch)
+    assert_one_line_error(p, "train.batch_size")
+    p = cli_error(["train", "--recipe", "tiny", "--set", "train.nope=1", "--budget", "1steps", "--device", "cpu",
+                 "--out", str(tmp_path / "r")], env, capsys, monkeypatch)
+    assert_one_line_error(p, "nope")

@@ -1,0 +1,845 @@
+"""Pre-training within a budget: the loop, visible in one function (`train`), and the command around it.
+
+Sections of `train`: set-up -> plan -> resume -> loop (mask, forward/backward per micro-batch, update, log,
+fraction checkpoints, resume state, time budget) -> finish. Everything the loop needs to continue exactly after an
+interruption is in the resume state (weights, optimizer, scaler, data cursor, step, clocks); all randomness of a
+step is derived from (seed, step, first global row of the micro-batch), so a resumed run, a run with gradient
+accumulation and a DDP run draw the same masks, samples and dropout for the same rows.
+
+Time budgets: the budget counts training time — steps, data loading and logging. Excluded (and reported apart):
+start-up (data preparation, building the model, compilation and the first step, which runs at learning rate 0),
+and the writing of checkpoints, their held-out evaluation and resume states.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import shutil
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from tinyelectra import budget as budgeting
+from tinyelectra.budget import Plan, make_plan, parse_budget
+from tinyelectra.config import Recipe, load_recipe
+from tinyelectra.electra import Masked, SpecialIds, combine, loss_terms, mask_batch, summarize
+from tinyelectra.errors import UserError
+from tinyelectra.model import Electra, count_parameters
+from tinyelectra.optim import build_optimizer, lr_at
+
+STATE_FORMAT = 1
+STAT_KEYS = ("mlm_sum", "disc_sum", "mlm_correct", "mlm_count", "disc_correct", "disc_count", "replaced", "predicted", "true_positive")
+CALIBRATION_STEPS = 5  # a time budget's first estimate of steps/s, after the excluded first step
+CALIBRATION_FRACTION = 0.03  # ... refined, then frozen, once this share of the budget has passed
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# processes
+
+
+@dataclass(frozen=True)
+class Dist:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world > 1
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    @classmethod
+    def from_env(cls) -> "Dist":
+        """torchrun sets RANK / WORLD_SIZE / LOCAL_RANK; a plain process is rank 0 of 1."""
+        return cls(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0)))
+
+
+def step_seed(seed: int, step: int, row: int, stream: int) -> int:
+    """A seed for one micro-batch of one step: depends only on what the rows are, not on how they were split."""
+    return (((seed * 1_000_003 + step) * 1_000_033 + row) * 4 + stream) % (2**63 - 1)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the command
+
+
+def train_command(
+    budget: str, data_dir: Path | None, corpus: list[str] | None, recipe_name: str, gpu: int | None,
+    device: str | None, out_dir: Path | None, resume: bool, overrides: list[str], command: str,
+    init: Path | None = None,
+) -> None:
+    from tinyelectra import runtime
+
+    dist = Dist.from_env()
+    recipe = load_recipe(recipe_name, overrides)
+    bud = parse_budget(budget)
+    if gpu is not None and device is not None:
+        raise UserError("give either --gpu N or --device, not both")
+    dev = runtime.pick_device(dist.local_rank if (dist.enabled and gpu is not None) else gpu, device)
+    run_dir = out_dir or Path("runs") / f"{recipe.name}-{bud.text}"
+    if dist.enabled and not torch.distributed.is_initialized():
+        if dev.type == "cuda":
+            torch.cuda.set_device(dev)
+        torch.distributed.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+    if dist.main:
+        _check_run_dir(run_dir, resume, recipe)
+    _barrier()
+    data_path = resolve_data(data_dir, corpus, recipe, run_dir, dist)
+    train(recipe, bud, data_path, run_dir, dev, resume=resume, dist=dist, command=command, init=init)
+
+
+def _check_run_dir(run_dir: Path, resume: bool, recipe: Recipe) -> None:
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / f".write-test-{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        raise UserError(f"cannot write to the output directory {run_dir}: {e.strerror or e}") from None
+    has_state = (run_dir / "state" / "LATEST").exists()
+    if resume:
+        if not has_state:
+            raise UserError(f"--resume: no resume state in {run_dir} (nothing to continue; drop --resume to start)")
+        saved = json.loads((run_dir / "recipe.json").read_text(encoding="utf-8"))
+        if saved != json.loads(json.dumps(recipe.to_dict())):
+            diff = _first_difference(saved, json.loads(json.dumps(recipe.to_dict())))
+            raise UserError(f"--resume: {run_dir} was trained with another recipe ({diff}); use the same --recipe and --set")
+    elif has_state or (run_dir / "plan.json").exists():
+        raise UserError(f"{run_dir} already holds a run: continue it with --resume, or choose another --out")
+
+
+def _first_difference(a, b, path: str = "") -> str:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            if a.get(k) != b.get(k):
+                return _first_difference(a.get(k), b.get(k), f"{path}.{k}" if path else k)
+    return f"{path}: {a!r} there, {b!r} now"
+
+
+def resolve_data(data_dir: Path | None, corpus: list[str] | None, recipe: Recipe, run_dir: Path, dist: Dist) -> Path:
+    """--data as given; --corpus prepared into RUN/data; neither: the built-in corpus, prepared once and cached."""
+    from tinyelectra.data import prepare
+
+    if data_dir is not None and corpus:
+        raise UserError("give either --data or --corpus, not both")
+    if data_dir is not None:
+        return data_dir
+    if corpus:
+        target, sources = run_dir / "data", list(corpus)
+    else:
+        cache = Path(os.environ.get("TINYELECTRA_CACHE", Path.home() / ".cache" / "tinyelectra"))
+        tag = f"builtin-v{recipe.model.vocab_size}-t{recipe.train.seq_len}-{'uncased' if recipe.data.lowercase else 'cased'}"
+        target, sources = cache / tag, ["builtin"]
+    cache_dir = not corpus  # our own cache: a stale one (older settings) is simply rebuilt
+    if dist.main:
+        prepare(
+            sources=sources, out_dir=target, tokenizer_path=recipe.data.tokenizer or None,
+            vocab_size=recipe.model.vocab_size, seq_len=recipe.train.seq_len, lowercase=recipe.data.lowercase,
+            workers=0, force=cache_dir, seed=recipe.train.seed, command="(prepared by tinyelectra train)",
+            validation_fraction=recipe.data.validation_fraction,
+        )
+    if dist.enabled:
+        _barrier()
+    return target
+
+
+def _barrier() -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the loop
+
+
+class PretrainStep(nn.Module):
+    """model + objective as one module, so DDP (and torch.compile) see one forward: Masked -> loss sums + stats."""
+
+    def __init__(self, model: Electra, recipe: Recipe) -> None:
+        super().__init__()
+        self.model = model
+        self.objective = recipe.objective
+
+    def forward(self, m: Masked) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        t = loss_terms(self.model, m, self.objective)
+        return t.mlm_sum, t.disc_sum, t.stats
+
+
+class Engine:
+    """How a micro-batch's gradients become an update: our own loop (one process or DDP), or DeepSpeed's engine.
+
+    Plain / DDP: `torch.compile` where it helps, DDP's `no_sync` on all but the last micro-batch, then
+    `apply_update` (unscale, clip, step, update the loss scale). DeepSpeed (ZeRO-2, optional CPU offload): its
+    engine does the data parallelism, accumulation boundary, clipping and loss scaling; our loss is already a mean
+    over the whole global batch, so DeepSpeed must not divide it by the accumulation steps again."""
+
+    def __init__(self, model: Electra, recipe: Recipe, optimizer, scaler, dist: Dist, device: torch.device,
+                 precision: str, micro: int, accum: int) -> None:
+        from tinyelectra import runtime
+
+        tr = recipe.train
+        self.model, self.optimizer, self.scaler, self.dist = model, optimizer, scaler, dist
+        self.clip_norm = recipe.optim.clip_norm
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.ds = None
+        module: nn.Module = PretrainStep(model, recipe)
+        if tr.strategy == "deepspeed":
+            try:
+                import deepspeed
+            except ImportError:
+                raise UserError("train.strategy=deepspeed needs DeepSpeed: pip install 'tinyelectra[deepspeed]'") from None
+            config = {
+                "train_batch_size": tr.batch_size, "train_micro_batch_size_per_gpu": micro,
+                "gradient_accumulation_steps": accum, "gradient_clipping": self.clip_norm,
+                "zero_optimization": {"stage": 2, **({"offload_optimizer": {"device": "cpu"}} if tr.deepspeed_offload else {})},
+                "zero_allow_untested_optimizer": True, "zero_force_ds_cpu_optimizer": False,
+                "bf16": {"enabled": precision == "bf16"}, "fp16": {"enabled": precision == "fp16", "loss_scale": 0},
+                "steps_per_print": 1 << 30,
+            }
+            self.ds, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=config)
+            self.forward = self.ds
+            self.note = f"strategy: DeepSpeed ZeRO-2{' with optimizer state offloaded to the CPU' if tr.deepspeed_offload else ''}"
+            return
+        if dist.enabled:
+            module = nn.parallel.DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None)
+        self.module = module
+        self.forward, compile_note = runtime.maybe_compile(module, tr.compile, device)
+        self.note = f"strategy: {'DDP over ' + str(dist.world) + ' processes' if dist.enabled else 'one process'}; {compile_note}"
+
+    def accumulating(self, last: bool):
+        """DDP: reduce gradients only after the last micro-batch of a step."""
+        if self.ds is None and self.dist.enabled and not last:
+            return self.module.no_sync()
+        return contextlib.nullcontext()
+
+    def backward(self, loss: Tensor) -> None:
+        if self.ds is not None:
+            self.ds.backward(loss, scale_wrt_gas=False)
+            self.ds.step()  # a no-op except at the accumulation boundary
+        else:
+            self.scaler.scale(loss).backward()
+
+    def update(self) -> None:
+        if self.ds is None:
+            apply_update(self.params, self.optimizer, self.scaler, self.clip_norm)
+
+
+def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, device: torch.device,
+          resume: bool = False, dist: Dist = Dist(), command: str = "", init: Path | None = None) -> dict:
+    from tinyelectra import runtime
+    from tinyelectra.checkpoint import save_checkpoint
+    from tinyelectra.data import BatchLoader, PretrainData
+
+    tr = recipe.train
+    log = Log(run_dir, dist.main)
+    startup_t0 = time.perf_counter()
+
+    # --- set-up -------------------------------------------------------------------------------------------------
+    if dist.enabled and not torch.distributed.is_initialized():
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    if tr.deterministic:
+        torch.use_deterministic_algorithms(True)
+    log.once(runtime.tune_cpu() if device.type == "cpu" else "")
+    data = PretrainData(data_dir)
+    _check_data(data, recipe, data_dir)
+    special = SpecialIds.from_tokenizer(data.tokenizer)
+    precision, precision_reason = runtime.pick_precision(tr.precision, device)
+    log.once(f"precision: {precision} ({precision_reason}); {runtime.configure_matmul(precision, device)}")
+    if tr.batch_size % dist.world:
+        raise UserError(f"train.batch_size {tr.batch_size} is not divisible by {dist.world} processes")
+    rank_batch = tr.batch_size // dist.world
+
+    torch.manual_seed(tr.seed)
+    model = Electra(recipe.model, recipe.objective.kind)
+    if init is not None and not resume:
+        model.load_state_dict(initial_weights(init, recipe).state_dict())
+        log.once(f"initial weights: {init} (continued pre-training)")
+    model = model.to(device)
+    model.set_grad_checkpointing(tr.grad_checkpointing)
+    optimizer = build_optimizer(model, recipe.optim, device.type)
+    if recipe.optim.name != "adam":
+        log.once(f"optimizer: {recipe.optim.name} — OFF-RECIPE (the paper's Adam has no bias correction)")
+    scaler = torch.amp.GradScaler(device.type, enabled=(precision == "fp16"))
+    probe = PretrainStep(model, recipe)
+    micro = fit_micro_batch(tr.micro_batch_size, rank_batch, device,
+                            lambda mb: _probe(probe, model, special, recipe, mb, device, precision))
+    accum = rank_batch // micro
+    engine = Engine(model, recipe, optimizer, scaler, dist, device, precision, micro, accum)
+    log.once(engine.note)
+    log.once(f"batch: {tr.batch_size} sequences x {tr.seq_len} tokens per step = {dist.world} process(es) x "
+             f"{accum} micro-batch(es) of {micro}")
+    loader = BatchLoader(data, "train", tr.batch_size, tr.seed, device=device,
+                         row_range=(dist.rank * rank_batch, (dist.rank + 1) * rank_batch))
+
+    # --- plan -----------------------------------------------------------------------------------------------------
+    if dist.main:  # what an interrupted write left behind (never renamed into place, so never loadable)
+        for stale in [*run_dir.glob("*.tmp-*"), *(run_dir / "state").glob("*.tmp-*")]:
+            shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
+    if resume:
+        plan = Plan.load(run_dir / "plan.json")
+        if plan.budget != bud.text:
+            raise UserError(f"--resume: {run_dir} was planned for --budget {plan.budget}, not {bud.text}")
+        if tr.strategy == "deepspeed":
+            raise UserError("--resume is not supported with train.strategy=deepspeed yet (its optimizer state has no "
+                            "plain, safely loadable format); the fraction checkpoints are complete and usable")
+        state = load_state(run_dir, model, optimizer, scaler, loader, device)
+        step, tokens_seen, train_seconds = state["step"], state["tokens_seen"], state["train_seconds"]
+        other_seconds = state["other_seconds"]
+        done_ckpts = set(state["checkpoints"])
+        log.truncate_after(step)
+        log.once(f"resumed from step {step} ({train_seconds:.1f} s of training time spent)")
+    else:
+        plan = make_plan(bud, recipe)
+        if dist.main:
+            (run_dir / "recipe.json").write_text(json.dumps(recipe.to_dict(), indent=2) + "\n", encoding="utf-8")
+            plan.save(run_dir / "plan.json")
+        step, tokens_seen, train_seconds, other_seconds, done_ckpts = 0, 0, 0.0, 0.0, set()
+    log.plan(plan, recipe, model, precision, device, command)
+
+    # --- loop -----------------------------------------------------------------------------------------------------
+    stop = StopFlag()
+    sums = {k: torch.zeros((), device=device) for k in STAT_KEYS}
+    window_t0, window_step = time.perf_counter(), step
+    last_state_save = time.perf_counter()
+    clock_started = step > 0  # the first step (compilation, allocator warm-up) is start-up, not budget
+    clock_t0 = time.perf_counter()
+    train_seconds_at_clock = train_seconds
+    calib_step0 = step
+    autocast = runtime.autocast_context(precision, device)
+    progress = Progress(plan, step, dist.main)
+    model.train()
+    while step < plan.total_steps:
+        # one optimizer step: this process's rows of the global batch, split into micro-batches
+        batch = next(loader)
+        masked: list[Masked] = []
+        for i in range(accum):
+            rows = slice(i * micro, (i + 1) * micro)
+            torch.manual_seed(step_seed(tr.seed, step, dist.rank * rank_batch + i * micro, 0))
+            masked.append(mask_batch(batch.input_ids[rows], batch.token_type_ids[rows], batch.attention_mask[rows],
+                                     recipe.objective, special, recipe.model.vocab_size))
+        # the means of the paper's loss are over the whole global batch: count it before any backward
+        counts = torch.stack([sum(m.mlm_count for m in masked), sum(m.token_count for m in masked).float()])
+        if dist.enabled:
+            torch.distributed.all_reduce(counts)
+        lr = lr_at(step, recipe.optim.lr, plan.warmup_steps, plan.total_steps)
+        optimizer.set_lr(lr)
+        for i, m in enumerate(masked):
+            torch.manual_seed(step_seed(tr.seed, step, dist.rank * rank_batch + i * micro, 1))
+            with engine.accumulating(last=(i == accum - 1)):
+                with autocast:
+                    mlm_sum, disc_sum, stats = engine.forward(m)
+                engine.backward(combine_sums(mlm_sum, disc_sum, recipe, counts) * dist.world)  # DDP averages over processes
+            sums["mlm_sum"] += mlm_sum.detach()
+            sums["disc_sum"] += disc_sum.detach()
+            for k, v in stats.items():
+                sums[k] += v
+        engine.update()
+        step += 1
+        tokens_seen += tr.tokens_per_step
+
+        # clocks: the first step is start-up; after it, training time accumulates
+        now = time.perf_counter()
+        if not clock_started:
+            clock_started, clock_t0, calib_step0 = True, now, step
+            log.once(f"start-up took {now - startup_t0:.1f} s (excluded from the budget)")
+            window_t0, window_step = now, step
+        train_seconds = train_seconds_at_clock + (now - clock_t0)
+
+        # a time budget: plan from the measured throughput, then freeze the plan
+        if plan.status == "provisional" and clock_started and step > calib_step0:
+            rate = (step - calib_step0) / max(train_seconds - train_seconds_at_clock, 1e-9)
+            if step - calib_step0 >= CALIBRATION_STEPS or train_seconds >= CALIBRATION_FRACTION * bud.value:
+                plan = replan(bud, recipe, plan, step, train_seconds, rate,
+                              final=train_seconds >= CALIBRATION_FRACTION * bud.value)
+                if dist.main:
+                    plan.save(run_dir / "plan.json")
+                progress.replan(plan)
+                if plan.status == "final":
+                    log.once(f"time budget: measured {rate:.2f} steps/s -> {plan.total_steps} steps")
+
+        # logging (host sync only here)
+        if step % tr.log_every_steps == 0 or step == plan.total_steps or stop.requested:
+            host = reduce_sums(sums, dist)
+            window_seconds = max(time.perf_counter() - window_t0, 1e-9)
+            tok_s = (step - window_step) * tr.tokens_per_step / window_seconds
+            rec = log_record(step, host, lr, tok_s, tokens_seen, train_seconds, plan, precision, device)
+            log.metrics(rec)
+            progress.update(step, rec)
+            for k in sums:
+                sums[k].zero_()
+            window_t0, window_step = time.perf_counter(), step
+
+        # fraction checkpoints (only once the plan is final)
+        other_t0 = time.perf_counter()
+        for name, ckpt_step in plan.checkpoint_steps.items():
+            if plan.status == "final" and step >= ckpt_step and name not in done_ckpts:
+                ev = evaluate(model, data, recipe, special, device, autocast, micro)
+                meta = {"name": name, "step": step, "fraction": ckpt_step / plan.total_steps, "tokens_seen": tokens_seen,
+                        "train_flops_paper": step * plan.train_flops_paper_per_step,
+                        "train_flops_hardware": step * plan.train_flops_hardware_per_step,
+                        "wall_seconds": train_seconds, "eval": ev, "precision": precision, "device": device_name(device),
+                        "budget": plan.budget, "recipe": recipe.name}
+                if dist.main:
+                    save_checkpoint(run_dir / name, model, recipe, meta, data.path / "tokenizer")
+                log.metrics({"event": "checkpoint", **meta})
+                progress.note(f"{name}: held-out discriminator accuracy {ev.get('disc_acc', float('nan')):.4f} "
+                              f"(all-original baseline {ev.get('baseline_acc', float('nan')):.4f})")
+                done_ckpts.add(name)
+                last_state_save = 0.0  # write a resume state right after a checkpoint
+        # resume state: every few minutes, after checkpoints, at the end, and when asked to stop
+        if dist.main and engine.ds is None and (time.perf_counter() - last_state_save >= tr.resume_every_seconds
+                                                or stop.requested or step == plan.total_steps):
+            save_state(run_dir, model, optimizer, scaler, loader, step=step, tokens_seen=tokens_seen,
+                       train_seconds=train_seconds, other_seconds=other_seconds, checkpoints=sorted(done_ckpts),
+                       recipe=recipe)
+            last_state_save = time.perf_counter()
+        spent = time.perf_counter() - other_t0
+        other_seconds += spent
+        clock_t0 += spent  # checkpoint, evaluation and state writes are not training time
+        if stop.requested:
+            progress.close()
+            log.once(f"stopped by {stop.signal_name} at step {step}; continue with: tinyelectra train ... --out {run_dir} --resume")
+            _cleanup(dist)
+            sys.exit(130 if stop.signal_name == "SIGINT" else 143)
+
+    # --- finish -----------------------------------------------------------------------------------------------------
+    progress.close()
+    summary = {
+        "recipe": recipe.name, "budget": plan.budget, "steps": step, "tokens_seen": tokens_seen,
+        "train_flops_paper": step * plan.train_flops_paper_per_step,
+        "train_flops_hardware": step * plan.train_flops_hardware_per_step,
+        "train_seconds": train_seconds, "budget_seconds": plan.budget_seconds,
+        "excluded_seconds": {"startup_and_first_step": None if resume else round(clock_started and (clock_t0 - startup_t0) or 0, 3),
+                             "checkpoints_eval_state": round(other_seconds, 3)},
+        "precision": precision, "device": device_name(device), "parameters": count_parameters(model),
+        "checkpoints": sorted(done_ckpts), "final_lr": lr_at(step, recipe.optim.lr, plan.warmup_steps, plan.total_steps),
+        "conventions": plan.conventions,
+    }
+    if dist.main:
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        log.summary(summary, plan)
+    _cleanup(dist)
+    return summary
+
+
+def initial_weights(path: Path, recipe: Recipe) -> Electra:
+    """Weights to continue pre-training from: our checkpoint, an export directory, or a transformers directory."""
+    from tinyelectra.checkpoint import is_checkpoint, load_checkpoint
+    from tinyelectra.hf import electra_from_hf
+
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"--init {path}: no such file or directory")
+    if recipe.objective.kind != "electra":
+        raise UserError("--init continues ELECTRA pre-training; the recipe's objective is not electra")
+    if is_checkpoint(path):
+        model, ckpt_recipe, _ = load_checkpoint(path)
+        if ckpt_recipe.model != recipe.model:
+            raise UserError(f"--init {path}: {_first_difference(dataclasses.asdict(ckpt_recipe.model), dataclasses.asdict(recipe.model), 'model')}")
+        return model
+    if (path / "discriminator").is_dir():  # a `tinyelectra export` directory
+        gen = path / "generator" if (path / "generator").is_dir() else None
+        model, _ = electra_from_hf(path / "discriminator", gen, cfg=recipe.model)
+    else:
+        model, _ = electra_from_hf(path, None, cfg=recipe.model)
+    if model.cfg.sharing != recipe.model.sharing:
+        raise UserError(f"--init {path}: its generator and discriminator embeddings are {'not ' if model.cfg.sharing == 'none' else ''}"
+                        f"shared, the recipe says sharing = {recipe.model.sharing!r}")
+    return model
+
+
+def combine_sums(mlm_sum: Tensor, disc_sum: Tensor, recipe: Recipe, counts: Tensor) -> Tensor:
+    loss = mlm_sum / counts[0].clamp_min(1)
+    if recipe.objective.kind == "electra":
+        loss = loss + recipe.objective.disc_weight * disc_sum / counts[1].clamp_min(1)
+    return loss
+
+
+def apply_update(params: list[Tensor], optimizer, scaler: torch.amp.GradScaler, clip_norm: float) -> Tensor:
+    """Unscale, clip the global norm, step (skipped by the scaler on inf/NaN), update the scale, zero the grads.
+    The learning rate was set before (`optimizer.set_lr`)."""
+    scaler.unscale_(optimizer)
+    norm = torch.nn.utils.clip_grad_norm_(params, clip_norm if clip_norm > 0 else float("inf"), foreach=True)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return norm
+
+
+def replan(bud: budgeting.Budget, recipe: Recipe, plan: Plan, step: int, train_seconds: float, rate: float, final: bool) -> Plan:
+    remaining = max(bud.value - train_seconds, 0.0)
+    total = max(step + int(round(rate * remaining)), step, 1)
+    new = make_plan(bud, recipe, steps_per_second=total / bud.value)
+    new.total_steps = total
+    new.warmup_steps = round(recipe.optim.warmup_steps * total / recipe.train.steps)
+    new.checkpoint_steps = {budgeting.checkpoint_name(f): max(1, round(total * f)) for f in budgeting.FRACTIONS}
+    new.expected_tokens = total * recipe.train.tokens_per_step
+    new.train_flops_paper = total * new.train_flops_paper_per_step
+    new.train_flops_hardware = total * new.train_flops_hardware_per_step
+    new.steps_per_second = rate
+    new.expected_wall_seconds = bud.value
+    new.status = "final" if final else "provisional"
+    new.notes = [n for n in new.notes if not n.startswith("warm-up")] + [
+        f"throughput measured after the first step: {rate:.3f} steps/s",
+        f"warm-up scaled with the schedule: {recipe.optim.warmup_steps} of the recipe's {recipe.train.steps} steps -> "
+        f"{new.warmup_steps} of {total}"]
+    return new
+
+
+def reduce_sums(sums: dict[str, Tensor], dist: Dist) -> dict[str, float]:
+    vec = torch.stack([sums[k] for k in STAT_KEYS]).float()
+    if dist.enabled:
+        torch.distributed.all_reduce(vec)
+    values = vec.tolist()  # host sync: only on log steps
+    return dict(zip(STAT_KEYS, values))
+
+
+def log_record(step: int, s: dict[str, float], lr: float, tokens_per_second: float, tokens_seen: int,
+               train_seconds: float, plan: Plan, precision: str, device: torch.device) -> dict:
+    from tinyelectra import flops
+
+    rec: dict = {"step": step, "lr": lr, "tokens_seen": tokens_seen, "train_seconds": round(train_seconds, 3),
+                 "tokens_per_second": round(tokens_per_second, 1),
+                 "train_flops_paper": step * plan.train_flops_paper_per_step,
+                 "train_flops_hardware": step * plan.train_flops_hardware_per_step}
+    rec["gen_loss"] = s["mlm_sum"] / max(s["mlm_count"], 1.0)
+    if s["disc_count"]:
+        rec["disc_loss"] = s["disc_sum"] / s["disc_count"]
+    rec.update(summarize(s))
+    if device.type == "cuda":
+        per_token = plan.train_flops_hardware_per_step / plan.tokens_per_step
+        rec["mfu"] = flops.mfu(tokens_per_second, per_token, torch.cuda.get_device_name(device), precision)
+    return rec
+
+
+@torch.no_grad()
+def evaluate(model: Electra, data, recipe: Recipe, special: SpecialIds, device: torch.device, autocast, micro: int) -> dict:
+    """The first `train.eval_rows` held-out rows with fixed masks and samples (the same at every checkpoint):
+    discriminator accuracy against the all-"original" baseline, generator accuracy, both losses."""
+    import numpy as np
+
+    rows = min(recipe.train.eval_rows, data.num_rows("validation"))
+    if rows == 0:
+        return {}
+    was_training = model.training
+    model.eval()
+    rng_state = torch.get_rng_state()
+    sums = {k: 0.0 for k in STAT_KEYS}
+    for start in range(0, rows, micro):
+        b = data.batch("validation", np.arange(start, min(start + micro, rows))).to(device)
+        torch.manual_seed(start)
+        m = mask_batch(b.input_ids, b.token_type_ids, b.attention_mask, recipe.objective, special, recipe.model.vocab_size)
+        with autocast:
+            t = loss_terms(model, m, recipe.objective)
+        sums["mlm_sum"] += t.mlm_sum.item()
+        sums["disc_sum"] += t.disc_sum.item()
+        for k, v in t.stats.items():
+            sums[k] += v.item()
+    torch.set_rng_state(rng_state)
+    model.train(was_training)
+    out = {"rows": rows, "gen_loss": sums["mlm_sum"] / max(sums["mlm_count"], 1.0), **summarize(sums)}
+    if sums["disc_count"]:
+        out["disc_loss"] = sums["disc_sum"] / sums["disc_count"]
+        out["baseline_acc"] = 1.0 - out["replaced_frac"]  # always answering "original"
+    return out
+
+
+def fit_micro_batch(requested: int, rank_batch: int, device: torch.device, probe) -> int:
+    """The micro-batch: as the recipe says; or, when it says 0 on a GPU, the largest divisor of this process's batch
+    whose training step fits in memory (same global batch, accumulated: the same mathematics)."""
+    if requested:
+        if rank_batch % requested:
+            raise UserError(f"train.micro_batch_size {requested} does not divide the per-process batch {rank_batch}")
+        return requested
+    if device.type != "cuda":
+        return rank_batch
+    candidates = [d for d in range(rank_batch, 0, -1) if rank_batch % d == 0]
+    for mb in candidates:
+        try:
+            probe(mb)
+            return mb
+        except torch.OutOfMemoryError:
+            torch.cuda.empty_cache()
+    raise UserError("not even one sequence per micro-batch fits in GPU memory; try train.grad_checkpointing=true")
+
+
+def _probe(forward, model: Electra, special, recipe: Recipe, mb: int, device: torch.device, precision: str) -> None:
+    """One forward + backward at micro-batch `mb` on dummy rows; gradients are discarded."""
+    from tinyelectra import runtime
+
+    T = recipe.train.seq_len
+    ids = torch.full((mb, T), special.cls, device=device)
+    ids[:, 1:-1] = torch.randint(1000 % recipe.model.vocab_size, recipe.model.vocab_size, (mb, T - 2), device=device)
+    ids[:, -1] = special.sep
+    tt = torch.zeros_like(ids)
+    am = torch.ones_like(ids, dtype=torch.bool)
+    m = mask_batch(ids, tt, am, recipe.objective, special, recipe.model.vocab_size)
+    with runtime.autocast_context(precision, device):
+        mlm_sum, disc_sum, _ = forward(m)
+    (mlm_sum + disc_sum).backward()
+    model.zero_grad(set_to_none=True)
+
+
+def _check_data(data, recipe: Recipe, data_dir: Path) -> None:
+    if data.vocab_size != recipe.model.vocab_size:
+        raise UserError(
+            f"{data_dir} was prepared with a {data.vocab_size}-entry tokenizer but recipe {recipe.name} has "
+            f"model.vocab_size = {recipe.model.vocab_size}; prepare again with --vocab-size "
+            f"{recipe.model.vocab_size} or --set model.vocab_size={data.vocab_size}")
+    if data.seq_len != recipe.train.seq_len:
+        raise UserError(
+            f"{data_dir} holds {data.seq_len}-token examples but recipe {recipe.name} trains on train.seq_len = "
+            f"{recipe.train.seq_len}; prepare again with --seq-len {recipe.train.seq_len} or --set train.seq_len={data.seq_len}")
+    if data.num_rows("train") < recipe.train.batch_size:
+        raise UserError(f"{data_dir} has {data.num_rows('train')} training examples, fewer than one batch of {recipe.train.batch_size}")
+
+
+def _cleanup(dist: Dist) -> None:
+    if dist.enabled and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    import platform
+
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
+    return f"CPU ({model}, {os.cpu_count()} cores)"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# resume state: plain formats only (safetensors, JSON, and torch.load(weights_only=True) for the optimizer)
+
+
+def save_state(run_dir: Path, model: Electra, optimizer, scaler, loader, **info) -> None:
+    """Write state/step-N/ completely, then point state/LATEST at it (atomic rename), then drop older states."""
+    from safetensors.torch import save_file
+
+    root = run_dir / "state"
+    root.mkdir(exist_ok=True)
+    name = f"step-{info['step']:09d}"
+    tmp = root / f"{name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, str(tmp / "model.safetensors"))
+    torch.save({"optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
+                "torch_rng": torch.get_rng_state()}, tmp / "optimizer.pt")
+    meta = {"format": STATE_FORMAT, "loader": loader.state_dict(), **info, "recipe": info["recipe"].to_dict()}
+    (tmp / "trainer.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    for f in tmp.iterdir():
+        _fsync(f)
+    final = root / name
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    latest_tmp = root / f"LATEST.tmp-{os.getpid()}"
+    latest_tmp.write_text(name + "\n", encoding="utf-8")
+    _fsync(latest_tmp)
+    os.replace(latest_tmp, root / "LATEST")
+    for old in root.iterdir():
+        if old.name not in (name, "LATEST"):
+            shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
+
+
+def load_state(run_dir: Path, model: Electra, optimizer, scaler, loader, device: torch.device) -> dict:
+    from safetensors.torch import load_file
+
+    root = run_dir / "state"
+    name = (root / "LATEST").read_text(encoding="utf-8").strip()
+    d = root / name
+    if not (d / "trainer.json").exists():
+        raise UserError(f"--resume: the resume state {d} is incomplete")
+    meta = json.loads((d / "trainer.json").read_text(encoding="utf-8"))
+    if meta.get("format") != STATE_FORMAT:
+        raise UserError(f"--resume: {d} has state format {meta.get('format')}, this tinyelectra reads {STATE_FORMAT}")
+    model.load_state_dict(load_file(str(d / "model.safetensors"), device=str(device)))
+    extra = torch.load(d / "optimizer.pt", map_location=device, weights_only=True)
+    optimizer.load_state_dict(extra["optimizer"])
+    scaler.load_state_dict(extra["scaler"])
+    torch.set_rng_state(extra["torch_rng"].cpu())
+    loader.load_state_dict(meta["loader"])
+    return meta
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# signals, logs and the progress display
+
+
+class StopFlag:
+    """SIGINT / SIGTERM ask the loop to finish its step, save a resume state and exit; a second SIGINT aborts."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.signal_name = ""
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+        self.signal_name = signal.Signals(signum).name
+
+
+class Log:
+    """metrics.jsonl (one JSON object per log step / event), TensorBoard when installed, one-line notes."""
+
+    def __init__(self, run_dir: Path, main: bool) -> None:
+        from rich.console import Console
+
+        self.main = main
+        self.path = run_dir / "metrics.jsonl"
+        self.console = Console(stderr=True)
+        self.tb = None
+        if main:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(str(run_dir / "tensorboard"))
+            except Exception:  # tensorboard is optional
+                self.tb = None
+
+    def once(self, text: str) -> None:
+        if self.main and text:
+            self.console.print(f"[dim]·[/dim] {text}", highlight=False)
+
+    def metrics(self, rec: dict) -> None:
+        if not self.main:
+            return
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(rec) + "\n")
+        if self.tb is not None and "event" not in rec:
+            for k, v in rec.items():
+                if isinstance(v, (int, float)) and v is not None and k != "step":
+                    self.tb.add_scalar(k, v, rec["step"])
+
+    def truncate_after(self, step: int) -> None:
+        """After a resume, drop log lines of steps that will be run again."""
+        if not self.main or not self.path.exists():
+            return
+        keep = [line for line in self.path.read_text(encoding="utf-8").splitlines()
+                if line.strip() and json.loads(line).get("step", 0) <= step]
+        self.path.write_text("".join(k + "\n" for k in keep), encoding="utf-8")
+
+    def plan(self, plan: Plan, recipe: Recipe, model: Electra, precision: str, device: torch.device, command: str) -> None:
+        if not self.main:
+            return
+        from rich.table import Table
+
+        from tinyelectra.flops import format_flops
+
+        t = Table(title=f"plan: {recipe.name}, budget {plan.budget}" + (" (provisional until throughput is measured)" if plan.status == "provisional" else ""),
+                  show_header=False, title_justify="left")
+        t.add_row("steps", f"{plan.total_steps:,} (warm-up {plan.warmup_steps:,})")
+        t.add_row("batch", f"{plan.batch_size} x {plan.seq_len} = {plan.tokens_per_step:,} tokens per step")
+        t.add_row("tokens", f"{plan.expected_tokens:,}")
+        t.add_row("checkpoints", ", ".join(f"{k}@{v:,}" for k, v in plan.checkpoint_steps.items()))
+        t.add_row("FLOPs, paper convention", format_flops(plan.train_flops_paper))
+        t.add_row("FLOPs, hardware convention", format_flops(plan.train_flops_hardware))
+        if plan.budget_seconds:
+            t.add_row("wall-clock budget", f"{plan.budget_seconds:,.0f} s of training time")
+        t.add_row("model", f"{count_parameters(model):,} parameters, {precision} on {device_name(device)}")
+        self.console.print(t)
+
+    def summary(self, s: dict, plan: Plan) -> None:
+        from rich.table import Table
+
+        from tinyelectra.flops import format_flops
+
+        t = Table(title="FLOPs report", show_header=False, title_justify="left")
+        t.add_row("steps / tokens", f"{s['steps']:,} / {s['tokens_seen']:,}")
+        t.add_row(plan.conventions["paper"], format_flops(s["train_flops_paper"]))
+        t.add_row(plan.conventions["hardware"], format_flops(s["train_flops_hardware"]))
+        budget_txt = f" (budget {s['budget_seconds']:.0f} s)" if s["budget_seconds"] else ""
+        t.add_row("training time", f"{s['train_seconds']:.1f} s{budget_txt}")
+        t.add_row("excluded", f"checkpoints/eval/state {s['excluded_seconds']['checkpoints_eval_state']:.1f} s")
+        t.add_row("checkpoints", ", ".join(s["checkpoints"]))
+        self.console.print(t)
+
+
+class Progress:
+    """A rich progress bar: step, losses, accuracies, lr, tokens/s, MFU, ETA to the next checkpoint and the end.
+    When stderr is not a terminal (CI logs), one plain line per log step instead."""
+
+    def __init__(self, plan: Plan, step: int, main: bool) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeRemainingColumn
+
+        self.main = main
+        self.console = Console(stderr=True)
+        self.live = main and self.console.is_terminal
+        self.plan = plan
+        self.t0 = time.perf_counter()
+        self.step0 = step
+        if self.live:
+            self.bar = RichProgress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                                    TextColumn("{task.fields[info]}"), console=self.console, transient=False)
+            self.task = self.bar.add_task("train", total=plan.total_steps, completed=step, info="")
+            self.bar.start()
+
+    def replan(self, plan: Plan) -> None:
+        self.plan = plan
+        if self.live:
+            self.bar.update(self.task, total=plan.total_steps)
+
+    def update(self, step: int, rec: dict) -> None:
+        if not self.main:
+            return
+        rate = (step - self.step0) / max(time.perf_counter() - self.t0, 1e-9)
+        upcoming = [s for s in self.plan.checkpoint_steps.values() if s > step]
+        eta_ckpt = (min(upcoming) - step) / rate if upcoming and rate > 0 else 0.0
+        eta_end = (self.plan.total_steps - step) / rate if rate > 0 else float("inf")
+        parts = [f"loss g {rec['gen_loss']:.3f}"]
+        if "disc_loss" in rec:
+            parts.append(f"d {rec['disc_loss']:.4f}")
+        parts.append(f"acc g {rec.get('gen_acc', 0):.3f}")
+        if "disc_acc" in rec:
+            parts.append(f"d {rec['disc_acc']:.3f}")
+        parts += [f"lr {rec['lr']:.2e}", f"{rec['tokens_per_second']:,.0f} tok/s"]
+        if rec.get("mfu") is not None:
+            parts.append(f"MFU {100 * rec['mfu']:.1f}%")
+        parts += [f"next ckpt {_hms(eta_ckpt)}", f"end {_hms(eta_end)}"]
+        info = " | ".join(parts)
+        if self.live:
+            self.bar.update(self.task, completed=step, info=info)
+        else:
+            self.console.print(f"step {step}/{self.plan.total_steps} | {info}", highlight=False)
+
+    def note(self, text: str) -> None:
+        if self.main:
+            (self.bar.console if self.live else self.console).print(f"[dim]·[/dim] {text}", highlight=False)
+
+    def close(self) -> None:
+        if self.live:
+            self.bar.stop()
+            self.live = False
+
+
+def _hms(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    s = int(seconds)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
