@@ -11,8 +11,10 @@ The estimate is exact about the work and measured about the speed:
   each batch's padded width after tokenization with the checkpoint's tokenizer; plus dev/test inference;
 - speed: one full training step (forward, backward, clip, paper Adam) of the model timed at batch 32 and widths
   16 ... 128, and inference at batch 128; the time of every planned batch is interpolated from those.
-- the A/B: real training batches of one task run with dynamic padding and padded to 128, alternating in one process
-  (benchmarks/common.alternate), reported as the ratio of medians and the median of per-round ratios.
+- the A/B: real training batches of each task run with dynamic padding and padded to 128, alternating in one
+  process (benchmarks/common.alternate), reported as the ratio of medians and the median of per-round ratios;
+- contention: the share of its cores the process got while timing (CPU seconds / wall seconds) is recorded, with
+  the estimate scaled by it as the figure for an otherwise idle machine.
 The same work is also predicted under the opt-in departures (`batching=length`, CPU `precision=bf16`, timed too when
 the CPU has fast bf16), so the cost of the paper's exact protocol is visible beside them.
 `--shape electra-small` times a randomly initialised ELECTRA-Small classifier (the paper's shape) with the
@@ -175,7 +177,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--shape", choices=("checkpoint", "electra-small"), default="checkpoint",
                     help="time the checkpoint's own model, or a random ELECTRA-Small (for planning)")
     ap.add_argument("--repeats", type=int, default=3, help="timed rounds per width")
-    ap.add_argument("--ab-rounds", type=int, default=8)
+    ap.add_argument("--ab-rounds", type=int, default=4, help="A/B rounds per task")
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch's default)")
     ap.add_argument("--max-train-rows", type=int, default=None, help="quick check only: not the measurement")
     ap.add_argument("--set", dest="overrides", action="append", default=[], help="fine-tuning key=value (quick checks)")
@@ -209,8 +211,10 @@ def main(argv: list[str] | None = None) -> dict:
     prep_seconds = time.perf_counter() - t0
     precision = "bf16" if fc.precision == "bf16" else "fp32"
     precisions = ["fp32", "bf16"] if torch.ops.mkldnn._is_mkldnn_bf16_supported() else ["fp32"]
+    cpu0, wall0 = time.process_time(), time.perf_counter()
     step_s = {p: time_steps(timed, tasks[0], enc[tasks[0]].train, fc, device, args.repeats, p) for p in precisions}
     infer_s = {p: time_inference(timed, tasks[0], enc[tasks[0]].train, fc, device, args.repeats, p) for p in precisions}
+    timing_cpu_seconds, timing_wall_seconds = time.process_time() - cpu0, time.perf_counter() - wall0
     plan = {t: plan_task(t, enc[t], fc, seeds, step_s[precision], infer_s[precision]) for t in tasks}
     total_pred = sum(p["predicted_seconds"] for p in plan.values())
     total_fixed = sum(p["predicted_train_seconds_fixed128"] + p["predicted_eval_seconds"] for p in plan.values())
@@ -220,12 +224,17 @@ def main(argv: list[str] | None = None) -> dict:
             v = dataclasses.replace(fc, batching=batching)
             variants[f"batching={batching}, precision={p}"] = sum(
                 plan_task(t, enc[t], v, seeds, step_s[p], infer_s[p])["predicted_seconds"] for t in tasks) / 3600
-    ab = padding_ab(timed, tasks[0], enc[tasks[0]], fc, device, args.ab_rounds)
+    ab = {t: padding_ab(timed, t, enc[t], fc, device, args.ab_rounds) for t in tasks}
     for t, p in plan.items():
         print(f"{t}: {p['steps_per_seed']} steps/seed x {len(seeds)} seeds, {p['mean_tokens_per_row']:.0f} tokens/row, "
               f"predicted {p['predicted_seconds'] / 60:.1f} min (padded to 128: {p['predicted_train_seconds_fixed128'] / 60:.1f} min)")
+    share = timing_cpu_seconds / (timing_wall_seconds * torch.get_num_threads())
     print(f"predicted total {total_pred / 3600:.2f} h with dynamic padding, {total_fixed / 3600:.2f} h padded to 128; "
-          f"A/B on {tasks[0]}: dynamic {ab['speedup_dynamic_over_fixed']['median_of_round_ratios']:.2f}x faster")
+          f"this process got {share:.0%} of its {torch.get_num_threads()} core(s) while timing "
+          f"(uncontended: about {total_pred * share / 3600:.2f} h)")
+    for t, r in ab.items():
+        print(f"  A/B {t}: dynamic padding {r['speedup_dynamic_over_fixed']['median_of_round_ratios']:.2f}x faster "
+              f"than 128 (mean width {r['mean_width_dynamic']:.0f})")
     for name, hours in variants.items():
         print(f"  {name}: {hours:.2f} h")
 
@@ -240,7 +249,11 @@ def main(argv: list[str] | None = None) -> dict:
         "inference_seconds_by_width": {p: {str(w): s for w, s in t.items()} for p, t in infer_s.items()},
         "estimate": {"settings": f"batching={fc.batching}, precision={precision}", "per_task": plan,
                      "total_seconds": total_pred, "total_seconds_fixed128": total_fixed,
-                     "total_hours": total_pred / 3600, "variants_hours": variants},
+                     "total_hours": total_pred / 3600, "variants_hours": variants,
+                     "cpu_share_while_timing": share,
+                     "total_hours_if_uncontended": total_pred * share / 3600,
+                     "note": "cpu_share = process CPU seconds / (wall seconds x threads) during the timing; the "
+                             "uncontended figure assumes time scales with it (other jobs shared the cores)"},
         "padding_ab": ab,
         "measured": None,
     }

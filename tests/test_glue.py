@@ -439,6 +439,9 @@ def test_run_directory_fine_tunes_every_checkpoint_and_reuses_finished_tasks(tmp
     assert "reusing" in capsys.readouterr().out
     again = json.loads(paths[1].read_text())
     assert again["tasks"]["sst2"]["seeds"] == first[1]["tasks"]["sst2"]["seeds"]  # not retrained
+    write_sst2_like(glue_dir, train_rows=40, dev_rows=20, seed=5)  # other rows: nothing to reuse
+    run_glue(run / "ckpt-10000", glue_dir, None, "sst2", seeds=1, overrides=["epochs=1"])
+    assert "reusing" not in capsys.readouterr().out
     run_glue(run / "ckpt-10000", glue_dir, None, "sst2", seeds=1, overrides=["epochs=1", "lr=1e-4"])
     changed = json.loads(paths[1].read_text())
     assert changed["protocol"]["peak_lr"] == 1e-4

@@ -137,13 +137,22 @@ def glue(
     hf: bool = typer.Option(False, "--hf", help="Read GLUE through Hugging Face `datasets` (needs the hub)."),
     tasks: str = typer.Option("all", "--tasks", help="Comma-separated tasks, or 'all' (those with data)."),
     seeds: int = typer.Option(3, "--seeds", help="Fine-tuning seeds per task; medians are reported."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Where results go (default: CHECKPOINT/glue)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Where OUT/<checkpoint>/glue.json goes (default: RUN/glue for a run or its checkpoints, else CHECKPOINT/glue)."),
     gpu: Optional[int] = typer.Option(None, "--gpu", help="CUDA device index."),
     device: Optional[str] = typer.Option(None, "--device", help="'cpu' (or a torch device string)."),
     max_train_rows: Optional[int] = typer.Option(None, "--max-train-rows", help="Use only the first N training rows per task (quick checks)."),
-    set_: Optional[list[str]] = typer.Option(None, "--set", help="Override a fine-tuning field: key=value."),
+    set_: Optional[list[str]] = typer.Option(
+        None, "--set", help="Override a fine-tuning setting, key=value: lr, layerwise (intended|official|none), "
+        "layerwise_decay, weight_decay, warmup_fraction, clip_norm, batch_size, batching (random|length), max_length, "
+        "epochs, dropout, eval_batch_size, precision, seed, test_predictions."
+    ),
 ) -> None:
-    """Fine-tune checkpoints on GLUE with the paper's protocol; medians over seeds."""
+    """Fine-tune checkpoints on GLUE with the paper's protocol; medians over seeds.
+
+    Per task: LR by model size (3e-4 Small), layer-wise LR decay 0.8, the paper's Adam, 10% warm-up, batch 32,
+    length 128, 3 epochs (10 for RTE and STS-B), [CLS] -> dropout -> linear. Finished tasks are reused when the
+    same command is run again. Test-set predictions (GLUE submission files) come from the median seed.
+    """
     from tinyelectra.glue import glue_command
 
     glue_command(

@@ -623,9 +623,10 @@ def run_checkpoint(ref: CheckpointRef, data: dict[str, TaskData], fc: FinetuneCo
     previous = _reusable(target, result)
     started = time.perf_counter()
     for task in tasks:
-        if task in previous:
+        if task in previous and previous[task][1] == data[task].describe():  # same rows from the same files
+            previous_entry = previous[task][0]
             console.print(f"[dim]{ref.name} {task}: reusing the results in {target} (same checkpoint, protocol and seeds)[/]")
-            result["tasks"][task] = previous[task]
+            result["tasks"][task] = previous_entry
             result["data"][task] = data[task].describe()
             continue
         key = (tokenizer.fingerprint(), fc.max_length, task)
@@ -686,8 +687,9 @@ def run_checkpoint(ref: CheckpointRef, data: dict[str, TaskData], fc: FinetuneCo
     return result
 
 
-def _reusable(target: Path, fresh: dict[str, Any]) -> dict[str, dict]:
-    """Finished tasks of an earlier glue.json for the same checkpoint, protocol and seeds (else nothing)."""
+def _reusable(target: Path, fresh: dict[str, Any]) -> dict[str, tuple[dict, dict]]:
+    """Finished tasks of an earlier glue.json for the same checkpoint, protocol and seeds (else nothing), each with
+    the description of the data it used: {task: (task entry, data description)}."""
     if not target.is_file():
         return {}
     try:
@@ -702,7 +704,8 @@ def _reusable(target: Path, fresh: dict[str, Any]) -> dict[str, dict]:
     old_settings = (old.get("protocol") or {}).get("settings")
     if old_settings != fresh["protocol"]["settings"] or old["protocol"].get("max_train_rows") != fresh["protocol"]["max_train_rows"]:
         return {}
-    return {t: v for t, v in (old.get("tasks") or {}).items() if t in fresh["protocol"]["epochs"]}
+    return {t: (v, (old.get("data") or {}).get(t)) for t, v in (old.get("tasks") or {}).items()
+            if t in fresh["protocol"]["epochs"]}
 
 
 def _device_name(device) -> str:
@@ -740,7 +743,7 @@ def _task_line(name: str, task: str, entry: dict) -> str:
 
 def _precision(requested: str, device, pick_precision) -> tuple[str, str]:
     """runtime.pick_precision, plus bf16 autocast on a CPU when asked for and supported: fine-tuning steps of
-    ELECTRA-Small measured 1.8x faster than fp32 on an AVX512-BF16 CPU (benchmarks/results/glue_cpu.json)."""
+    ELECTRA-Small measured about 1.8x faster than fp32 on an AVX512-BF16 CPU (benchmarks/glue_cpu.py's step tables)."""
     import torch
 
     if requested == "bf16" and device.type == "cpu":
