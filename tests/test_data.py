@@ -17,7 +17,6 @@ import pytest
 from tinyelectra import data as D
 from tinyelectra.corpus import CorpusReader, resolve_inputs, text_documents, wiki_documents
 from tinyelectra.errors import UserError
-from tinyelectra.tokenizer import Tokenizer
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "data"
 CLS, SEP, PAD = 101, 102, 0
@@ -274,6 +273,7 @@ def test_prepared_rows_equal_the_official_builder_on_the_tokenized_corpus(prepar
         if split == "train":
             assert manifest["tokens"]["train"] == sum(sum(m) - 2 - (1 in t) for _, m, t in rows)
     assert n_val > 0
+    assert manifest["line_tokens"] == sum(len(line) for d in token_docs for line in d)
     assert manifest["examples"] == {"train": n_train, "validation": n_val}
     assert manifest["tokenizer"]["fingerprint"] == tok.fingerprint()
     assert manifest["dtype"] == "uint16"

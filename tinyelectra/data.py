@@ -21,21 +21,24 @@ import os
 import platform
 import random
 import shutil
-import sys
+import signal
 import threading
 import time
 from collections import deque
-from itertools import chain
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 
 from tinyelectra.corpus import CorpusReader, Document, resolve_inputs
 from tinyelectra.errors import UserError
 from tinyelectra.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    import torch
 
 FORMAT_VERSION = 1
 BUILDER_VERSION = "electra-official-1"  # bump when the builder's output for the same input changes
@@ -127,9 +130,11 @@ _WORKER: dict = {}
 
 
 def _init_worker(tokenizer: Tokenizer, settings: dict, single_threaded: bool) -> None:
-    if single_threaded:
+    if single_threaded:  # a spawned worker process
         # One tokenizer thread per worker process: the processes already fill the cores.
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        # Ctrl-C is the main process's to handle (it removes the temporary directory); no traceback per worker.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     _WORKER.clear()
     _WORKER.update(settings, tokenizer=tokenizer)
 
@@ -165,7 +170,8 @@ def _process_chunk(chunk_index: int, docs: list[Document]) -> dict:
         bounds[s].append(boundary)
 
     dtype = np.dtype(_WORKER["dtype"])
-    out = {"lines": len(lines), "documents": [doc_split.count(0), doc_split.count(1)], "stats": stats.__dict__}
+    out = {"lines": len(lines), "line_tokens": sum(lengths), "documents": [doc_split.count(0), doc_split.count(1)],
+           "stats": stats.__dict__}
     for s, split in enumerate(SPLITS):
         n = len(rows[s])
         meta = np.empty((n, 2), dtype=np.uint16)  # [boundary, length]
@@ -310,7 +316,7 @@ def prepare(
         # 2. examples
         t1 = time.perf_counter()
         writers = {s: _ShardWriter(tmp, s, rows_per_shard) for s in SPLITS}
-        totals = {"documents": [0, 0], "lines": 0, "tokens": [0, 0], "examples": [0, 0], "single_segment_rows": [0, 0],
+        totals = {"documents": [0, 0], "lines": 0, "line_tokens": 0, "tokens": [0, 0], "examples": [0, 0], "single_segment_rows": [0, 0],
                   "single_segment_draws": 0, "random_target_draws": 0}
         settings = {"seq_len": seq_len, "seed": seed, "validation_fraction": validation_fraction, "dtype": dtype}
         known_total = sum(i.size_bytes for i in inputs) if all(i.kind == "file" for i in inputs) else None
@@ -329,6 +335,7 @@ def prepare(
                     totals["single_segment_rows"][s] += int((~two_segments).sum())
                     totals["documents"][s] += result["documents"][s]
                 totals["lines"] += result["lines"]
+                totals["line_tokens"] += result["line_tokens"]
                 totals["single_segment_draws"] += result["stats"]["single_segment_draws"]
                 totals["random_target_draws"] += result["stats"]["random_target_draws"]
                 progress(reader.stats.input_bytes_done, reader.stats.text_bytes)
@@ -355,6 +362,9 @@ def prepare(
             "lines": totals["lines"],
             "examples": dict(zip(SPLITS, totals["examples"])),
             "tokens": dict(zip(SPLITS, totals["tokens"])),  # text tokens stored in examples (no specials, no padding)
+            # all tokens of all lines: the official builder cuts each example's segments to fit T, so a corpus of long
+            # lines (paragraphs) keeps only part of its tokens
+            "line_tokens": totals["line_tokens"],
             "single_segment_rows": dict(zip(SPLITS, totals["single_segment_rows"])),
             "builder_draws": {"single_segment": totals["single_segment_draws"], "random_target": totals["random_target_draws"]},
             "seq_len": seq_len,
@@ -386,8 +396,10 @@ def prepare(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     ex = manifest["examples"]
+    kept = sum(manifest["tokens"].values())
     say(
-        f"{sum(manifest['documents'].values()):,} documents, {sum(manifest['tokens'].values()):,} tokens -> "
+        f"{sum(manifest['documents'].values()):,} documents, {kept:,} tokens "
+        f"({100 * kept / max(manifest['line_tokens'], 1):.0f}% of the text's; the builder cuts long lines) -> "
         f"{ex['train']:,} train + {ex['validation']:,} validation examples of {seq_len} in {seconds:.1f} s "
         f"({manifest['text_mb_per_second']:.2f} MB/s of text) -> {out_dir}"
     )
@@ -552,9 +564,9 @@ def _version() -> str:
 # ---------------------------------------------------------------------------------------------------- loading
 @dataclass
 class Batch:
-    input_ids: "torch.Tensor"  # (B, T) int64  # noqa: F821
-    token_type_ids: "torch.Tensor"  # (B, T) int64: 0 for [CLS] A [SEP] and padding, 1 for B [SEP]  # noqa: F821
-    attention_mask: "torch.Tensor"  # (B, T) bool: True = real token  # noqa: F821
+    input_ids: torch.Tensor  # (B, T) int64
+    token_type_ids: torch.Tensor  # (B, T) int64: 0 for [CLS] A [SEP] and padding, 1 for B [SEP]
+    attention_mask: torch.Tensor  # (B, T) bool: True = real token
 
     def to(self, device, non_blocking: bool = False) -> "Batch":
         return Batch(*(t.to(device, non_blocking=non_blocking) for t in (self.input_ids, self.token_type_ids, self.attention_mask)))
