@@ -62,6 +62,8 @@ def end_to_end(corpus: Path, out: Path, extra: list[str]) -> dict:
         "stage_seconds": m["seconds"],
         "cpu_seconds_all_processes": round(cpu_seconds, 1),
         "cpu_seconds_per_mb": round(cpu_seconds / (m["text_bytes"] / 1e6), 4),
+        # not a measurement: what the CPU work would allow if both cores were ours alone (perfect overlap)
+        "upper_bound_mb_per_second_on_2_idle_cores": round(m["text_bytes"] / 1e6 / (cpu_seconds / 2), 2),
         "workers": m["workers"],
         "tokenizer_training_sample_chars": m["tokenizer"]["training_sample_chars"],
         "load_average_1min_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],

@@ -296,8 +296,7 @@ def prepare(
         if tokenizer is None:
             limit = tokenizer_sample_mb * 1e6 if tokenizer_sample_mb > 0 else float("inf")
             what = f"the first {tokenizer_sample_mb:g} MB" if tokenizer_sample_mb > 0 else "all"
-            say(f"training a {vocab_size}-entry WordPiece on {what} of the text "
-                          f"({'uncased' if lowercase else 'cased'})")
+            say(f"training a {vocab_size}-entry WordPiece on {what} of the text ({'uncased' if lowercase else 'cased'})")
 
             def sample() -> Iterator[str]:
                 nonlocal sample_chars
@@ -316,8 +315,8 @@ def prepare(
         # 2. examples
         t1 = time.perf_counter()
         writers = {s: _ShardWriter(tmp, s, rows_per_shard) for s in SPLITS}
-        totals = {"documents": [0, 0], "lines": 0, "line_tokens": 0, "tokens": [0, 0], "examples": [0, 0], "single_segment_rows": [0, 0],
-                  "single_segment_draws": 0, "random_target_draws": 0}
+        totals = {"documents": [0, 0], "lines": 0, "line_tokens": 0, "tokens": [0, 0], "examples": [0, 0],
+                  "single_segment_rows": [0, 0], "single_segment_draws": 0, "random_target_draws": 0}
         settings = {"seq_len": seq_len, "seed": seed, "validation_fraction": validation_fraction, "dtype": dtype}
         known_total = sum(i.size_bytes for i in inputs) if all(i.kind == "file" for i in inputs) else None
         n_workers = workers or len(os.sched_getaffinity(0))
