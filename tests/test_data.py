@@ -391,3 +391,29 @@ def test_loader_bad_input(prepared):
     loader = D.BatchLoader(data, "train", batch_size=4, seed=0)
     with pytest.raises(UserError, match="batch_size"):
         loader.load_state_dict({"epoch": 0, "batch_index": 0, "batch_size": 8})
+
+
+def test_prepare_with_a_sentencepiece_model_on_korean_japanese_chinese(tmp_path):
+    import sentencepiece as spm
+
+    lines = ["대한민국의 수도는 서울이다.", "한국어는 한글로 적는다.", "日本の首都は東京です。", "日本語は漢字と仮名で書く。",
+             "中国的首都是北京。", "中文使用汉字书写。"]
+    (tmp_path / "train.txt").write_text("\n".join(lines * 30) + "\n", encoding="utf-8")
+    spm.SentencePieceTrainer.train(
+        input=str(tmp_path / "train.txt"), model_prefix=str(tmp_path / "sp"), vocab_size=200, hard_vocab_limit=False,
+        character_coverage=1.0, pad_id=3, unk_id=0, bos_id=-1, eos_id=-1, control_symbols=["[CLS]", "[SEP]", "[MASK]"],
+        minloglevel=2, num_threads=1,
+    )
+    corpus = tmp_path / "docs.txt"
+    corpus.write_text("\n\n".join("\n".join(lines[i:] + lines[:i]) for i in range(6)) + "\n", encoding="utf-8")
+    m = D.prepare([str(corpus)], tmp_path / "data", tokenizer_path=str(tmp_path / "sp.model"), seq_len=16,
+                  validation_fraction=0.0, quiet=True)
+    assert m["tokenizer"]["kind"] == "sentencepiece" and m["tokenizer"]["special_ids"]["pad"] == 3
+    data = D.PretrainData(tmp_path / "data")
+    b = data.batch("train", np.arange(data.num_rows("train")))
+    tok = data.tokenizer
+    for ids, mask in zip(b.input_ids.tolist(), b.attention_mask.tolist()):
+        n = sum(mask)
+        assert ids[0] == tok.cls_id and ids[n - 1] == tok.sep_id and all(i == 3 for i in ids[n:])
+    text = "".join(tok.decode([i for i in row if i not in (tok.cls_id, tok.sep_id, 3)]) for row in b.input_ids.tolist())
+    assert "서울" in text and "東京" in text and "北京" in text
