@@ -1,0 +1,70 @@
+"""Issue 3's acceptance benchmark: one full ELECTRA-Small pre-training step (masking, generator, Gumbel sampling,
+discriminator, backward, clip, optimizer) at batch 16 x 128 in fp32 on this CPU, tinyelectra against transformers'
+ElectraForMaskedLM + ElectraForPreTraining wired the common way (benchmarks/common.py, `HFStep`), alternating in
+one process after warm-up. Target: >= 1.8x tokens/s.
+
+    /tmp/venv/bin/python benchmarks/step_cpu.py [--rounds 20] [--allocator tuned|default]
+      -> benchmarks/results/step_cpu.json
+
+Both sides run in the same process under the same allocator settings: `--allocator tuned` (default) applies
+tinyelectra.runtime.tune_cpu() (what the trainer does) for both; `default` leaves glibc as it is.
+Batches are synthetic (BERT special ids, 5% short rows), the same sequence for both sides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+# Other jobs share this machine's cores: spinning OpenMP workers then wait for descheduled peers (a 2-thread step
+# measured 3.5x slower at load 9). Sleeping waits cost little when the machine is idle. Read at torch's import.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import StepSetup, compare_steps, synthetic_batches, write_result  # noqa: E402
+
+from tinyelectra.config import load_recipe  # noqa: E402
+from tinyelectra.runtime import tune_cpu  # noqa: E402
+
+TARGET_SPEEDUP = 1.8
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--recipe", default="electra-small")
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=20, help="timed A/B rounds after warm-up")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--allocator", choices=("tuned", "default"), default="tuned")
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default, all cores)")
+    ap.add_argument("--name", default="step_cpu", help="result file name (benchmarks/results/NAME.json)")
+    ap.add_argument("--out-dir", default=None)
+    args = ap.parse_args(argv)
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    allocator_note = tune_cpu() if args.allocator == "tuned" else "CPU allocator: glibc defaults"
+    recipe = load_recipe(args.recipe)
+    device = torch.device("cpu")
+    setup = StepSetup(recipe.model, recipe.objective, recipe.optim, device, precision="fp32")
+    batches = synthetic_batches(recipe.model.vocab_size, args.batch, args.seq_len, count=8)
+    res = compare_steps(setup, batches, rounds=args.rounds, warmup=args.warmup, measure_memory=False)
+    speedup = res["speedup"]["median_of_round_ratios"]
+    payload = {"recipe": args.recipe, "device": "cpu", "precision": "fp32", "allocator": allocator_note,
+               "data": "synthetic batches (8 distinct, cycled; same sequence for both sides)",
+               "target_speedup": TARGET_SPEEDUP, "meets_target": speedup >= TARGET_SPEEDUP, **res}
+    path = write_result(args.name, payload, device, out_dir=args.out_dir)
+    te, hf = res["tinyelectra"], res["transformers"]
+    print(f"tinyelectra {te['tokens_per_s']:.0f} tok/s (median {te['median_s'] * 1000:.0f} ms), transformers "
+          f"{hf['tokens_per_s']:.0f} tok/s (median {hf['median_s'] * 1000:.0f} ms): {speedup:.2f}x "
+          f"(target {TARGET_SPEEDUP}x) -> {path}")
+    return payload
+
+
+if __name__ == "__main__":
+    main()
