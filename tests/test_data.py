@@ -9,6 +9,7 @@ import gzip
 import json
 import lzma
 import random
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -417,3 +418,24 @@ def test_prepare_with_a_sentencepiece_model_on_korean_japanese_chinese(tmp_path)
         assert ids[0] == tok.cls_id and ids[n - 1] == tok.sep_id and all(i == 3 for i in ids[n:])
     text = "".join(tok.decode([i for i in row if i not in (tok.cls_id, tok.sep_id, 3)]) for row in b.input_ids.tolist())
     assert "서울" in text and "東京" in text and "北京" in text
+
+
+def test_hf_source_reads_the_text_field_of_each_record(tmp_path, monkeypatch):
+    """The `datasets` path with a stand-in for the hub (there is no network here)."""
+    import types
+
+    from pydoc_data.topics import topics
+
+    calls = []
+
+    def load_dataset(name, config=None, split=None, streaming=False):
+        calls.append((name, config, split, streaming))
+        return [{"text": topics[t], "title": t} for t in sorted(topics)[:40]]
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    m = D.prepare(["hf:someone/corpus:clean"], tmp_path / "data", vocab_size=600, seq_len=32, quiet=True,
+                  validation_fraction=0.0)
+    assert calls[0] == ("someone/corpus", "clean", "train", True)
+    assert m["documents"]["train"] == 40 and m["sources"][0]["kind"] == "hf"
+    docs = list(CorpusReader(resolve_inputs(["hf:someone/corpus:clean"])).documents())
+    assert docs[0] == [s for s in (line.strip() for line in topics[sorted(topics)[0]].split("\n")) if s]
