@@ -165,3 +165,29 @@ def test_builtin_corpus_through_the_real_command(tmp_path):
     assert m["sources"][0]["kind"] == "builtin" and m["command"].startswith("tinyelectra prepare --corpus builtin")
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and "reusing" in again.stderr
+
+
+@pytest.mark.slow
+def test_killed_run_leaves_nothing_that_looks_complete(tmp_path):
+    """SIGKILL in the middle of writing: no OUT, only OUT.tmp-PID, which the next run removes."""
+    import signal
+    import time
+
+    from pydoc_data.topics import topics
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n\n".join(topics[t] for t in sorted(topics)) * 6, encoding="utf-8")  # ~3 MB
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "tinyelectra", "prepare", "--corpus", str(corpus), "--out", str(out),
+           "--vocab-size", "2000", "--workers", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while not list(tmp_path.glob("out.tmp-*/tokenizer/vocab.txt")) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not out.exists()
+    assert [p.name for p in tmp_path.glob("out.tmp-*")] == [f"out.tmp-{proc.pid}"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert (out / "manifest.json").is_file() and not list(tmp_path.glob("out.tmp-*"))
