@@ -82,15 +82,18 @@ def git_commit() -> str:
         return "unknown"
 
 
-def command_line() -> str:
-    return " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv])
+def command_line(script: str | None = None, argv: list[str] | None = None) -> str:
+    """The command that ran: `python SCRIPT ARGV...` when given, else this process's own command line."""
+    parts = ["python", script, *argv] if script is not None and argv is not None else [Path(sys.executable).name, *sys.argv]
+    return " ".join(shlex.quote(a) for a in parts)
 
 
-def write_result(name: str, payload: dict, device: torch.device | None = None, out_dir: Path | None = None) -> Path:
+def write_result(name: str, payload: dict, device: torch.device | None = None, out_dir: Path | None = None,
+                 command: str | None = None) -> Path:
     """Write benchmarks/results/NAME.json atomically (temp name, then os.replace) with machine, commit, command."""
     out_dir = RESULTS if out_dir is None else Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    doc = {"benchmark": name, "machine": machine(device), "git_commit": git_commit(), "command": command_line(),
+    doc = {"benchmark": name, "machine": machine(device), "git_commit": git_commit(), "command": command or command_line(),
            "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **payload}
     path = out_dir / f"{name}.json"
     tmp = path.with_suffix(".json.tmp")
@@ -235,6 +238,12 @@ class StepSetup:
     optim: object  # tinyelectra.config.OptimConfig
     device: torch.device
     precision: str = "fp32"  # fp32 | bf16 | fp16 (autocast on both sides)
+    special: object = None  # tinyelectra.electra.SpecialIds; None = BERT's ids (SPECIAL_IDS)
+
+    def special_ids(self):
+        from tinyelectra.electra import SpecialIds  # noqa: PLC0415
+
+        return self.special if self.special is not None else SpecialIds(**SPECIAL_IDS)
 
 
 def _autocast(precision: str, device: torch.device):
@@ -253,13 +262,12 @@ class TinyElectraStep:
     name = "tinyelectra"
 
     def __init__(self, setup: StepSetup, compile_mode: str = "off", seed: int = 0) -> None:
-        from tinyelectra.electra import SpecialIds  # noqa: PLC0415
         from tinyelectra.model import Electra  # noqa: PLC0415
         from tinyelectra.optim import build_optimizer  # noqa: PLC0415
 
         torch.manual_seed(seed)
         self.setup = setup
-        self.special = SpecialIds(**SPECIAL_IDS)
+        self.special = setup.special_ids()
         self.model = Electra(setup.model_cfg, setup.objective.kind).to(setup.device).train()
         self.opt = build_optimizer(self.model, setup.optim, setup.device.type)
         self.opt.set_lr(setup.optim.lr)
@@ -352,10 +360,10 @@ class HFStep:
             self.loss_fn, self.compile_note = maybe_compile(self._loss, compile_mode, setup.device)
 
     def _loss(self, ids: Tensor, types: Tensor, mask: Tensor) -> Tensor:
-        from tinyelectra.electra import SpecialIds, mask_batch  # noqa: PLC0415
+        from tinyelectra.electra import mask_batch  # noqa: PLC0415
 
         s = self.setup
-        m = mask_batch(ids, types, mask, s.objective, SpecialIds(**SPECIAL_IDS), s.model_cfg.vocab_size)
+        m = mask_batch(ids, types, mask, s.objective, s.special_ids(), s.model_cfg.vocab_size)
         is_masked = torch.zeros_like(mask).scatter(1, m.positions, m.weights > 0)  # (B, T) bool
         labels = torch.where(is_masked, ids, torch.full_like(ids, -100))
         with _autocast(s.precision, s.device):

@@ -25,7 +25,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import StepSetup, compare_steps, synthetic_batches, write_result  # noqa: E402
+from common import StepSetup, command_line, compare_steps, synthetic_batches, write_result  # noqa: E402
 
 from tinyelectra.config import load_recipe  # noqa: E402
 from tinyelectra.runtime import tune_cpu  # noqa: E402
@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default, all cores)")
     ap.add_argument("--name", default="step_cpu", help="result file name (benchmarks/results/NAME.json)")
     ap.add_argument("--out-dir", default=None)
+    argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
 
     if args.threads:
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> dict:
     payload = {"recipe": args.recipe, "device": "cpu", "precision": "fp32", "allocator": allocator_note,
                "data": "synthetic batches (8 distinct, cycled; same sequence for both sides)",
                "target_speedup": TARGET_SPEEDUP, "meets_target": speedup >= TARGET_SPEEDUP, **res}
-    path = write_result(args.name, payload, device, out_dir=args.out_dir)
+    path = write_result(args.name, payload, device, out_dir=args.out_dir, command=command_line("benchmarks/step_cpu.py", argv))
     te, hf = res["tinyelectra"], res["transformers"]
     print(f"tinyelectra {te['tokens_per_s']:.0f} tok/s (median {te['median_s'] * 1000:.0f} ms), transformers "
           f"{hf['tokens_per_s']:.0f} tok/s (median {hf['median_s'] * 1000:.0f} ms): {speedup:.2f}x "

@@ -1,0 +1,107 @@
+"""The benchmark plumbing (benchmarks/common.py) and the CPU paths of step_cpu.py / throughput.py / memory.py on a
+tiny configuration: statistics against hand-computed values, the transformers baseline wired as described (shared
+embeddings, tied head, same parameter count as tinyelectra), and result files that name device, commit, command."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+import common  # noqa: E402
+
+from tinyelectra.config import ModelConfig, load_recipe  # noqa: E402
+from tinyelectra.model import Electra, count_parameters  # noqa: E402
+
+TINY_ARGS = ["--recipe", "tiny", "--batch", "4", "--seq-len", "32", "--rounds", "2", "--warmup", "1"]
+
+
+def test_summarize_and_paired_ratio_by_hand():
+    s = common.summarize([3.0, 1.0, 2.0, 4.0])
+    assert s["median_s"] == 2.5 and s["min_s"] == 1.0 and s["n"] == 4
+    r = common.paired_ratio([4.0, 9.0, 2.0], [2.0, 3.0, 2.0])  # per-round 2, 3, 1
+    assert r["median_of_round_ratios"] == 2.0
+    assert r["ratio_of_medians"] == 4.0 / 2.0
+
+
+def test_alternate_flips_the_order_every_round():
+    calls: list[str] = []
+    times = common.alternate({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
+                             warmup=1, repeats=3, device=torch.device("cpu"))
+    assert calls == ["a", "b", "a", "b", "b", "a", "a", "b"]  # warm-up, then A B, B A, A B
+    assert len(times["a"]) == len(times["b"]) == 3
+
+
+def test_synthetic_batches_look_like_the_builder():
+    ids, types, mask = common.synthetic_batches(1000 + 50, 8, 32, count=1, seed=3)[0]
+    assert (ids[:, 0] == 101).all()
+    assert ((ids == 102).sum(1) == 2).all()  # [CLS] A [SEP] B [SEP]
+    assert torch.equal(mask, ids != 0)
+    assert ((types == 1) <= mask).all()
+
+
+def test_hf_baseline_wiring_matches_tinyelectra_parameters():
+    cfg = load_recipe("tiny").model
+    setup = common.StepSetup(cfg, load_recipe("tiny").objective, load_recipe("tiny").optim, torch.device("cpu"))
+    hf = common.HFStep(setup)
+    assert hf.gen.electra.embeddings is hf.disc.electra.embeddings
+    assert hf.gen.generator_lm_head.weight is hf.disc.electra.embeddings.word_embeddings.weight
+    hf_count = sum(p.numel() for p in {id(p): p for m in (hf.gen, hf.disc) for p in m.parameters()}.values())
+    assert hf_count == count_parameters(Electra(cfg))
+    assert sum(p.numel() for p in hf.params) == hf_count  # the optimizer sees every parameter once
+
+
+def test_hf_baseline_step_trains():
+    recipe = load_recipe("tiny")
+    cfg = ModelConfig(**{**recipe.model.__dict__, "dropout": 0.0, "attention_dropout": 0.0})
+    setup = common.StepSetup(cfg, recipe.objective, recipe.optim, torch.device("cpu"))
+    hf = common.HFStep(setup)
+    before = hf.disc.electra.embeddings.word_embeddings.weight.detach().clone()
+    ids, types, mask = common.synthetic_batches(cfg.vocab_size, 4, 32, count=1)[0]
+    hf(ids, types, mask)
+    assert not torch.equal(before, hf.disc.electra.embeddings.word_embeddings.weight)
+
+
+def test_step_cpu_writes_a_complete_result(tmp_path):
+    import step_cpu
+
+    out = step_cpu.main([*TINY_ARGS, "--out-dir", str(tmp_path), "--name", "t"])
+    doc = json.loads((tmp_path / "t.json").read_text())
+    assert doc["precision"] == "fp32" and doc["device"] == "cpu"
+    assert doc["machine"]["cores"] >= 1 and doc["machine"]["torch"] == torch.__version__
+    assert len(doc["git_commit"]) >= 40
+    assert doc["command"] == "python benchmarks/step_cpu.py " + " ".join([*TINY_ARGS, "--out-dir", str(tmp_path), "--name", "t"])
+    te, hf = doc["tinyelectra"], doc["transformers"]
+    assert te["tokens_per_s"] == pytest.approx(4 * 32 / te["median_s"])
+    assert doc["speedup"]["ratio_of_medians"] == pytest.approx(hf["median_s"] / te["median_s"])
+    assert doc["meets_target"] == (doc["speedup"]["median_of_round_ratios"] >= 1.8)
+    assert out["tokens_per_step"] == 128
+
+
+@pytest.mark.slow
+def test_throughput_cpu_path_with_memory(tmp_path):
+    import throughput
+
+    doc = throughput.main([*TINY_ARGS, "--device", "cpu", "--out-dir", str(tmp_path), "--name", "t"])
+    assert doc["device"] == "cpu" and doc["precision"] == "fp32"
+    assert "hardware_mfu" not in doc["tinyelectra"]  # no peak FLOP/s for a CPU
+    for side in ("tinyelectra", "transformers"):
+        mem = doc[side]["memory"]
+        assert "error" not in mem, mem
+        assert mem["peak_rss_bytes"] >= mem["rss_after_build_bytes"] > 0
+    assert json.loads((tmp_path / "t.json").read_text())["speedup"] == doc["speedup"]
+
+
+def test_throughput_rejects_a_directory_that_is_not_prepared_data(tmp_path):
+    import throughput
+
+    from tinyelectra.errors import UserError
+
+    with pytest.raises(UserError):
+        throughput.main([*TINY_ARGS, "--device", "cpu", "--data", str(tmp_path), "--no-memory", "--out-dir", str(tmp_path)])
