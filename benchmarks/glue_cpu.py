@@ -183,6 +183,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--set", dest="overrides", action="append", default=[], help="fine-tuning key=value (quick checks)")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "glue_cpu")
     ap.add_argument("--name", default="glue_cpu")
+    ap.add_argument("--note", default="", help="what the checkpoint is (stored in the result)")
     ap.add_argument("--results-dir", type=Path, default=None)
     args = ap.parse_args(argv)
 
@@ -240,7 +241,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     payload: dict = {
         "device": "cpu", "precision": precision, "threads": torch.get_num_threads(), "allocator": allocator,
-        "load_average_start": load_average(), "checkpoint": str(args.checkpoint.resolve()),
+        "load_average_start": load_average(), "checkpoint": str(args.checkpoint.resolve()), "note": args.note,
+        "checkpoint_meta": glue.checkpoint_meta(glue.find_checkpoints(args.checkpoint)[0]),
         "timed_shape": {"kind": args.shape, **dataclasses.asdict(timed.config)},
         "tasks": tasks, "seeds": seeds, "max_train_rows": args.max_train_rows,
         "protocol": glue.protocol_dict(fc, backbone.config.hidden_size, tasks, args.max_train_rows),

@@ -230,6 +230,29 @@ def test_transformers_export_fine_tunes_the_same_way(rte_result, ckpt, tmp_path)
     assert "test_predictions" not in r["tasks"]["rte"]
 
 
+def test_mnli_scores_matched_and_mismatched_and_writes_mnli_and_ax_submissions(ckpt, tmp_path):
+    """On the small MNLI/AX fixtures written in the real format (tests/fixtures/glue)."""
+    fixtures = Path(__file__).resolve().parent / "fixtures" / "glue"
+    paths = run_glue(ckpt, fixtures, tmp_path / "out", "mnli", seeds=3, overrides=["epochs=1"])
+    r = json.loads(paths[0].read_text())
+    t = r["tasks"]["mnli"]
+    rows = lambda name: len((fixtures / name).read_text(encoding="utf-8").strip().splitlines()) - 1  # noqa: E731
+    for s in t["seeds"]:
+        assert set(s["splits"]) == {"dev_matched", "dev_mismatched"}
+        assert s["splits"]["dev_matched"]["examples"] == rows("MNLI/dev_matched.tsv")
+        assert s["splits"]["dev_mismatched"]["examples"] == rows("MNLI/dev_mismatched.tsv")
+        assert s["paper_score"] == s["splits"]["dev_matched"]["paper_score"]  # the task's number is matched
+    mism = [s["splits"]["dev_mismatched"]["paper_score"] for s in t["seeds"]]
+    assert t["splits"]["dev_mismatched"]["median_paper"] == pytest.approx(statistics.median(mism))
+    files = {Path(f).name: Path(f) for f in t["test_predictions"]["files"]}
+    assert set(files) == {"MNLI-m.tsv", "MNLI-mm.tsv", "AX.tsv"}
+    for name, source in (("MNLI-m.tsv", "MNLI/test_matched.tsv"), ("MNLI-mm.tsv", "MNLI/test_mismatched.tsv"),
+                         ("AX.tsv", "diagnostic/diagnostic.tsv")):
+        lines = files[name].read_text().splitlines()
+        assert len(lines) - 1 == rows(source)
+        assert {line.split("\t")[1] for line in lines[1:]} <= {"entailment", "neutral", "contradiction"}
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # It learns
 # ----------------------------------------------------------------------------------------------------------------

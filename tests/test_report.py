@@ -40,7 +40,7 @@ def write_glue_json(out: Path, name: str, fraction: float, step: int, i: int) ->
     doc = {
         "format": "tinyelectra-glue", "format_version": 1, "complete": True,
         "checkpoint": {"name": name, "path": f"/x/{name}", "kind": "tinyelectra", "run_dir": "/x"},
-        "meta": {"step": step, "fraction": fraction, "tokens_seen": step * 4096, "train_flops_paper": step * 2.0e10,
+        "meta": {"step": step, "fraction": step / 1600, "tokens_seen": step * 4096, "train_flops_paper": step * 2.0e10,
                  "train_flops_hardware": step * 1.5e10, "wall_seconds": step * 3.6},
         "seeds": [0, 1, 2], "tasks": tasks, "averages": task_averages(tasks),
         "protocol": {"max_train_rows": None, "peak_lr": 3e-4, "layerwise": "intended", "layerwise_decay": 0.8,
@@ -58,7 +58,7 @@ def run_dir(tmp_path_factory) -> Path:
 
     run = tmp_path_factory.mktemp("run")
     recipe = load_recipe("tiny")
-    plan = make_plan(parse_budget("1600steps"), recipe)
+    plan = make_plan(parse_budget("1600steps"), recipe)  # 1600 / 16 = 100: exact fractions
     plan.save(run / "plan.json")
     (run / "recipe.json").write_text(json.dumps(recipe.to_dict()))
     lines = []
@@ -188,6 +188,15 @@ def test_published_numbers_agree_with_their_printed_averages():
     for r in paper.TABLE1:
         assert float(f"{1.424e18 * r.fraction:.1e}") == r.train_flops_paper
         assert r.steps == round(1_000_000 * r.fraction)
+
+
+def test_fraction_comes_from_the_checkpoint_name_when_steps_do_not_divide(tmp_path):
+    """A 1000-step run writes ckpt-0625 at step round(62.5) = 62 (fraction 0.062): it is still the 6.25% row."""
+    write_glue_json(tmp_path / "glue", "ckpt-0625", 0.0625, step=62, i=0)
+    rep = build_report(tmp_path)
+    c = rep["comparison"][0]
+    assert c["fraction"] == 0.0625 and c["paper_glue"] == 74.1 and c["paper_train_flops"] == 8.9e16
+    assert rep["checkpoints"][0]["fraction_exact"] == pytest.approx(62 / 1600)
 
 
 def test_report_needs_a_run_or_results(tmp_path):

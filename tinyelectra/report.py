@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import os
 import tempfile
 import time
@@ -121,11 +122,17 @@ def _checkpoint_entry(path: Path, glue: dict) -> dict[str, Any]:
             tasks[task].setdefault("splits", {})[split] = {"median_paper": e["median_paper"], "std_paper": e["std_paper"]}
     averages = glue.get("averages") or {}
     protocol = glue.get("protocol") or {}
+    name = (glue.get("checkpoint") or {}).get("name", path.parent.name)
+    nominal = re.fullmatch(r"ckpt-(\d{4,5})", name)
     return {
-        "name": (glue.get("checkpoint") or {}).get("name", path.parent.name),
+        "name": name,
         "glue_json": str(path),
         "complete": bool(glue.get("complete")),
-        "step": meta.get("step"), "fraction": meta.get("fraction"), "tokens_seen": meta.get("tokens_seen"),
+        # the budget fraction the checkpoint stands for (its name: ckpt-0625 = 6.25%); the exact step / total
+        # steps can differ slightly when the total is not a multiple of 16
+        "fraction": int(nominal.group(1)) / 10_000 if nominal else meta.get("fraction"),
+        "fraction_exact": meta.get("fraction"),
+        "step": meta.get("step"), "tokens_seen": meta.get("tokens_seen"),
         "train_flops_paper": meta.get("train_flops_paper"), "train_flops_hardware": meta.get("train_flops_hardware"),
         "wall_seconds": meta.get("wall_seconds"),
         "tasks": tasks,
