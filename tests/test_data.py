@@ -439,3 +439,19 @@ def test_hf_source_reads_the_text_field_of_each_record(tmp_path, monkeypatch):
     assert m["documents"]["train"] == 40 and m["sources"][0]["kind"] == "hf"
     docs = list(CorpusReader(resolve_inputs(["hf:someone/corpus:clean"])).documents())
     assert docs[0] == [s for s in (line.strip() for line in topics[sorted(topics)[0]].split("\n")) if s]
+
+
+def test_very_long_documents_are_cut_at_line_boundaries(monkeypatch, tmp_path):
+    """A file without blank lines is one document; it is cut every MAX_DOCUMENT_CHARS (bounded memory, spread work)."""
+    import tinyelectra.corpus as C
+
+    monkeypatch.setattr(C, "MAX_DOCUMENT_CHARS", 100)
+    lines = [f"line number {i} has some words" for i in range(40)]  # ~30 characters each
+    (tmp_path / "one.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (tmp_path / "r.jsonl").write_text(json.dumps({"text": "\n\n".join(lines)}) + "\n", encoding="utf-8")
+    for name in ("one.txt", "r.jsonl"):
+        reader = CorpusReader(resolve_inputs([str(tmp_path / name)]))
+        docs = list(reader.documents())
+        assert [line for d in docs for line in d] == lines  # nothing lost, order kept
+        assert all(sum(map(len, d)) < 100 + 40 for d in docs) and len(docs) == 10
+        assert reader.stats.documents_cut == 10  # every piece (4 lines, >= 100 characters) ends at the limit

@@ -29,6 +29,9 @@ from typing import Iterator
 from tinyelectra.errors import UserError
 
 SNIFF_BYTES = 64 * 1024
+# A document longer than this (characters) is cut at a line boundary and continues as a new document: it bounds
+# memory and keeps work spread over the workers when a file has no blank lines at all. Counted in the manifest.
+MAX_DOCUMENT_CHARS = 1 << 22
 COMPRESSION = {".gz": gzip.GzipFile, ".bz2": bz2.BZ2File, ".xz": lzma.LZMAFile}
 BUILTIN_EXCLUDED_PARTS = {"test", "tests", "idlelib", "turtledemo", "tkinter", "lib2to3", "site-packages"}
 
@@ -92,11 +95,13 @@ class ReadStats:
 
     skipped: list[dict] = field(default_factory=list)  # {"path", "reason"}
     replaced_invalid_bytes: int = 0  # invalid UTF-8 sequences replaced by U+FFFD after the sniffed head
+    documents_cut: int = 0  # documents longer than MAX_DOCUMENT_CHARS, continued as new documents
     text_bytes: int = 0  # decompressed bytes of text read
     input_bytes_done: int = 0  # on-disk bytes consumed (drives the progress bar)
 
 
 _REPLACED = [0]
+_CUT = [0]  # documents cut at MAX_DOCUMENT_CHARS
 
 
 def _count_and_replace(err: UnicodeDecodeError):
@@ -118,6 +123,7 @@ class CorpusReader:
         """Yield documents; `warn(message)` is called once per skipped input. Updates self.stats as it goes."""
         self.stats = ReadStats()
         for inp in self.inputs:
+            cut_before = _CUT[0]
             if inp.kind == "builtin":
                 yield from self._counted(builtin_documents())
             elif inp.kind == "hf":
@@ -125,6 +131,7 @@ class CorpusReader:
             else:
                 yield from self._file_documents(inp, warn)
                 self.stats.input_bytes_done += inp.size_bytes
+            self.stats.documents_cut += _CUT[0] - cut_before
 
     def _counted(self, docs: Iterator[Document]) -> Iterator[Document]:
         for d in docs:
@@ -202,13 +209,19 @@ def _block_lines(stream, raw, stats: ReadStats, done_before: int, block_bytes: i
 def text_documents(lines) -> Iterator[Document]:
     """Plain text: blank lines separate documents."""
     doc: Document = []
+    chars = 0
     for line in lines:
         line = line.strip()
         if line:
             doc.append(line)
+            chars += len(line)
+            if chars >= MAX_DOCUMENT_CHARS:
+                _CUT[0] += 1
+                yield doc
+                doc, chars = [], 0
         elif doc:
             yield doc
-            doc = []
+            doc, chars = [], 0
     if doc:
         yield doc
 
@@ -216,17 +229,17 @@ def text_documents(lines) -> Iterator[Document]:
 def wiki_documents(lines) -> Iterator[Document]:
     """WikiExtractor output: `<doc ...>`, the title line (dropped), paragraphs, `</doc>`. Text outside is plain text."""
     doc: Document | None = None
-    outside: Document = []
+    outside: list[str] = []
     drop_title = False
+    chars = 0
     for line in lines:
         line = line.strip()
         if line.startswith("<doc") and line.endswith(">") and (len(line) == 5 or line[4].isspace()):
-            if outside:
-                yield outside
-                outside = []
+            yield from text_documents(outside)
+            outside = []
             if doc:
                 yield doc  # a <doc> without its </doc>
-            doc, drop_title = [], True
+            doc, drop_title, chars = [], True, 0
         elif line == "</doc>":
             if doc:
                 yield doc
@@ -237,21 +250,44 @@ def wiki_documents(lines) -> Iterator[Document]:
                     drop_title = False
                 else:
                     doc.append(line)
-        elif line:
-            outside.append(line)
-        elif outside:
-            yield outside
-            outside = []
+                    chars += len(line)
+                    if chars >= MAX_DOCUMENT_CHARS:
+                        _CUT[0] += 1
+                        yield doc
+                        doc, chars = [], 0
+        else:
+            outside.append(line)  # plain text between articles: blank lines separate its documents
+            if not line:
+                yield from text_documents(outside)
+                outside = []
     if doc:
         yield doc
     if outside:
-        yield outside
+        yield from text_documents(outside)
 
 
-def _record_document(text, where: str) -> Document:
+def _record_documents(text, where: str) -> Iterator[Document]:
+    """One record's text as one document (or several, when longer than MAX_DOCUMENT_CHARS)."""
     if not isinstance(text, str):
         raise UserError(f"{where}: the 'text' field is {type(text).__name__}, not a string")
-    return [s for s in (line.strip() for line in text.split("\n")) if s]
+    return _lines_as_document(text.split("\n"))
+
+
+def _lines_as_document(lines) -> Iterator[Document]:
+    """The non-empty lines as one document (blank lines do not split it), cut after MAX_DOCUMENT_CHARS."""
+    doc: Document = []
+    chars = 0
+    for line in lines:
+        line = line.strip()
+        if line:
+            doc.append(line)
+            chars += len(line)
+            if chars >= MAX_DOCUMENT_CHARS:
+                _CUT[0] += 1
+                yield doc
+                doc, chars = [], 0
+    if doc:
+        yield doc
 
 
 def jsonl_documents(lines, path: str) -> Iterator[Document]:
@@ -266,9 +302,7 @@ def jsonl_documents(lines, path: str) -> Iterator[Document]:
         if not isinstance(record, dict) or "text" not in record:
             keys = ", ".join(record) if isinstance(record, dict) else type(record).__name__
             raise UserError(f"{path}:{n}: record has no 'text' field (has: {keys})")
-        doc = _record_document(record["text"], f"{path}:{n}")
-        if doc:
-            yield doc
+        yield from _record_documents(record["text"], f"{path}:{n}")
 
 
 def parquet_documents(path: Path) -> Iterator[Document]:
@@ -286,9 +320,7 @@ def parquet_documents(path: Path) -> Iterator[Document]:
     for batch in f.iter_batches(columns=["text"], batch_size=1024):
         for i, text in enumerate(batch.column(0).to_pylist()):
             if text is not None:
-                doc = _record_document(text, str(path))
-                if doc:
-                    yield doc
+                yield from _record_documents(text, str(path))
 
 
 def hf_documents(name_config: str) -> Iterator[Document]:
@@ -316,9 +348,7 @@ def hf_documents(name_config: str) -> Iterator[Document]:
     if "text" not in first:
         raise UserError(f"--corpus hf:{name_config}: records have no 'text' field (fields: {', '.join(first)})")
     for record in _chain(first, records):
-        doc = _record_document(record["text"], f"hf:{name_config}")
-        if doc:
-            yield doc
+        yield from _record_documents(record["text"], f"hf:{name_config}")
 
 
 def _chain(first, rest):

@@ -356,6 +356,7 @@ def prepare(
             "sources": _summarize_sources(inputs),
             "skipped_inputs": reader.stats.skipped,
             "invalid_utf8_replaced": reader.stats.replaced_invalid_bytes,
+            "documents_cut": reader.stats.documents_cut,  # longer than corpus.MAX_DOCUMENT_CHARS: continued as new ones
             "text_bytes": reader.stats.text_bytes,
             "documents": dict(zip(SPLITS, totals["documents"])),
             "lines": totals["lines"],
