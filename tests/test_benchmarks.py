@@ -105,3 +105,49 @@ def test_throughput_rejects_a_directory_that_is_not_prepared_data(tmp_path):
 
     with pytest.raises(UserError):
         throughput.main([*TINY_ARGS, "--device", "cpu", "--data", str(tmp_path), "--no-memory", "--out-dir", str(tmp_path)])
+
+
+def test_tensor_memory_counts_live_storages_by_hand():
+    import memory
+
+    base = torch.zeros(1000)  # 4,000 bytes of "weights"
+    with memory.TensorMemory([base]) as tm:
+        a = torch.ones(256, 1024)  # 1 MiB
+        b = a * 2  # 2 MiB live
+        v = b.view(-1)  # a view: no new storage
+        del a  # 1 MiB live
+        c = torch.ones(512, 1024)  # 3 MiB live: the peak
+        del b, v, c
+    assert tm.baseline_bytes == 4000
+    assert tm.peak_bytes == 4000 + 3 * 2**20
+    assert tm.current_bytes == 4000
+
+
+def test_card_table_by_hand():
+    import memory
+
+    gib = memory.GIB
+    fit = (1.0 * gib, 0.5 * gib, 2.0 * gib)  # forward+backward: 1 GiB + 0.5 GiB per sequence; update: 2 GiB
+    t = memory.card_table(fit, batch=32, reserve_gib=0.8)
+    # 8 GiB: (8 - 0.8 - 1) / 0.5 = 12.4 -> 12 -> the largest divisor of 32 not above it: 8, so 4 accumulation steps
+    assert t["8GiB"] == {"fits": True, "max_micro_batch": 8, "accumulation_steps": 4}
+    assert t["24GiB"]["max_micro_batch"] == 32 and t["24GiB"]["accumulation_steps"] == 1  # (24-1.8)/0.5 = 44 -> 32
+    assert memory.card_table((1.0 * gib, 0.5 * gib, 7.5 * gib), 32, 0.8)["8GiB"]["fits"] is False  # update alone too big
+    assert memory.peak_at(fit, 1) == 2.0 * gib and memory.peak_at(fit, 4) == 3.0 * gib
+
+
+@pytest.mark.slow
+def test_memory_cpu_path_on_tiny(tmp_path):
+    import memory
+
+    doc = memory.main(["--sizes", "tiny", "--precisions", "fp32", "--out-dir", str(tmp_path), "--name", "m"])
+    rows = doc["sizes"]["tiny"]["configurations"]
+    off, on = (r for r in rows if r["precision"] == "fp32")
+    assert off["grad_checkpointing"] is False and on["grad_checkpointing"] is True
+    # checkpointing keeps fewer activations per sequence; more sequences need more memory
+    assert 0 < on["fit"]["activation_bytes_per_sequence"] < off["fit"]["activation_bytes_per_sequence"]
+    m1, m2 = off["measurements"]
+    assert m2["forward_backward_peak_bytes"] > m1["forward_backward_peak_bytes"] > m1["static_bytes"]
+    # weights + optimizer state: fp32 params, exp_avg, exp_avg_sq (12 bytes per parameter) at least
+    assert m1["static_bytes"] >= 12 * doc["sizes"]["tiny"]["parameters"]
+    assert (tmp_path / "m.json").is_file()
