@@ -23,7 +23,6 @@ import numpy as np
 import pytest
 import torch
 
-from tinyelectra.errors import UserError
 
 SHARED_DATA = Path(os.environ.get("TINYELECTRA_SHARED_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data"))
 GLUE_DIR = SHARED_DATA / "glue"

@@ -31,6 +31,7 @@ Shapes: B batch, T tokens (the batch's longest row), C classes (1 for regression
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -225,10 +226,17 @@ class TaskData:
     original_train_rows: int = 0  # before the row limit and swapping
 
     def describe(self) -> dict[str, Any]:
+        """Rows, source, skipped lines and a content hash of every split (reuse of results checks it)."""
         out = {}
         for s in [self.train, *self.dev.values(), *self.test]:
+            h = hashlib.sha256()
+            for part in (s.ids, s.text_a, s.text_b or []):
+                h.update("\x1f".join(part).encode("utf-8"))
+            if s.labels is not None:
+                h.update(np.ascontiguousarray(s.labels).tobytes())
             out[f"{s.task}:{s.split}" if s.task != self.task else s.split] = {
                 "rows": len(s), "source": s.source, "malformed_lines": [str(m) for m in s.malformed],
+                "sha256": h.hexdigest(),
             }
         out["train"]["rows_in_file"] = self.original_train_rows
         return out
