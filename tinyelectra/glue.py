@@ -737,8 +737,11 @@ def _fmt(x: float | None) -> str:
 def _task_line(name: str, task: str, entry: dict) -> str:
     scores = ", ".join(f"{s['paper_score']:.1f}" for s in entry["seeds"])
     seconds = sum(s["train_seconds"] + s["eval_seconds"] for s in entry["seeds"])
-    line = (f"{name} {task}: {entry['paper_metric']} median {_fmt(entry['median_paper'])} ± {_fmt(entry['std_paper'])} "
-            f"(seeds {scores}); GLUE {entry['glue_metric']} {_fmt(entry['median_glue'])}; {seconds:.0f} s")
+    from tinyelectra.metrics import METRIC_TITLES
+
+    line = (f"{name} {task}: {METRIC_TITLES[entry['paper_metric']]} median {_fmt(entry['median_paper'])} ± "
+            f"{_fmt(entry['std_paper'])} (seeds {scores}); leaderboard {METRIC_TITLES[entry['glue_metric']]} "
+            f"{_fmt(entry['median_glue'])}; {seconds:.0f} s")
     for split, e in (entry.get("splits") or {}).items():
         line += f"; {split} {_fmt(e['median_paper'])}"
     return line
