@@ -3,22 +3,21 @@ consumer cards (8, 12, 16, 24 GiB) each configuration fits.
 
     python benchmarks/memory.py [--device cpu|cuda] [--sizes small,base,large]  -> benchmarks/results/memory_<device>.json
 
-What is measured, per size, precision (fp32, bf16; fp16 too on CUDA) and gradient checkpointing (off, on): the
-peak tensor memory of one full training step (masking, generator, sampling, discriminator, backward, clip, paper
-Adam with its state already allocated) at two micro-batch sizes, at the recipe's sequence length.
-- CUDA: torch.cuda.max_memory_allocated.
-- CPU: the peak of the bytes held by live tensor storages (`TensorMemory`: every storage an op creates, counted
-  until it is freed, plus the weights and optimizer state), i.e. what a GPU's allocator would have to hold. The
-  attention runs through F.scaled_dot_product_attention's fused kernel (attention dropout off during the
-  measurement), whose memory is that of the GPU's flash / memory-efficient kernels (no T x T matrices kept).
-  Hidden-dropout masks are kept as fp32 on the CPU but as 1-byte masks on a GPU, so CPU numbers are slightly
-  high for a GPU: upper bounds.
-Derived (estimates, labelled so in the JSON): activation memory is linear in the micro-batch (a straight line
-through the two measurements); 8-bit AdamW (bitsandbytes) keeps 2 bytes of state per parameter instead of 8
-(measured instead when bitsandbytes runs on the CUDA device); a card fits a configuration when its peak plus a
+What is measured, per size, precision (fp32, bf16; fp16 too on CUDA) and gradient checkpointing (off, on): every
+tensor storage one full training step (masking, generator, sampling, discriminator, backward, clip, paper Adam
+with its state already allocated) creates and frees, at two micro-batch sizes, at the recipe's sequence length
+(`TensorMemory`, a dispatch mode: the bytes a device allocator must hold, without its rounding; on CUDA the
+allocator's max_memory_allocated is recorded beside it). The two steps make the same allocations in the same
+order and each tensor's size is affine in the micro-batch, so together they give the step's peak at any
+micro-batch (`affine_envelope`); --validate checks the prediction against a third, measured size.
+On the CPU the attention runs through F.scaled_dot_product_attention's fused kernel (attention dropout off during
+the measurement), whose memory is that of the GPU's flash / memory-efficient kernels (no T x T matrices kept).
+Hidden-dropout masks are fp32 on the CPU but 1-byte masks on a GPU, so CPU numbers are slightly high for a GPU:
+upper bounds.
+Estimates (labelled so in the JSON): 8-bit AdamW (bitsandbytes) keeps 2 bytes of state per parameter instead of
+8 (measured instead when bitsandbytes runs on the CUDA device); a card fits a configuration when its peak plus a
 reserve for the CUDA context and allocator fragmentation (--reserve-gib, 0.8 by default) is within the card; the
-largest micro-batch that fits follows from the line, and the recipe's batch is then reached with gradient
-accumulation.
+recipe's batch is reached with gradient accumulation over the largest micro-batch that fits.
 """
 
 from __future__ import annotations
@@ -59,21 +58,24 @@ SIZES = {
     # not a paper size: for quick checks and tests
     "tiny": (load_recipe("tiny").model, ObjectiveConfig(), 128, 32),
 }
-# Micro-batches measured (the line through them is extrapolated): large enough that activations, not the weight
-# gradients accumulated at the end of the backward pass, decide the forward+backward peak.
-MICRO_BATCHES = {"cpu": {"small": (8, 16), "base": (2, 4), "large": (2, 4), "tiny": (4, 8)},
-                 "cuda": {"small": (32, 64), "base": (8, 16), "large": (4, 8), "tiny": (4, 8)}}
+# Micro-batches measured. Two give every tensor's size as an affine function of the micro-batch (see
+# `affine_envelope`); a third (--validate) checks the prediction.
+MICRO_BATCHES = {"cpu": {"small": (2, 4), "base": (1, 2), "large": (1, 2), "tiny": (2, 4)},
+                 "cuda": {"small": (8, 16), "base": (4, 8), "large": (2, 4), "tiny": (2, 4)}}
 
 
 class TensorMemory(TorchDispatchMode):
     """Bytes held by live tensor storages: the `baseline` tensors plus every storage an op creates inside the
     block, each counted until it is freed. `peak_bytes` is the most held at once (a device allocator's
-    max_memory_allocated, without its rounding). Storages made outside torch ops (torch.from_numpy) and kernels'
-    internal scratch buffers are not seen."""
+    max_memory_allocated, without its rounding); `events` is the timeline: ("+", i, nbytes) when allocation i is
+    made, ("-", i, 0) when it is freed. Storages made outside torch ops (torch.from_numpy) and kernels' internal
+    scratch buffers are not seen."""
 
     def __init__(self, baseline: list[torch.Tensor] = ()) -> None:
         super().__init__()
-        self.live: dict[int, int] = {}
+        self.live: dict[int, tuple[int, int]] = {}  # data_ptr -> (nbytes, allocation index)
+        self.events: list[tuple[str, int, int]] = []
+        self.allocations = 0
         self.current_bytes = 0
         self.peak_bytes = 0
         for t in baseline:
@@ -85,15 +87,19 @@ class TensorMemory(TorchDispatchMode):
         key, nbytes = storage.data_ptr(), storage.nbytes()
         if nbytes == 0 or key in self.live:
             return
-        self.live[key] = nbytes
+        index, self.allocations = self.allocations, self.allocations + 1
+        self.live[key] = (nbytes, index)
+        self.events.append(("+", index, nbytes))
         self.current_bytes += nbytes
         self.peak_bytes = max(self.peak_bytes, self.current_bytes)
-        weakref.finalize(storage, self._release, key, nbytes)
+        weakref.finalize(storage, self._release, key, index)
 
-    def _release(self, key: int, nbytes: int) -> None:
-        if self.live.get(key) == nbytes:
+    def _release(self, key: int, index: int) -> None:
+        entry = self.live.get(key)
+        if entry is not None and entry[1] == index:
             del self.live[key]
-            self.current_bytes -= nbytes
+            self.events.append(("-", index, 0))
+            self.current_bytes -= entry[0]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -110,9 +116,17 @@ def _state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> 
     return out
 
 
+_WARMED = False
+
+
 def measure(cfg: ModelConfig, objective: ObjectiveConfig, micro: int, seq_len: int, precision: str, ckpt: bool,
             device: torch.device, optim_name: str = "adam") -> dict:
-    """Peak bytes of one training step in steady state (optimizer state allocated, grads freed)."""
+    """One training step in steady state (optimizer state allocated, grads freed), tracked by TensorMemory; on
+    CUDA also torch.cuda.max_memory_allocated of the same step."""
+    global _WARMED
+    if not _WARMED:  # one-time lazy work (runtime.linear's self-check, ...) must not appear in a tracked step
+        _WARMED = True
+        measure(SIZES["tiny"][0], ObjectiveConfig(), 1, 16, precision, ckpt, device, optim_name)
     if device.type == "cpu":  # measure the fused SDPA kernel's memory (what a GPU runs), see the module docstring
         cfg = dataclasses.replace(cfg, attention_dropout=0.0)
     torch.manual_seed(0)
@@ -128,72 +142,86 @@ def measure(cfg: ModelConfig, objective: ObjectiveConfig, micro: int, seq_len: i
     params = [p for p in model.parameters() if p.requires_grad]
     scaler = torch.amp.GradScaler(device.type, enabled=(precision == "fp16"))
 
-    def forward_backward() -> None:
+    def step() -> None:
         m = mask_batch(ids, types, mask, objective, special, cfg.vocab_size)
         with runtime.autocast_context(precision, device):
             terms = loss_terms(model, m, objective)
         scaler.scale(combine(terms, objective, m.mlm_count, m.token_count)).backward()
-
-    def update() -> None:
         scaler.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
 
-    # Two peaks: forward + backward (grows with the micro-batch) and the update (weights, grads, optimizer state).
     t0 = time.perf_counter()
+    out: dict = {}
     if device.type == "cuda":
-        forward_backward()  # warm-up: kernels, cuBLAS workspaces
-        update()
+        step()  # warm-up: kernels, cuBLAS workspaces
         torch.cuda.synchronize(device)
-        static = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
-        forward_backward()
+        step()
         torch.cuda.synchronize(device)
-        fb_peak = torch.cuda.max_memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        update()
-        torch.cuda.synchronize(device)
-        update_peak, kind = torch.cuda.max_memory_allocated(device), "torch.cuda.max_memory_allocated"
-    else:
-        tracker = TensorMemory(_state_tensors(model, optimizer))
-        with tracker:
-            forward_backward()
-            fb_peak, tracker.peak_bytes = tracker.peak_bytes, tracker.current_bytes
-            update()
-        static, update_peak, kind = tracker.baseline_bytes, tracker.peak_bytes, "live tensor storages (TensorMemory)"
+        out["cuda_max_memory_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
+    tracker = TensorMemory(_state_tensors(model, optimizer))
+    with tracker:
+        step()
     return {"micro_batch": micro, "precision": precision, "grad_checkpointing": ckpt, "optimizer": optim_name,
-            "forward_backward_peak_bytes": fb_peak, "update_peak_bytes": update_peak,
-            "peak_bytes": max(fb_peak, update_peak), "static_bytes": static, "measured": kind,
-            "seconds": round(time.perf_counter() - t0, 2)}
+            "peak_bytes": tracker.peak_bytes, "static_bytes": tracker.baseline_bytes, **out,
+            "seconds": round(time.perf_counter() - t0, 2), "events": tracker.events}
 
 
-def fit_line(a: dict, b: dict) -> tuple[float, float, float]:
-    """(intercept, slope, update peak): forward+backward peak(mb) = intercept + slope * mb through the two
-    measurements; the step's peak is max(that, the update's peak), which does not depend on the micro-batch."""
-    slope = (b["forward_backward_peak_bytes"] - a["forward_backward_peak_bytes"]) / (b["micro_batch"] - a["micro_batch"])
-    return a["forward_backward_peak_bytes"] - slope * a["micro_batch"], slope, max(a["update_peak_bytes"], b["update_peak_bytes"])
+def affine_envelope(a: dict, b: dict) -> list[tuple[float, float]]:
+    """Live bytes after every allocation of the step as C + D * micro_batch, from two measurements of the same
+    step at two micro-batch sizes: the steps make the same allocations in the same order (static shapes), and
+    each tensor's size is affine in the micro-batch (activations grow with it, weights, gradients and optimizer
+    state do not), so two sizes determine every tensor at any size. The peak at micro-batch m is
+    max(C + D * m) over the returned points."""
+    ea, eb, ma, mb = _canonical(a["events"]), _canonical(b["events"]), a["micro_batch"], b["micro_batch"]
+    if [e[:2] for e in ea] != [e[:2] for e in eb]:
+        raise RuntimeError("the two steps allocated differently; cannot extrapolate")
+    size: dict[int, tuple[float, float]] = {}
+    C = D = 0.0
+    points = []
+    for (kind, i, na), (_, _, nb) in zip(ea, eb):
+        if kind == "+":
+            d = (nb - na) / (mb - ma)
+            size[i] = (na - d * ma, d)
+            C, D = C + size[i][0], D + d
+            points.append((C, D))
+        else:
+            c, d = size.pop(i)
+            C, D = C - c, D - d
+    return points
 
 
-def peak_at(fit: tuple[float, float, float], micro: int) -> float:
-    intercept, slope, update_peak = fit
-    return max(intercept + slope * micro, update_peak)
+def _canonical(events: list[tuple[str, int, int]]) -> list[tuple[str, int, int]]:
+    """Frees between two allocations sorted by allocation index: their order cannot change a peak, and some come
+    in hash order (autocast's weight-cast cache is cleared all at once)."""
+    out: list[tuple[str, int, int]] = []
+    frees: list[tuple[str, int, int]] = []
+    for e in events:
+        if e[0] == "-":
+            frees.append(e)
+            continue
+        out += sorted(frees, key=lambda f: f[1])
+        frees = []
+        out.append(e)
+    return out + sorted(frees, key=lambda f: f[1])
 
 
-def card_table(fit: tuple[float, float, float], batch: int, reserve_gib: float) -> dict:
-    """For each card: the largest micro-batch that fits and the accumulation steps the recipe's batch then needs."""
-    intercept, slope, update_peak = fit
+def peak_at(points: list[tuple[float, float]], micro: int) -> float:
+    return max(c + d * micro for c, d in points)
+
+
+def card_table(points: list[tuple[float, float]], batch: int, reserve_gib: float) -> dict:
+    """For each card: the largest micro-batch dividing the recipe's batch whose peak + reserve fits, and the
+    gradient-accumulation steps the recipe's batch then needs."""
+    divisors = [d for d in range(1, batch + 1) if batch % d == 0]
+    peaks = {d: peak_at(points, d) for d in divisors}
     out = {}
     for gib in CARDS_GIB:
-        room = gib * GIB - reserve_gib * GIB
-        if update_peak > room:
-            max_mb = 0
-        else:
-            max_mb = batch if slope <= 0 else int((room - intercept) // slope)
-        max_mb = max(0, min(max_mb, batch))
-        if max_mb >= 1:  # the largest divisor of the batch not above max_mb: equal micro-batches
-            max_mb = max(d for d in range(1, max_mb + 1) if batch % d == 0)
+        fitting = [d for d in divisors if peaks[d] + reserve_gib * GIB <= gib * GIB]
+        max_mb = max(fitting) if fitting else 0
         out[f"{gib}GiB"] = {"fits": max_mb >= 1, "max_micro_batch": max_mb,
                             "accumulation_steps": batch // max_mb if max_mb else None}
     return out
@@ -208,6 +236,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--precisions", default=None, help="default: fp32,bf16 (CPU); fp32,bf16,fp16 (CUDA)")
     ap.add_argument("--reserve-gib", type=float, default=0.8, help="CUDA context + fragmentation kept free on a card")
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--validate", default="small,tiny",
+                    help="sizes whose prediction is checked against a third, measured micro-batch (2x the second)")
     ap.add_argument("--name", default=None)
     ap.add_argument("--out-dir", default=None)
     args = ap.parse_args(argv)
@@ -237,35 +267,47 @@ def main(argv: list[str] | None = None) -> dict:
         for precision in precisions:
             for ckpt in (False, True):
                 pair = [measure(cfg, objective, mb, seq_len, precision, ckpt, device) for mb in mbs]
-                fit = fit_line(*pair)
-                row = {"precision": precision, "grad_checkpointing": ckpt, "measurements": pair,
-                       "fit": {"forward_backward_intercept_bytes": fit[0], "activation_bytes_per_sequence": fit[1],
-                               "update_peak_bytes": fit[2]}}
-                optimizers = {"adam (paper, fp32 state)": (fit, "measured" if device.type == "cuda" else "measured on CPU (upper bound)")}
+                points = affine_envelope(*pair)
+                row = {"precision": precision, "grad_checkpointing": ckpt,
+                       "measurements": [{k: v for k, v in m.items() if k != "events"} for m in pair]}
+                if size in args.validate.split(","):  # predict a third micro-batch from the first two, then measure it
+                    check = measure(cfg, objective, 2 * mbs[1], seq_len, precision, ckpt, device)
+                    predicted = peak_at(points, check["micro_batch"])
+                    row["validation"] = {"micro_batch": check["micro_batch"], "predicted_peak_bytes": predicted,
+                                         "measured_peak_bytes": check["peak_bytes"],
+                                         "relative_error": predicted / check["peak_bytes"] - 1}
+                basis = "measured" if device.type == "cuda" else "measured on the CPU (upper bound for a GPU)"
+                optimizers = {"adam (paper, fp32 state)": (points, basis)}
                 if bnb_ok:
                     q = [measure(cfg, objective, mb, seq_len, precision, ckpt, device, "adamw8bit") for mb in mbs]
-                    optimizers["adamw8bit"] = (fit_line(*q), "measured")
+                    optimizers["adamw8bit"] = (affine_envelope(*q), "measured")
                 else:
-                    saved = 6 * n_params  # state alive through both phases
-                    optimizers["adamw8bit"] = ((fit[0] - saved, fit[1], fit[2] - saved),
+                    saved = 6 * n_params  # the state is alive for the whole step
+                    optimizers["adamw8bit"] = ([(c - saved, d) for c, d in points],
                                                "estimate: 2 instead of 8 bytes of optimizer state per parameter")
-                row["cards"] = {name: {"basis": basis, "peak_at_recipe_batch_gib": peak_at(f, batch) / GIB,
-                                       **card_table(f, batch, args.reserve_gib)}
-                                for name, (f, basis) in optimizers.items()}
+                row["cards"] = {name: {"basis": b, "peak_at_recipe_batch_gib": peak_at(p, batch) / GIB,
+                                       "peak_at_micro_batch_1_gib": peak_at(p, 1) / GIB,
+                                       **card_table(p, batch, args.reserve_gib)}
+                                for name, (p, b) in optimizers.items()}
                 rows.append(row)
-                print(f"{size:5s} {precision:4s} ckpt={'on ' if ckpt else 'off'} peak(mb={mbs[0]}) "
-                      f"{pair[0]['peak_bytes'] / GIB:6.3f} GiB, +{fit[1] / 2**20:8.1f} MiB per sequence; "
-                      + " ".join(f"{k}:{v['max_micro_batch']}" for k, v in row["cards"]["adam (paper, fp32 state)"].items()
-                                 if k.endswith("GiB")), flush=True)
+                cards = row["cards"]["adam (paper, fp32 state)"]
+                val = (f" (predicted vs measured at {row['validation']['micro_batch']}: {row['validation']['relative_error']:+.2%})"
+                       if "validation" in row else "")
+                print(f"{size:5s} {precision:4s} ckpt={'on ' if ckpt else 'off'} peak at batch {batch}: "
+                      f"{cards['peak_at_recipe_batch_gib']:7.2f} GiB{val}; max micro-batch per card: "
+                      + " ".join(f"{k}:{v['max_micro_batch']}" for k, v in cards.items() if k.endswith("GiB")), flush=True)
         sizes[size] = {"parameters": n_params, "seq_len": seq_len, "recipe_batch": batch, "micro_batches_measured": mbs,
                        "configurations": rows}
 
     payload = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-               "what": ("peak of torch.cuda.max_memory_allocated over one steady-state training step" if device.type == "cuda"
+               "what": ("peak bytes of live tensor storages over one steady-state training step (TensorMemory; the "
+                        "CUDA allocator's own max_memory_allocated is recorded beside each measurement)" if device.type == "cuda"
                         else "peak bytes of live tensor storages over one steady-state training step, measured on the "
                              "CPU with the fused SDPA attention kernel: upper bounds for a GPU (fp32 dropout masks)"),
                "reserve_gib": args.reserve_gib, "sizes": sizes,
-               "estimates": ["peak at other micro-batch sizes: straight line through the two measurements",
+               "estimates": ["peaks at micro-batches not measured: every tensor's size is affine in the micro-batch, "
+                             "so two measured sizes give the whole step at any size (affine_envelope); --validate "
+                             "checks a third size",
                              "adamw8bit rows unless bitsandbytes ran on this CUDA device",
                              f"card fit: peak + {args.reserve_gib} GiB reserve <= card"]}
     name = args.name or f"memory_{device.type}"
