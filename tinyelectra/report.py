@@ -45,8 +45,15 @@ def fmt_flops(x: float | None) -> str:
     return "-" if x is None else f"{x:.2e}"
 
 
-def fmt_hours(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds / 3600:.2f} h"
+def fmt_duration(seconds: float | None) -> str:
+    """45 s, 12.5 min, 3.20 h."""
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.2f} h"
 
 
 def fmt_fraction(x: float | None) -> str:
@@ -275,7 +282,7 @@ def render_markdown(rep: dict[str, Any]) -> str:
         ["tokens seen", _v(pre["tokens_seen"])],
         ["train FLOPs, paper convention", fmt_flops(pre["train_flops_paper"])],
         ["train FLOPs, hardware convention", fmt_flops(pre["train_flops_hardware"])],
-        ["training time", fmt_hours(pre["train_seconds"])],
+        ["training time", fmt_duration(pre["train_seconds"])],
         ["pre-training device", _v(hw["pretraining_device"])],
         ["pre-training precision", _v(hw["pretraining_precision"])],
         ["fine-tuning device", ", ".join(hw["finetuning_devices"]) or "-"],
@@ -308,7 +315,7 @@ def render_markdown(rep: dict[str, Any]) -> str:
         rows = []
         for c in cks:
             r = [c["name"], fmt_fraction(c["fraction"]), _v(c["step"]),
-                 fmt_flops(c["train_flops_paper"]), fmt_hours(c["wall_seconds"])]
+                 fmt_flops(c["train_flops_paper"]), fmt_duration(c["wall_seconds"])]
             r += [fmt_score_std(c["tasks"][t]["median_paper"], c["tasks"][t]["std_paper"]) if t in c["tasks"] else "-"
                   for t in tasks]
             r.append(fmt_score(c["average_paper"]["score"]) if c["average_paper"] else "-")
@@ -345,7 +352,7 @@ def render_markdown(rep: dict[str, Any]) -> str:
         o = ours[0] if ours else None
         rows.append([fmt_fraction(row["fraction"]), fmt_flops(row["train_flops_paper"]), row["v100_time"],
                      fmt_score(row["glue_dev"]),
-                     fmt_flops(o["train_flops_paper"]) if o else "-", fmt_hours(o["wall_seconds"]) if o else "-",
+                     fmt_flops(o["train_flops_paper"]) if o else "-", fmt_duration(o["wall_seconds"]) if o else "-",
                      fmt_score(o["average_paper"]) if o else "-", (o["average_label"] or "-") if o else "-"])
     L += _table(["fraction", "paper FLOPs", "paper V100 time", "paper GLUE (8 tasks)", "our FLOPs (paper conv.)",
                  "our wall time", "our average", "our tasks"], rows)
@@ -416,9 +423,10 @@ def plot_glue(rep: dict[str, Any], path: Path) -> bool:
                 markersize=12, label="paper: BERT-Small, GLUE-8")
     if x:
         ax_avg.plot(x, y, "o-", color="tab:blue", label=f"ours: {label} average")
-        for c, xi, yi in zip([c for c in cks if c.get("train_flops_paper") is not None], x, y):
-            if c.get("fraction") is not None:
-                ax_avg.annotate(fmt_fraction(c["fraction"]), (xi, yi), textcoords="offset points", xytext=(4, -10), fontsize=7)
+        for k, (c, xi, yi) in enumerate(zip([c for c in cks if c.get("train_flops_paper") is not None], x, y)):
+            if c.get("fraction") is not None:  # alternate below/above: neighbouring labels do not collide
+                ax_avg.annotate(fmt_fraction(c["fraction"]), (xi, yi), textcoords="offset points",
+                                xytext=(2, -11 if k % 2 == 0 else 6), fontsize=7)
     for r in t1:
         ax_avg.annotate(fmt_fraction(r["fraction"]), (r["train_flops_paper"], r["glue_dev"]), textcoords="offset points",
                         xytext=(-8, 6), fontsize=7, color="tab:gray")
@@ -468,7 +476,7 @@ def plot_glue(rep: dict[str, Any], path: Path) -> bool:
     ax_frac.set_xlabel("fraction of the pre-training budget")
     ax_frac.set_ylabel("GLUE dev score")
     ax_frac.set_title("vs. fraction of the budget (checkpoints of one run)")
-    ax_frac.legend(fontsize=8, loc="lower right")
+    ax_frac.legend(fontsize=8, loc="best")
     ax_frac.grid(True, alpha=0.3)
 
     # (d) vs wall time
