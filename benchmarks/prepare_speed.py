@@ -7,7 +7,8 @@
    the CPU seconds of the run and its workers, and the machine's load average (other jobs share the 2 cores).
 2. Tokenization, tinyelectra against the usual way in the same process: `Tokenizer.encode_batch` (one thread,
    cached pieces) against `tokenizers.Tokenizer.encode_batch` (Rust, all cores) on the same lines with the same
-   tokenizer, alternating A/B, each round from a cold cache; medians and the paired ratio.
+   tokenizer, alternating A/B, each round from a cold cache: wall-clock medians, the paired ratio, and the CPU
+   seconds each spends per MB (the fair comparison: prepare runs one single-threaded tokenizer per core).
 
 Writes benchmarks/results/prepare_enwiki.json.
 
@@ -22,6 +23,7 @@ import json
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -94,9 +96,20 @@ def tokenization(corpus: Path, tokenizer_dir: Path, n_files: int, rounds: int) -
 
     import torch
 
-    times = alternate({"tinyelectra": ours, "tokenizers": plain_tokenizers}, warmup=0, repeats=rounds,
-                      device=torch.device("cpu"))
+    cpu: dict[str, list[float]] = {"tinyelectra": [], "tokenizers": []}
+
+    def cpu_timed(name, fn):
+        def run() -> None:
+            c0 = time.process_time()  # all threads of this process: counts tokenizers' Rust threads too
+            fn()
+            cpu[name].append(time.process_time() - c0)
+        return run
+
+    times = alternate({"tinyelectra": cpu_timed("tinyelectra", ours), "tokenizers": cpu_timed("tokenizers", plain_tokenizers)},
+                      warmup=0, repeats=rounds, device=torch.device("cpu"))
     return {
+        "cpu_seconds_per_mb": {k: round(statistics.median(v) / mb, 4) for k, v in cpu.items()},
+        "cpu_efficiency_tinyelectra_over_tokenizers": round(statistics.median(cpu["tokenizers"]) / statistics.median(cpu["tinyelectra"]), 2),
         "text_mb": round(mb, 2),
         "lines": len(lines),
         "tinyelectra_encode_batch_1_thread": {**summarize(times["tinyelectra"]),
