@@ -47,7 +47,7 @@ def prepare(
     seed: int = typer.Option(0, "--seed", help="Seed of the example builder's random choices."),
     validation_fraction: float = typer.Option(0.01, "--validation-fraction", help="Share of documents held out for validation."),
     tokenizer_sample_mb: float = typer.Option(
-        32.0, "--tokenizer-sample-mb", help="Train the WordPiece on the first N MB of text (0 = all of it; more is slower)."
+        32.0, "--tokenizer-sample-mb", help="Train the WordPiece on the first N MB of text (0 = all of it, held in memory; more is slower)."
     ),
 ) -> None:
     """Turn raw text into a tokenizer and packed ELECTRA pre-training examples.
