@@ -98,8 +98,22 @@ class Plan:
         return cls(**json.loads(path.read_text(encoding="utf-8")))
 
 
-def make_plan(budget: Budget, recipe: Recipe, steps_per_second: float | None = None) -> Plan:
-    """The plan for `budget`. A time budget needs the measured `steps_per_second` (else it is provisional)."""
+PROVISIONAL_STEPS = 1 << 62  # a time budget's step count before its throughput is measured
+WARMUP_SHARE_CAP = 0.1  # a shorter run warms up for at most this share of its steps
+
+
+def warmup_for(recipe: Recipe, total_steps: int) -> int:
+    """The recipe's warm-up in steps (the paper: 10,000), as the official code keeps it whatever the run's length,
+    but never more than 10% of a shorter run.
+
+    Why not scale it with the run: the paper's Adam has no bias correction, so its first ~1,000 updates are up to
+    ~6x larger than Adam's ((1 - b1^t) / sqrt(1 - b2^t)); the long warm-up is what keeps them small."""
+    return min(recipe.optim.warmup_steps, round(WARMUP_SHARE_CAP * total_steps))
+
+
+def make_plan(budget: Budget, recipe: Recipe, steps_per_second: float | None = None, total_steps: int | None = None) -> Plan:
+    """The plan for `budget`. A time budget needs the measured `steps_per_second` (else it is provisional), or
+    the `total_steps` decided from it."""
     tr = recipe.train
     paper_step = flops.paper_train_flops_per_step(recipe.model, recipe.objective, tr.batch_size, tr.seq_len)
     hw_step = flops.hardware_train_flops_per_step(recipe.model, recipe.objective, tr.batch_size, tr.seq_len)
@@ -115,16 +129,18 @@ def make_plan(budget: Budget, recipe: Recipe, steps_per_second: float | None = N
             raise UserError(
                 f"budget {budget.text}: one step of {recipe.name} costs {paper_step:.3e} FLOPs (paper convention); "
                 "the budget does not buy a single step")
+    elif total_steps is not None:
+        total = total_steps
     else:
-        if steps_per_second is None:
-            steps_per_second = 1.0  # placeholder until measured
+        if steps_per_second is None:  # unknown until measured: run on until the trainer measures it
             status = "provisional"
-        total = max(1, int(budget.value * steps_per_second))
-    warmup = round(recipe.optim.warmup_steps * total / tr.steps)
-    if budget.kind != "paper" and total != tr.steps:
-        notes.append(
-            f"warm-up scaled with the schedule: {recipe.optim.warmup_steps} of the recipe's {tr.steps} steps -> "
-            f"{warmup} of {total}")
+            total = PROVISIONAL_STEPS
+        else:
+            total = max(1, int(budget.value * steps_per_second))
+    warmup = warmup_for(recipe, total)
+    if warmup != recipe.optim.warmup_steps:
+        notes.append(f"warm-up {warmup} steps: the recipe's {recipe.optim.warmup_steps}, capped at "
+                     f"{WARMUP_SHARE_CAP:.0%} of this {total}-step run")
     ckpts = {checkpoint_name(f): max(1, round(total * f)) for f in FRACTIONS}
     expected_wall = None
     if steps_per_second:

@@ -13,6 +13,7 @@ and the writing of checkpoints, their held-out evaluation and resume states.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import json
@@ -38,8 +39,8 @@ from tinyelectra.optim import build_optimizer, lr_at
 
 STATE_FORMAT = 1
 STAT_KEYS = ("mlm_sum", "disc_sum", "mlm_correct", "mlm_count", "disc_correct", "disc_count", "replaced", "predicted", "true_positive")
-CALIBRATION_STEPS = 5  # a time budget's first estimate of steps/s, after the excluded first step
-CALIBRATION_FRACTION = 0.03  # ... refined, then frozen, once this share of the budget has passed
+CALIBRATION_STEPS = 5  # a time budget is first planned after this many steps (the first step is start-up)
+RATE_WINDOW_SECONDS = 10.0  # ... and re-planned from the throughput of the last max(this, 20% of elapsed) seconds
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -319,6 +320,7 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
     clock_t0 = time.perf_counter()
     train_seconds_at_clock = train_seconds
     calib_step0 = step
+    recent: collections.deque = collections.deque()  # (training seconds, step): the recent throughput
     autocast = runtime.autocast_context(precision, device)
     progress = Progress(plan, step, dist.main)
     model.train()
@@ -359,17 +361,29 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
             window_t0, window_step = now, step
         train_seconds = train_seconds_at_clock + (now - clock_t0)
 
-        # a time budget: plan from the measured throughput, then freeze the plan
-        if plan.status == "provisional" and clock_started and step > calib_step0:
-            rate = (step - calib_step0) / max(train_seconds - train_seconds_at_clock, 1e-9)
-            if step - calib_step0 >= CALIBRATION_STEPS or train_seconds >= CALIBRATION_FRACTION * bud.value:
-                plan = replan(bud, recipe, plan, step, train_seconds, rate,
-                              final=train_seconds >= CALIBRATION_FRACTION * bud.value)
-                if dist.main:
-                    plan.save(run_dir / "plan.json")
+        # a time budget: the steps that still fit, from the recent throughput (every step; DDP: on log steps,
+        # with rank 0's clock broadcast so that every process keeps the same plan and learning rate)
+        if plan.budget_kind == "time" and clock_started:
+            recent.append((train_seconds, step))
+            while len(recent) > 2 and recent[-1][0] - recent[0][0] > max(RATE_WINDOW_SECONDS, 0.2 * train_seconds):
+                recent.popleft()
+            calibrated = step - calib_step0 >= CALIBRATION_STEPS
+            if calibrated and (not dist.enabled or step % tr.log_every_steps == 0):
+                (t0, s0), (t1, s1) = recent[0], recent[-1]
+                rate = (s1 - s0) / max(t1 - t0, 1e-9) if s1 > s0 else (step - calib_step0) / max(train_seconds, 1e-9)
+                seconds = train_seconds
+                if dist.enabled:
+                    shared = torch.tensor([rate, seconds], dtype=torch.float64, device=device)
+                    torch.distributed.broadcast(shared, 0)
+                    rate, seconds = shared.tolist()
+                plan = replan(bud, recipe, plan, step, seconds, rate)
+                if plan.status == "provisional":  # the first measurement fixes the warm-up
+                    plan.status = "final"
+                    if dist.main:
+                        plan.save(run_dir / "plan.json")
+                    log.once(f"time budget: measured {rate:.3f} steps/s -> about {plan.total_steps} steps, "
+                             f"warm-up {plan.warmup_steps}")
                 progress.replan(plan)
-                if plan.status == "final":
-                    log.once(f"time budget: measured {rate:.2f} steps/s -> {plan.total_steps} steps")
 
         # logging (host sync only here)
         if step % tr.log_every_steps == 0 or step == plan.total_steps or stop.requested:
@@ -385,10 +399,15 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
 
         # fraction checkpoints (only once the plan is final)
         other_t0 = time.perf_counter()
-        for name, ckpt_step in plan.checkpoint_steps.items():
-            if plan.status == "final" and step >= ckpt_step and name not in done_ckpts:
+        for (name, ckpt_step), fraction in zip(plan.checkpoint_steps.items(), budgeting.FRACTIONS):
+            # a time budget's slices are slices of its time; others are slices of the steps
+            reached = (train_seconds >= fraction * bud.value or step >= plan.total_steps) if plan.budget_kind == "time" \
+                else step >= ckpt_step
+            if plan.status == "final" and reached and name not in done_ckpts:
                 ev = evaluate(model, data, recipe, special, device, autocast, micro)
-                meta = {"name": name, "step": step, "fraction": ckpt_step / plan.total_steps, "tokens_seen": tokens_seen,
+                meta = {"name": name, "step": step, "fraction": fraction, "fraction_of_steps": step / plan.total_steps,
+                        "fraction_of_budget_seconds": train_seconds / bud.value if plan.budget_kind == "time" else None,
+                        "tokens_seen": tokens_seen,
                         "train_flops_paper": step * plan.train_flops_paper_per_step,
                         "train_flops_hardware": step * plan.train_flops_hardware_per_step,
                         "wall_seconds": train_seconds, "eval": ev, "precision": precision, "device": device_name(device),
@@ -430,6 +449,7 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
         "conventions": plan.conventions,
     }
     if dist.main:
+        plan.save(run_dir / "plan.json")  # a time budget's plan as it ended (the steps that fitted)
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
         log.summary(summary, plan)
     _cleanup(dist)
@@ -480,23 +500,18 @@ def apply_update(params: list[Tensor], optimizer, scaler: torch.amp.GradScaler, 
     return norm
 
 
-def replan(bud: budgeting.Budget, recipe: Recipe, plan: Plan, step: int, train_seconds: float, rate: float, final: bool) -> Plan:
-    remaining = max(bud.value - train_seconds, 0.0)
-    total = max(step + int(round(rate * remaining)), step, 1)
-    new = make_plan(bud, recipe, steps_per_second=total / bud.value)
-    new.total_steps = total
-    new.warmup_steps = round(recipe.optim.warmup_steps * total / recipe.train.steps)
-    new.checkpoint_steps = {budgeting.checkpoint_name(f): max(1, round(total * f)) for f in budgeting.FRACTIONS}
-    new.expected_tokens = total * recipe.train.tokens_per_step
-    new.train_flops_paper = total * new.train_flops_paper_per_step
-    new.train_flops_hardware = total * new.train_flops_hardware_per_step
-    new.steps_per_second = rate
+def replan(bud: budgeting.Budget, recipe: Recipe, plan: Plan, step: int, train_seconds: float, rate: float) -> Plan:
+    """A time budget's plan: the steps already done plus those that fit in the rest of the budget at `rate`.
+    The first such plan fixes the warm-up; later ones move only the end (and with it the checkpoint steps, the
+    decay and the expected tokens and FLOPs), so the learning rate reaches zero when the budget runs out."""
+    total = step + max(0, int(round(rate * max(bud.value - train_seconds, 0.0))))
+    new = make_plan(bud, recipe, steps_per_second=rate, total_steps=max(total, 1))
+    new.status = plan.status
+    if plan.status == "final":
+        new.warmup_steps, new.notes = plan.warmup_steps, plan.notes
+    else:
+        new.notes.append(f"throughput measured after the first step: {rate:.3f} steps/s; re-measured as the run goes")
     new.expected_wall_seconds = bud.value
-    new.status = "final" if final else "provisional"
-    new.notes = [n for n in new.notes if not n.startswith("warm-up")] + [
-        f"throughput measured after the first step: {rate:.3f} steps/s",
-        f"warm-up scaled with the schedule: {recipe.optim.warmup_steps} of the recipe's {recipe.train.steps} steps -> "
-        f"{new.warmup_steps} of {total}"]
     return new
 
 
@@ -753,12 +768,20 @@ class Log:
 
         t = Table(title=f"plan: {recipe.name}, budget {plan.budget}" + (" (provisional until throughput is measured)" if plan.status == "provisional" else ""),
                   show_header=False, title_justify="left")
-        t.add_row("steps", f"{plan.total_steps:,} (warm-up {plan.warmup_steps:,})")
+        if plan.status == "provisional":
+            t.add_row("steps", "as many as fit: planned from the throughput measured over the first steps, then re-planned as it goes")
+        else:
+            t.add_row("steps", f"{plan.total_steps:,} (warm-up {plan.warmup_steps:,})")
         t.add_row("batch", f"{plan.batch_size} x {plan.seq_len} = {plan.tokens_per_step:,} tokens per step")
-        t.add_row("tokens", f"{plan.expected_tokens:,}")
-        t.add_row("checkpoints", ", ".join(f"{k}@{v:,}" for k, v in plan.checkpoint_steps.items()))
-        t.add_row("FLOPs, paper convention", format_flops(plan.train_flops_paper))
-        t.add_row("FLOPs, hardware convention", format_flops(plan.train_flops_hardware))
+        if plan.status == "provisional":
+            t.add_row("checkpoints", "at 6.25%, 12.5%, 25%, 50% and 100% of the steps")
+            t.add_row("FLOPs per step, paper convention", format_flops(plan.train_flops_paper_per_step))
+            t.add_row("FLOPs per step, hardware convention", format_flops(plan.train_flops_hardware_per_step))
+        else:
+            t.add_row("tokens", f"{plan.expected_tokens:,}")
+            t.add_row("checkpoints", ", ".join(f"{k}@{v:,}" for k, v in plan.checkpoint_steps.items()))
+            t.add_row("FLOPs, paper convention", format_flops(plan.train_flops_paper))
+            t.add_row("FLOPs, hardware convention", format_flops(plan.train_flops_hardware))
         if plan.budget_seconds:
             t.add_row("wall-clock budget", f"{plan.budget_seconds:,.0f} s of training time")
         t.add_row("model", f"{count_parameters(model):,} parameters, {precision} on {device_name(device)}")
