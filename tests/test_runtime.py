@@ -111,6 +111,18 @@ def test_maybe_compile_falls_back_when_first_call_fails(monkeypatch):
     assert obj(torch.tensor(4.0)).item() == 8.0
 
 
+def test_maybe_compile_module_falls_back_and_keeps_attributes(monkeypatch):
+    def broken(*_a, **_k):
+        raise RuntimeError("no triton")
+
+    monkeypatch.setattr(torch, "compile", lambda fn, **_: broken)
+    lin = torch.nn.Linear(2, 1)
+    obj, _ = runtime.maybe_compile(lin, "on", torch.device("cpu"))
+    x = torch.ones(3, 2)
+    assert torch.equal(obj(x), lin(x)) and "failed" in obj.note
+    assert obj.weight is lin.weight
+
+
 def test_set_seed_reproduces_all_generators():
     g1 = runtime.set_seed(123)
     a = (random.random(), np.random.rand(), torch.rand(3), torch.rand(2, generator=g1))

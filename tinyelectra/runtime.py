@@ -101,14 +101,12 @@ def maybe_compile(fn_or_module, mode_setting: str, device: torch.device):
         compiled = torch.compile(fn_or_module)
     except Exception as e:  # noqa: BLE001 - any failure means: run eager
         return fn_or_module, f"compile: failed ({type(e).__name__}: {e}); running eager"
-    if isinstance(fn_or_module, torch.nn.Module):
-        return compiled, "compile: torch.compile (inductor)"
     return _CompiledWithFallback(compiled, fn_or_module), "compile: torch.compile (inductor)"
 
 
 class _CompiledWithFallback:
-    """Calls the compiled function; if its first call raises (missing compiler, unsupported op), runs eager from
-    then on and says so in `note`."""
+    """Calls the compiled function or module; if its first call raises (missing compiler, unsupported op), runs
+    eager from then on and says so in `note`. Other attributes are the eager object's."""
 
     def __init__(self, compiled, eager) -> None:
         self.compiled, self.eager = compiled, eager
@@ -126,6 +124,9 @@ class _CompiledWithFallback:
             out = self.eager(*args, **kwargs)
         self._checked = True
         return out
+
+    def __getattr__(self, name: str):
+        return getattr(self.eager, name)
 
 
 # glibc mallopt parameters (malloc.h)
