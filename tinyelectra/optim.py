@@ -44,17 +44,23 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 
 class PaperAdam(torch.optim.AdamW):
-    """Adam without bias correction and with decoupled weight decay, as the paper, on torch's fused AdamW kernel."""
+    """Adam without bias correction and with decoupled weight decay, as the paper, on torch's fused AdamW kernel.
+
+    Each parameter group counts its own steps (`paper_step` in the group, saved with the optimizer state): torch
+    counts per parameter, and an engine may step the groups one at a time (DeepSpeed's ZeRO does)."""
 
     def __init__(self, params: Iterable, lr: float, betas: tuple[float, float], eps: float, weight_decay: float, fused: bool | None = None):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=fused, foreach=None if fused else True)
         for g in self.param_groups:
-            g["paper_lr"], g["paper_eps"], g["paper_wd"] = g["lr"], g["eps"], g["weight_decay"]
-        self.paper_step = 0
+            g["paper_lr"], g["paper_eps"], g["paper_wd"], g["paper_step"] = g["lr"], g["eps"], g["weight_decay"], 0
         # fp16 loss scaling: a fused kernel would skip an overflowing update *inside* the kernel (torch's own step
         # count rolls back) while paper_step advanced, desynchronising the bias-correction cancellation. Without
         # this flag GradScaler checks for inf/NaN itself and does not call step() at all on an overflow.
         self._step_supports_amp_scaling = False
+
+    @property
+    def paper_step(self) -> int:
+        return max(g["paper_step"] for g in self.param_groups)
 
     def set_lr(self, lr: float) -> None:
         for g in self.param_groups:
@@ -62,25 +68,15 @@ class PaperAdam(torch.optim.AdamW):
 
     @torch.no_grad()
     def step(self, closure=None):  # type: ignore[override]
-        self.paper_step += 1
-        t = self.paper_step
         for g in self.param_groups:
+            g["paper_step"] += 1
+            t = g["paper_step"]
             b1, b2 = g["betas"]
             bc1, bc2 = 1.0 - b1**t, 1.0 - b2**t
             g["lr"] = g["paper_lr"] * bc1 / math.sqrt(bc2)
             g["eps"] = g["paper_eps"] / math.sqrt(bc2)
             g["weight_decay"] = g["paper_wd"] * math.sqrt(bc2) / bc1
         return super().step(closure)
-
-    def state_dict(self):  # type: ignore[override]
-        sd = super().state_dict()
-        sd["paper_step"] = self.paper_step
-        return sd
-
-    def load_state_dict(self, state_dict):  # type: ignore[override]
-        state_dict = dict(state_dict)
-        self.paper_step = int(state_dict.pop("paper_step", 0))
-        super().load_state_dict(state_dict)
 
 
 class TorchAdamW(torch.optim.AdamW):

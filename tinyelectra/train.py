@@ -209,6 +209,15 @@ class Engine:
                 "bf16": {"enabled": precision == "bf16"}, "fp16": {"enabled": precision == "fp16", "loss_scale": 0},
                 "steps_per_print": 1 << 30,
             }
+            if not dist.enabled:  # one process without torchrun: give DeepSpeed the environment torchrun would
+                import socket
+
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", 0))
+                    port = sock.getsockname()[1]
+                for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                             "MASTER_PORT": str(port)}.items():
+                    os.environ.setdefault(k, v)
             self.ds, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=config)
             self.forward = self.ds
             self.note = f"strategy: DeepSpeed ZeRO-2{' with optimizer state offloaded to the CPU' if tr.deepspeed_offload else ''}"
