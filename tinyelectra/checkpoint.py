@@ -23,17 +23,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from tinyelectra.budget import checkpoint_name  # noqa: F401  (the names live with the plan that schedules them)
 from tinyelectra.config import Recipe, recipe_from_dict
 from tinyelectra.errors import UserError
 
 FORMAT = "tinyelectra-checkpoint"
 FORMAT_VERSION = 1
 CKPT_NAME = re.compile(r"^ckpt-(\d{4,5})$")  # ckpt-0625 ... ckpt-10000
-
-
-def checkpoint_name(fraction: float) -> str:
-    """ckpt-0625 for 1/16, ckpt-10000 for the whole budget (fraction x 10^4, four digits at least)."""
-    return f"ckpt-{round(fraction * 10_000):04d}"
 
 
 def is_checkpoint(path: Path) -> bool:
