@@ -218,8 +218,9 @@ def print_plan(electra: Side, mlm: Side, tasks: list[str], args, diffs: list[str
 # Synthetic tasks (no GLUE data on the machine): learnable only from the text, in GLUE's file formats
 # ----------------------------------------------------------------------------------------------------------------
 
-_FILLER = ("the a of and to in is was it for on with as by at from this that city river house school team "
-           "music film book year people water road king war game party church").split()
+# filler, cue and noun words are disjoint: a label depends only on the words its rule looks at
+_FILLER = ("the a of and to in is was it for on with as by at from this that house music film book year people "
+           "water war game party").split()
 _CUES = {1: ("good", "great", "best", "happy", "strong"), 0: ("bad", "poor", "worst", "sad", "weak")}
 _NOUNS = ("river", "city", "king", "school", "team", "church", "road", "village", "army", "island", "museum", "bridge")
 
@@ -283,9 +284,11 @@ def training_state(side: Side) -> str:
     run = side.run_dir
     if not (run / "plan.json").is_file():
         return "fresh"
-    saved_recipe = json.loads((run / "recipe.json").read_text()) if (run / "recipe.json").is_file() else None
+    saved_recipe = json.loads((run / "recipe.json").read_text()) if (run / "recipe.json").is_file() else {}
     saved_budget = json.loads((run / "plan.json").read_text()).get("budget")
-    if saved_recipe != json.loads(json.dumps(side.recipe.to_dict())) or saved_budget != side.budget:
+    now = json.loads(json.dumps(side.recipe.to_dict()))
+    saved_recipe.pop("deviations", None), now.pop("deviations", None)  # the trainer adds the --set changes to its copy
+    if saved_recipe != now or saved_budget != side.budget:
         raise UserError(f"{run} holds another run (recipe or budget {saved_budget} differ from this plan's "
                         f"{side.budget}); choose another --work-dir or remove it")
     if (run / "summary.json").is_file() and (run / FINAL_CHECKPOINT).is_dir():

