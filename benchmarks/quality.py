@@ -51,7 +51,7 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
 import torch  # noqa: E402
-from common import RESULTS, ROOT, command_line, write_result  # noqa: E402
+from common import RESULTS, ROOT, command_line, git_commit, write_result  # noqa: E402
 
 from tinyelectra import flops, paper  # noqa: E402
 from tinyelectra.budget import make_plan, parse_budget  # noqa: E402
@@ -502,7 +502,8 @@ def render_markdown(doc: dict) -> str:
     for label, r in (("ELECTRA", e), ("MLM", m)):
         lines.append(f"- {label}: run `{r['run_dir']}`" + (f", report `{r['report']['report_md']}`"
                                                            if (r.get("report") or {}).get("report_md") else ""))
-    lines += ["", f"Command: `{doc['command']}`", f"Commit: {doc['git_commit']}", ""]
+    lines += ["", f"Command: `{doc['command']}`",
+              f"Commit: {doc.get('git_commit_at_start', doc['git_commit'])} at the start; {doc['git_commit']} when written", ""]
     return "\n".join(lines)
 
 
@@ -607,6 +608,8 @@ def main(argv: list[str] | None = None) -> dict:
                        "caveats": caveats,
                        "mlm_over_electra_train_flops_paper": flops_ratio},
         "note": args.note, "device": slug, "torch_device": str(device),
+        # the code that ran; "git_commit" beside it is HEAD when the file was (re)written, hours later at full scale
+        "git_commit_at_start": git_commit(),
         "data": {"path": args.data, "train_tokens": data_train_tokens},
         "glue": {"dir": str(glue_dir), "synthetic": args.synthetic_glue, "tasks": tasks, "seeds": args.seeds,
                  "max_train_rows": args.max_train_rows, "settings": args.glue_set,

@@ -278,6 +278,7 @@ def test_quality_tiny_end_to_end_then_reused(quality_data, tmp_path, restore_thr
     assert "12 ELECTRA steps, not 62,500" in doc["experiment"]["differences"]
     assert doc["command"] == "python benchmarks/quality.py " + " ".join(args)
     assert doc["machine"]["cores"] >= 1 and len(doc["git_commit"]) >= 40 and doc["device"] == "cpu"
+    assert len(doc["git_commit_at_start"]) >= 40  # the code that ran (others may commit while it runs)
     e, m = doc["runs"]["electra"], doc["runs"]["mlm"]
     for side in (e, m):
         summary = json.loads((Path(side["run_dir"]) / "summary.json").read_text())
