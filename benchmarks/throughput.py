@@ -10,7 +10,7 @@ process after warm-up. Reports medians, the paired speed-up, peak memory, and on
 tinyelectra's side is the body of `tinyelectra.train.train`'s loop, built from the trainer's own parts: the next
 batch from a `BatchLoader` (or the next synthetic batch), per-step seeds, `mask_batch`, the global counts, the
 learning rate, `Engine.forward` (PretrainStep, compiled when asked) under autocast, the scaled backward of
-`combine_sums`, and `Engine.update` (unscale, clip 1.0, paper Adam, zero grads), with `runtime.tune_cpu()` on the
+`electra.combine`, and `Engine.update` (unscale, clip 1.0, paper Adam, zero grads), with `runtime.tune_cpu()` on the
 CPU as the trainer does. The baseline (benchmarks/common.py, `HFStep`) draws its batches from an identical loader,
 uses the same masking function, autocast and precision, torch AdamW, and `torch.compile` on both models when
 --compile on. Peak memory: CUDA, torch.cuda.max_memory_allocated over one step of each side; CPU, the peak
@@ -110,7 +110,8 @@ class TrainerStep:
         self.step = 1  # past step 0, whose learning rate is 0
 
     def __call__(self) -> None:
-        from tinyelectra.train import combine_sums, step_seed  # noqa: PLC0415
+        from tinyelectra.electra import LossTerms, combine  # noqa: PLC0415
+        from tinyelectra.train import step_seed  # noqa: PLC0415
 
         r, seed = self.recipe, self.recipe.train.seed
         ids, types, mask = self.batches()
@@ -122,7 +123,7 @@ class TrainerStep:
         with self.engine.accumulating(last=True):
             with self.autocast:
                 mlm_sum, disc_sum, stats = self.engine.forward(m)
-            self.engine.backward(combine_sums(mlm_sum, disc_sum, r, counts))
+            self.engine.backward(combine(LossTerms(mlm_sum, disc_sum, stats), r.objective, counts[0], counts[1]))
         self.sums["mlm_sum"] += mlm_sum.detach()
         self.sums["disc_sum"] += disc_sum.detach()
         self.engine.update()

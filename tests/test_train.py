@@ -357,6 +357,8 @@ def test_cli_resume_without_state_and_with_another_recipe(env, tmp_path, capsys,
     assert_one_line_error(p, "no resume state")
     run = tmp_path / "r"
     run_cli(["train", "--recipe", "tiny", "--budget", "2steps", "--device", "cpu", *SMALL, "--out", str(run)], env)
+    deviations = json.loads((run / "recipe.json").read_text())["deviations"]
+    assert "command line: --set model.num_layers=2 (the recipe says 4)" in deviations  # reports show --set changes
     p = cli_error(["train", "--recipe", "tiny", "--budget", "2steps", "--device", "cpu", *SMALL, "--set", "optim.lr=0.002",
                    "--out", str(run), "--resume"], env, capsys, monkeypatch)
     assert_one_line_error(p, "another recipe", "optim.lr")

@@ -7,8 +7,11 @@ A checkpoint directory (fraction x 10^4 in its name, e.g. ckpt-0625 = 6.25% of t
   meta.json                  step, fraction, tokens_seen, train_flops_paper, train_flops_hardware, wall_seconds, ...
   tokenizer/                 written by `tinyelectra.tokenizer.Tokenizer.save()`
 
-What does not live here: the exact-resume state (optimizer, data cursor, RNG), and transformers' formats (hf.py).
-Everything is written into `DIR.tmp-<pid>`, fsynced, then renamed over DIR, so a crash never leaves half a checkpoint.
+And the exact-resume state of a run, `RUN/state/step-N/` (model.safetensors, optimizer.pt read back with
+`torch.load(weights_only=True)`, trainer.json: step, clocks, data cursor, recipe) with `RUN/state/LATEST` naming the
+newest complete one. Not here: transformers' formats (hf.py).
+Everything is written into `NAME.tmp-<pid>`, fsynced, then renamed into place, so a crash never leaves half a
+checkpoint or a LATEST that points at an incomplete state.
 """
 
 from __future__ import annotations
@@ -227,3 +230,56 @@ def load_checkpoint(directory: Path, check_tokenizer_files: bool = True):
         raise UserError(f"{d}: weights do not fit the checkpoint's recipe ({detail})") from None
     model.eval()
     return model, recipe, meta
+
+
+# ---------------------------------------------------------------------------------------------------- resume state
+RESUME_FORMAT = 1
+
+
+def save_resume_state(run_dir: Path, model, optimizer, scaler, loader, **info) -> None:
+    """Write state/step-N/ completely, then point state/LATEST at it (atomic rename), then drop older states."""
+    from safetensors.torch import save_file
+
+    root = run_dir / "state"
+    root.mkdir(exist_ok=True)
+    name = f"step-{info['step']:09d}"
+    tmp = root / f"{name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, str(tmp / "model.safetensors"))
+    torch.save({"optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
+                "torch_rng": torch.get_rng_state()}, tmp / "optimizer.pt")
+    meta = {"format": RESUME_FORMAT, "loader": loader.state_dict(), **info, "recipe": info["recipe"].to_dict()}
+    (tmp / "trainer.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    for f in tmp.iterdir():
+        _fsync_file(f)
+    final = root / name
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    latest_tmp = root / f"LATEST.tmp-{os.getpid()}"
+    latest_tmp.write_text(name + "\n", encoding="utf-8")
+    _fsync_file(latest_tmp)
+    os.replace(latest_tmp, root / "LATEST")
+    for old in root.iterdir():
+        if old.name not in (name, "LATEST"):
+            shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
+
+
+def load_resume_state(run_dir: Path, model, optimizer, scaler, loader, device: torch.device) -> dict:
+    from safetensors.torch import load_file
+
+    root = run_dir / "state"
+    name = (root / "LATEST").read_text(encoding="utf-8").strip()
+    d = root / name
+    if not (d / "trainer.json").exists():
+        raise UserError(f"--resume: the resume state {d} is incomplete")
+    meta = json.loads((d / "trainer.json").read_text(encoding="utf-8"))
+    if meta.get("format") != RESUME_FORMAT:
+        raise UserError(f"--resume: {d} has state format {meta.get('format')}, this tinyelectra reads {RESUME_FORMAT}")
+    model.load_state_dict(load_file(str(d / "model.safetensors"), device=str(device)))
+    extra = torch.load(d / "optimizer.pt", map_location=device, weights_only=True)
+    optimizer.load_state_dict(extra["optimizer"])
+    scaler.load_state_dict(extra["scaler"])
+    torch.set_rng_state(extra["torch_rng"].cpu())
+    loader.load_state_dict(meta["loader"])
+    return meta

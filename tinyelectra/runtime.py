@@ -13,12 +13,25 @@ import ctypes.util
 import os
 import random
 import sys
+from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from tinyelectra.errors import UserError
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU's name, or the CPU model and core count, for logs, plans and checkpoint metadata."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    import platform
+
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+    model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), platform.processor())
+    return f"CPU ({model}, {os.cpu_count()} cores)"
 
 
 def pick_device(gpu: int | None = None, device: str | None = None) -> torch.device:

@@ -17,7 +17,6 @@ import collections
 import contextlib
 import dataclasses
 import json
-import math
 import os
 import shutil
 import signal
@@ -32,12 +31,13 @@ from torch import Tensor, nn
 from tinyelectra import budget as budgeting
 from tinyelectra.budget import Plan, make_plan, parse_budget
 from tinyelectra.config import Recipe, load_recipe
-from tinyelectra.electra import Masked, SpecialIds, combine, loss_terms, mask_batch, summarize
+from tinyelectra.electra import LossTerms, Masked, SpecialIds, combine, loss_terms, mask_batch, summarize
 from tinyelectra.errors import UserError
+from tinyelectra.logs import Log, Progress
 from tinyelectra.model import Electra, count_parameters
 from tinyelectra.optim import build_optimizer, lr_at
+from tinyelectra.runtime import device_name
 
-STATE_FORMAT = 1
 STAT_KEYS = ("mlm_sum", "disc_sum", "mlm_correct", "mlm_count", "disc_correct", "disc_count", "replaced", "predicted", "true_positive")
 CALIBRATION_STEPS = 5  # a time budget is first planned after this many steps (the first step is start-up)
 RATE_WINDOW_SECONDS = 10.0  # ... and re-planned from the throughput of the last max(this, 20% of elapsed) seconds
@@ -98,7 +98,18 @@ def train_command(
         _check_run_dir(run_dir, resume, recipe)
     _barrier()
     data_path = resolve_data(data_dir, corpus, recipe, run_dir, dist)
-    train(recipe, bud, data_path, run_dir, dev, resume=resume, dist=dist, command=command, init=init)
+    base = load_recipe(recipe_name)
+    overridden = [f"command line: --set {o} (the recipe says {_lookup(base, o)!r})" for o in overrides]
+    if recipe.optim.name != "adam":
+        overridden.append(f"OFF-RECIPE optimizer {recipe.optim.name}: bias-corrected AdamW, not the paper's Adam "
+                          "without bias correction")
+    train(recipe, bud, data_path, run_dir, dev, resume=resume, dist=dist, command=command, init=init,
+          overridden=overridden)
+
+
+def _lookup(recipe: Recipe, assignment: str):
+    section, name = assignment.split("=", 1)[0].strip().split(".", 1)
+    return getattr(getattr(recipe, section), name)
 
 
 def _check_run_dir(run_dir: Path, resume: bool, recipe: Recipe) -> None:
@@ -114,8 +125,10 @@ def _check_run_dir(run_dir: Path, resume: bool, recipe: Recipe) -> None:
         if not has_state:
             raise UserError(f"--resume: no resume state in {run_dir} (nothing to continue; drop --resume to start)")
         saved = json.loads((run_dir / "recipe.json").read_text(encoding="utf-8"))
-        if saved != json.loads(json.dumps(recipe.to_dict())):
-            diff = _first_difference(saved, json.loads(json.dumps(recipe.to_dict())))
+        now = json.loads(json.dumps(recipe.to_dict()))
+        saved.pop("deviations", None), now.pop("deviations", None)  # recipe.json's also lists the --set changes
+        if saved != now:
+            diff = _first_difference(saved, now)
             raise UserError(f"--resume: {run_dir} was trained with another recipe ({diff}); use the same --recipe and --set")
     elif has_state or (run_dir / "plan.json").exists():
         raise UserError(f"{run_dir} already holds a run: continue it with --resume, or choose another --out")
@@ -247,9 +260,12 @@ class Engine:
 
 
 def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, device: torch.device,
-          resume: bool = False, dist: Dist = Dist(), command: str = "", init: Path | None = None) -> dict:
+          resume: bool = False, dist: Dist = Dist(), command: str = "", init: Path | None = None,
+          overridden: list[str] | None = None) -> dict:
+    """Pre-train `recipe` within `bud` on the prepared data; see the module docstring. `overridden` notes the
+    command line's `--set` changes: they are written into recipe.json's deviations, so reports show them."""
     from tinyelectra import runtime
-    from tinyelectra.checkpoint import save_checkpoint
+    from tinyelectra.checkpoint import load_resume_state, save_checkpoint, save_resume_state
     from tinyelectra.data import BatchLoader, PretrainData
 
     tr = recipe.train
@@ -306,7 +322,7 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
         if tr.strategy == "deepspeed":
             raise UserError("--resume is not supported with train.strategy=deepspeed yet (its optimizer state has no "
                             "plain, safely loadable format); the fraction checkpoints are complete and usable")
-        state = load_state(run_dir, model, optimizer, scaler, loader, device)
+        state = load_resume_state(run_dir, model, optimizer, scaler, loader, device)
         step, tokens_seen, train_seconds = state["step"], state["tokens_seen"], state["train_seconds"]
         other_seconds = state["other_seconds"]
         done_ckpts = set(state["checkpoints"])
@@ -315,7 +331,9 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
     else:
         plan = make_plan(bud, recipe)
         if dist.main:
-            (run_dir / "recipe.json").write_text(json.dumps(recipe.to_dict(), indent=2) + "\n", encoding="utf-8")
+            saved = recipe.to_dict()
+            saved["deviations"] = saved["deviations"] + list(overridden or [])
+            (run_dir / "recipe.json").write_text(json.dumps(saved, indent=2) + "\n", encoding="utf-8")
             plan.save(run_dir / "plan.json")
         step, tokens_seen, train_seconds, other_seconds, done_ckpts = 0, 0, 0.0, 0.0, set()
     log.plan(plan, recipe, model, precision, device, command)
@@ -353,7 +371,8 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
             with engine.accumulating(last=(i == accum - 1)):
                 with autocast:
                     mlm_sum, disc_sum, stats = engine.forward(m)
-                engine.backward(combine_sums(mlm_sum, disc_sum, recipe, counts) * dist.world)  # DDP averages over processes
+                loss = combine(LossTerms(mlm_sum, disc_sum, stats), recipe.objective, counts[0], counts[1])
+                engine.backward(loss * dist.world)  # DDP averages over processes
             sums["mlm_sum"] += mlm_sum.detach()
             sums["disc_sum"] += disc_sum.detach()
             for k, v in stats.items():
@@ -431,7 +450,7 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
         # resume state: every few minutes, after checkpoints, at the end, and when asked to stop
         if dist.main and engine.ds is None and (time.perf_counter() - last_state_save >= tr.resume_every_seconds
                                                 or stop.requested or step == plan.total_steps):
-            save_state(run_dir, model, optimizer, scaler, loader, step=step, tokens_seen=tokens_seen,
+            save_resume_state(run_dir, model, optimizer, scaler, loader, step=step, tokens_seen=tokens_seen,
                        train_seconds=train_seconds, other_seconds=other_seconds, checkpoints=sorted(done_ckpts),
                        recipe=recipe)
             last_state_save = time.perf_counter()
@@ -454,7 +473,7 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
         "excluded_seconds": {"startup_and_first_step": None if resume else round(clock_started and (clock_t0 - startup_t0) or 0, 3),
                              "checkpoints_eval_state": round(other_seconds, 3)},
         "precision": precision, "device": device_name(device), "parameters": count_parameters(model),
-        "checkpoints": sorted(done_ckpts), "final_lr": lr_at(step, recipe.optim.lr, plan.warmup_steps, plan.total_steps),
+        "checkpoints": sorted(done_ckpts, key=lambda n: int(n.split("-")[1])), "final_lr": lr_at(step, recipe.optim.lr, plan.warmup_steps, plan.total_steps),
         "conventions": plan.conventions,
     }
     if dist.main:
@@ -489,13 +508,6 @@ def initial_weights(path: Path, recipe: Recipe) -> Electra:
         raise UserError(f"--init {path}: its generator and discriminator embeddings are {'not ' if model.cfg.sharing == 'none' else ''}"
                         f"shared, the recipe says sharing = {recipe.model.sharing!r}")
     return model
-
-
-def combine_sums(mlm_sum: Tensor, disc_sum: Tensor, recipe: Recipe, counts: Tensor) -> Tensor:
-    loss = mlm_sum / counts[0].clamp_min(1)
-    if recipe.objective.kind == "electra":
-        loss = loss + recipe.objective.disc_weight * disc_sum / counts[1].clamp_min(1)
-    return loss
 
 
 def apply_update(params: list[Tensor], optimizer, scaler: torch.amp.GradScaler, clip_norm: float) -> Tensor:
@@ -637,77 +649,6 @@ def _cleanup(dist: Dist) -> None:
         torch.distributed.destroy_process_group()
 
 
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    import platform
-
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
-    return f"CPU ({model}, {os.cpu_count()} cores)"
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# resume state: plain formats only (safetensors, JSON, and torch.load(weights_only=True) for the optimizer)
-
-
-def save_state(run_dir: Path, model: Electra, optimizer, scaler, loader, **info) -> None:
-    """Write state/step-N/ completely, then point state/LATEST at it (atomic rename), then drop older states."""
-    from safetensors.torch import save_file
-
-    root = run_dir / "state"
-    root.mkdir(exist_ok=True)
-    name = f"step-{info['step']:09d}"
-    tmp = root / f"{name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, str(tmp / "model.safetensors"))
-    torch.save({"optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
-                "torch_rng": torch.get_rng_state()}, tmp / "optimizer.pt")
-    meta = {"format": STATE_FORMAT, "loader": loader.state_dict(), **info, "recipe": info["recipe"].to_dict()}
-    (tmp / "trainer.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-    for f in tmp.iterdir():
-        _fsync(f)
-    final = root / name
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
-    latest_tmp = root / f"LATEST.tmp-{os.getpid()}"
-    latest_tmp.write_text(name + "\n", encoding="utf-8")
-    _fsync(latest_tmp)
-    os.replace(latest_tmp, root / "LATEST")
-    for old in root.iterdir():
-        if old.name not in (name, "LATEST"):
-            shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
-
-
-def load_state(run_dir: Path, model: Electra, optimizer, scaler, loader, device: torch.device) -> dict:
-    from safetensors.torch import load_file
-
-    root = run_dir / "state"
-    name = (root / "LATEST").read_text(encoding="utf-8").strip()
-    d = root / name
-    if not (d / "trainer.json").exists():
-        raise UserError(f"--resume: the resume state {d} is incomplete")
-    meta = json.loads((d / "trainer.json").read_text(encoding="utf-8"))
-    if meta.get("format") != STATE_FORMAT:
-        raise UserError(f"--resume: {d} has state format {meta.get('format')}, this tinyelectra reads {STATE_FORMAT}")
-    model.load_state_dict(load_file(str(d / "model.safetensors"), device=str(device)))
-    extra = torch.load(d / "optimizer.pt", map_location=device, weights_only=True)
-    optimizer.load_state_dict(extra["optimizer"])
-    scaler.load_state_dict(extra["scaler"])
-    torch.set_rng_state(extra["torch_rng"].cpu())
-    loader.load_state_dict(meta["loader"])
-    return meta
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # signals, logs and the progress display
 
@@ -726,152 +667,3 @@ class StopFlag:
             raise KeyboardInterrupt
         self.requested = True
         self.signal_name = signal.Signals(signum).name
-
-
-class Log:
-    """metrics.jsonl (one JSON object per log step / event), TensorBoard when installed, one-line notes."""
-
-    def __init__(self, run_dir: Path, main: bool) -> None:
-        from rich.console import Console
-
-        self.main = main
-        self.path = run_dir / "metrics.jsonl"
-        self.console = Console(stderr=True)
-        self.tb = None
-        if main:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self.tb = SummaryWriter(str(run_dir / "tensorboard"))
-            except Exception:  # tensorboard is optional
-                self.tb = None
-
-    def once(self, text: str) -> None:
-        if self.main and text:
-            self.console.print(f"[dim]·[/dim] {text}", highlight=False)
-
-    def metrics(self, rec: dict) -> None:
-        if not self.main:
-            return
-        with self.path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(rec) + "\n")
-        if self.tb is not None and "event" not in rec:
-            for k, v in rec.items():
-                if isinstance(v, (int, float)) and v is not None and k != "step":
-                    self.tb.add_scalar(k, v, rec["step"])
-
-    def truncate_after(self, step: int) -> None:
-        """After a resume, drop log lines of steps that will be run again."""
-        if not self.main or not self.path.exists():
-            return
-        keep = [line for line in self.path.read_text(encoding="utf-8").splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= step]
-        self.path.write_text("".join(k + "\n" for k in keep), encoding="utf-8")
-
-    def plan(self, plan: Plan, recipe: Recipe, model: Electra, precision: str, device: torch.device, command: str) -> None:
-        if not self.main:
-            return
-        from rich.table import Table
-
-        from tinyelectra.flops import format_flops
-
-        t = Table(title=f"plan: {recipe.name}, budget {plan.budget}" + (" (provisional until throughput is measured)" if plan.status == "provisional" else ""),
-                  show_header=False, title_justify="left")
-        if plan.status == "provisional":
-            t.add_row("steps", "as many as fit: planned from the throughput measured over the first steps, then re-planned as it goes")
-        else:
-            t.add_row("steps", f"{plan.total_steps:,} (warm-up {plan.warmup_steps:,})")
-        t.add_row("batch", f"{plan.batch_size} x {plan.seq_len} = {plan.tokens_per_step:,} tokens per step")
-        if plan.status == "provisional":
-            t.add_row("checkpoints", "at 6.25%, 12.5%, 25%, 50% and 100% of the steps")
-            t.add_row("FLOPs per step, paper convention", format_flops(plan.train_flops_paper_per_step))
-            t.add_row("FLOPs per step, hardware convention", format_flops(plan.train_flops_hardware_per_step))
-        else:
-            t.add_row("tokens", f"{plan.expected_tokens:,}")
-            t.add_row("checkpoints", ", ".join(f"{k}@{v:,}" for k, v in plan.checkpoint_steps.items()))
-            t.add_row("FLOPs, paper convention", format_flops(plan.train_flops_paper))
-            t.add_row("FLOPs, hardware convention", format_flops(plan.train_flops_hardware))
-        if plan.budget_seconds:
-            t.add_row("wall-clock budget", f"{plan.budget_seconds:,.0f} s of training time")
-        t.add_row("model", f"{count_parameters(model):,} parameters, {precision} on {device_name(device)}")
-        self.console.print(t)
-
-    def summary(self, s: dict, plan: Plan) -> None:
-        from rich.table import Table
-
-        from tinyelectra.flops import format_flops
-
-        t = Table(title="FLOPs report", show_header=False, title_justify="left")
-        t.add_row("steps / tokens", f"{s['steps']:,} / {s['tokens_seen']:,}")
-        t.add_row(plan.conventions["paper"], format_flops(s["train_flops_paper"]))
-        t.add_row(plan.conventions["hardware"], format_flops(s["train_flops_hardware"]))
-        budget_txt = f" (budget {s['budget_seconds']:.0f} s)" if s["budget_seconds"] else ""
-        t.add_row("training time", f"{s['train_seconds']:.1f} s{budget_txt}")
-        t.add_row("excluded", f"checkpoints/eval/state {s['excluded_seconds']['checkpoints_eval_state']:.1f} s")
-        t.add_row("checkpoints", ", ".join(s["checkpoints"]))
-        self.console.print(t)
-
-
-class Progress:
-    """A rich progress bar: step, losses, accuracies, lr, tokens/s, MFU, ETA to the next checkpoint and the end.
-    When stderr is not a terminal (CI logs), one plain line per log step instead."""
-
-    def __init__(self, plan: Plan, step: int, main: bool) -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeRemainingColumn
-
-        self.main = main
-        self.console = Console(stderr=True)
-        self.live = main and self.console.is_terminal
-        self.plan = plan
-        self.t0 = time.perf_counter()
-        self.step0 = step
-        if self.live:
-            self.bar = RichProgress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                                    TextColumn("{task.fields[info]}"), console=self.console, transient=False)
-            self.task = self.bar.add_task("train", total=plan.total_steps, completed=step, info="")
-            self.bar.start()
-
-    def replan(self, plan: Plan) -> None:
-        self.plan = plan
-        if self.live:
-            self.bar.update(self.task, total=plan.total_steps)
-
-    def update(self, step: int, rec: dict) -> None:
-        if not self.main:
-            return
-        rate = (step - self.step0) / max(time.perf_counter() - self.t0, 1e-9)
-        upcoming = [s for s in self.plan.checkpoint_steps.values() if s > step]
-        eta_ckpt = (min(upcoming) - step) / rate if upcoming and rate > 0 else 0.0
-        eta_end = (self.plan.total_steps - step) / rate if rate > 0 else float("inf")
-        parts = [f"loss g {rec['gen_loss']:.3f}"]
-        if "disc_loss" in rec:
-            parts.append(f"d {rec['disc_loss']:.4f}")
-        parts.append(f"acc g {rec.get('gen_acc', 0):.3f}")
-        if "disc_acc" in rec:
-            parts.append(f"d {rec['disc_acc']:.3f}")
-        parts += [f"lr {rec['lr']:.2e}", f"{rec['tokens_per_second']:,.0f} tok/s"]
-        if rec.get("mfu") is not None:
-            parts.append(f"MFU {100 * rec['mfu']:.1f}%")
-        parts += [f"next ckpt {_hms(eta_ckpt)}", f"end {_hms(eta_end)}"]
-        info = " | ".join(parts)
-        if self.live:
-            self.bar.update(self.task, completed=step, info=info)
-        else:
-            self.console.print(f"step {step}/{self.plan.total_steps} | {info}", highlight=False)
-
-    def note(self, text: str) -> None:
-        if self.main:
-            (self.bar.console if self.live else self.console).print(f"[dim]·[/dim] {text}", highlight=False)
-
-    def close(self) -> None:
-        if self.live:
-            self.bar.stop()
-            self.live = False
-
-
-def _hms(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "?"
-    s = int(seconds)
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
