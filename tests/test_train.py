@@ -34,7 +34,7 @@ SMALL = ["--set", "model.num_layers=2", "--set", "train.batch_size=8", "--set", 
 def env(tmp_path_factory) -> dict:
     """Environment for CLI runs: a private cache so the built-in corpus is prepared once for this module."""
     cache = tmp_path_factory.mktemp("cache")
-    e = dict(os.environ, TINYELECTRA_CACHE=str(cache), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    e = dict(os.environ, TINYELECTRA_CACHE=str(cache), PYTHONUNBUFFERED="1")
     return e
 
 
