@@ -7,6 +7,7 @@ Runs go through the real command line (`python -m tinyelectra train`) on the bui
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -301,6 +302,20 @@ def test_deepspeed_runs_a_few_steps_or_skips(env, tmp_path):
     assert a.keys() == b.keys() == set(range(1, 5))
     for s in a:
         assert a[s] == pytest.approx(b[s], abs=1e-4), (s, a[s], b[s])
+
+
+def test_adamw8bit_runs_and_is_labelled_off_recipe_or_skips(env, tmp_path):
+    """The opt-in 8-bit AdamW (bitsandbytes, which also runs on the CPU): it trains, and says it is off-recipe."""
+    pytest.importorskip("bitsandbytes", reason="bitsandbytes is not installed (pip install 'tinyelectra[bnb]')")
+    run = tmp_path / "run"
+    args = ["train", "--recipe", "tiny", "--budget", "4steps", "--device", "cpu", *SMALL, "--set", "train.log_every_steps=1",
+            "--set", "optim.name=adamw8bit", "--out", str(run)]
+    p = run_cli(args, env)
+    assert "OFF-RECIPE" in p.stderr
+    deviations = json.loads((run / "recipe.json").read_text())["deviations"]
+    assert any(d.startswith("OFF-RECIPE optimizer adamw8bit") for d in deviations)
+    losses = step_losses(run)
+    assert sorted(losses) == [1, 2, 3, 4] and all(map(math.isfinite, [x for pair in losses.values() for x in pair]))
 
 
 # ---------------------------------------------------------------------------------------------------------------
