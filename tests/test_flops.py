@@ -77,8 +77,12 @@ def test_paper_base_mlm_and_dense_lookup_share():
 
 
 def _counted_train_step_flops(model_cfg: ModelConfig, objective: ObjectiveConfig, batch: int, seq_len: int) -> int:
-    """Matmul FLOPs torch counts for one forward+backward of the real ELECTRA / MLM training step."""
+    """Matmul FLOPs torch counts for one forward+backward of the real ELECTRA / MLM training step.
+
+    The CPU fast path (runtime.linear through oneDNN's private op) is switched off here: FlopCounterMode has no
+    formula for that op and would see none of the linear layers. Same mathematics, counted through F.linear."""
     torch = pytest.importorskip("torch")
+    from tinyelectra import runtime
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -92,11 +96,15 @@ def _counted_train_step_flops(model_cfg: ModelConfig, objective: ObjectiveConfig
     ids[:, 0], ids[:, -1] = special.cls, special.sep
     masked = mask_batch(ids, torch.zeros_like(ids), torch.ones_like(ids, dtype=torch.bool), objective, special, model_cfg.vocab_size)
     counter = FlopCounterMode(display=False)
+    fast_path, runtime._ONEDNN_LINEAR = runtime._ONEDNN_LINEAR, False
     # The math SDPA backend decomposes attention into bmm's that the counter sees; CPU's fused kernel is not
     # registered with FlopCounterMode (and on GPU it charges a recomputation of the scores in the backward).
-    with sdpa_kernel(SDPBackend.MATH), counter:
-        terms = loss_terms(model, masked, objective)
-        combine(terms, objective, terms.stats["mlm_count"], masked.token_count).backward()
+    try:
+        with sdpa_kernel(SDPBackend.MATH), counter:
+            terms = loss_terms(model, masked, objective)
+            combine(terms, objective, terms.stats["mlm_count"], masked.token_count).backward()
+    finally:
+        runtime._ONEDNN_LINEAR = fast_path
     return counter.get_total_flops()
 
 

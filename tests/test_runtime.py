@@ -156,7 +156,9 @@ print(faults() - before)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mallopt tuning is Linux-only")
 def test_tune_cpu_stops_page_faults_on_reallocation():
     """With glibc defaults each 40 MiB temporary is a fresh mmap: 10,240 page faults (4 KiB pages) each, 3 per
-    step. After tune_cpu() freed blocks stay in the heap and, after a few warm-up steps, are reused."""
+    step. After tune_cpu() freed blocks stay in the heap and, after a few warm-up steps, are reused: here none of the
+    three faults again; on the CI machine one of them still did (30,720 faults in 3 steps against 92,169), so the
+    assertion asks for fewer than half the default's faults, which an untuned allocator never reaches."""
     def run(mode: str) -> int:
         out = subprocess.run([sys.executable, "-c", _FAULTS_SCRIPT, mode], capture_output=True, text=True, check=True)
         return int(out.stdout.strip().splitlines()[-1])
@@ -164,7 +166,7 @@ def test_tune_cpu_stops_page_faults_on_reallocation():
     default, tuned = run("default"), run("tuned")
     pages_per_step = 3 * 40 * 2**20 // 4096
     assert default > 2 * pages_per_step  # transparent huge pages could lower this, but not below a pass per step
-    assert tuned * 20 < default
+    assert tuned * 2 < default
 
 
 @pytest.mark.parametrize("shape,bias", [((6, 5), True), ((2, 3, 5), True), ((2, 3, 5), False)])
