@@ -260,9 +260,11 @@ def test_mnli_scores_matched_and_mismatched_and_writes_mnli_and_ax_submissions(c
 def test_fine_tuning_learns_a_task_chance_cannot_pass(ckpt, tmp_path):
     """Balanced 2-class dev set of 200 rows: chance is 50%, P(>= 90% correct by luck) < 1e-30."""
     glue_dir = write_sst2_like(tmp_path / "glue", train_rows=480, dev_rows=200)
-    paths = run_glue(ckpt, glue_dir, tmp_path / "out", "sst2", seeds=1, overrides=["epochs=3"])
+    paths = run_glue(ckpt, glue_dir, tmp_path / "out", "sst2", seeds=1, overrides=["epochs=8"])
     t = json.loads(paths[0].read_text())["tasks"]["sst2"]
-    assert t["steps"] == 45  # 3 epochs x 15 batches of 32
+    # 8 epochs: from random weights, 3 epochs (45 steps) reached 90% with one tokenizer and 69.5% with another (the
+    # fixture's vocabulary depends on whether ../shared's RTE text is there)
+    assert t["steps"] == 120  # 8 epochs x 15 batches of 32
     assert t["median_paper"] >= 90.0, t
     assert t["seeds"][0]["final_loss"] < 0.5  # mean of the last 10 steps; ln 2 = 0.69 is the loss of knowing nothing
 
