@@ -147,7 +147,8 @@ def _checkpoint_entry(path: Path, glue: dict) -> dict[str, Any]:
         "finetune": {"device": glue.get("device"), "precision": glue.get("precision"),
                      "max_train_rows": protocol.get("max_train_rows"), "peak_lr": protocol.get("peak_lr"),
                      "layerwise": protocol.get("layerwise"), "layerwise_decay": protocol.get("layerwise_decay"),
-                     "epochs": protocol.get("epochs"), "seeds": glue.get("seeds")},
+                     "epochs": protocol.get("epochs"), "seeds": glue.get("seeds"),
+                     "batching": protocol.get("batching")},
     }
 
 
@@ -216,6 +217,7 @@ def build_report(run_dir: Path) -> dict[str, Any]:
         "pretraining_precision": (summary or {}).get("precision") or _first(events, "precision"),
         "finetuning_devices": sorted({c["finetune"]["device"] for c in checkpoints if c["finetune"]["device"]}),
         "finetuning_precisions": sorted({c["finetune"]["precision"] for c in checkpoints if c["finetune"]["precision"]}),
+        "finetuning_batching": sorted({c["finetune"]["batching"] for c in checkpoints if c["finetune"].get("batching")}),
     }
     notes = [paper.PAPER_GLUE_NOTE]
     limited = sorted({c["finetune"]["max_train_rows"] for c in checkpoints if c["finetune"]["max_train_rows"]})
@@ -287,6 +289,7 @@ def render_markdown(rep: dict[str, Any]) -> str:
         ["pre-training precision", _v(hw["pretraining_precision"])],
         ["fine-tuning device", ", ".join(hw["finetuning_devices"]) or "-"],
         ["fine-tuning precision", ", ".join(hw["finetuning_precisions"]) or "-"],
+        ["fine-tuning batches", "; ".join(hw["finetuning_batching"]) or "-"],
     ]
     last = pre["last_log"]
     for k in CURVE_KEYS:
