@@ -256,7 +256,32 @@ def _autocast(precision: str, device: torch.device):
 SPECIAL_IDS = dict(pad=0, cls=101, sep=102, mask=103)
 
 
-class TinyElectraStep:
+class _TimedStep:
+    """What both timed steps share: `_loss` compiled or not, then backward, clip, optimizer step (fp16: scaled)."""
+
+    def _compile(self, compile_mode: str, device: torch.device) -> None:
+        self.compile_note = "off"
+        self.loss_fn = self._loss
+        if compile_mode != "off":
+            from tinyelectra.runtime import maybe_compile  # noqa: PLC0415
+
+            self.loss_fn, self.compile_note = maybe_compile(self._loss, compile_mode, device)
+
+    def _update(self, loss: Tensor, params: list, clip_norm: float, **clip_options) -> None:
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            self.scaler.unscale_(self.opt)
+            torch.nn.utils.clip_grad_norm_(params, clip_norm, **clip_options)
+            self.scaler.step(self.opt)
+            self.scaler.update()
+        else:
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, clip_norm, **clip_options)
+            self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+
+class TinyElectraStep(_TimedStep):
     """tinyelectra's pre-training step built from the library's parts (model, objective, paper Adam, clip)."""
 
     name = "tinyelectra"
@@ -272,12 +297,7 @@ class TinyElectraStep:
         self.opt = build_optimizer(self.model, setup.optim, setup.device.type)
         self.opt.set_lr(setup.optim.lr)
         self.scaler = torch.amp.GradScaler(setup.device.type) if setup.precision == "fp16" else None
-        self.compile_note = "off"
-        self.loss_fn = self._loss
-        if compile_mode != "off":
-            from tinyelectra.runtime import maybe_compile  # noqa: PLC0415
-
-            self.loss_fn, self.compile_note = maybe_compile(self._loss, compile_mode, setup.device)
+        self._compile(compile_mode, setup.device)
 
     def _loss(self, ids: Tensor, types: Tensor, mask: Tensor) -> Tensor:
         from tinyelectra.electra import combine, loss_terms, mask_batch  # noqa: PLC0415
@@ -289,19 +309,8 @@ class TinyElectraStep:
         return combine(terms, s.objective, m.mlm_count, m.token_count)
 
     def __call__(self, ids: Tensor, types: Tensor, mask: Tensor) -> None:
-        loss = self.loss_fn(ids, types, mask)
         params = [p for g in self.opt.param_groups for p in g["params"]]
-        if self.scaler is not None:
-            self.scaler.scale(loss).backward()
-            self.scaler.unscale_(self.opt)
-            torch.nn.utils.clip_grad_norm_(params, self.setup.optim.clip_norm, foreach=True)
-            self.scaler.step(self.opt)
-            self.scaler.update()
-        else:
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, self.setup.optim.clip_norm, foreach=True)
-            self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
+        self._update(self.loss_fn(ids, types, mask), params, self.setup.optim.clip_norm, foreach=True)
 
 
 def hf_configs(model_cfg) -> tuple:
@@ -320,7 +329,7 @@ def hf_configs(model_cfg) -> tuple:
     return conf(model_cfg), conf(model_cfg.generator())
 
 
-class HFStep:
+class HFStep(_TimedStep):
     """The common transformers wiring: ElectraForMaskedLM (generator) + ElectraForPreTraining (discriminator)
     sharing one ElectraEmbeddings module, the generator's output layer tied to the word embeddings; the generator
     computes full-vocabulary logits at all T positions (loss with labels = -100 elsewhere); Gumbel-max sampling
@@ -352,12 +361,7 @@ class HFStep:
         self.scaler = torch.amp.GradScaler(setup.device.type) if setup.precision == "fp16" else None
         zero, one = torch.zeros((), device=setup.device), torch.ones((), device=setup.device)
         self.gumbel = torch.distributions.Gumbel(zero, one)
-        self.compile_note = "off"
-        self.loss_fn = self._loss
-        if compile_mode != "off":
-            from tinyelectra.runtime import maybe_compile  # noqa: PLC0415
-
-            self.loss_fn, self.compile_note = maybe_compile(self._loss, compile_mode, setup.device)
+        self._compile(compile_mode, setup.device)
 
     def _loss(self, ids: Tensor, types: Tensor, mask: Tensor) -> Tensor:
         from tinyelectra.electra import mask_batch  # noqa: PLC0415
@@ -380,18 +384,7 @@ class HFStep:
         return gen_out.loss + s.objective.disc_weight * disc_out.loss
 
     def __call__(self, ids: Tensor, types: Tensor, mask: Tensor) -> None:
-        loss = self.loss_fn(ids, types, mask)
-        if self.scaler is not None:
-            self.scaler.scale(loss).backward()
-            self.scaler.unscale_(self.opt)
-            torch.nn.utils.clip_grad_norm_(self.params, self.setup.optim.clip_norm)
-            self.scaler.step(self.opt)
-            self.scaler.update()
-        else:
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(self.params, self.setup.optim.clip_norm)
-            self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
+        self._update(self.loss_fn(ids, types, mask), self.params, self.setup.optim.clip_norm)  # torch's default clip
 
 
 def compare_steps(setup: StepSetup, batches: list[tuple[Tensor, Tensor, Tensor]], rounds: int, warmup: int,
@@ -447,3 +440,14 @@ def compare_steps(setup: StepSetup, batches: list[tuple[Tensor, Tensor, Tensor]]
         out["peak_memory_kind"] = ("torch.cuda.max_memory_allocated during one step" if setup.device.type == "cuda"
                                    else "process peak RSS (VmHWM) during one step, both models alive in the process")
     return out
+
+
+def run_main(main: Callable[[], object]) -> None:
+    """Run a benchmark's main(): bad input (UserError) is one line on stderr and its exit code, as in the CLI."""
+    from tinyelectra.errors import UserError  # noqa: PLC0415
+
+    try:
+        main()
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)

@@ -51,9 +51,9 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
 import torch  # noqa: E402
-from common import RESULTS, ROOT, command_line, git_commit, write_result  # noqa: E402
+from common import RESULTS, ROOT, command_line, git_commit, run_main, write_result  # noqa: E402
 
-from tinyelectra import flops, paper  # noqa: E402
+from tinyelectra import paper  # noqa: E402
 from tinyelectra.budget import make_plan, parse_budget  # noqa: E402
 from tinyelectra.config import load_recipe  # noqa: E402
 from tinyelectra.errors import UserError  # noqa: E402
@@ -654,8 +654,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run_main(main)

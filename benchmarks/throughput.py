@@ -42,6 +42,7 @@ from common import (  # noqa: E402
     alternate,
     command_line,
     paired_ratio,
+    run_main,
     summarize,
     synchronize,
     synthetic_batches,
@@ -267,8 +268,4 @@ def main(argv: list[str] | None = None) -> dict | None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run_main(main)

@@ -206,88 +206,81 @@ def _block_lines(stream, raw, stats: ReadStats, done_before: int, block_bytes: i
         yield rest
 
 
+class _Doc:
+    """The document being read: its lines, handed out in pieces of at most about MAX_DOCUMENT_CHARS."""
+
+    def __init__(self) -> None:
+        self.lines: Document = []
+        self.chars = 0
+
+    def add(self, line: str) -> Document | None:
+        """Append a line; returns the document so far (and starts a new one) once it reaches MAX_DOCUMENT_CHARS."""
+        self.lines.append(line)
+        self.chars += len(line)
+        if self.chars < MAX_DOCUMENT_CHARS:
+            return None
+        _CUT[0] += 1
+        return self.take()
+
+    def take(self) -> Document:
+        doc, self.lines, self.chars = self.lines, [], 0
+        return doc
+
+
 def text_documents(lines) -> Iterator[Document]:
     """Plain text: blank lines separate documents."""
-    doc: Document = []
-    chars = 0
+    doc = _Doc()
     for line in lines:
         line = line.strip()
         if line:
-            doc.append(line)
-            chars += len(line)
-            if chars >= MAX_DOCUMENT_CHARS:
-                _CUT[0] += 1
-                yield doc
-                doc, chars = [], 0
-        elif doc:
-            yield doc
-            doc, chars = [], 0
-    if doc:
-        yield doc
+            if full := doc.add(line):
+                yield full
+        elif doc.lines:
+            yield doc.take()
+    if doc.lines:
+        yield doc.take()
 
 
 def wiki_documents(lines) -> Iterator[Document]:
     """WikiExtractor output: `<doc ...>`, the title line (dropped), paragraphs, `</doc>`. Text outside is plain text."""
-    doc: Document | None = None
+    doc = _Doc()
+    inside = False
     outside: list[str] = []
     drop_title = False
-    chars = 0
     for line in lines:
         line = line.strip()
         if line.startswith("<doc") and line.endswith(">") and (len(line) == 5 or line[4].isspace()):
             yield from text_documents(outside)
             outside = []
-            if doc:
-                yield doc  # a <doc> without its </doc>
-            doc, drop_title, chars = [], True, 0
+            if doc.lines:
+                yield doc.take()  # a <doc> without its </doc>
+            inside, drop_title = True, True
         elif line == "</doc>":
-            if doc:
-                yield doc
-            doc = None
-        elif doc is not None:
+            if doc.lines:
+                yield doc.take()
+            inside = False
+        elif inside:
             if line:
                 if drop_title:
                     drop_title = False
-                else:
-                    doc.append(line)
-                    chars += len(line)
-                    if chars >= MAX_DOCUMENT_CHARS:
-                        _CUT[0] += 1
-                        yield doc
-                        doc, chars = [], 0
+                elif full := doc.add(line):
+                    yield full
         else:
             outside.append(line)  # plain text between articles: blank lines separate its documents
             if not line:
                 yield from text_documents(outside)
                 outside = []
-    if doc:
-        yield doc
+    if doc.lines:
+        yield doc.take()
     if outside:
         yield from text_documents(outside)
 
 
 def _record_documents(text, where: str) -> Iterator[Document]:
-    """One record's text as one document (or several, when longer than MAX_DOCUMENT_CHARS)."""
+    """One record's text as one document (blank lines do not split it; cut after MAX_DOCUMENT_CHARS)."""
     if not isinstance(text, str):
         raise UserError(f"{where}: the 'text' field is {type(text).__name__}, not a string")
-    return _lines_as_document(text.split("\n"))
-
-
-def _lines_as_document(lines) -> Iterator[Document]:
-    """The non-empty lines as one document (blank lines do not split it), cut after MAX_DOCUMENT_CHARS."""
-    doc: Document = []
-    chars = 0
-    for line in lines:
-        line = line.strip()
-        if line:
-            doc.append(line)
-            chars += len(line)
-            if chars >= MAX_DOCUMENT_CHARS:
-                _CUT[0] += 1
-                yield doc
-                doc, chars = [], 0
-    if doc:
-        yield doc
+    return text_documents(line for line in text.split("\n") if line.strip())
 
 
 def jsonl_documents(lines, path: str) -> Iterator[Document]:
