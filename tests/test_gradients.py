@@ -87,11 +87,13 @@ def our_step(model: Electra, ids, types, mask, monkeypatch):
 def official_pair(model: Electra):
     """transformers' generator and discriminator holding `model`'s weights, wired as the official code: the
     generator reads the discriminator's embedding module (token, position, type embeddings and their LayerNorm),
-    and its output layer is the word-embedding matrix itself."""
+    and its output layer is the word-embedding matrix itself. Untied (sharing "none"): the generator keeps embeddings
+    of its own, at its own width, and its output layer is tied to those."""
     disc = hf.to_hf_discriminator(model).train()
     gen = hf.to_hf_generator(model).train()
-    gen.electra.embeddings = disc.electra.embeddings  # one module, as the official code's shared variable scope
-    gen.generator_lm_head.weight = disc.electra.embeddings.word_embeddings.weight  # tied output layer
+    if model.cfg.sharing == "embeddings":
+        gen.electra.embeddings = disc.electra.embeddings  # one module, as the official code's shared variable scope
+    gen.generator_lm_head.weight = gen.electra.embeddings.word_embeddings.weight  # tied output layer
     return gen, disc
 
 
@@ -133,7 +135,8 @@ def relative_errors(ours: dict[str, torch.Tensor], module: torch.nn.Module) -> d
     return out
 
 
-@pytest.mark.parametrize("cfg", [SMALLISH, dataclasses.replace(SMALLISH, embedding_size=48)], ids=["E<H", "E=H"])
+@pytest.mark.parametrize("cfg", [SMALLISH, dataclasses.replace(SMALLISH, embedding_size=48),
+                                 dataclasses.replace(SMALLISH, sharing="none")], ids=["E<H", "E=H", "untied"])
 def test_pretraining_gradients_equal_transformers(cfg, monkeypatch):
     torch.manual_seed(0)
     model = Electra(cfg)
@@ -151,10 +154,14 @@ def test_pretraining_gradients_equal_transformers(cfg, monkeypatch):
 
     our_disc, our_gen = grads_as_hf(model)
     errors = relative_errors(our_disc, disc)
-    gen_only = {k: v for k, v in relative_errors(our_gen, gen).items() if not k.startswith("electra.embeddings.")}
+    shared = cfg.sharing == "embeddings"  # then the generator's embedding gradients are the discriminator's tensors
+    gen_only = {k: v for k, v in relative_errors(our_gen, gen).items() if not (shared and k.startswith("electra.embeddings."))}
     errors.update({f"generator:{k}": v for k, v in gen_only.items()})
     # every parameter of both networks is compared, and every one received a gradient
     assert len(errors) == len(list(disc.parameters())) + len(gen_only)
+    if not shared:  # the official untied generator: embeddings of its own width, no projection
+        assert gen.electra.embeddings.word_embeddings.weight.shape[1] == gen.config.hidden_size
+        assert not hasattr(gen.electra, "embeddings_project") and model.generator_encoder.project is None
     assert all(p.grad is not None and p.grad.norm() > 0 for p in disc.parameters())
     assert max(errors.values()) > 0  # the two sides are separate computations, not one tensor compared with itself
     worst = max(errors, key=errors.get)

@@ -178,7 +178,7 @@ def small_hf_cfg(**kw) -> dict:
 
 @pytest.mark.parametrize("shared", [True, False])
 def test_import_equals_transformers_small_config(tmp_path, shared):
-    disc, gen = save_hf_pair(tmp_path, small_hf_cfg(), small_hf_cfg(hidden_size=16, num_attention_heads=2, intermediate_size=24), shared=shared)
+    disc, gen = save_hf_pair(tmp_path, small_hf_cfg(), small_hf_cfg(hidden_size=16, num_attention_heads=1, intermediate_size=64), shared=shared)
     m, cfg = hf.electra_from_hf(tmp_path / "disc", tmp_path / "gen")
     assert cfg.generator_fraction == 0.5 and cfg.sharing == ("embeddings" if shared else "none")
     ids, types, mask = batch(119, 4, 24, seed=5)
@@ -188,7 +188,7 @@ def test_import_equals_transformers_small_config(tmp_path, shared):
 
 def test_import_discriminator_only(tmp_path):
     """Without a generator directory the discriminator is exact and a fresh generator of the recipe's width is added."""
-    disc, _ = save_hf_pair(tmp_path, small_hf_cfg(), small_hf_cfg(hidden_size=16, num_attention_heads=2, intermediate_size=24))
+    disc, _ = save_hf_pair(tmp_path, small_hf_cfg(), small_hf_cfg(hidden_size=16, num_attention_heads=1, intermediate_size=64))
     recipe_cfg = dataclasses.replace(TINY, generator_fraction=0.25)
     m, cfg = hf.electra_from_hf(tmp_path / "disc", cfg=recipe_cfg)
     assert cfg == recipe_cfg and m.gen_cfg.hidden_size == 8 and m.gen_cfg.num_heads == 1
@@ -200,7 +200,7 @@ def test_import_discriminator_only(tmp_path):
 
 def test_import_pytorch_model_bin_and_backbone(tmp_path):
     """An older download holds pytorch_model.bin, not safetensors; the backbone feeds a Classifier exactly."""
-    disc, _ = save_hf_pair(tmp_path, small_hf_cfg(), small_hf_cfg(hidden_size=16, num_attention_heads=2, intermediate_size=24))
+    disc, _ = save_hf_pair(tmp_path, small_hf_cfg(), small_hf_cfg(hidden_size=16, num_attention_heads=1, intermediate_size=64))
     (tmp_path / "disc" / "model.safetensors").unlink()
     torch.save(disc.state_dict(), tmp_path / "disc" / "pytorch_model.bin")
     bb = hf.load_backbone(tmp_path / "disc")
@@ -324,7 +324,7 @@ def test_not_electra_directories(tmp_path):
     with pytest.raises(UserError, match="transformers ELECTRA directory, not a tinyelectra checkpoint"):
         load_checkpoint(electra_no_weights)
     damaged = tmp_path / "damaged"
-    save_hf_pair(damaged, small_hf_cfg(), small_hf_cfg(hidden_size=16, num_attention_heads=2, intermediate_size=24))
+    save_hf_pair(damaged, small_hf_cfg(), small_hf_cfg(hidden_size=16, num_attention_heads=1, intermediate_size=64))
     (damaged / "disc" / "model.safetensors").write_bytes(b"\x00" * 64)
     with pytest.raises(UserError, match="damaged weights file"):
         hf.load_backbone(damaged / "disc")
@@ -368,12 +368,12 @@ def test_vocabulary_size_mismatches(tmp_path):
     with pytest.raises(UserError, match="tokenizer has 119 tokens"):
         hf.load_backbone(ck2)
     # weights vs config (transformers directory)
-    save_hf_pair(tmp_path / "hf", small_hf_cfg(), small_hf_cfg(hidden_size=16, num_attention_heads=2, intermediate_size=24))
+    save_hf_pair(tmp_path / "hf", small_hf_cfg(), small_hf_cfg(hidden_size=16, num_attention_heads=1, intermediate_size=64))
     (tmp_path / "hf" / "disc" / "config.json").write_text(json.dumps(small_hf_cfg(vocab_size=200)))
     with pytest.raises(UserError, match="vocabulary size mismatch.*119.*200"):
         hf.load_backbone(tmp_path / "hf" / "disc")
     # generator vs discriminator vocabularies
-    save_hf_pair(tmp_path / "hf2", small_hf_cfg(), small_hf_cfg(vocab_size=120, hidden_size=16, num_attention_heads=2, intermediate_size=24), shared=False)
+    save_hf_pair(tmp_path / "hf2", small_hf_cfg(), small_hf_cfg(vocab_size=120, hidden_size=16, num_attention_heads=1, intermediate_size=64), shared=False)
     with pytest.raises(UserError, match="vocabulary size mismatch"):
         hf.electra_from_hf(tmp_path / "hf2" / "disc", tmp_path / "hf2" / "gen")
 
@@ -388,9 +388,9 @@ def test_tied_weights_between_different_sizes_rejected(tmp_path):
     (ck / "config.json").write_text(json.dumps(raw))
     with pytest.raises(UserError, match="'all' ties every generator weight"):
         load_checkpoint(ck)
-    # a generator that is not the discriminator scaled by one multiplier cannot be tied or derived either
+    # a generator without the official shape (FFN 4 x hidden, heads hidden // 64) cannot be derived either
     save_hf_pair(tmp_path / "hf", small_hf_cfg(), small_hf_cfg(hidden_size=16, num_attention_heads=4, intermediate_size=48))
-    with pytest.raises(UserError, match="not the discriminator scaled by one width multiplier"):
+    with pytest.raises(UserError, match="does not have the official generator shape"):
         hf.electra_from_hf(tmp_path / "hf" / "disc", tmp_path / "hf" / "gen")
 
 

@@ -17,6 +17,7 @@ from tinyelectra.metrics import (
     f1_score,
     matthews_corrcoef,
     pearson_corr,
+    roc_auc,
     score_task,
     spearman_corr,
     task_metrics,
@@ -114,6 +115,23 @@ def test_classification_metrics_match_sklearn(seed):
     p3 = np.where(rng.random(n) < 0.5, y3, rng.integers(3, 6, n))
     assert matthews_corrcoef(p3, y3) == pytest.approx(sklearn_metrics.matthews_corrcoef(y3, p3), abs=1e-12)
     assert accuracy(p3, y3) == pytest.approx(sklearn_metrics.accuracy_score(y3, p3), abs=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_roc_auc_matches_sklearn(seed):
+    """ROC-AUC (held-out discriminator diagnostics) against scikit-learn, with tied scores; by hand on a tiny case."""
+    sklearn_metrics = pytest.importorskip("sklearn.metrics")
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(50, 2000))
+    y = rng.integers(0, 2, n)
+    s = np.round(rng.normal(size=n) + y, 1)  # rounded: many ties
+    assert roc_auc(s, y) == pytest.approx(sklearn_metrics.roc_auc_score(y, s), abs=1e-12)
+
+
+def test_roc_auc_by_hand():
+    # positives 0.9, 0.4; negatives 0.4, 0.1: pairs (0.9>0.4), (0.9>0.1), (0.4=0.4 -> 1/2), (0.4>0.1) = 3.5 / 4
+    assert roc_auc([0.9, 0.4, 0.4, 0.1], [1, 1, 0, 0]) == 0.875
+    assert roc_auc([0.1, 0.2], [1, 1]) == 0.5  # one class only: nothing to rank
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -159,3 +159,19 @@ def test_classifier_uses_cls_and_loads_backbone_strictly():
     assert torch.equal(clf.encoder.layers[0].qkv.weight, src.discriminator.layers[0].qkv.weight)
     with pytest.raises(RuntimeError):
         clf.load_backbone(src.embeddings.state_dict(), src.generator.state_dict())  # a generator-width encoder
+
+
+@pytest.mark.parametrize("hidden,heads,ffn,fraction,want", [
+    (256, 4, 1024, 0.25, (64, 256, 1)),  # Small (paper, Appendix A)
+    (768, 12, 3072, 1 / 3, (256, 1024, 4)),  # Base
+    (1024, 16, 4096, 0.25, (256, 1024, 4)),  # Large
+    (256, 4, 1024, 1 / 3, (85, 340, 1)),  # off the paper's sizes: FFN 4 x 85 and 85 // 64 heads, not 1024 / 3 and 4 / 3
+    (384, 6, 1536, 0.5, (192, 768, 3)),
+])
+def test_generator_shape_follows_the_official_rule(hidden, heads, ffn, fraction, want):
+    """Official run_pretraining.get_generator_config: hidden = round(f x H), FFN = 4 x hidden, heads = max(1, hidden // 64)."""
+    g = ModelConfig(hidden_size=hidden, num_heads=heads, ffn_size=ffn, generator_fraction=fraction).generator()
+    assert (g.hidden_size, g.ffn_size, g.num_heads) == want
+    assert g.embedding_size == 128  # shared embeddings keep the discriminator's width (projected)
+    untied = ModelConfig(hidden_size=hidden, num_heads=heads, ffn_size=ffn, generator_fraction=fraction, sharing="none")
+    assert untied.generator().embedding_size == want[0]  # official untied generator: its own width, no projection

@@ -39,7 +39,7 @@ class ModelConfig:
     dropout: float = 0.1  # hidden dropout
     attention_dropout: float = 0.1
     layer_norm_eps: float = 1e-12
-    generator_fraction: float = 0.25  # generator hidden, FFN and heads = this x the discriminator's
+    generator_fraction: float = 0.25  # generator hidden = this x H (FFN 4x it, heads = hidden // 64: official rule)
     sharing: str = "embeddings"  # embeddings (paper) | all (generator == discriminator encoder) | none
 
     def __post_init__(self) -> None:
@@ -66,15 +66,20 @@ class ModelConfig:
         return self.hidden_size // self.num_heads
 
     def generator(self) -> "ModelConfig":
-        """The generator's shape: hidden, FFN and heads scaled by generator_fraction (official code's rule)."""
+        """The generator's shape, by the official code's rule (run_pretraining.get_generator_config): hidden =
+        round(fraction x H), FFN = 4 x that hidden, heads = max(1, hidden // 64), same depth. Its embeddings are the
+        discriminator's (width E, projected to its hidden size) unless sharing = "none": then it has its own
+        embeddings at its hidden width, without a projection (the official untied generator)."""
         f = self.generator_fraction
         if f == 1.0:
             return self
+        hidden = max(1, int(round(self.hidden_size * f)))
         return dataclasses.replace(
             self,
-            hidden_size=max(1, int(round(self.hidden_size * f))),
-            ffn_size=max(1, int(round(self.ffn_size * f))),
-            num_heads=max(1, int(round(self.num_heads * f))),
+            hidden_size=hidden,
+            ffn_size=4 * hidden,
+            num_heads=max(1, hidden // 64),
+            embedding_size=hidden if self.sharing == "none" else self.embedding_size,
             generator_fraction=1.0,
             sharing="embeddings",
         )

@@ -20,6 +20,11 @@ from tinyelectra.config import ObjectiveConfig
 from tinyelectra.model import Electra
 
 
+# The sums a step or an evaluation accumulates (losses and metric counts), in one fixed order for all-reduce.
+STAT_KEYS = ("mlm_sum", "disc_sum", "mlm_correct", "mlm_count", "disc_correct", "disc_count", "replaced", "predicted",
+             "true_positive")
+
+
 @dataclass(frozen=True)
 class SpecialIds:
     pad: int
@@ -114,8 +119,10 @@ def gumbel_sample(logits: Tensor, temperature: float, generator: torch.Generator
     return (logits + gumbel).argmax(-1)
 
 
-def electra_terms(model: Electra, m: Masked, cfg: ObjectiveConfig, generator: torch.Generator | None = None) -> LossTerms:
-    """Generator MLM at the masked slots, Gumbel-max replacements, then replaced-token detection on every token."""
+def electra_terms(model: Electra, m: Masked, cfg: ObjectiveConfig, generator: torch.Generator | None = None,
+                  capture: dict | None = None) -> LossTerms:
+    """Generator MLM at the masked slots, Gumbel-max replacements, then replaced-token detection on every token.
+    `capture` (held-out diagnostics only) receives the discriminator's logits and labels, (B, T) each."""
     logits = model.generator_logits(m.masked_ids, m.token_type_ids, m.attention_mask, m.positions).float()  # (B, N, V)
     ce = F.cross_entropy(logits.flatten(0, 1), m.targets.flatten(), reduction="none").view_as(m.weights)  # (B, N)
     mlm_sum = (ce * m.weights).sum()
@@ -126,6 +133,8 @@ def electra_terms(model: Electra, m: Masked, cfg: ObjectiveConfig, generator: to
     labels = (fake_ids != m.input_ids).float()  # a sample equal to the original is "original"
     disc_logits = model.discriminator_logits(fake_ids, m.token_type_ids, m.attention_mask).float()  # (B, T)
     tok_w = m.attention_mask.float()
+    if capture is not None:
+        capture["disc_logits"], capture["disc_labels"] = disc_logits.detach(), labels
     bce = F.binary_cross_entropy_with_logits(disc_logits, labels, reduction="none")
     disc_sum = (bce * tok_w).sum()
 
@@ -156,8 +165,9 @@ def mlm_terms(model: Electra, m: Masked) -> LossTerms:
     return LossTerms(mlm_sum=(ce * m.weights).sum(), disc_sum=zero, stats=stats)
 
 
-def loss_terms(model: Electra, m: Masked, cfg: ObjectiveConfig, generator: torch.Generator | None = None) -> LossTerms:
-    return electra_terms(model, m, cfg, generator) if cfg.kind == "electra" else mlm_terms(model, m)
+def loss_terms(model: Electra, m: Masked, cfg: ObjectiveConfig, generator: torch.Generator | None = None,
+               capture: dict | None = None) -> LossTerms:
+    return electra_terms(model, m, cfg, generator, capture) if cfg.kind == "electra" else mlm_terms(model, m)
 
 
 def combine(terms: LossTerms, cfg: ObjectiveConfig, mlm_count: Tensor, token_count: Tensor) -> Tensor:

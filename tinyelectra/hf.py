@@ -376,6 +376,10 @@ def electra_from_hf(discriminator_dir: Path, generator_dir: Path | None = None, 
         }
         shared = all(torch.equal(emb[k], g_emb[k]) for k in emb)
         sharing = "embeddings" if shared else "none"
+        if not shared and gen_cfg.embedding_size != gen_cfg.hidden_size:
+            raise UserError(f"{gd}: the generator's embeddings differ from the discriminator's, so they are untied; an "
+                            f"untied generator has embeddings of its own hidden width ({gen_cfg.hidden_size}, the official "
+                            f"layout), not {gen_cfg.embedding_size}")
         gen_parts = (g_emb, g_enc, g_head)
     full_cfg = dataclasses.replace(disc_cfg, generator_fraction=fraction, sharing=sharing)
     if cfg is not None:
@@ -396,8 +400,12 @@ def electra_from_hf(discriminator_dir: Path, generator_dir: Path | None = None, 
 
 
 def _generator_fraction(disc: ModelConfig, gen: ModelConfig, where: Path) -> float:
-    """The width multiplier that turns `disc` into `gen` under ModelConfig.generator()'s rule, or a UserError."""
-    for name in ("vocab_size", "embedding_size", "num_layers", "max_positions", "type_vocab_size"):
+    """The width multiplier that turns `disc` into `gen` under ModelConfig.generator()'s (the official) rule, or a
+    UserError."""
+    if gen.embedding_size not in (disc.embedding_size, gen.hidden_size):
+        raise UserError(f"{where}: generator embedding_size {gen.embedding_size} is neither the discriminator's "
+                        f"{disc.embedding_size} (shared embeddings) nor its own hidden size {gen.hidden_size} (untied)")
+    for name in ("vocab_size", "num_layers", "max_positions", "type_vocab_size"):
         if getattr(gen, name) != getattr(disc, name):
             raise UserError(
                 f"{where}: generator {name} {getattr(gen, name)} differs from the discriminator's {getattr(disc, name)}"
@@ -410,8 +418,9 @@ def _generator_fraction(disc: ModelConfig, gen: ModelConfig, where: Path) -> flo
         raise UserError(f"{where}: generator shape cannot be derived from the discriminator's ({e})") from None
     if (derived.hidden_size, derived.ffn_size, derived.num_heads) != (gen.hidden_size, gen.ffn_size, gen.num_heads):
         raise UserError(
-            f"{where}: generator (hidden {gen.hidden_size}, FFN {gen.ffn_size}, heads {gen.num_heads}) is not the "
-            f"discriminator scaled by one width multiplier ({fraction:g} gives {derived.hidden_size}/{derived.ffn_size}/{derived.num_heads})"
+            f"{where}: generator (hidden {gen.hidden_size}, FFN {gen.ffn_size}, heads {gen.num_heads}) does not have the "
+            f"official generator shape (hidden = fraction x the discriminator's, FFN = 4 x hidden, heads = hidden // 64; "
+            f"{fraction:g} gives {derived.hidden_size}/{derived.ffn_size}/{derived.num_heads})"
         )
     return fraction
 

@@ -43,10 +43,17 @@ class Log:
             return
         with self.path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(rec) + "\n")
-        if self.tb is not None and "event" not in rec:
+        if self.tb is None:
+            return
+        if "event" not in rec:
             for k, v in rec.items():
                 if isinstance(v, (int, float)) and v is not None and k != "step":
                     self.tb.add_scalar(k, v, rec["step"])
+        elif rec["event"] == "checkpoint":  # held-out diagnostics (diagnostics.evaluate) under heldout/
+            for k, v in (rec.get("eval") or {}).items():
+                if isinstance(v, (int, float)) and k != "rows":
+                    self.tb.add_scalar(f"heldout/{k}", float(v), rec["step"])
+            self.tb.flush()
 
     def truncate_after(self, step: int) -> None:
         """After a resume, drop log lines of steps that will be run again."""

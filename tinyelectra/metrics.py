@@ -132,6 +132,19 @@ def average_ranks(x) -> np.ndarray:
     return ranks
 
 
+def roc_auc(scores, labels) -> float:
+    """Area under the ROC curve of `scores` for binary `labels` (1 = positive): the probability that a random positive
+    scores above a random negative, ties counting one half (Mann-Whitney U from average ranks). 0.5 when one class
+    is absent (no ranking to judge)."""
+    s, y = _pair(scores, labels)
+    y = y.astype(bool)
+    n_pos, n_neg = int(y.sum()), int((~y).sum())
+    if n_pos == 0 or n_neg == 0:
+        return 0.5
+    rank_sum = average_ranks(s.astype(np.float64))[y].sum()
+    return float((rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+
+
 def spearman_corr(x, y) -> float:
     """Spearman's rho: Pearson's r of the average ranks; same conventions as pearson_corr."""
     pair = _float_pair(x, y)

@@ -145,7 +145,7 @@ class Electra(nn.Module):
             # sharing "all": the generator *is* the discriminator's encoder (same size), not a second module
             self.generator = None if cfg.sharing == "all" else Encoder(self.gen_cfg)
             self.gen_embeddings = Embeddings(self.gen_cfg) if cfg.sharing == "none" else None
-        self.gen_head = GeneratorHead(self.gen_cfg.hidden_size, cfg.embedding_size, cfg.vocab_size, cfg.layer_norm_eps)
+        self.gen_head = GeneratorHead(self.gen_cfg.hidden_size, self.gen_cfg.embedding_size, cfg.vocab_size, cfg.layer_norm_eps)
         self.apply(init_weights)
 
     @property

@@ -31,14 +31,13 @@ from torch import Tensor, nn
 from tinyelectra import budget as budgeting
 from tinyelectra.budget import Plan, make_plan, parse_budget
 from tinyelectra.config import Recipe, load_recipe
-from tinyelectra.electra import LossTerms, Masked, SpecialIds, combine, loss_terms, mask_batch, summarize
+from tinyelectra.electra import STAT_KEYS, LossTerms, Masked, SpecialIds, combine, loss_terms, mask_batch, summarize
 from tinyelectra.errors import UserError
 from tinyelectra.logs import Log, Progress
 from tinyelectra.model import Electra, count_parameters
 from tinyelectra.optim import build_optimizer, lr_at
 from tinyelectra.runtime import device_name
 
-STAT_KEYS = ("mlm_sum", "disc_sum", "mlm_correct", "mlm_count", "disc_correct", "disc_count", "replaced", "predicted", "true_positive")
 CALIBRATION_STEPS = 5  # a time budget is first planned after this many steps (the first step is start-up)
 RATE_WINDOW_SECONDS = 10.0  # ... and re-planned from the throughput of the last max(this, 20% of elapsed) seconds
 
@@ -267,6 +266,7 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
     from tinyelectra import runtime
     from tinyelectra.checkpoint import load_resume_state, save_checkpoint, save_resume_state
     from tinyelectra.data import BatchLoader, PretrainData
+    from tinyelectra.diagnostics import checkpoint_line, evaluate, most_frequent_token
 
     tr = recipe.train
     log = Log(run_dir, dist.main)
@@ -349,6 +349,7 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
     calib_step0 = step
     recent: collections.deque = collections.deque()  # (training seconds, step): the recent throughput
     autocast = runtime.autocast_context(precision, device)
+    top_token = None  # the unigram baseline of the held-out evaluation (diagnostics.most_frequent_token)
     progress = Progress(plan, step, dist.main)
     model.train()
     while step < plan.total_steps:
@@ -432,7 +433,9 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
             reached = (train_seconds >= fraction * bud.value or step >= plan.total_steps) if plan.budget_kind == "time" \
                 else step >= ckpt_step
             if plan.status == "final" and reached and name not in done_ckpts:
-                ev = evaluate(model, data, recipe, special, device, autocast, micro)
+                if top_token is None:  # the unigram baseline's answer, counted once per process
+                    top_token = most_frequent_token(data, special)
+                ev = evaluate(model, data, recipe, special, device, autocast, micro, top_token)
                 meta = {"name": name, "step": step, "fraction": fraction, "fraction_of_steps": step / plan.total_steps,
                         "fraction_of_budget_seconds": train_seconds / bud.value if plan.budget_kind == "time" else None,
                         "tokens_seen": tokens_seen,
@@ -443,8 +446,7 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
                 if dist.main:
                     save_checkpoint(run_dir / name, model, recipe, meta, data.path / "tokenizer")
                 log.metrics({"event": "checkpoint", **meta})
-                progress.note(f"{name}: held-out discriminator accuracy {ev.get('disc_acc', float('nan')):.4f} "
-                              f"(all-original baseline {ev.get('baseline_acc', float('nan')):.4f})")
+                progress.note(checkpoint_line(name, ev))
                 done_ckpts.add(name)
                 last_state_save = 0.0  # write a resume state right after a checkpoint
         # resume state: every few minutes, after checkpoints, at the end, and when asked to stop
@@ -560,38 +562,6 @@ def log_record(step: int, s: dict[str, float], lr: float, tokens_per_second: flo
         per_token = plan.train_flops_hardware_per_step / plan.tokens_per_step
         rec["mfu"] = flops.mfu(tokens_per_second, per_token, torch.cuda.get_device_name(device), precision)
     return rec
-
-
-@torch.no_grad()
-def evaluate(model: Electra, data, recipe: Recipe, special: SpecialIds, device: torch.device, autocast, micro: int) -> dict:
-    """The first `train.eval_rows` held-out rows with fixed masks and samples (the same at every checkpoint):
-    discriminator accuracy against the all-"original" baseline, generator accuracy, both losses."""
-    import numpy as np
-
-    rows = min(recipe.train.eval_rows, data.num_rows("validation"))
-    if rows == 0:
-        return {}
-    was_training = model.training
-    model.eval()
-    rng_state = torch.get_rng_state()
-    sums = {k: 0.0 for k in STAT_KEYS}
-    for start in range(0, rows, micro):
-        b = data.batch("validation", np.arange(start, min(start + micro, rows))).to(device)
-        torch.manual_seed(start)
-        m = mask_batch(b.input_ids, b.token_type_ids, b.attention_mask, recipe.objective, special, recipe.model.vocab_size)
-        with autocast:
-            t = loss_terms(model, m, recipe.objective)
-        sums["mlm_sum"] += t.mlm_sum.item()
-        sums["disc_sum"] += t.disc_sum.item()
-        for k, v in t.stats.items():
-            sums[k] += v.item()
-    torch.set_rng_state(rng_state)
-    model.train(was_training)
-    out = {"rows": rows, "gen_loss": sums["mlm_sum"] / max(sums["mlm_count"], 1.0), **summarize(sums)}
-    if sums["disc_count"]:
-        out["disc_loss"] = sums["disc_sum"] / sums["disc_count"]
-        out["baseline_acc"] = 1.0 - out["replaced_frac"]  # always answering "original"
-    return out
 
 
 def fit_micro_batch(requested: int, rank_batch: int, device: torch.device, probe) -> int:

@@ -1,0 +1,121 @@
+"""Held-out diagnostics (diagnostics.py, issue 9): the bookkeeping of `evaluate` checked with models whose answers
+are known — an oracle discriminator (accuracy 1, AUC 1), one that always answers "original" (accuracy = the
+all-original prior, AUC 0.5, recall 0) — the unigram baseline against a count by hand, and the verdicts in words.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+
+import numpy as np
+import pytest
+import torch
+
+from tinyelectra import diagnostics
+from tinyelectra.config import ModelConfig, Recipe, recipe_from_dict
+from tinyelectra.data import PretrainData, prepare
+from tinyelectra.electra import SpecialIds
+from tinyelectra.model import Electra
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> PretrainData:
+    out = tmp_path_factory.mktemp("diag") / "data"
+    prepare(["builtin"], out, vocab_size=1000, seq_len=32, workers=1, quiet=True, validation_fraction=0.02, seed=1)
+    return PretrainData(out)
+
+
+def recipe(data: PretrainData, objective: str = "electra") -> Recipe:
+    raw = Recipe().to_dict()
+    raw["model"].update(vocab_size=data.vocab_size, embedding_size=16, hidden_size=32, num_layers=1, num_heads=2,
+                        ffn_size=64, max_positions=32, generator_fraction=0.5)
+    raw["objective"]["kind"] = objective
+    raw["train"].update(seq_len=32, eval_rows=64)
+    return recipe_from_dict(raw)
+
+
+def run_evaluate(model, data, rec, monkeypatch, oracle: bool | None):
+    """evaluate() with the discriminator replaced: an oracle (+10 on replaced tokens, -10 on originals; it is told
+    the originals by the masking step), or always "original" (-10); None keeps the real network."""
+    special = SpecialIds.from_tokenizer(data.tokenizer)
+    if oracle is not None:
+        originals = {}
+        real_mask = diagnostics.mask_batch
+
+        def recording_mask(*args, **kwargs):
+            m = real_mask(*args, **kwargs)
+            originals["ids"] = m.input_ids
+            return m
+
+        monkeypatch.setattr(diagnostics, "mask_batch", recording_mask)
+        if oracle:
+            monkeypatch.setattr(model, "discriminator_logits", lambda ids, tt, am: 20.0 * (ids != originals["ids"]).float() - 10.0)
+        else:
+            monkeypatch.setattr(model, "discriminator_logits", lambda ids, tt, am: torch.full(ids.shape, -10.0))
+    return diagnostics.evaluate(model, data, rec, special, torch.device("cpu"), contextlib.nullcontext(), micro=16)
+
+
+def test_oracle_and_all_original_discriminators(data, monkeypatch):
+    torch.manual_seed(0)
+    rec = recipe(data)
+    model = Electra(rec.model)
+    perfect = run_evaluate(model, data, rec, monkeypatch, oracle=True)
+    assert perfect["rows"] == 64
+    assert perfect["disc_acc"] == 1.0 and perfect["disc_auc"] == 1.0
+    assert perfect["disc_precision"] == 1.0 and perfect["disc_recall"] == 1.0
+    assert 0.05 < perfect["replaced_frac"] < 0.2  # ~15% chosen, a few samples equal the original
+    assert perfect["learned"] and perfect["verdict"].startswith("learned")
+    monkeypatch.undo()
+
+    prior = run_evaluate(model, data, rec, monkeypatch, oracle=False)
+    assert prior["disc_acc"] == pytest.approx(prior["baseline_acc"], abs=1e-12)
+    assert prior["disc_auc"] == 0.5 and prior["disc_recall"] == 0.0
+    assert not prior["learned"] and "NOT LEARNED YET" in prior["verdict"]
+    # the same rows, masks and samples for both (fixed seeds): the same replaced share
+    assert prior["replaced_frac"] == perfect["replaced_frac"]
+
+
+def test_evaluation_is_repeatable_and_leaves_the_model_as_it_was(data, monkeypatch):
+    torch.manual_seed(0)
+    rec = recipe(data)
+    model = Electra(rec.model).train()
+    torch.manual_seed(123)
+    expected = torch.rand(1)
+    torch.manual_seed(123)
+    first = run_evaluate(model, data, rec, monkeypatch, oracle=None)
+    assert torch.equal(torch.rand(1), expected)  # the caller's random stream is as before the evaluation
+    second = run_evaluate(model, data, rec, monkeypatch, oracle=None)
+    assert first == second
+    assert model.training
+    assert 0.4 < first["disc_auc"] < 0.6  # an untrained discriminator ranks at chance
+    assert not first["learned"]
+
+
+def test_unigram_baseline_by_hand(data):
+    special = SpecialIds.from_tokenizer(data.tokenizer)
+    ids = data.batch("train", np.arange(data.num_rows("train"))).input_ids.numpy().ravel()
+    words = [i for i in ids.tolist() if i not in (special.pad, special.cls, special.sep, special.mask)]
+    by_hand = collections.Counter(words).most_common(1)[0][0]
+    assert diagnostics.most_frequent_token(data, special) == by_hand
+
+
+def test_mlm_checkpoint_is_judged_by_its_predictions(data, monkeypatch):
+    torch.manual_seed(0)
+    rec = recipe(data, "mlm")
+    ev = run_evaluate(Electra(rec.model, "mlm"), data, rec, monkeypatch, oracle=None)
+    assert "disc_acc" not in ev and "gen_acc" in ev and "unigram_acc" in ev
+    assert not ev["learned"] and "unigram" in ev["verdict"]
+
+
+@pytest.mark.parametrize("ev,learned", [
+    ({"disc_acc": 0.8542, "baseline_acc": 0.8532, "disc_auc": 0.61, "disc_recall": 0.02}, False),  # quality-cpu.md's
+    ({"disc_acc": 0.8600, "baseline_acc": 0.8520, "disc_auc": 0.70, "disc_recall": 0.10}, False),  # +0.008 < 0.01
+    ({"disc_acc": 0.8900, "baseline_acc": 0.8520, "disc_auc": 0.85, "disc_recall": 0.40}, True),
+    ({"gen_acc": 0.084, "unigram_acc": 0.080}, False),
+    ({"gen_acc": 0.200, "unigram_acc": 0.080}, True),
+])
+def test_verdicts(ev, learned):
+    ok, text = diagnostics.verdict(ev)
+    assert ok == learned
+    assert text.startswith("learned") == learned and ("NOT LEARNED YET" in text) == (not learned)

@@ -1,0 +1,108 @@
+"""What a pre-training checkpoint has learned, measured on held-out rows against the baselines it must beat.
+
+- Discriminator (ELECTRA): accuracy beside its all-"original" prior (the accuracy of never answering "replaced"),
+  ROC-AUC of its replaced-token scores (0.5 = chance, independent of the decision threshold), precision and recall
+  of the "replaced" answer.
+- Generator (ELECTRA) or masked LM (BERT baseline): accuracy at the masked slots beside the unigram baseline (always
+  answering the most frequent word of the training rows).
+- A verdict in words: has the checkpoint left its baselines yet? The trainer prints it at every checkpoint, the
+  report repeats it, so nobody fine-tunes a discriminator that still answers "original" everywhere unawares.
+
+The held-out rows, their masks and the generator's samples are the same at every checkpoint of a run (fixed seeds).
+What does not live here: the training loop (train.py), GLUE (glue.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from tinyelectra.config import Recipe
+from tinyelectra.electra import STAT_KEYS, SpecialIds, loss_terms, mask_batch, summarize
+from tinyelectra.metrics import roc_auc
+
+UNIGRAM_SAMPLE_ROWS = 20_000  # training rows counted for the unigram baseline (~2.5M tokens at T = 128)
+DISC_MARGIN = 0.01  # a discriminator has "left its prior" when its accuracy beats all-"original" by this much
+MLM_MARGIN = 0.02  # a generator / masked LM has "left the unigram level" when it beats it by this much
+
+
+def most_frequent_token(data, special: SpecialIds, rows: int = UNIGRAM_SAMPLE_ROWS) -> int:
+    """The most frequent word in the first `rows` training rows ([CLS], [SEP], [MASK] and padding excluded)."""
+    n = min(rows, data.num_rows("train"))
+    ids = data.batch("train", np.arange(n)).input_ids.numpy().ravel()
+    counts = np.bincount(ids, minlength=data.vocab_size)
+    counts[[special.pad, special.cls, special.sep, special.mask]] = 0
+    return int(counts.argmax())
+
+
+@torch.no_grad()
+def evaluate(model, data, recipe: Recipe, special: SpecialIds, device: torch.device, autocast, micro: int,
+             top_token: int | None = None) -> dict:
+    """The first `train.eval_rows` held-out rows with fixed masks and samples: the metrics above. `top_token` is the
+    unigram baseline's answer (`most_frequent_token`; computed here when not given)."""
+    rows = min(recipe.train.eval_rows, data.num_rows("validation"))
+    if rows == 0:
+        return {}
+    if top_token is None:
+        top_token = most_frequent_token(data, special)
+    was_training = model.training
+    model.eval()
+    rng_state = torch.get_rng_state()
+    sums = {k: 0.0 for k in STAT_KEYS}
+    unigram_correct = 0.0
+    scores, labels = [], []
+    capture: dict = {}
+    for start in range(0, rows, micro):
+        b = data.batch("validation", np.arange(start, min(start + micro, rows))).to(device)
+        torch.manual_seed(start)
+        m = mask_batch(b.input_ids, b.token_type_ids, b.attention_mask, recipe.objective, special, recipe.model.vocab_size)
+        with autocast:
+            t = loss_terms(model, m, recipe.objective, capture=capture)
+        sums["mlm_sum"] += t.mlm_sum.item()
+        sums["disc_sum"] += t.disc_sum.item()
+        for k, v in t.stats.items():
+            sums[k] += v.item()
+        unigram_correct += float(((m.targets == top_token).float() * m.weights).sum())
+        if "disc_logits" in capture:
+            real = m.attention_mask
+            scores.append(capture["disc_logits"][real].float().cpu().numpy())
+            labels.append(capture["disc_labels"][real].cpu().numpy())
+    torch.set_rng_state(rng_state)
+    model.train(was_training)
+    out = {"rows": rows, "gen_loss": sums["mlm_sum"] / max(sums["mlm_count"], 1.0), **summarize(sums)}
+    out["unigram_acc"] = unigram_correct / max(sums["mlm_count"], 1.0)
+    if sums["disc_count"]:
+        out["disc_loss"] = sums["disc_sum"] / sums["disc_count"]
+        out["baseline_acc"] = 1.0 - out["replaced_frac"]  # always answering "original"
+        out["disc_auc"] = roc_auc(np.concatenate(scores), np.concatenate(labels))
+    learned, verdict_text = verdict(out)
+    out["learned"], out["verdict"] = learned, verdict_text
+    return out
+
+
+def verdict(ev: dict) -> tuple[bool, str]:
+    """(learned?, one line in words) for an `evaluate` result; ELECTRA is judged by its discriminator (the encoder
+    that is fine-tuned), a masked LM by its predictions."""
+    if "disc_acc" in ev:
+        gain = ev["disc_acc"] - ev["baseline_acc"]
+        numbers = (f"discriminator accuracy {ev['disc_acc']:.4f} vs all-original {ev['baseline_acc']:.4f} "
+                   f"({gain:+.4f}), AUC {ev.get('disc_auc', float('nan')):.3f}, recall {ev.get('disc_recall', 0):.3f}")
+        if gain >= DISC_MARGIN:
+            return True, f"learned: {numbers}"
+        return False, (f"NOT LEARNED YET: the discriminator is at (or near) its all-original prior — {numbers}; "
+                       "fine-tuning this checkpoint measures little more than a random encoder")
+    if "gen_acc" not in ev:
+        return False, "no held-out rows to judge"
+    gain = ev["gen_acc"] - ev["unigram_acc"]
+    numbers = f"masked-LM accuracy {ev['gen_acc']:.4f} vs unigram {ev['unigram_acc']:.4f} ({gain:+.4f})"
+    if gain >= MLM_MARGIN:
+        return True, f"learned: {numbers}"
+    return False, f"NOT LEARNED YET: the masked LM is at (or near) the unigram level — {numbers}"
+
+
+def checkpoint_line(name: str, ev: dict) -> str:
+    """The line the trainer prints after writing a checkpoint."""
+    if not ev:
+        return f"{name}: no held-out rows to evaluate"
+    gen = f"; generator accuracy {ev['gen_acc']:.4f} vs unigram {ev['unigram_acc']:.4f}" if "disc_acc" in ev and "gen_acc" in ev else ""
+    return f"{name}: {ev['verdict']}{gen}"
