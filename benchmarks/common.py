@@ -96,7 +96,7 @@ def write_result(name: str, payload: dict, device: torch.device | None = None, o
     doc = {"benchmark": name, "machine": machine(device), "git_commit": git_commit(), "command": command or command_line(),
            "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **payload}
     path = out_dir / f"{name}.json"
-    tmp = path.with_suffix(".json.tmp")
+    tmp = path.with_suffix(f".json.tmp-{os.getpid()}")  # several processes may write one result
     tmp.write_text(json.dumps(doc, indent=2) + "\n")
     os.replace(tmp, path)
     return path

@@ -1,31 +1,38 @@
-"""Issue 6, item 3: the paper's budget experiment at the 6.25% point, in one command.
+"""Issue 9: ELECTRA against the masked-LM baseline at equal compute, with a no-pre-training control, in one command.
 
-ELECTRA-Small pre-trained for 62,500 steps of 128 x 128 (paper-convention FLOPs = 62,500 x its per-step count) and
-the MLM baseline (recipe bert-small: the same encoder trained as a masked LM) given the SAME paper-convention
-FLOPs (a `...flops` budget), both on the same prepared data; then both final checkpoints fine-tuned on GLUE-5
-(CoLA, SST-2, MRPC, STS-B, RTE) with the paper's protocol, medians over 3 seeds; then `tinyelectra report` on each
-run and a comparison.
+Arms (each fine-tuned on the same GLUE tasks with the same protocol and seeds; medians and spreads reported):
+- electra:     the ELECTRA recipe pre-trained for --steps steps;
+- mlm:         the same encoder pre-trained as a masked LM (BERT's 80/10/10), given the same HARDWARE FLOPs (the
+               matmuls actually executed: sparse embedding look-ups, backward = 2 x forward; the most steps that fit);
+- mlm-paper:   the same masked LM given the same PAPER-convention FLOPs (the official counting script: dense one-hot
+               embedding look-ups, backward = forward), so both conventions are on the table;
+- random-init: no pre-training at all: the ELECTRA run's own initial weights, fine-tuned the same way (the control
+               every pre-trained encoder must beat).
 
-    python benchmarks/quality.py --data DATA --glue-dir GLUE [--device cuda]          # the experiment (a GPU, hours)
-    python benchmarks/quality.py --data DATA --glue-dir GLUE --dry-run                # the plan only, nothing runs
-    python benchmarks/quality.py --preset tiny --steps 2000 --data DATA --glue-dir GLUE \
-        --tasks rte,mrpc,stsb,cola --seeds 3 --max-train-rows 2000                    # a CPU-scale demonstration
-      -> benchmarks/results/quality-<device>.json and .md (or --out-dir / --name); runs in runs/quality-<device>/
+Presets: `paper` (electra-small vs bert-small, 62,500 steps: the paper's 6.25% point; a GPU), `cpu` (the `mini`
+recipe against itself as a masked LM: what this project's 2-core CPU runs in hours), `tiny` (tests, smoke runs).
 
-Everything is resumable: a finished pre-training run is reused (same recipe and budget), an interrupted one is
-resumed from its state, and `tinyelectra glue` reuses finished tasks; the result file is rewritten after every
-stage (`"complete": false` until the end), so a run cut short still leaves what it measured.
+    python benchmarks/quality.py --preset cpu --data data/enwiki-v8k --glue-dir ../shared/data/glue --steps 6000 \
+        --glue-set batching=length --glue-set precision=bf16 --threads 1          # the CPU experiment (hours)
+    python benchmarks/quality.py --data DATA --glue-dir GLUE --device cuda     # the paper's 6.25% point (a GPU)
+    python benchmarks/quality.py ... --dry-run                                 # the plan only; nothing runs
+    python benchmarks/quality.py ... --arms mlm,mlm-paper                      # this process runs these arms only
+      -> benchmarks/results/quality-<device>.json and .md (or --out-dir / --name); runs in runs/quality-<device>/<arm>/
+
+Resumable and shareable: a finished pre-training run is reused (same recipe and budget), an interrupted one resumed
+from its state, `tinyelectra glue` reuses finished tasks. The result file is assembled from what is on disk (every
+arm's run, its GLUE results and a small stage record), so several processes may each run some `--arms` in parallel
+(one CPU thread each is the efficient way on a small CPU) and every write shows all arms so far (`"complete":
+false` until every arm has its GLUE results).
 
 What the numbers are, and are not:
 - The result file says whether this was the paper's configuration (electra-small vs bert-small, 62,500 steps,
-  GLUE-5, >= 3 seeds, full training sets) or a reduced-scale run, and lists every difference. A reduced-scale
-  run is a demonstration of the machinery, not the 6.25% experiment.
+  GLUE-5, >= 3 seeds, full training sets) or a reduced-scale run, and lists every difference.
 - The paper's 74.1 at 6.25% is the 62.5k-step SNAPSHOT of a 1M-step run (learning rate not yet decayed), on
-  Wikipedia + BooksCorpus, averaged over 8 GLUE tasks; this runs a separately scheduled 62.5k-step run (warm-up
-  and decay to 0 within it) and averages GLUE-5. The paper gives BERT-Small only at the full budget (75.1 vs
-  ELECTRA-Small's 79.9). All published numbers are stored labelled as such.
-- `--synthetic-glue` replaces GLUE by two generated tasks in GLUE's file formats (for machines without GLUE data,
-  e.g. the GPU suite and the tests); their scores say nothing about GLUE and the result file says so.
+  Wikipedia + BooksCorpus, averaged over 8 GLUE tasks; this runs separately scheduled runs (warm-up and decay to 0
+  within each) and averages the tasks it runs. The paper gives BERT-Small only at the full budget (75.1 vs 79.9).
+- `--synthetic-glue` replaces GLUE by two generated tasks in GLUE's file formats (machines without GLUE data, e.g.
+  the GPU suite and the tests); their scores say nothing about GLUE and the result file says so.
 
 The stages call the library in this process (train_command, glue_command, report_command); the equivalent
 `tinyelectra ...` command of each is recorded in the result file.
@@ -34,6 +41,7 @@ The stages call the library in this process (train_command, glue_command, report
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -61,32 +69,40 @@ from tinyelectra.errors import UserError  # noqa: E402
 PAPER_STEPS = 62_500  # 6.25% of ELECTRA-Small's 1M steps (Table 1)
 GLUE5 = ("cola", "sst2", "mrpc", "stsb", "rte")
 FINAL_CHECKPOINT = "ckpt-10000"  # the end of each run (its whole budget)
-MLM_TINY_OVERRIDES = ("objective.kind=mlm", "objective.mask_token_fraction=0.8", "objective.random_token_fraction=0.1")
+CONTROL_CHECKPOINT = "ckpt-0"  # the random-init arm's "checkpoint": the initial weights
+MLM_OVERRIDES = ("objective.kind=mlm", "objective.mask_token_fraction=0.8", "objective.random_token_fraction=0.1")
 PRESETS = {  # (ELECTRA recipe, its overrides, MLM recipe, its overrides)
     "paper": ("electra-small", (), "bert-small", ()),
-    # tiny-shaped ELECTRA against a tiny-shaped masked LM: one full-size (128-wide) encoder with BERT's 80/10/10
-    "tiny": ("tiny", (), "tiny", MLM_TINY_OVERRIDES),
+    # mini (6 x 128, CPU-scale) against the same encoder as a masked LM: one full-size encoder with BERT's 80/10/10
+    "cpu": ("mini", (), "mini", MLM_OVERRIDES),
+    "tiny": ("tiny", (), "tiny", MLM_OVERRIDES),
 }
-SIDES = ("electra", "mlm")
+ARMS = ("electra", "mlm", "mlm-paper", "random-init")
+PRETRAINED = ("electra", "mlm", "mlm-paper")
+STAGE_FILE = "quality-stages.json"  # per arm: the commands that ran, their wall time, who ran them
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# The plan: two recipes, equal paper-convention FLOPs
+# The plan: the arms and their equal compute
 # ----------------------------------------------------------------------------------------------------------------
 
 
 @dataclass
-class Side:
-    """One of the two pre-training runs: what it is, its budget and its plan."""
+class Arm:
+    """One arm: what it is, its budget and plan, where its files go."""
 
-    label: str  # electra | mlm
+    label: str  # electra | mlm | mlm-paper | random-init
     recipe_name: str
     overrides: list[str]
     recipe: object = None  # tinyelectra.config.Recipe
-    budget: str = ""
-    plan: object = None  # tinyelectra.budget.Plan
+    budget: str = ""  # "" for random-init (nothing is trained)
+    plan: object = None  # tinyelectra.budget.Plan (None for random-init)
+    matched: str | None = None  # mlm arms: the FLOP convention in which they equal ELECTRA
     run_dir: Path | None = None
-    record: dict = field(default_factory=dict)  # what the result file says about this side
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.run_dir / (CONTROL_CHECKPOINT if self.label == "random-init" else FINAL_CHECKPOINT)
 
 
 def flops_budget_text(total_flops: float) -> str:
@@ -94,21 +110,21 @@ def flops_budget_text(total_flops: float) -> str:
     return f"{total_flops!r}flops"
 
 
-def build_sides(args) -> tuple[Side, Side]:
+def build_arms(args) -> dict[str, Arm]:
     e_name, e_set, m_name, m_set = PRESETS[args.preset]
     e_name, m_name = args.electra_recipe or e_name, args.mlm_recipe or m_name
     if args.mlm_recipe:  # an explicitly named MLM recipe is taken as it is
         m_set = ()
-    electra = Side("electra", e_name, [*e_set, *args.recipe_set, *args.electra_set])
-    mlm = Side("mlm", m_name, [*m_set, *args.recipe_set, *args.mlm_set])
-    for side in (electra, mlm):
-        side.recipe = load_recipe(side.recipe_name, side.overrides)
+    electra = Arm("electra", e_name, [*e_set, *args.recipe_set, *args.electra_set])
+    electra.recipe = load_recipe(electra.recipe_name, electra.overrides)
+    mlm_overrides = [*m_set, *args.recipe_set, *args.mlm_set]
+    mlm_recipe = load_recipe(m_name, mlm_overrides)
     if electra.recipe.objective.kind != "electra":
         raise UserError(f"--electra-recipe {e_name}: its objective is {electra.recipe.objective.kind!r}, not electra")
-    if mlm.recipe.objective.kind != "mlm":
-        raise UserError(f"the MLM side ({m_name} with {' '.join(mlm.overrides) or 'no overrides'}) has objective "
-                        f"{mlm.recipe.objective.kind!r}; use an MLM recipe (bert-small) or --mlm-set objective.kind=mlm")
-    er, mr = electra.recipe, mlm.recipe
+    if mlm_recipe.objective.kind != "mlm":
+        raise UserError(f"the MLM arm ({m_name} with {' '.join(mlm_overrides) or 'no overrides'}) has objective "
+                        f"{mlm_recipe.objective.kind!r}; use an MLM recipe (bert-small) or --mlm-set objective.kind=mlm")
+    er, mr = electra.recipe, mlm_recipe
     if (er.train.seq_len, er.model.vocab_size) != (mr.train.seq_len, mr.model.vocab_size):
         raise UserError(f"the two recipes must read the same data: ELECTRA has T {er.train.seq_len} and V "
                         f"{er.model.vocab_size}, the MLM T {mr.train.seq_len} and V {mr.model.vocab_size}")
@@ -116,23 +132,36 @@ def build_sides(args) -> tuple[Side, Side]:
         raise UserError("--steps must be at least 1")
     electra.budget = f"{args.steps}steps"
     electra.plan = make_plan(parse_budget(electra.budget), er)
-    mlm.budget = flops_budget_text(electra.plan.train_flops_paper)
-    mlm.plan = make_plan(parse_budget(mlm.budget), mr)  # the steps that fit in ELECTRA's FLOPs (rounded down)
-    return electra, mlm
+    arms = {"electra": electra}
+    # equal hardware FLOPs: the most MLM steps whose matmul FLOPs fit in ELECTRA's (a steps budget)
+    probe = make_plan(parse_budget("1steps"), mr)
+    hw_steps = int(electra.plan.train_flops_hardware // probe.train_flops_hardware_per_step)
+    if hw_steps < 1:
+        raise UserError("the MLM arm cannot run one step within ELECTRA's hardware FLOPs; give more --steps")
+    arms["mlm"] = Arm("mlm", m_name, list(mlm_overrides), mr, f"{hw_steps}steps", matched="hardware")
+    # equal paper-convention FLOPs: a `...flops` budget (the trainer rounds down to whole steps)
+    arms["mlm-paper"] = Arm("mlm-paper", m_name, list(mlm_overrides), mr, flops_budget_text(electra.plan.train_flops_paper),
+                            matched="paper")
+    for arm in arms.values():
+        if arm.plan is None:
+            arm.plan = make_plan(parse_budget(arm.budget), arm.recipe)
+    arms["random-init"] = Arm("random-init", e_name, list(electra.overrides), er)
+    return arms
 
 
-def scale_differences(args, electra: Side, mlm: Side, tasks: list[str]) -> list[str]:
+def scale_differences(args, arms: dict[str, Arm], tasks: list[str]) -> list[str]:
     """Every way this run differs from the paper's 6.25% experiment; empty means it is that experiment."""
     diffs = []
+    electra, mlm = arms["electra"], arms["mlm"]
     if electra.recipe_name != "electra-small":
         diffs.append(f"ELECTRA recipe {electra.recipe_name}, not electra-small")
     if mlm.recipe_name != "bert-small":
         diffs.append(f"MLM recipe {mlm.recipe_name}" + (f" with {' '.join(mlm.overrides)}" if mlm.overrides else "")
                      + ", not bert-small")
-    for side in (electra, mlm):
-        shaping = [o for o in side.overrides if o not in MLM_TINY_OVERRIDES and not o.startswith(("train.precision=", "train.compile="))]
-        if shaping and side.recipe_name in ("electra-small", "bert-small"):
-            diffs.append(f"{side.label} recipe overridden: {' '.join(shaping)}")
+    for arm in (electra, mlm):
+        shaping = [o for o in arm.overrides if o not in MLM_OVERRIDES and not o.startswith(("train.precision=", "train.compile="))]
+        if shaping and arm.recipe_name in ("electra-small", "bert-small"):
+            diffs.append(f"{arm.label} recipe overridden: {' '.join(shaping)}")
     if args.steps != PAPER_STEPS:
         diffs.append(f"{args.steps} ELECTRA steps, not {PAPER_STEPS:,}")
     if sorted(tasks) != sorted(GLUE5):
@@ -167,45 +196,58 @@ def known_throughput(device: torch.device, recipe_name: str, batch: int, seq_len
     return None if best is None else best[:2]
 
 
-def expected_train_seconds(electra: Side, mlm: Side, device: torch.device) -> dict:
-    """Expected pre-training wall time from a measured throughput (ELECTRA side), the MLM side scaled by the
-    hardware FLOPs per step; None where nothing was measured."""
+def expected_train_seconds(arms: dict[str, Arm], device: torch.device) -> dict:
+    """Expected pre-training wall time from a measured throughput (ELECTRA), the MLM arms scaled by the hardware
+    FLOPs per step; None where nothing was measured."""
+    electra = arms["electra"]
     tr = electra.recipe.train
     found = known_throughput(device, electra.recipe_name, tr.batch_size, tr.seq_len)
+    out: dict = {label: None for label in PRETRAINED}
     if found is None:
-        return {"electra": None, "mlm": None, "source": "unknown: no throughput result for this recipe, shape and device "
-                "in benchmarks/results (run benchmarks/throughput.py)"}
+        out["source"] = ("unknown: no throughput result for this recipe, shape and device in benchmarks/results "
+                         "(run benchmarks/throughput.py)")
+        return out
     tps, source = found
-    e_seconds = electra.plan.expected_tokens / tps
-    hw_ratio = mlm.plan.train_flops_hardware_per_step / electra.plan.train_flops_hardware_per_step
-    m_seconds = mlm.plan.total_steps * hw_ratio * electra.plan.tokens_per_step / tps
-    return {"electra": e_seconds, "mlm": m_seconds,
-            "source": f"ELECTRA: {tps:,.0f} tokens/s measured in {source}; MLM: that rate scaled by the ratio of "
-                      f"hardware FLOPs per step ({hw_ratio:.3f}), an estimate"}
+    out["electra"] = electra.plan.expected_tokens / tps
+    for label in ("mlm", "mlm-paper"):
+        p = arms[label].plan
+        out[label] = p.total_steps * p.train_flops_hardware_per_step / electra.plan.train_flops_hardware_per_step * electra.plan.tokens_per_step / tps
+    out["source"] = (f"ELECTRA: {tps:,.0f} tokens/s measured in {source}; MLM: that rate scaled by the ratio of hardware "
+                     "FLOPs per step, an estimate")
+    return out
 
 
-def plan_record(side: Side) -> dict:
-    p = side.plan
-    return {"recipe": side.recipe_name, "overrides": side.overrides, "objective": side.recipe.objective.kind,
-            "budget": side.budget, "steps": p.total_steps, "warmup_steps": p.warmup_steps,
-            "batch_size": p.batch_size, "seq_len": p.seq_len, "tokens": p.expected_tokens,
+def plan_record(arm: Arm) -> dict:
+    if arm.plan is None:
+        return {"recipe": arm.recipe_name, "overrides": arm.overrides, "objective": "none (no pre-training)",
+                "budget": "none", "steps": 0, "tokens": 0, "train_flops_paper": 0.0, "train_flops_hardware": 0.0,
+                "note": "the ELECTRA run's initial weights (same seed, same initialisation), fine-tuned directly"}
+    p = arm.plan
+    return {"recipe": arm.recipe_name, "overrides": arm.overrides, "objective": arm.recipe.objective.kind,
+            "budget": arm.budget, "matched_convention": arm.matched, "steps": p.total_steps,
+            "warmup_steps": p.warmup_steps, "batch_size": p.batch_size, "seq_len": p.seq_len, "tokens": p.expected_tokens,
             "train_flops_paper_per_step": p.train_flops_paper_per_step, "train_flops_paper": p.train_flops_paper,
             "train_flops_hardware_per_step": p.train_flops_hardware_per_step,
             "train_flops_hardware": p.train_flops_hardware}
 
 
-def print_plan(electra: Side, mlm: Side, tasks: list[str], args, diffs: list[str], expected: dict) -> None:
+def print_plan(arms: dict[str, Arm], run: list[str], tasks: list[str], args, diffs: list[str], expected: dict) -> None:
     print("quality benchmark plan" + (" (the paper's 6.25% experiment)" if not diffs else " (REDUCED SCALE)"))
-    for side in (electra, mlm):
-        r = plan_record(side)
-        secs = expected[side.label]
-        print(f"  {side.label:8s} {side.recipe_name:14s} {r['steps']:>10,} steps  {r['tokens']:>15,} tokens  "
+    e = arms["electra"].plan
+    for label, arm in arms.items():
+        r = plan_record(arm)
+        if arm.plan is None:
+            print(f"  {label:11s} no pre-training: the ELECTRA run's initial weights" + ("" if label in run else "  (not run here)"))
+            continue
+        secs = expected.get(label)
+        ratios = (f"  = {r['train_flops_hardware'] / e.train_flops_hardware:.4f} x ELECTRA's hardware FLOPs, "
+                  f"{r['train_flops_paper'] / e.train_flops_paper:.4f} x its paper FLOPs") if label != "electra" else ""
+        print(f"  {label:11s} {arm.recipe_name:13s} {r['steps']:>10,} steps {r['tokens']:>14,} tokens  "
               f"{r['train_flops_paper']:.4e} FLOPs (paper)  {r['train_flops_hardware']:.4e} (hardware)  "
-              f"warm-up {r['warmup_steps']:,}  expected {'unknown' if secs is None else f'{secs / 3600:.2f} h'}")
-        if side.overrides:
-            print(f"           --set {' --set '.join(side.overrides)}")
-    ratio = mlm.plan.train_flops_paper / electra.plan.train_flops_paper
-    print(f"  MLM / ELECTRA paper-convention FLOPs: {ratio:.6f} (the MLM's steps are rounded down)")
+              f"warm-up {r['warmup_steps']:,}  expected {'unknown' if secs is None else f'{secs / 3600:.2f} h'}{ratios}"
+              + ("" if label in run else "  (not run here)"))
+        if arm.overrides:
+            print(f"              --set {' --set '.join(arm.overrides)}")
     print(f"  expected time: {expected['source']}")
     print(f"  GLUE: {','.join(tasks)} x {args.seeds} seed(s)"
           + (f", first {args.max_train_rows} training rows" if args.max_train_rows else "")
@@ -261,7 +303,7 @@ def write_synthetic_glue(glue_dir: Path, train_rows: int = 2000, dev_rows: int =
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Running one side: pre-train (or reuse / resume), fine-tune, report
+# Running one arm: pre-train (or reuse / resume) or write the initial weights, fine-tune, report
 # ----------------------------------------------------------------------------------------------------------------
 
 
@@ -273,24 +315,24 @@ def _set_args(overrides: list[str]) -> list[str]:
     return [x for o in overrides for x in ("--set", o)]
 
 
-def train_args(side: Side, data: str, device: torch.device) -> list[str]:
-    args = ["train", "--recipe", side.recipe_name, "--budget", side.budget, "--device", str(device),
-            "--out", str(side.run_dir), *_set_args(side.overrides)]
+def train_args(arm: Arm, data: str, device: torch.device) -> list[str]:
+    args = ["train", "--recipe", arm.recipe_name, "--budget", arm.budget, "--device", str(device),
+            "--out", str(arm.run_dir), *_set_args(arm.overrides)]
     return args if data == "builtin" else [*args, "--data", data]
 
 
-def training_state(side: Side) -> str:
+def training_state(arm: Arm) -> str:
     """finished (same recipe and budget) | resume | fresh; a UserError when the directory holds another run."""
-    run = side.run_dir
+    run = arm.run_dir
     if not (run / "plan.json").is_file():
         return "fresh"
     saved_recipe = json.loads((run / "recipe.json").read_text()) if (run / "recipe.json").is_file() else {}
     saved_budget = json.loads((run / "plan.json").read_text()).get("budget")
-    now = json.loads(json.dumps(side.recipe.to_dict()))
+    now = json.loads(json.dumps(arm.recipe.to_dict()))
     saved_recipe.pop("deviations", None), now.pop("deviations", None)  # the trainer adds the --set changes to its copy
-    if saved_recipe != now or saved_budget != side.budget:
+    if saved_recipe != now or saved_budget != arm.budget:
         raise UserError(f"{run} holds another run (recipe or budget {saved_budget} differ from this plan's "
-                        f"{side.budget}); choose another --work-dir or remove it")
+                        f"{arm.budget}); choose another --work-dir or remove it")
     if (run / "summary.json").is_file() and (run / FINAL_CHECKPOINT).is_dir():
         return "finished"
     if (run / "state" / "LATEST").exists():
@@ -298,21 +340,21 @@ def training_state(side: Side) -> str:
     raise UserError(f"{run} holds a run that stopped before its first resume state; remove it to start again")
 
 
-def pretrain(side: Side, data: str, device: torch.device) -> dict:
+def pretrain(arm: Arm, data: str, device: torch.device) -> dict:
     from tinyelectra.train import train_command
 
-    state = training_state(side)
-    args = train_args(side, data, device)
+    state = training_state(arm)
+    args = train_args(arm, data, device)
     info = {"command": _cli(*args, *(["--resume"] if state == "resume" else [])), "state_before": state}
     if state == "finished":
-        print(f"{side.label}: reusing the finished run in {side.run_dir}")
+        print(f"{arm.label}: reusing the finished run in {arm.run_dir}")
         return info
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}  # the trainer installs its own
     t0 = time.perf_counter()
     try:
-        train_command(budget=side.budget, data_dir=None if data == "builtin" else Path(data), corpus=None,
-                      recipe_name=side.recipe_name, gpu=None, device=str(device), out_dir=side.run_dir,
-                      resume=state == "resume", overrides=list(side.overrides), command=info["command"])
+        train_command(budget=arm.budget, data_dir=None if data == "builtin" else Path(data), corpus=None,
+                      recipe_name=arm.recipe_name, gpu=None, device=str(device), out_dir=arm.run_dir,
+                      resume=state == "resume", overrides=list(arm.overrides), command=info["command"])
     finally:
         for s, h in handlers.items():
             signal.signal(s, h)
@@ -320,12 +362,42 @@ def pretrain(side: Side, data: str, device: torch.device) -> dict:
     return info
 
 
-def finetune(side: Side, glue_dir: Path, tasks: list[str], seeds: int, max_train_rows: int | None,
+def write_initial_weights(arm: Arm, data: str, device: torch.device) -> dict:
+    """The control's checkpoint: the model the ELECTRA run starts from (same recipe, same seed), with the data's
+    tokenizer and the held-out diagnostics of those untrained weights."""
+    from contextlib import nullcontext
+
+    from tinyelectra.checkpoint import is_checkpoint, save_checkpoint
+    from tinyelectra.data import PretrainData
+    from tinyelectra.diagnostics import evaluate
+    from tinyelectra.electra import SpecialIds
+    from tinyelectra.model import Electra
+    from tinyelectra.train import Dist, resolve_data
+
+    target = arm.checkpoint
+    if is_checkpoint(target):
+        print(f"{arm.label}: reusing the initial weights in {target}")
+        return {"state_before": "finished", "checkpoint": str(target)}
+    recipe = arm.recipe
+    data_dir = resolve_data(None if data == "builtin" else Path(data), None, recipe, arm.run_dir, Dist())
+    pd = PretrainData(data_dir)
+    torch.manual_seed(recipe.train.seed)  # as train() does before building the model
+    model = Electra(recipe.model, recipe.objective.kind)
+    ev = evaluate(model, pd, recipe, SpecialIds.from_tokenizer(pd.tokenizer), torch.device("cpu"), nullcontext(),
+                  micro=recipe.train.batch_size)
+    meta = {"name": CONTROL_CHECKPOINT, "step": 0, "fraction": 0.0, "tokens_seen": 0, "train_flops_paper": 0.0,
+            "train_flops_hardware": 0.0, "eval": ev, "recipe": recipe.name,
+            "note": "no pre-training: the initial weights of the ELECTRA run (same recipe, same seed)"}
+    save_checkpoint(target, model, recipe, meta, pd.path / "tokenizer")
+    return {"state_before": "fresh", "checkpoint": str(target)}
+
+
+def finetune(arm: Arm, glue_dir: Path, tasks: list[str], seeds: int, max_train_rows: int | None,
              glue_set: list[str], device: torch.device) -> dict:
     from tinyelectra.glue import glue_command
 
     overrides = ["test_predictions=false", *glue_set]  # dev scores only: no submission files
-    ckpt = side.run_dir / FINAL_CHECKPOINT
+    ckpt = arm.checkpoint
     args = ["glue", "--checkpoint", str(ckpt), "--glue-dir", str(glue_dir), "--tasks", ",".join(tasks),
             "--seeds", str(seeds), "--device", str(device), *_set_args(overrides)]
     if max_train_rows:
@@ -337,38 +409,75 @@ def finetune(side: Side, glue_dir: Path, tasks: list[str], seeds: int, max_train
     return {"command": _cli(*args), "glue_json": str(path), "stage_wall_seconds": time.perf_counter() - t0}
 
 
-def report(side: Side) -> dict:
+def report(arm: Arm) -> dict:
     from tinyelectra.report import report_command
 
     try:
-        report_command(side.run_dir, None)
-        return {"command": _cli("report", str(side.run_dir)), "report_md": str(side.run_dir / "report.md")}
+        report_command(arm.run_dir, None)
+        return {"command": _cli("report", str(arm.run_dir)), "report_md": str(arm.run_dir / "report.md")}
     except Exception as e:  # noqa: BLE001 - a report that cannot render must not lose the measured numbers
-        return {"command": _cli("report", str(side.run_dir)), "error": f"{type(e).__name__}: {e}"}
+        return {"command": _cli("report", str(arm.run_dir)), "error": f"{type(e).__name__}: {e}"}
+
+
+def read_stages(arm: Arm) -> dict:
+    path = arm.run_dir / STAGE_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def record_stage(arm: Arm, stage: str, info: dict) -> None:
+    """What a stage ran (command, wall time, process), kept beside the arm's files for whichever process writes."""
+    stages = read_stages(arm)
+    stages[stage] = {**info, "pid": os.getpid(), "threads": torch.get_num_threads()}
+    arm.run_dir.mkdir(parents=True, exist_ok=True)
+    tmp = arm.run_dir / f"{STAGE_FILE}.tmp-{os.getpid()}"
+    tmp.write_text(json.dumps(stages, indent=2) + "\n")
+    os.replace(tmp, arm.run_dir / STAGE_FILE)
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Reading what the stages wrote, and the comparison
+# Reading what the stages wrote, and the comparisons
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def pretraining_facts(side: Side, data_train_tokens: int | None) -> dict:
-    run = side.run_dir
+def pretraining_facts(arm: Arm, data_train_tokens: int | None) -> dict | None:
+    """What the arm's pre-training did (None until it finished); for the control, its untrained weights' diagnostics."""
+    if arm.label == "random-init":
+        meta = arm.checkpoint / "meta.json"
+        if not meta.is_file():
+            return None
+        return {"steps": 0, "tokens_seen": 0, "train_flops_paper": 0.0, "train_flops_hardware": 0.0,
+                "held_out_eval_at_end": json.loads(meta.read_text()).get("eval", {})}
+    run = arm.run_dir
+    if not (run / "summary.json").is_file():
+        return None
     s = json.loads((run / "summary.json").read_text())
     meta_path = run / FINAL_CHECKPOINT / "meta.json"
     ev = json.loads(meta_path.read_text()).get("eval", {}) if meta_path.is_file() else {}
-    excluded = s.get("excluded_seconds") or {}
+    checkpoints = []
+    for c in s.get("checkpoints", []):
+        m = run / c / "meta.json"
+        if m.is_file():
+            meta = json.loads(m.read_text())
+            checkpoints.append({"name": c, "step": meta.get("step"), "eval": meta.get("eval", {})})
     out = {"steps": s["steps"], "tokens_seen": s["tokens_seen"], "train_flops_paper": s["train_flops_paper"],
            "train_flops_hardware": s["train_flops_hardware"], "train_seconds": s["train_seconds"],
-           "excluded_seconds": excluded, "precision": s["precision"], "device": s["device"],
-           "parameters": s["parameters"], "held_out_eval_at_end": ev,
+           "excluded_seconds": s.get("excluded_seconds") or {}, "precision": s["precision"], "device": s["device"],
+           "parameters": s["parameters"], "held_out_eval_at_end": ev, "held_out_eval_by_checkpoint": checkpoints,
            "epochs_over_data": None if not data_train_tokens else s["tokens_seen"] / data_train_tokens}
     if s.get("steps") and s["train_seconds"]:
         out["tokens_per_second"] = s["tokens_seen"] / s["train_seconds"]
     return out
 
 
-def glue_facts(glue_json: Path) -> dict:
+def glue_json_path(arm: Arm) -> Path:
+    """Where `tinyelectra glue` writes the arm's results (a run's glue/ folder, or the control checkpoint's)."""
+    base = arm.run_dir if arm.label != "random-init" else arm.checkpoint
+    return base / "glue" / arm.checkpoint.name / "glue.json"
+
+
+def glue_facts(glue_json: Path) -> dict | None:
+    if not Path(glue_json).is_file():
+        return None
     g = json.loads(Path(glue_json).read_text())
     tasks = {}
     for t, e in g["tasks"].items():
@@ -386,15 +495,35 @@ def glue_facts(glue_json: Path) -> dict:
             "seconds_total": g.get("seconds_total")}
 
 
-def comparison(electra_glue: dict, mlm_glue: dict) -> dict:
-    common_tasks = [t for t in electra_glue["tasks"] if t in mlm_glue["tasks"]]
-    per_task = {t: electra_glue["tasks"][t]["median"] - mlm_glue["tasks"][t]["median"] for t in common_tasks}
-    gap = None
-    if electra_glue["average"] is not None and mlm_glue["average"] is not None:
-        gap = electra_glue["average"] - mlm_glue["average"]
-    return {"average_gap_electra_minus_mlm": gap, "per_task_gap_electra_minus_mlm": per_task,
-            "electra_better_on": sorted(t for t, g in per_task.items() if g > 0),
-            "mlm_better_on": sorted(t for t, g in per_task.items() if g < 0)}
+def compare(a: dict, b: dict) -> dict:
+    """Arm a against arm b on their common tasks: the gap of the averages of the per-task medians, per-task gaps, and
+    the range of the differences between every per-seed average of a and every one of b (the spread a gap must
+    clear before it says more than fine-tuning noise)."""
+    common = [t for t in a["tasks"] if t in b["tasks"]]
+    per_task = {t: a["tasks"][t]["median"] - b["tasks"][t]["median"] for t in common}
+    gap = statistics.fmean(per_task.values()) if per_task else None
+    seed_avg = lambda g: [statistics.fmean(g["tasks"][t]["seeds"][k] for t in common)  # noqa: E731
+                          for k in range(min(len(g["tasks"][t]["seeds"]) for t in common))] if common else []
+    diffs = [x - y for x, y in itertools.product(seed_avg(a), seed_avg(b))]
+    return {"tasks": common, "average_gap": gap, "per_task_gap": per_task,
+            "per_seed_average_gap_min": min(diffs) if diffs else None,
+            "per_seed_average_gap_max": max(diffs) if diffs else None,
+            "better_on": sorted(t for t, g in per_task.items() if g > 0),
+            "worse_on": sorted(t for t, g in per_task.items() if g < 0),
+            "every_seed_pair_agrees": bool(diffs) and (min(diffs) > 0 or max(diffs) < 0)}
+
+
+COMPARISONS = (("electra", "mlm"), ("electra", "mlm-paper"), ("electra", "random-init"), ("mlm", "random-init"),
+               ("mlm-paper", "random-init"))
+
+
+def comparisons(runs: dict) -> dict:
+    out = {}
+    for a, b in COMPARISONS:
+        ga, gb = (runs.get(a) or {}).get("glue"), (runs.get(b) or {}).get("glue")
+        if ga and gb:
+            out[f"{a}_minus_{b}"] = compare(ga, gb)
+    return out
 
 
 def paper_reference(tasks: list[str]) -> dict:
@@ -421,7 +550,7 @@ def paper_reference(tasks: list[str]) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# The comparison markdown
+# The markdown
 # ----------------------------------------------------------------------------------------------------------------
 
 
@@ -435,61 +564,97 @@ def _dur(seconds) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else (f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.2f} h")
 
 
+ARM_TITLES = {"electra": "ELECTRA", "mlm": "MLM (equal hardware FLOPs)", "mlm-paper": "MLM (equal paper FLOPs)",
+              "random-init": "no pre-training"}
+
+
 def render_markdown(doc: dict) -> str:
-    e, m = doc["runs"]["electra"], doc["runs"]["mlm"]
-    lines = [f"# ELECTRA vs MLM at equal pre-training FLOPs ({doc['device']})", ""]
+    runs = doc["runs"]
+    labels = [a for a in ARMS if a in runs]
+    lines = [f"# ELECTRA vs MLM at equal pre-training compute, and a no-pre-training control ({doc['device']})", ""]
     if doc["experiment"]["is_paper_configuration"]:
         lines += ["The paper's 6.25% budget experiment (Clark et al. 2020, Table 1 point), as configured here.", ""]
     else:
-        lines += ["**REDUCED SCALE: a demonstration of the machinery, NOT the paper's 6.25% experiment.** Differences:", ""]
+        lines += ["**REDUCED SCALE: NOT the paper's 6.25% experiment.** Differences from it:", ""]
         lines += [f"- {d}" for d in doc["experiment"]["differences"]] + [""]
     for c in doc["experiment"].get("caveats") or []:
         lines += [f"Caveat: {c}.", ""]
-    lines += [f"Equal compute: the MLM's paper-convention training FLOPs are "
-              f"{doc['experiment']['mlm_over_electra_train_flops_paper']:.5f} x ELECTRA's (its step count rounded down).", ""]
+    if not doc.get("complete"):
+        lines += ["**Incomplete**: some arms are still running; missing numbers show as -.", ""]
     if doc.get("note"):
         lines += [doc["note"], ""]
-    lines += ["## Pre-training", "", "| | ELECTRA | MLM |", "|---|---|---|"]
+    head = "| | " + " | ".join(ARM_TITLES[a] for a in labels) + " |"
+    lines += ["## Pre-training", "", head, "|---" * (len(labels) + 1) + "|"]
 
-    def row(name, key, fmt):
-        pe, pm = e.get("pretraining") or {}, m.get("pretraining") or {}
-        lines.append(f"| {name} | {fmt(pe.get(key))} | {fmt(pm.get(key))} |")
+    def pre(a):
+        return (runs[a].get("pretraining") or {})
 
-    lines.append(f"| recipe | {e['plan']['recipe']} {' '.join(e['plan']['overrides'])} | {m['plan']['recipe']} "
-                 f"{' '.join(m['plan']['overrides'])} |")
-    lines.append(f"| budget | {e['plan']['budget']} | {m['plan']['budget']} |")
-    row("steps", "steps", lambda x: _f(x, "{:,}"))
-    row("tokens seen", "tokens_seen", lambda x: _f(x, "{:,}"))
-    row("train FLOPs, paper convention", "train_flops_paper", lambda x: _f(x, "{:.4e}"))
-    row("train FLOPs, hardware convention", "train_flops_hardware", lambda x: _f(x, "{:.4e}"))
-    row("training time", "train_seconds", _dur)
-    row("tokens/s", "tokens_per_second", lambda x: _f(x, "{:,.0f}"))
-    row("epochs over the data", "epochs_over_data", lambda x: _f(x, "{:.2f}"))
-    row("precision", "precision", str)
-    row("parameters", "parameters", lambda x: _f(x, "{:,}"))
-    ev_e = (e.get("pretraining") or {}).get("held_out_eval_at_end") or {}
-    ev_m = (m.get("pretraining") or {}).get("held_out_eval_at_end") or {}
-    lines.append(f"| held-out MLM accuracy at the end | {_f(ev_e.get('gen_acc'), '{:.3f}')} | {_f(ev_m.get('gen_acc'), '{:.3f}')} |")
-    lines.append(f"| held-out discriminator accuracy (all-original baseline) | {_f(ev_e.get('disc_acc'), '{:.4f}')} "
-                 f"({_f(ev_e.get('baseline_acc'), '{:.4f}')}) | - |")
-    lines += ["", f"Device: {(e.get('pretraining') or {}).get('device', '-')}.", ""]
+    def ev(a):
+        return pre(a).get("held_out_eval_at_end") or {}
 
-    eg, mg = e.get("glue"), m.get("glue")
-    if eg and mg:
+    def row(name, fn):
+        lines.append(f"| {name} | " + " | ".join(fn(a) for a in labels) + " |")
+
+    row("recipe", lambda a: f"{runs[a]['plan']['recipe']} {' '.join(runs[a]['plan']['overrides'])}".strip())
+    row("budget", lambda a: runs[a]["plan"]["budget"])
+    row("steps", lambda a: _f(pre(a).get("steps"), "{:,}"))
+    row("tokens seen", lambda a: _f(pre(a).get("tokens_seen"), "{:,}"))
+    row("train FLOPs, hardware convention", lambda a: _f(pre(a).get("train_flops_hardware"), "{:.4e}"))
+    row("train FLOPs, paper convention", lambda a: _f(pre(a).get("train_flops_paper"), "{:.4e}"))
+    row("training time", lambda a: _dur(pre(a).get("train_seconds")))
+    row("tokens/s", lambda a: _f(pre(a).get("tokens_per_second"), "{:,.0f}"))
+    row("epochs over the data", lambda a: _f(pre(a).get("epochs_over_data"), "{:.2f}"))
+    row("precision", lambda a: str(pre(a).get("precision", "-")))
+    row("held-out discriminator accuracy (all-original prior)", lambda a: (
+        f"{_f(ev(a).get('disc_acc'), '{:.4f}')} ({_f(ev(a).get('baseline_acc'), '{:.4f}')})" if "disc_acc" in ev(a) else "-"))
+    row("held-out discriminator ROC-AUC", lambda a: _f(ev(a).get("disc_auc"), "{:.3f}"))
+    row("held-out discriminator precision / recall", lambda a: (
+        f"{_f(ev(a).get('disc_precision'), '{:.3f}')} / {_f(ev(a).get('disc_recall'), '{:.3f}')}" if "disc_acc" in ev(a) else "-"))
+    row("held-out generator / MLM accuracy (unigram baseline)", lambda a: (
+        f"{_f(ev(a).get('gen_acc'), '{:.3f}')} ({_f(ev(a).get('unigram_acc'), '{:.3f}')})" if "gen_acc" in ev(a) else "-"))
+    row("verdict", lambda a: ev(a).get("verdict", "-").split(":")[0] if ev(a) else "-")
+    device = next((pre(a).get("device") for a in labels if pre(a).get("device")), "-")
+    lines += ["", f"Device: {device}.", ""]
+
+    curves = [(a, pre(a).get("held_out_eval_by_checkpoint") or []) for a in labels if pre(a).get("held_out_eval_by_checkpoint")]
+    if curves:
+        lines += ["Held-out diagnostics at each fraction checkpoint:", "", "| arm | checkpoint | step | disc. acc - prior | AUC | gen./MLM acc | unigram |",
+                  "|---|---|---|---|---|---|---|"]
+        for a, cks in curves:
+            for c in cks:
+                e = c["eval"]
+                gain = e["disc_acc"] - e["baseline_acc"] if "disc_acc" in e else None
+                lines.append(f"| {ARM_TITLES[a]} | {c['name']} | {_f(c['step'], '{:,}')} | {_f(gain, '{:+.4f}')} | "
+                             f"{_f(e.get('disc_auc'), '{:.3f}')} | {_f(e.get('gen_acc'), '{:.3f}')} | {_f(e.get('unigram_acc'), '{:.3f}')} |")
+        lines.append("")
+
+    glued = [a for a in labels if runs[a].get("glue")]
+    if glued:
         syn = " (SYNTHETIC tasks, not GLUE)" if doc["glue"]["synthetic"] else ""
-        lines += [f"## Fine-tuning{syn}: median ± std over {doc['glue']['seeds']} seed(s)", "",
-                  "| task | metric | ELECTRA | MLM | gap |", "|---|---|---|---|---|"]
+        lines += [f"## Fine-tuning{syn}: dev median ± std over {doc['glue']['seeds']} seed(s)", "",
+                  "| task | metric | " + " | ".join(ARM_TITLES[a] for a in glued) + " |", "|---|---" + "|---" * len(glued) + "|"]
         for t in doc["glue"]["tasks"]:
-            te, tm = eg["tasks"].get(t), mg["tasks"].get(t)
-            if te is None or tm is None:
-                continue
-            lines.append(f"| {t} | {te['metric']} | {_f(te['median'])} ± {_f(te['std'])} | {_f(tm['median'])} ± "
-                         f"{_f(tm['std'])} | {_f(te['median'] - tm['median'], '{:+.1f}')} |")
-        c = doc["comparison"]
-        lines.append(f"| **average** | | **{_f(eg['average'])}** | **{_f(mg['average'])}** | "
-                     f"**{_f(c['average_gap_electra_minus_mlm'], '{:+.1f}')}** |")
-        lines += ["", f"Spread of the per-seed averages (std): ELECTRA {_f(eg['per_seed_average_std'], '{:.2f}')}, "
-                      f"MLM {_f(mg['per_seed_average_std'], '{:.2f}')}.", ""]
+            cells, metric = [], "-"
+            for a in glued:
+                te = runs[a]["glue"]["tasks"].get(t)
+                metric = te["metric"] if te else metric
+                cells.append(f"{_f(te['median'])} ± {_f(te['std'])}" if te else "-")
+            lines.append(f"| {t} | {metric} | " + " | ".join(cells) + " |")
+        lines.append("| **average** | | " + " | ".join(f"**{_f(runs[a]['glue']['average'])}**" for a in glued) + " |")
+        lines.append("| per-seed averages | | " + " | ".join(
+            ", ".join(_f(x) for x in runs[a]["glue"]["per_seed_averages"]) for a in glued) + " |")
+        lines.append("")
+    if doc.get("comparisons"):
+        lines += ["## Gaps (average of the per-task median gaps; range over every pair of per-seed averages)", "",
+                  "| comparison | gap | range | better on | worse on |", "|---|---|---|---|---|"]
+        for key, c in doc["comparisons"].items():
+            a, b = key.split("_minus_")
+            lines.append(f"| {ARM_TITLES[a]} − {ARM_TITLES[b]} | {_f(c['average_gap'], '{:+.2f}')} | "
+                         f"{_f(c['per_seed_average_gap_min'], '{:+.2f}')} … {_f(c['per_seed_average_gap_max'], '{:+.2f}')} | "
+                         f"{', '.join(c['better_on']) or '-'} | {', '.join(c['worse_on']) or '-'} |")
+        lines.append("")
+    if doc.get("findings"):
+        lines += ["## What this shows, and what it does not", ""] + [f"- {x}" for x in doc["findings"]] + [""]
     p = doc["paper_reference"]
     lines += ["## Published reference (not measured here)", "",
               f"- ELECTRA-Small at 6.25% (62.5k steps, {p['electra_small_6.25pct']['train_flops_paper']:.1e} FLOPs): "
@@ -499,9 +664,9 @@ def render_markdown(doc: dict) -> str:
               f"- ELECTRA-Small (OpenWebText, 1M steps) averaged over the tasks run here: "
               f"{_f(p['per_task_electra_small_owt_1M']['average_over_these_tasks'])}.", ""]
     lines += ["## Files", ""]
-    for label, r in (("ELECTRA", e), ("MLM", m)):
-        lines.append(f"- {label}: run `{r['run_dir']}`" + (f", report `{r['report']['report_md']}`"
-                                                           if (r.get("report") or {}).get("report_md") else ""))
+    for a in labels:
+        lines.append(f"- {ARM_TITLES[a]}: `{runs[a]['run_dir']}`" + (f", report `{runs[a]['report']['report_md']}`"
+                                                                      if (runs[a].get("report") or {}).get("report_md") else ""))
     lines += ["", f"Command: `{doc['command']}`",
               f"Commit: {doc.get('git_commit_at_start', doc['git_commit'])} at the start; {doc['git_commit']} when written", ""]
     return "\n".join(lines)
@@ -526,11 +691,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--synthetic-glue", action="store_true", help="generated tasks in GLUE formats instead of GLUE "
                     "(for machines without GLUE data; the result says so)")
     ap.add_argument("--preset", default="paper", choices=sorted(PRESETS), help="paper: electra-small vs bert-small; "
-                    "tiny: the tiny recipe vs the tiny recipe as a masked LM (" + " ".join(MLM_TINY_OVERRIDES) + ")")
+                    "cpu: mini vs mini as a masked LM; tiny: tiny vs tiny as a masked LM (" + " ".join(MLM_OVERRIDES) + ")")
     ap.add_argument("--electra-recipe", default=None, help="overrides the preset's ELECTRA recipe")
     ap.add_argument("--mlm-recipe", default=None, help="overrides the preset's MLM recipe (used as it is)")
-    ap.add_argument("--steps", type=int, default=PAPER_STEPS, help="ELECTRA steps; the MLM gets the same paper FLOPs")
-    ap.add_argument("--recipe-set", action="append", default=[], metavar="KEY=VALUE", help="recipe override for both runs")
+    ap.add_argument("--steps", type=int, default=PAPER_STEPS, help="ELECTRA steps; the MLM arms get the same FLOPs")
+    ap.add_argument("--arms", default=",".join(ARMS), help=f"arms this process runs, of {','.join(ARMS)} (the result "
+                    "file shows every arm found on disk)")
+    ap.add_argument("--recipe-set", action="append", default=[], metavar="KEY=VALUE", help="recipe override for every arm")
     ap.add_argument("--electra-set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--mlm-set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--tasks", default=",".join(GLUE5))
@@ -539,10 +706,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--glue-set", action="append", default=[], metavar="KEY=VALUE", help="`tinyelectra glue --set`")
     ap.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: a GPU if there is one)")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    ap.add_argument("--work-dir", default=None, help="where the two runs go (default runs/quality-<device>)")
+    ap.add_argument("--work-dir", default=None, help="where the arms' runs go (default runs/quality-<device>)")
     ap.add_argument("--out-dir", default=None, help="result directory (default benchmarks/results)")
     ap.add_argument("--name", default=None, help="result file name (default quality-<device>)")
     ap.add_argument("--note", default=None, help="a sentence stored in the result and shown in the markdown")
+    ap.add_argument("--findings", default=None, help="a JSON list of sentences (the write-up) stored and shown")
+    ap.add_argument("--collect-only", action="store_true", help="run nothing; write the result from what is on disk")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and exit; nothing runs or is written")
     return ap.parse_args(argv)
 
@@ -555,7 +724,13 @@ def main(argv: list[str] | None = None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = runtime.pick_device(None, args.device)
-    electra, mlm = build_sides(args)
+    arms = build_arms(args)
+    run = [a.strip() for a in args.arms.split(",") if a.strip()]
+    unknown = [a for a in run if a not in ARMS]
+    if unknown or not run:
+        raise UserError(f"--arms {args.arms!r}: choose among {', '.join(ARMS)}")
+    if args.collect_only:
+        run = []
     if args.seeds < 1:
         raise UserError("--seeds must be at least 1")
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
@@ -563,13 +738,14 @@ def main(argv: list[str] | None = None) -> dict:
         tasks = [t for t in tasks if t in ("sst2", "rte")] or ["sst2", "rte"]
     slug = device_slug(device)
     work = Path(args.work_dir) if args.work_dir else ROOT / "runs" / f"quality-{slug}"
-    electra.run_dir, mlm.run_dir = work / "electra", work / "mlm"
-    diffs = scale_differences(args, electra, mlm, tasks)
-    expected = expected_train_seconds(electra, mlm, device)
-    print_plan(electra, mlm, tasks, args, diffs, expected)
-    plan_doc = {"electra": plan_record(electra), "mlm": plan_record(mlm), "expected_train_seconds": expected}
+    for arm in arms.values():
+        arm.run_dir = work / arm.label
+    diffs = scale_differences(args, arms, tasks)
+    expected = expected_train_seconds(arms, device)
+    print_plan(arms, run, tasks, args, diffs, expected)
+    plan_doc = {label: plan_record(arm) for label, arm in arms.items()}
     if args.dry_run:
-        return {"dry_run": True, **plan_doc, "differences": diffs}
+        return {"dry_run": True, **plan_doc, "expected_train_seconds": expected, "differences": diffs}
 
     glue_dir = Path(args.glue_dir) if args.glue_dir else None
     if args.synthetic_glue:
@@ -590,66 +766,80 @@ def main(argv: list[str] | None = None) -> dict:
 
     caveats = []
     if data_train_tokens:
-        epochs = max(electra.plan.expected_tokens, mlm.plan.expected_tokens) / data_train_tokens
+        epochs = max(arms[a].plan.expected_tokens for a in PRETRAINED) / data_train_tokens
         if epochs > 1:
             caveats.append(f"the data holds {data_train_tokens:,} training tokens: the runs go over it up to "
                            f"{epochs:.1f} times (the paper's 6.25% point saw about 1.0B tokens of a 3.3B-token corpus, "
                            "a third of one pass)")
-    flops_ratio = mlm.plan.train_flops_paper / electra.plan.train_flops_paper
+    e_plan = arms["electra"].plan
     name = args.name or f"quality-{slug}"
     out_dir = Path(args.out_dir) if args.out_dir else RESULTS
     started = time.perf_counter()
-    doc: dict = {
+    command = command_line("benchmarks/quality.py", argv)
+    findings = json.loads(args.findings) if args.findings else None
+    head = {
         "experiment": {"is_paper_configuration": not diffs, "differences": diffs,
                        "kind": "the paper's 6.25% experiment" if not diffs else
-                               "REDUCED-SCALE demonstration, not the paper's 6.25% experiment",
+                               "REDUCED-SCALE run, not the paper's 6.25% experiment",
                        "schedule": "each run is scheduled over its own budget (warm-up, then linear decay to 0 at its "
                                    "end); the paper's 6.25% row is a snapshot of a 1M-step run",
-                       "caveats": caveats,
-                       "mlm_over_electra_train_flops_paper": flops_ratio},
-        "note": args.note, "device": slug, "torch_device": str(device),
+                       "equal_compute": {
+                           "mlm": "the most MLM steps whose hardware-convention FLOPs fit in ELECTRA's",
+                           "mlm-paper": "the most MLM steps whose paper-convention FLOPs fit in ELECTRA's",
+                           "mlm_over_electra": {a: {"hardware": arms[a].plan.train_flops_hardware / e_plan.train_flops_hardware,
+                                                    "paper": arms[a].plan.train_flops_paper / e_plan.train_flops_paper,
+                                                    "steps": arms[a].plan.total_steps / e_plan.total_steps}
+                                                for a in ("mlm", "mlm-paper")}},
+                       "caveats": caveats},
+        "note": args.note, "findings": findings, "device": slug, "torch_device": str(device),
         # the code that ran; "git_commit" beside it is HEAD when the file was (re)written, hours later at full scale
         "git_commit_at_start": git_commit(),
         "data": {"path": args.data, "train_tokens": data_train_tokens},
         "glue": {"dir": str(glue_dir), "synthetic": args.synthetic_glue, "tasks": tasks, "seeds": args.seeds,
                  "max_train_rows": args.max_train_rows, "settings": args.glue_set,
-                 "protocol": "tinyelectra glue (paper protocol), dev sets, median over seeds; final checkpoint of each run"},
-        "precision": None, "paper_reference": paper_reference(tasks),
-        "runs": {s.label: {"plan": plan_record(s), "run_dir": str(s.run_dir)} for s in (electra, mlm)},
-        "expected_train_seconds": expected, "comparison": None, "complete": False,
+                 "protocol": "tinyelectra glue (paper protocol unless `settings` say otherwise), dev sets, median over "
+                             "seeds; the final checkpoint of each pre-trained arm, the initial weights for random-init"},
+        "paper_reference": paper_reference(tasks), "expected_train_seconds": expected,
     }
-    command = command_line("benchmarks/quality.py", argv)
 
     def save() -> Path:
-        doc["wall_seconds_this_invocation"] = time.perf_counter() - started
-        if all(doc["runs"][s].get("glue") for s in SIDES):
-            doc["comparison"] = comparison(doc["runs"]["electra"]["glue"], doc["runs"]["mlm"]["glue"])
+        """The result from what is on disk (any process's arms), rewritten atomically, and its markdown."""
+        runs = {}
+        for label, arm in arms.items():
+            if label not in run and not arm.run_dir.exists():
+                continue
+            stages = read_stages(arm)
+            runs[label] = {"plan": plan_record(arm), "run_dir": str(arm.run_dir), **stages,
+                           "pretraining": pretraining_facts(arm, data_train_tokens), "glue": glue_facts(glue_json_path(arm))}
+        complete = all((runs.get(a) or {}).get("glue") and runs[a]["glue"]["complete"] for a in ARMS if a in run or a in runs)
+        doc = {**head, "runs": runs, "comparisons": comparisons(runs), "complete": bool(runs) and complete,
+               "wall_seconds_this_invocation": time.perf_counter() - started}
+        doc["comparison"] = doc["comparisons"].get("electra_minus_mlm")  # the headline (older readers)
+        doc["precision"] = {label: (r.get("pretraining") or {}).get("precision") for label, r in runs.items()}
         path = write_result(name, doc, device, out_dir=out_dir, command=command)
         md = path.with_suffix(".md")  # rendered from the result file alone
-        tmp = md.with_name(md.name + ".tmp")
+        tmp = md.with_name(f"{md.name}.tmp-{os.getpid()}")
         tmp.write_text(render_markdown(json.loads(path.read_text())), encoding="utf-8")
         os.replace(tmp, md)
         return path
 
-    for side in (electra, mlm):  # pre-train both first: a GLUE failure never costs a pre-training run
-        doc["runs"][side.label]["train"] = pretrain(side, args.data, device)
-        doc["runs"][side.label]["pretraining"] = pretraining_facts(side, data_train_tokens)
+    for label in [a for a in ARMS if a in run]:  # pre-train first: a GLUE failure never costs a pre-training run
+        arm = arms[label]
+        info = write_initial_weights(arm, args.data, device) if label == "random-init" else pretrain(arm, args.data, device)
+        record_stage(arm, "train" if info.get("state_before") != "finished" else "train_reused", info)
         save()
-    doc["precision"] = {s.label: doc["runs"][s.label]["pretraining"]["precision"] for s in (electra, mlm)}
-    for side in (electra, mlm):
-        info = finetune(side, glue_dir, tasks, args.seeds, args.max_train_rows, args.glue_set, device)
-        doc["runs"][side.label]["finetune"] = info
-        doc["runs"][side.label]["glue"] = glue_facts(Path(info["glue_json"]))
-        doc["precision"][f"{side.label}_finetune"] = doc["runs"][side.label]["glue"]["precision"]
+    for label in [a for a in ARMS if a in run]:
+        arm = arms[label]
+        record_stage(arm, "finetune", finetune(arm, glue_dir, tasks, args.seeds, args.max_train_rows, args.glue_set, device))
         save()
-    for side in (electra, mlm):
-        doc["runs"][side.label]["report"] = report(side)
-    doc["complete"] = True
+    for label in [a for a in PRETRAINED if a in run]:
+        record_stage(arms[label], "report", report(arms[label]))
     path = save()
-    c = doc["comparison"]
-    print(f"GLUE average ({len(tasks)} task(s), median of {args.seeds} seed(s)): ELECTRA "
-          f"{_f(doc['runs']['electra']['glue']['average'])} vs MLM {_f(doc['runs']['mlm']['glue']['average'])} "
-          f"(gap {_f(c['average_gap_electra_minus_mlm'], '{:+.1f}')}) -> {path} and {path.with_suffix('.md')}")
+    doc = json.loads(path.read_text())
+    for key, c in doc["comparisons"].items():
+        print(f"{key}: {_f(c['average_gap'], '{:+.2f}')} (per-seed range {_f(c['per_seed_average_gap_min'], '{:+.2f}')} .. "
+              f"{_f(c['per_seed_average_gap_max'], '{:+.2f}')})")
+    print(f"-> {path} and {path.with_suffix('.md')}")
     return doc
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
@@ -227,18 +228,33 @@ def test_quality_dry_run_is_the_papers_plan_and_writes_nothing(tmp_path, capsys)
 
     doc = quality.main(["--dry-run", "--device", "cpu", "--data", "builtin", "--out-dir", str(tmp_path / "res"),
                         "--work-dir", str(tmp_path / "w")])
-    e, m = doc["electra"], doc["mlm"]
+    e, m, mp, r = doc["electra"], doc["mlm"], doc["mlm-paper"], doc["random-init"]
     assert (e["recipe"], e["steps"], e["tokens"]) == ("electra-small", 62_500, 62_500 * 128 * 128)
     # the official flops_computation.py: 1.294e18 for ELECTRA-Small's 1M steps (generator hidden 64); 6.25% of it
     assert e["train_flops_paper"] == pytest.approx(1.294e18 / 16, rel=5e-4)
-    # equal compute: the MLM's FLOPs never exceed ELECTRA's and fall short by less than one of its steps
-    assert e["train_flops_paper"] - m["train_flops_paper_per_step"] < m["train_flops_paper"] <= e["train_flops_paper"]
-    assert (m["recipe"], m["objective"]) == ("bert-small", "mlm")
+    # equal compute in each convention: the MLM's FLOPs never exceed ELECTRA's and fall short by less than one step
+    assert e["train_flops_hardware"] - m["train_flops_hardware_per_step"] < m["train_flops_hardware"] <= e["train_flops_hardware"]
+    assert e["train_flops_paper"] - mp["train_flops_paper_per_step"] < mp["train_flops_paper"] <= e["train_flops_paper"]
+    assert (m["recipe"], m["objective"], m["matched_convention"]) == ("bert-small", "mlm", "hardware")
+    assert (mp["recipe"], mp["objective"], mp["matched_convention"]) == ("bert-small", "mlm", "paper")
+    # paper convention charges ELECTRA its dense embedding look-ups twice (two encoders): more MLM steps there
+    assert mp["steps"] > m["steps"] > e["steps"]
     # the paper's BERT-Small: 1.45M steps for ELECTRA-Small's 1.4e18 FLOPs (gen. hidden 128: 1.424e18), within 1%
-    assert m["train_flops_paper_per_step"] * 1.45e6 == pytest.approx(1.424e18, rel=0.01)
+    assert mp["train_flops_paper_per_step"] * 1.45e6 == pytest.approx(1.424e18, rel=0.01)
+    assert r["steps"] == 0 and r["train_flops_hardware"] == 0.0  # the control is not pre-trained
     assert doc["differences"] == ["the built-in smoke-test corpus (Python's documentation) instead of a Wikipedia-scale corpus"]
     assert not (tmp_path / "res").exists() and not (tmp_path / "w").exists()
     assert "62,500 steps" in capsys.readouterr().out
+
+
+def test_quality_cpu_preset_plans_mini_at_equal_hardware_flops():
+    import quality
+
+    doc = quality.main(["--dry-run", "--device", "cpu", "--preset", "cpu", "--steps", "6000"])
+    e, m = doc["electra"], doc["mlm"]
+    assert e["recipe"] == m["recipe"] == "mini" and m["objective"] == "mlm"
+    # by hand from the per-step costs: the most MLM steps whose hardware FLOPs fit in ELECTRA's
+    assert m["steps"] == int(6000 * e["train_flops_hardware_per_step"] // m["train_flops_hardware_per_step"])
 
 
 def test_quality_rejects_an_mlm_side_that_is_not_mlm_and_mismatched_data():
@@ -267,8 +283,9 @@ def test_synthetic_tasks_follow_their_rules(tmp_path):
 
 @pytest.mark.slow
 def test_quality_tiny_end_to_end_then_reused(quality_data, tmp_path, restore_threads):
-    """Tiny ELECTRA vs tiny MLM at equal paper FLOPs, 2 synthetic tasks x 2 seeds: the result file agrees with
-    what the trainer and `tinyelectra glue` wrote; running it again reuses both runs and their fine-tuning."""
+    """Tiny ELECTRA, tiny MLMs at equal hardware and at equal paper FLOPs, and the untrained control, 2 synthetic
+    tasks x 2 seeds: the result file agrees with what the trainer and `tinyelectra glue` wrote; running it again
+    reuses every run and its fine-tuning."""
     import quality
 
     args = quality_args(quality_data, tmp_path)
@@ -279,43 +296,62 @@ def test_quality_tiny_end_to_end_then_reused(quality_data, tmp_path, restore_thr
     assert doc["command"] == "python benchmarks/quality.py " + " ".join(args)
     assert doc["machine"]["cores"] >= 1 and len(doc["git_commit"]) >= 40 and doc["device"] == "cpu"
     assert len(doc["git_commit_at_start"]) >= 40  # the code that ran (others may commit while it runs)
-    e, m = doc["runs"]["electra"], doc["runs"]["mlm"]
-    for side in (e, m):
-        summary = json.loads((Path(side["run_dir"]) / "summary.json").read_text())
-        pre = side["pretraining"]
-        assert pre["steps"] == summary["steps"] == side["plan"]["steps"]
+    runs = doc["runs"]
+    assert set(runs) == {"electra", "mlm", "mlm-paper", "random-init"}
+    e, m, mp, r = runs["electra"], runs["mlm"], runs["mlm-paper"], runs["random-init"]
+    for arm in (e, m, mp):
+        summary = json.loads((Path(arm["run_dir"]) / "summary.json").read_text())
+        pre = arm["pretraining"]
+        assert pre["steps"] == summary["steps"] == arm["plan"]["steps"]
         assert pre["tokens_seen"] == pre["steps"] * 8 * 64
         assert pre["train_flops_paper"] == summary["train_flops_paper"]
-        assert (Path(side["run_dir"]) / "report.md").is_file()
+        assert (Path(arm["run_dir"]) / "report.md").is_file()
+        assert "verdict" in pre["held_out_eval_at_end"] and len(pre["held_out_eval_by_checkpoint"]) == 5
     assert e["pretraining"]["steps"] == 12 and m["plan"]["objective"] == "mlm"
-    # equal compute, by hand from the per-step costs: the MLM runs the most steps that fit in ELECTRA's FLOPs
-    e_flops = 12 * e["plan"]["train_flops_paper_per_step"]
-    assert m["pretraining"]["steps"] == int(e_flops // m["plan"]["train_flops_paper_per_step"])
-    assert m["pretraining"]["train_flops_paper"] <= e_flops
-    assert doc["experiment"]["mlm_over_electra_train_flops_paper"] == pytest.approx(m["pretraining"]["train_flops_paper"] / e_flops)
+    assert "disc_auc" in e["pretraining"]["held_out_eval_at_end"] and "unigram_acc" in m["pretraining"]["held_out_eval_at_end"]
+    # equal compute, by hand from the per-step costs: each MLM runs the most steps that fit in ELECTRA's FLOPs
+    e_hw, e_paper = 12 * e["plan"]["train_flops_hardware_per_step"], 12 * e["plan"]["train_flops_paper_per_step"]
+    assert m["pretraining"]["steps"] == int(e_hw // m["plan"]["train_flops_hardware_per_step"])
+    assert mp["pretraining"]["steps"] == int(e_paper // mp["plan"]["train_flops_paper_per_step"])
+    assert m["pretraining"]["train_flops_hardware"] <= e_hw and mp["pretraining"]["train_flops_paper"] <= e_paper
+    ratio = doc["experiment"]["equal_compute"]["mlm_over_electra"]
+    assert ratio["mlm"]["hardware"] == pytest.approx(m["pretraining"]["train_flops_hardware"] / e_hw)
+    assert ratio["mlm-paper"]["paper"] == pytest.approx(mp["pretraining"]["train_flops_paper"] / e_paper)
+    # the control: the ELECTRA run's initial weights, never trained, fine-tuned the same way
+    assert r["pretraining"]["steps"] == 0 and r["train"]["state_before"] == "fresh"
+    init = load_file(str(Path(r["run_dir"]) / "ckpt-0" / "discriminator.safetensors"))
+    trained = load_file(str(Path(e["run_dir"]) / "ckpt-10000" / "discriminator.safetensors"))
+    assert init.keys() == trained.keys() and any(not torch.equal(init[k], trained[k]) for k in init)
     # GLUE: medians, spreads and averages recomputed from glue.json's per-seed scores
-    averages = {}
-    for label, side in (("electra", e), ("mlm", m)):
-        g = json.loads(Path(side["finetune"]["glue_json"]).read_text())
+    averages, per_seed = {}, {}
+    for label, arm in runs.items():
+        g = json.loads(quality.glue_json_path(quality.Arm(label, "", [], run_dir=Path(arm["run_dir"]))).read_text())
         medians = {}
         for task in ("sst2", "rte"):
             seeds = [s["paper_score"] for s in g["tasks"][task]["seeds"]]
             assert len(seeds) == 2 and g["tasks"][task]["train_rows"] == 96
-            assert side["glue"]["tasks"][task]["median"] == pytest.approx(statistics.median(seeds))
-            assert side["glue"]["tasks"][task]["std"] == pytest.approx(statistics.stdev(seeds))
+            assert arm["glue"]["tasks"][task]["median"] == pytest.approx(statistics.median(seeds))
+            assert arm["glue"]["tasks"][task]["std"] == pytest.approx(statistics.stdev(seeds))
             medians[task] = statistics.median(seeds)
         averages[label] = statistics.fmean(medians.values())
-        assert side["glue"]["average"] == pytest.approx(averages[label])
-    c = doc["comparison"]
-    assert c["average_gap_electra_minus_mlm"] == pytest.approx(averages["electra"] - averages["mlm"])
+        per_seed[label] = [statistics.fmean(g["tasks"][t]["seeds"][k]["paper_score"] for t in ("sst2", "rte")) for k in range(2)]
+        assert arm["glue"]["average"] == pytest.approx(averages[label])
+    for key, c in doc["comparisons"].items():
+        a, b = key.split("_minus_")
+        assert c["average_gap"] == pytest.approx(averages[a] - averages[b])
+        diffs = [x - y for x in per_seed[a] for y in per_seed[b]]
+        assert (c["per_seed_average_gap_min"], c["per_seed_average_gap_max"]) == pytest.approx((min(diffs), max(diffs)))
+    assert set(doc["comparisons"]) == {"electra_minus_mlm", "electra_minus_mlm-paper", "electra_minus_random-init",
+                                       "mlm_minus_random-init", "mlm-paper_minus_random-init"}
     assert doc["paper_reference"]["electra_small_6.25pct"]["glue_dev_8_tasks"] == 74.1
     assert doc["paper_reference"]["full_budget_gap"] == pytest.approx(79.9 - 75.1)
     md = (tmp_path / "res" / "q.md").read_text()
-    assert "NOT the paper's 6.25% experiment" in md and "SYNTHETIC" in md
-    assert f"{averages['electra']:.1f}" in md and f"{averages['mlm']:.1f}" in md
+    assert "NOT the paper's 6.25% experiment" in md and "SYNTHETIC" in md and "no pre-training" in md
+    for label in runs:
+        assert f"{averages[label]:.1f}" in md
 
     again = quality.main(args)  # finished runs and tasks are reused, numbers unchanged
-    assert again["runs"]["electra"]["train"]["state_before"] == again["runs"]["mlm"]["train"]["state_before"] == "finished"
+    assert all(again["runs"][a]["train_reused"]["state_before"] == "finished" for a in runs)
     assert again["runs"]["electra"]["glue"]["tasks"] == e["glue"]["tasks"]
     with pytest.raises(UserError, match="holds another run"):
         quality.main([*args, "--steps", "13"])

@@ -110,6 +110,31 @@ def test_time_plan_and_schedule():
     assert lr_at(1000, 5e-4, 100, 1000) == 0.0
 
 
+def _paper_adam_overshoot(warmup: int, total: int, b1: float = 0.9, b2: float = 0.999) -> float:
+    """max over steps of (scheduled lr / peak) x the paper's Adam's update factor (1 - b1^t) / sqrt(1 - b2^t) over
+    bias-corrected Adam's: how far above the peak learning rate its effective rate goes."""
+    return max(lr_at(t, 1.0, warmup, total) * (1 - b1**t) / math.sqrt(1 - b2**t) for t in range(1, total))
+
+
+def test_paper_adam_warmup_floor():
+    """Short runs with the paper's Adam warm up for at least min(1 / (1 - beta2), half the run) steps (budget.py):
+    a 100-step warm-up of a 2,000-step run lets the missing bias correction lift the effective rate to 3.1x the peak
+    (the 10% cap alone: 1.4x for 5,000 steps); with the floor it stays within 1.3x, as under the paper's 10,000."""
+    r = load_recipe("electra-small")
+    assert make_plan(parse_budget("1Msteps"), r).warmup_steps == 10_000  # the paper's run: unchanged
+    assert make_plan(parse_budget("20000steps"), r).warmup_steps == 2_000  # 10% is above the floor: unchanged
+    five = make_plan(parse_budget("5000steps"), r)
+    assert five.warmup_steps == 1_000 and any("1 / (1 - beta2)" in n for n in five.notes)
+    assert make_plan(parse_budget("600steps"), r).warmup_steps == 300  # at most half the run
+    assert make_plan(parse_budget("5000steps"), r.with_overrides(["optim.name=adamw"])).warmup_steps == 500  # bias-corrected
+    assert make_plan(parse_budget("5000steps"), r.with_overrides(["optim.beta2=0.99"])).warmup_steps == 500  # 1/(1-b2) = 100
+    assert _paper_adam_overshoot(10_000, 1_000_000) < 1.01  # what the paper's warm-up achieves
+    assert _paper_adam_overshoot(500, 5000) > 1.4 and _paper_adam_overshoot(100, 2000) > 3.0  # short warm-ups
+    for total in (2_000, 5_000, 10_000):
+        floor = make_plan(parse_budget(f"{total}steps"), r).warmup_steps
+        assert _paper_adam_overshoot(floor, total) < 1.3, total
+
+
 def test_step_seed_depends_only_on_rows():
     assert step_seed(0, 5, 16, 0) == step_seed(0, 5, 16, 0)
     assert len({step_seed(0, s, r, k) for s in range(20) for r in range(0, 64, 8) for k in (0, 1)}) == 20 * 8 * 2

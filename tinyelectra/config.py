@@ -123,7 +123,7 @@ class OptimConfig:
     eps: float = 1e-6
     weight_decay: float = 0.01  # decoupled; never on LayerNorm weights or biases
     clip_norm: float = 1.0  # global gradient norm; 0 disables
-    warmup_steps: int = 10_000  # of the recipe's full schedule; a budget scales it in proportion
+    warmup_steps: int = 10_000  # of the recipe's full schedule; shorter budgets: budget.warmup_for
 
     def __post_init__(self) -> None:
         w = "optim"
