@@ -51,6 +51,16 @@ def write_glue_json(out: Path, name: str, fraction: float, step: int, i: int) ->
     (out / name / "glue.json").write_text(json.dumps(doc))
 
 
+def heldout_eval(i: int) -> dict:
+    """A checkpoint's held-out diagnostics as diagnostics.evaluate writes them: the first two still at the prior."""
+    from tinyelectra.diagnostics import verdict
+
+    ev = {"rows": 512, "disc_acc": 0.852 + (0.004 if i < 2 else 0.02 * i), "baseline_acc": 0.852, "disc_auc": 0.55 + 0.05 * i,
+          "disc_precision": 0.8, "disc_recall": 0.01 + 0.05 * i, "gen_acc": 0.06 + 0.02 * i, "unigram_acc": 0.06}
+    ev["learned"], ev["verdict"] = verdict(ev)
+    return ev
+
+
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
     from tinyelectra.budget import checkpoint_name, make_plan, parse_budget
@@ -70,7 +80,7 @@ def run_dir(tmp_path_factory) -> Path:
         for i, f in enumerate(FRACTIONS):
             if step == round(1600 * f):
                 lines.append({"event": "checkpoint", "name": checkpoint_name(f), "step": step, "fraction": f,
-                              "wall_seconds": step * 3.6, "device": "cpu (test)", "precision": "fp32"})
+                              "wall_seconds": step * 3.6, "device": "cpu (test)", "precision": "fp32", "eval": heldout_eval(i)})
     (run / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n{\"step\": 16")  # torn last line
     (run / "summary.json").write_text(json.dumps({"steps": 1600, "tokens_seen": 1600 * 4096, "train_flops_paper": 3.2e13,
                                                   "train_flops_hardware": 2.4e13, "train_seconds": 5760.0,
@@ -236,3 +246,16 @@ def test_end_to_end_after_tinyelectra_glue(tmp_path):
         assert all(abs(v * 0.3 - round(v * 0.3)) < 1e-6 for v in t["seed_paper_scores"])
     assert rep["plots"] == ["glue_vs_compute.png"]  # no metrics.jsonl in this run: no curves
     assert re.search(r"\| 50% \| 7\.10e\+17 \| 2d \| 79\.0 \| [0-9.e+]+ \| [0-9.]+ (s|min|h) \| [0-9.]+ \| GLUE-1: sst2 \|", md)
+
+
+def test_heldout_diagnostics_and_unlearned_checkpoints_are_said_plainly(run_dir):
+    rep = json.loads((run_dir / "report.json").read_text())
+    md = (run_dir / "report.md").read_text()
+    assert [h["name"] for h in rep["heldout"]] == ["ckpt-0625", "ckpt-1250", "ckpt-2500", "ckpt-5000", "ckpt-10000"]
+    assert [h["learned"] for h in rep["heldout"]] == [False, False, True, True, True]
+    assert rep["heldout"][2]["disc_acc"] == pytest.approx(heldout_eval(2)["disc_acc"])
+    header, rows = _md_table(md, "pre-training checkpoint")
+    assert header[-1] == "verdict" and [r[-1] for r in rows] == ["**NOT LEARNED YET**"] * 2 + ["learned"] * 3
+    assert rows[2][2] == f"{heldout_eval(2)['disc_acc']:.4f} (0.8520, +{heldout_eval(2)['disc_acc'] - 0.852:.4f})"
+    note = next(n for n in rep["notes"] if n.startswith("NOT LEARNED YET when fine-tuned"))
+    assert "ckpt-0625, ckpt-1250" in note and "ckpt-2500" not in note and note in md

@@ -219,7 +219,15 @@ def build_report(run_dir: Path) -> dict[str, Any]:
         "finetuning_precisions": sorted({c["finetune"]["precision"] for c in checkpoints if c["finetune"]["precision"]}),
         "finetuning_batching": sorted({c["finetune"]["batching"] for c in checkpoints if c["finetune"].get("batching")}),
     }
+    heldout = [_heldout_entry(e) for e in events if e.get("eval")]
     notes = [paper.PAPER_GLUE_NOTE]
+    unlearned = [h["name"] for h in heldout if h["learned"] is False]
+    finetuned_unlearned = [c["name"] for c in checkpoints if c["name"] in unlearned]
+    if finetuned_unlearned:
+        notes.append(f"NOT LEARNED YET when fine-tuned: {', '.join(finetuned_unlearned)} (held-out diagnostics below): "
+                     "their GLUE scores measure little more than a randomly initialised encoder")
+    elif unlearned:
+        notes.append(f"checkpoints that had not learned yet (held-out diagnostics): {', '.join(unlearned)}")
     limited = sorted({c["finetune"]["max_train_rows"] for c in checkpoints if c["finetune"]["max_train_rows"]})
     if limited:
         notes.append(f"fine-tuned on the first {', '.join(map(str, limited))} training rows per task only "
@@ -237,10 +245,21 @@ def build_report(run_dir: Path) -> dict[str, Any]:
                                                "model": recipe.get("model"), "optim": recipe.get("optim"),
                                                "train": recipe.get("train")},
         "plan": plan_facts, "pretraining": pretraining, "hardware": hardware,
-        "tasks": tasks_seen, "checkpoints": checkpoints, "comparison": comparison,
+        "tasks": tasks_seen, "checkpoints": checkpoints, "comparison": comparison, "heldout": heldout,
         "paper_average_over_our_tasks": _paper_average_over(tasks_seen),
         "paper": paper.published(), "notes": notes, "plots": [],
     }
+
+
+HELDOUT_KEYS = ("disc_acc", "baseline_acc", "disc_auc", "disc_precision", "disc_recall", "gen_acc", "unigram_acc")
+
+
+def _heldout_entry(event: dict) -> dict[str, Any]:
+    """A checkpoint's held-out diagnostics as the trainer recorded them (diagnostics.evaluate); runs written before
+    the verdict existed have learned = None."""
+    ev = event["eval"]
+    return {"name": event.get("name"), "step": event.get("step"), **{k: ev.get(k) for k in HELDOUT_KEYS},
+            "learned": ev.get("learned"), "verdict": ev.get("verdict")}
 
 
 def _first(events: list[dict], key: str):
@@ -302,6 +321,25 @@ def render_markdown(rep: dict[str, Any]) -> str:
         L.append("Recipe deviations from the paper:")
         L.append("")
         L += [f"- {d}" for d in deviations]
+        L.append("")
+
+    if rep.get("heldout"):
+        L.append("## What each checkpoint learned (held-out pre-training rows)")
+        L.append("")
+        rows = []
+        for h in rep["heldout"]:
+            gain = None if h["disc_acc"] is None or h["baseline_acc"] is None else h["disc_acc"] - h["baseline_acc"]
+            rows.append([_v(h["name"]), _v(h["step"]),
+                         "-" if h["disc_acc"] is None else f"{h['disc_acc']:.4f} ({h['baseline_acc']:.4f}, {gain:+.4f})",
+                         "-" if h["disc_auc"] is None else f"{h['disc_auc']:.3f}",
+                         "-" if h["disc_recall"] is None else f"{h['disc_precision']:.3f} / {h['disc_recall']:.3f}",
+                         "-" if h["gen_acc"] is None else f"{h['gen_acc']:.4f} ({_v(h['unigram_acc'] and round(h['unigram_acc'], 4))})",
+                         {True: "learned", False: "**NOT LEARNED YET**", None: "-"}[h["learned"]]])
+        L += _table(["pre-training checkpoint", "step", "discriminator acc. (all-original prior, gain)", "disc. ROC-AUC",
+                     "disc. precision / recall", "generator / MLM acc. (unigram)", "verdict"], rows)
+        L.append("")
+        L.append("A checkpoint has learned when its discriminator beats the all-\"original\" answer by at least one point "
+                 "of accuracy (a masked LM: its predictions beat the unigram answer by two points).")
         L.append("")
 
     L.append("## GLUE per checkpoint (ours)")
