@@ -291,6 +291,7 @@ def main(argv: list[str] | None = None) -> dict | None:
                          "(default: 20 on a GPU, 1 on the CPU)")
     ap.add_argument("--profile", type=int, default=0, help="after the timing, profile this many steps per side")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    ap.add_argument("--set", action="append", default=[], help="recipe overrides, e.g. model.num_layers=1 (toy runs)")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
     ap.add_argument("--name", default=None, help="result file name (default throughput_<device>_<precision>[_compile])")
     ap.add_argument("--out-dir", default=None)
@@ -306,7 +307,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     batch = args.batch or (128 if device.type == "cuda" else 16)
     args.batch = batch
     calls = args.calls_per_round or (20 if device.type == "cuda" else 1)
-    recipe = load_recipe(args.recipe, [f"train.batch_size={batch}", f"train.seq_len={args.seq_len}",
+    recipe = load_recipe(args.recipe, [*args.set, f"train.batch_size={batch}", f"train.seq_len={args.seq_len}",
                                        f"train.compile={args.compile}", f"train.precision={precision}"])
     if args.memory_probe:
         print(json.dumps(memory_probe(args, recipe, device, precision)))
@@ -319,7 +320,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     hw_flops_per_token = flops.hardware_train_flops_per_step(recipe.model, recipe.objective, batch, args.seq_len) / tokens_per_step
     peak_precision = precision if precision != "fp32" else ("tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32")
     payload: dict = {
-        "recipe": args.recipe, "device": device_name or "cpu", "precision": precision, "precision_reason": precision_reason,
+        "recipe": args.recipe, "overrides": args.set, "device": device_name or "cpu", "precision": precision, "precision_reason": precision_reason,
         "matmul": matmul_note, "allocator": allocator_note, "compile": args.compile, "sides": sides,
         "batch_size": batch, "seq_len": args.seq_len, "tokens_per_step": tokens_per_step, "rounds": args.rounds,
         "warmup_rounds": args.warmup, "calls_per_round": calls,
