@@ -159,9 +159,8 @@ class GraphSafeUpdate:
                     st["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
                     st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                if self.compiled:  # CUDA graphs: state updated in place at fixed addresses, not copied in and out
-                    for k in ("exp_avg", "exp_avg_sq", "step"):
-                        torch._dynamo.mark_static_address(st[k])
+                if self.compiled:  # CUDA graphs: weights and state updated in place at fixed addresses
+                    self._mark_static(p, st["exp_avg"], st["exp_avg_sq"], st["step"])
             out[0].append(ps)
             out[1].append([p.grad for p in ps])
             out[2].append([self.optimizer.state[p]["exp_avg"] for p in ps])
@@ -169,11 +168,19 @@ class GraphSafeUpdate:
             out[4].append([self.optimizer.state[p]["step"] for p in ps])
         return out
 
+    @staticmethod
+    def _mark_static(*tensors: torch.Tensor) -> None:
+        for t in tensors:
+            if getattr(t, "_dynamo_static_input_type", None) is None:  # not marked yet (e.g. state loaded on resume)
+                torch._dynamo.mark_static_address(t)
+
     @torch.no_grad()
     def __call__(self) -> None:
         """Step with the learning rates `optimizer.set_lr` gave, then zero the gradients."""
         for g, lr in zip(self.optimizer.param_groups, self.lrs):
             lr.fill_(g["paper_lr"])  # outside the captured function: the only per-step input is this tensor's value
+        if self.compiled:
+            self._mark_static(*self.lrs)
         self.fn(*self._lists(), self.lrs)
         for g in self.optimizer.param_groups:
             g["paper_step"] += 1
@@ -187,6 +194,8 @@ class GraphSafeUpdate:
         saved = [[t.clone() for t in group] for part in (lists[0], *lists[2:]) for group in part]
         for lr in self.lrs:
             lr.zero_()
+        if self.compiled:
+            self._mark_static(*self.lrs)
         self.fn(*lists, self.lrs)
         for group, copies in zip([group for part in (lists[0], *lists[2:]) for group in part], saved):
             for t, c in zip(group, copies):
