@@ -19,6 +19,7 @@ import os
 import statistics
 import sys
 import time
+import warnings
 from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -44,7 +45,8 @@ def time_case(q, k, v, mask, p: float, backend, device: torch.device, iters: int
         out.backward(grad)
 
     try:
-        with ctx:
+        with ctx, warnings.catch_warnings(record=True) as caught:  # torch gives its reasons as warnings
+            warnings.simplefilter("always")
             call()  # warm-up; raises when the backend cannot run these inputs
             synchronize(device)
             times = []
@@ -55,7 +57,8 @@ def time_case(q, k, v, mask, p: float, backend, device: torch.device, iters: int
                 synchronize(device)
                 times.append((time.perf_counter() - t0) / iters)
     except RuntimeError as e:
-        return {"ran": False, "reason": " ".join(str(e).split())[:400]}
+        reasons = [" ".join(str(w.message).split())[:300] for w in caught]
+        return {"ran": False, "reason": " ".join(str(e).split())[:300], "torch_warnings": reasons[:8]}
     return {"ran": True, "fwd_bwd_ms_median": statistics.median(times) * 1000, "fwd_bwd_ms_min": min(times) * 1000}
 
 
