@@ -15,6 +15,7 @@ Timing: --iters calls back to back, one device synchronisation at the end, media
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -28,7 +29,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import command_line, run_main, synchronize, write_result  # noqa: E402
+from common import add_step_arguments, command_line, run_main, step_setup, synchronize, write_result  # noqa: E402
 
 from tinyelectra import runtime  # noqa: E402
 from tinyelectra.config import load_recipe  # noqa: E402
@@ -38,7 +39,7 @@ def time_case(q, k, v, mask, p: float, backend, device: torch.device, iters: int
     from torch.nn.attention import sdpa_kernel  # noqa: PLC0415
 
     grad = torch.randn_like(q)
-    ctx = sdpa_kernel([backend]) if backend is not None else _null()
+    ctx = sdpa_kernel([backend]) if backend is not None else contextlib.nullcontext()
 
     def call() -> None:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
@@ -62,36 +63,17 @@ def time_case(q, k, v, mask, p: float, backend, device: torch.device, iters: int
     return {"ran": True, "fwd_bwd_ms_median": statistics.median(times) * 1000, "fwd_bwd_ms_min": min(times) * 1000}
 
 
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--recipe", default="electra-small")
-    ap.add_argument("--device", default=None)
-    ap.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"))
-    ap.add_argument("--batch", type=int, default=None, help="default: 16 on CPU, 128 on GPU")
-    ap.add_argument("--seq-len", type=int, default=128)
+    add_step_arguments(ap)
     ap.add_argument("--iters", type=int, default=None, help="calls per round (default 50 on GPU, 3 on CPU)")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--name", default=None)
-    ap.add_argument("--out-dir", default=None)
     args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     from torch.nn.attention import SDPBackend  # noqa: PLC0415
 
-    device = runtime.pick_device(None, args.device)
-    precision, _ = runtime.pick_precision(args.precision, device)
+    device, precision, _, batch = step_setup(args)
     dtype = runtime.autocast_dtype(precision, device)
-    batch = args.batch or (128 if device.type == "cuda" else 16)
     iters = args.iters or (50 if device.type == "cuda" else 3)
     cfg = load_recipe(args.recipe).model
     backends = {"memory-efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}

@@ -462,6 +462,30 @@ def compare_steps(setup: StepSetup, batches: list[tuple[Tensor, Tensor, Tensor]]
     return out
 
 
+def add_step_arguments(ap, recipe: str = "electra-small") -> None:
+    """The options every step benchmark shares: what to build, where, in which precision, and where to write."""
+    ap.add_argument("--recipe", default=recipe)
+    ap.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: a GPU if there is one)")
+    ap.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"))
+    ap.add_argument("--batch", type=int, default=None, help="sequences per step (default: 16 on CPU, 128 on GPU)")
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    ap.add_argument("--name", default=None, help="result file name (default: from the configuration)")
+    ap.add_argument("--out-dir", default=None)
+
+
+def step_setup(args) -> tuple[torch.device, str, str, int]:
+    """From `add_step_arguments`' options: threads set, (device, precision, its reason, batch); `args.batch` filled."""
+    from tinyelectra import runtime  # noqa: PLC0415
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = runtime.pick_device(None, args.device)
+    precision, reason = runtime.pick_precision(args.precision, device)
+    args.batch = args.batch or (128 if device.type == "cuda" else 16)
+    return device, precision, reason, args.batch
+
+
 def run_main(main: Callable[[], object]) -> None:
     """Run a benchmark's main(): bad input (UserError) is one line on stderr and its exit code, as in the CLI."""
     from tinyelectra.errors import UserError  # noqa: PLC0415

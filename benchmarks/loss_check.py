@@ -25,7 +25,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import command_line, run_main, synchronize, write_result  # noqa: E402
+from common import add_step_arguments, command_line, run_main, step_setup, synchronize, write_result  # noqa: E402
 from throughput import Batches, TrainerStep  # noqa: E402
 
 from tinyelectra import runtime  # noqa: E402
@@ -45,27 +45,15 @@ def run(step: TrainerStep, steps: int) -> list[float]:
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--recipe", default="electra-small")
-    ap.add_argument("--device", default=None)
-    ap.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"))
+    add_step_arguments(ap)
     ap.add_argument("--compile", default="on", choices=("on", "reduce-overhead"))
-    ap.add_argument("--batch", type=int, default=None, help="default: 16 on CPU, 128 on GPU")
-    ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--set", action="append", default=[], help="recipe overrides, e.g. model.num_layers=1")
-    ap.add_argument("--name", default=None)
-    ap.add_argument("--out-dir", default=None)
     args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = runtime.pick_device(None, args.device)
-    precision, _ = runtime.pick_precision(args.precision, device)
+    device, precision, _, batch = step_setup(args)
     runtime.configure_matmul(precision, device)
     if device.type == "cpu":
         runtime.tune_cpu()
-    batch = args.batch or (128 if device.type == "cuda" else 16)
-    args.data, args.batch = None, batch
     base = [*args.set, f"train.batch_size={batch}", f"train.seq_len={args.seq_len}", f"train.precision={precision}"]
     import torch._inductor.config as inductor_config  # noqa: PLC0415
 

@@ -48,10 +48,12 @@ from common import (  # noqa: E402
     HFStep,
     PeakMemory,
     StepSetup,
+    add_step_arguments,
     alternate,
     command_line,
     paired_ratio,
     run_main,
+    step_setup,
     summarize,
     synchronize,
     synthetic_batches,
@@ -275,14 +277,10 @@ def profile_steps(step, steps: int, device: torch.device, top: int = 15) -> dict
 def main(argv: list[str] | None = None) -> dict | None:
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--recipe", default="electra-small")
-    ap.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: a GPU if there is one)")
-    ap.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"))
+    add_step_arguments(ap)
     ap.add_argument("--compile", default="off", choices=("off", "on", "reduce-overhead"),
                     help="torch.compile the measured sides (reduce-overhead: with CUDA graphs on a GPU)")
     ap.add_argument("--sides", default="both", choices=("both", *SIDES), help="which steps to measure")
-    ap.add_argument("--batch", type=int, default=None, help="sequences per step (default: 16 on CPU, 128 on GPU)")
-    ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--data", default=None, help="a directory written by `tinyelectra prepare` (default: synthetic)")
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
@@ -290,22 +288,14 @@ def main(argv: list[str] | None = None) -> dict | None:
                     help="steps per timed round, back to back with one device synchronisation at the end "
                          "(default: 20 on a GPU, 1 on the CPU)")
     ap.add_argument("--profile", type=int, default=0, help="after the timing, profile this many steps per side")
-    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     ap.add_argument("--set", action="append", default=[], help="recipe overrides, e.g. model.num_layers=1 (toy runs)")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
-    ap.add_argument("--name", default=None, help="result file name (default throughput_<device>_<precision>[_compile])")
-    ap.add_argument("--out-dir", default=None)
     ap.add_argument("--memory-probe", default=None, choices=SIDES, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = runtime.pick_device(None, args.device)
-    precision, precision_reason = runtime.pick_precision(args.precision, device)
+    device, precision, precision_reason, batch = step_setup(args)
     matmul_note = runtime.configure_matmul(precision, device)
     allocator_note = runtime.tune_cpu() if device.type == "cpu" else "n/a (CUDA caching allocator)"
-    batch = args.batch or (128 if device.type == "cuda" else 16)
-    args.batch = batch
     calls = args.calls_per_round or (20 if device.type == "cuda" else 1)
     recipe = load_recipe(args.recipe, [*args.set, f"train.batch_size={batch}", f"train.seq_len={args.seq_len}",
                                        f"train.compile={args.compile}", f"train.precision={precision}"])

@@ -32,12 +32,7 @@ TOY = ["model.vocab_size=256", "train.seq_len=32", "model.max_positions=32", "mo
        "train.batch_size=4", "train.eval_rows=8", "train.log_every_steps=1"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+from test_optim import one_thread  # noqa: E402, F401  (autouse: toy tensors run on one thread here too)
 
 
 @pytest.fixture(scope="module")
