@@ -368,3 +368,27 @@ def test_attention_kernel_is_what_sdpa_dispatches():
     assert compiled["discriminator"]["kernel"].startswith("math")  # SDPA on the CPU: dropout rules out its fused kernel
     assert attention_kernel(cfg, 4, 128, cpu, torch.float32, training=False)["discriminator"]["kernel"] == "flash"
     assert compiled["dropout"] == 0.1 and compiled["generator"]["kernel"] == compiled["discriminator"]["kernel"]
+
+
+def test_cpu_only_fast_paths_are_off_on_other_devices(monkeypatch):
+    """Known good, kept so: the CPU tricks (oneDNN linear, NumPy dropout masks, inverse-CDF sampling, the baddbmm
+    attention) run only on CPU tensors. A full forward + backward of the objective on `meta` tensors (standing in for
+    CUDA ones: neither is "cpu") with each trick made to raise."""
+    from tinyelectra.electra import SpecialIds, combine, loss_terms, mask_batch
+    from tinyelectra.model import Electra
+
+    def used(*_a, **_k):
+        raise AssertionError("a CPU-only fast path ran off the CPU")
+
+    monkeypatch.setattr(runtime, "cpu_rand", used)
+    monkeypatch.setattr(runtime._OneDNNLinear, "apply", used)
+    monkeypatch.setattr(torch, "searchsorted", used)
+    monkeypatch.setattr(torch, "baddbmm", used)
+    recipe = load_recipe("tiny", ["model.num_layers=1"])
+    model = Electra(recipe.model).to("meta").train()
+    ids = torch.randint(1000, 8000, (2, 16), device="meta")
+    m = mask_batch(ids, torch.zeros_like(ids), torch.ones(2, 16, dtype=torch.bool, device="meta"), recipe.objective,
+                   SpecialIds(pad=0, cls=101, sep=102, mask=103), recipe.model.vocab_size)
+    loss = combine(loss_terms(model, m, recipe.objective), recipe.objective, m.mlm_count, m.token_count)
+    loss.backward()
+    assert loss.device.type == "meta" and model.embeddings.word.weight.grad is not None

@@ -214,6 +214,8 @@ class _CompiledWithFallback:
         self.compiled_ok = False
         self._checked = True
         self.note = f"compile: failed {when} ({type(e).__name__}: {_short(e)}); running eager"
+        # the whole error once, for whoever reads the log (the note above is one line)
+        print(f"torch.compile failed {when}; running eager. {type(e).__name__}: {str(e)[:4000]}", file=sys.stderr)
 
     def verify(self, trial, reset=None) -> bool:
         """See `verify_compiled`."""
