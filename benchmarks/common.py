@@ -113,9 +113,14 @@ def synchronize(device: torch.device) -> None:
 
 
 def alternate(steps: dict[str, Callable[[], None]], warmup: int, repeats: int, device: torch.device,
-              on_round: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, list[float]]:
+              on_round: Callable[[int, dict[str, float]], None] | None = None,
+              calls_per_round: int = 1) -> dict[str, list[float]]:
     """Seconds per call of each candidate, run in turn in one process. The order flips every round (A B, B A, ...)
-    so that neither side always runs right after the other; `warmup` rounds are run first and discarded."""
+    so that neither side always runs right after the other; `warmup` rounds are run first and discarded.
+
+    Each round runs a candidate `calls_per_round` times back to back and synchronises the device once, at the end:
+    on a GPU the host queues the next step while the device runs this one, as in training, so a synchronisation
+    after every step would understate the throughput. The time of a round divided by its calls is recorded."""
     names = list(steps)
     for _ in range(warmup):
         for n in names:
@@ -125,11 +130,12 @@ def alternate(steps: dict[str, Callable[[], None]], warmup: int, repeats: int, d
     for r in range(repeats):
         this_round: dict[str, float] = {}
         for n in names if r % 2 == 0 else names[::-1]:
-            synchronize(device)
+            synchronize(device)  # the previous candidate's work is not counted here
             t0 = time.perf_counter()
-            steps[n]()
-            synchronize(device)
-            this_round[n] = time.perf_counter() - t0
+            for _ in range(calls_per_round):
+                steps[n]()
+            synchronize(device)  # one synchronisation per round
+            this_round[n] = (time.perf_counter() - t0) / calls_per_round
             times[n].append(this_round[n])
         if on_round is not None:
             on_round(r, this_round)
@@ -260,12 +266,27 @@ class _TimedStep:
     """What both timed steps share: `_loss` compiled or not, then backward, clip, optimizer step (fp16: scaled)."""
 
     def _compile(self, compile_mode: str, device: torch.device) -> None:
-        self.compile_note = "off"
+        self._compile_note = "off"
         self.loss_fn = self._loss
         if compile_mode != "off":
             from tinyelectra.runtime import maybe_compile  # noqa: PLC0415
 
-            self.loss_fn, self.compile_note = maybe_compile(self._loss, compile_mode, device)
+            self.loss_fn, self._compile_note = maybe_compile(self._loss, compile_mode, device)
+
+    @property
+    def compile_note(self) -> str:
+        """What runs now (a compilation that failed in the first step's forward or backward says so)."""
+        from tinyelectra.runtime import compile_note  # noqa: PLC0415
+
+        return compile_note(self.loss_fn, self._compile_note)
+
+    def first_call(self, *batch) -> None:
+        """The untimed first step: compiles when asked, and falls back to eager when the compiled forward or backward
+        fails (the gradients a failed backward left are discarded)."""
+        if hasattr(self.loss_fn, "verify"):  # compiled (runtime.maybe_compile's wrapper)
+            self.loss_fn.verify(lambda: self(*batch), reset=lambda: self.opt.zero_grad(set_to_none=True))
+        else:
+            self(*batch)
 
     def _update(self, loss: Tensor, params: list, clip_norm: float, **clip_options) -> None:
         if self.scaler is not None:
@@ -412,7 +433,7 @@ def compare_steps(setup: StepSetup, batches: list[tuple[Tensor, Tensor, Tensor]]
     t_compile = {}
     for key, step in (("ours", ours), ("theirs", theirs)):  # first call separately: compile time, if any
         t0 = time.perf_counter()
-        runner(step, key)()
+        step.first_call(*(next_batch() if next_batch is not None else batches[0]))
         synchronize(setup.device)
         t_compile[key] = time.perf_counter() - t0
 
@@ -425,8 +446,7 @@ def compare_steps(setup: StepSetup, batches: list[tuple[Tensor, Tensor, Tensor]]
     out: dict = {"batch_size": B, "seq_len": T, "tokens_per_step": B * T, "rounds": rounds, "warmup_rounds": warmup,
                  "load_average_1min_before_after": [load_before, os.getloadavg()[0] if load_before is not None else None],
                  "first_call_s": {"tinyelectra": t_compile["ours"], "transformers": t_compile["theirs"]},
-                 "compile_note": {"tinyelectra": getattr(ours.loss_fn, "note", ours.compile_note),
-                                  "transformers": getattr(theirs.loss_fn, "note", theirs.compile_note)}}
+                 "compile_note": {"tinyelectra": ours.compile_note, "transformers": theirs.compile_note}}
     for name, ts in times.items():
         s = summarize(ts)
         out[name] = {**s, "tokens_per_s": B * T / s["median_s"], "step_seconds": [round(x, 5) for x in ts]}
@@ -440,6 +460,30 @@ def compare_steps(setup: StepSetup, batches: list[tuple[Tensor, Tensor, Tensor]]
         out["peak_memory_kind"] = ("torch.cuda.max_memory_allocated during one step" if setup.device.type == "cuda"
                                    else "process peak RSS (VmHWM) during one step, both models alive in the process")
     return out
+
+
+def add_step_arguments(ap, recipe: str = "electra-small") -> None:
+    """The options every step benchmark shares: what to build, where, in which precision, and where to write."""
+    ap.add_argument("--recipe", default=recipe)
+    ap.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: a GPU if there is one)")
+    ap.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"))
+    ap.add_argument("--batch", type=int, default=None, help="sequences per step (default: 16 on CPU, 128 on GPU)")
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    ap.add_argument("--name", default=None, help="result file name (default: from the configuration)")
+    ap.add_argument("--out-dir", default=None)
+
+
+def step_setup(args) -> tuple[torch.device, str, str, int]:
+    """From `add_step_arguments`' options: threads set, (device, precision, its reason, batch); `args.batch` filled."""
+    from tinyelectra import runtime  # noqa: PLC0415
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = runtime.pick_device(None, args.device)
+    precision, reason = runtime.pick_precision(args.precision, device)
+    args.batch = args.batch or (128 if device.type == "cuda" else 16)
+    return device, precision, reason, args.batch
 
 
 def run_main(main: Callable[[], object]) -> None:

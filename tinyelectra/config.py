@@ -144,7 +144,7 @@ class TrainConfig:
     micro_batch_size: int = 0  # sequences per forward/backward; 0 = whole batch (GPU: fitted automatically)
     grad_checkpointing: bool = False
     precision: str = "auto"  # auto (bf16 if supported, else fp16 on CUDA, fp32 on CPU) | bf16 | fp16 | fp32
-    compile: str = "auto"  # auto (CUDA only) | on | off
+    compile: str = "auto"  # auto (CUDA only) | on | off | reduce-overhead (inductor + CUDA graphs, one process, one micro-batch)
     strategy: str = "ddp"  # ddp (also single process) | deepspeed (ZeRO-2)
     deepspeed_offload: bool = False  # ZeRO-2 optimizer state on the CPU
     seed: int = 0
@@ -160,7 +160,7 @@ class TrainConfig:
         _check(self.steps > 0, f"{w}.steps", "must be > 0")
         _check(self.micro_batch_size >= 0, f"{w}.micro_batch_size", "must be >= 0")
         _check(self.precision in ("auto", "bf16", "fp16", "fp32"), f"{w}.precision", "must be auto, bf16, fp16 or fp32")
-        _check(self.compile in ("auto", "on", "off"), f"{w}.compile", "must be auto, on or off")
+        _check(self.compile in ("auto", "on", "off", "reduce-overhead"), f"{w}.compile", "must be auto, on, off or reduce-overhead")
         _check(self.strategy in ("ddp", "deepspeed"), f"{w}.strategy", "must be ddp or deepspeed")
         _check(self.log_every_steps > 0, f"{w}.log_every_steps", "must be > 0")
         _check(self.resume_every_seconds > 0, f"{w}.resume_every_seconds", "must be > 0")

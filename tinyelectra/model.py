@@ -243,6 +243,39 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, dropou
     return torch.bmm(probs, v3).view(B, nh, T, hd)
 
 
+def attention_kernel(cfg: ModelConfig, batch: int, seq_len: int, device: torch.device, dtype: torch.dtype,
+                     training: bool = True, compiled: bool = False) -> dict:
+    """Which attention kernel the discriminator's (and the generator's) blocks run for a (batch, seq_len) batch, for
+    logs, summary.json and benchmarks: `_attention` with the encoder's boolean padding mask (B, 1, 1, T) and, when
+    training, the attention dropout. Asks torch's own dispatcher (`runtime.sdpa_kernel`) with tensors of the real
+    shapes and `dtype` (the autocast dtype under mixed precision).
+
+    FlashAttention takes no attention mask, so it never runs here while batches carry a padding mask: on a GPU the
+    choice is between the memory-efficient, cuDNN and math kernels (benchmarks/NOTES.md, "attention")."""
+    from tinyelectra.runtime import sdpa_kernel
+
+    def one(c: ModelConfig) -> dict:
+        p = c.attention_dropout if training else 0.0
+        if device.type == "cpu" and p > 0.0 and not compiled:
+            return {"kernel": "tinyelectra's CPU attention (one baddbmm for scale + mask, softmax, dropout, bmm): "
+                              "SDPA would take its unfused math path with dropout", "flash_eligible": False,
+                    "why_not_flash": "attention dropout on the CPU"}
+        hd = c.hidden_size // c.num_heads
+        q = torch.zeros(batch, c.num_heads, seq_len, hd, device=device, dtype=dtype)
+        mask = torch.ones(batch, 1, 1, seq_len, device=device, dtype=torch.bool)
+        return sdpa_kernel(q, q, q, mask, p)
+
+    disc = one(cfg)
+    gen_cfg = cfg.generator()
+    gen = one(gen_cfg)
+    out = {"discriminator": disc, "generator": gen, "mask": "bool (B, 1, 1, T), True = attend",
+           "dropout": cfg.attention_dropout if training else 0.0, "dtype": str(dtype).replace("torch.", "")}
+    same = disc["kernel"] == gen["kernel"]
+    where = " on the CPU" if device.type == "cpu" else ""
+    out["summary"] = f"attention{where}: {disc['kernel']}" + ("" if same else f" (generator: {gen['kernel']})")
+    return out
+
+
 def _apply(layer: nn.Linear, x: Tensor) -> Tensor:
     """layer(x), through runtime.linear (oneDNN matmuls for fp32 on the CPU, F.linear elsewhere)."""
     return linear(x, layer.weight, layer.bias)

@@ -79,6 +79,129 @@ class PaperAdam(torch.optim.AdamW):
         return super().step(closure)
 
 
+def paper_adam_foreach_(params: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[torch.Tensor],
+                        exp_avg_sqs: list[torch.Tensor], lr: torch.Tensor, beta1: float, beta2: float, eps: float,
+                        weight_decay: float) -> None:
+    """One step of the paper's Adam on lists of tensors, the learning rate `lr` a 0-dim tensor on their device:
+        m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;  p -= lr * (m / (sqrt(v) + eps) + wd * p)
+    Without bias correction nothing but `lr` changes from one step to the next, so torch.compile captures this once
+    and a CUDA graph replays it. (PaperAdam.step, for torch's fused kernel, instead rewrites lr, eps and weight decay
+    as Python floats every step to cancel the kernel's bias correction: constants that change every step, i.e. a
+    recompilation per step inside a captured region.)"""
+    torch._foreach_mul_(exp_avgs, beta1)
+    torch._foreach_add_(exp_avgs, grads, alpha=1.0 - beta1)
+    torch._foreach_mul_(exp_avg_sqs, beta2)
+    torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
+    denom = torch._foreach_sqrt(exp_avg_sqs)
+    torch._foreach_add_(denom, eps)
+    update = torch._foreach_div(exp_avgs, denom)
+    if weight_decay:
+        torch._foreach_add_(update, params, alpha=weight_decay)
+    torch._foreach_mul_(update, lr)
+    torch._foreach_sub_(params, update)
+
+
+class GraphSafeUpdate:
+    """One optimizer step — clip to the global norm, then the paper's Adam — as a function of tensors whose only
+    per-step input is the learning rate, held in 0-dim tensors on the device (one per parameter group). Compiled
+    (`compile_setting`, e.g. "reduce-overhead" for CUDA graphs) it is captured once: the learning rate moves
+    without recompiling, and the Python-side bookkeeping that changes per step (`paper_step`, the learning-rate
+    fill, zeroing the gradients) stays outside the compiled function.
+
+    It steps `optimizer` (a PaperAdam) in place of `optimizer.step()`, on the optimizer's own state (exp_avg,
+    exp_avg_sq and step per parameter, as torch's fused AdamW keeps them; `paper_step` per group), so resume states
+    and checkpoints are the same whichever path wrote them. The mathematics is `train.apply_update` with PaperAdam
+    (clip, then the paper's update), up to float rounding (a direct formula instead of the fused kernel's
+    bias-correction cancellation; tests/test_gpu_path.py compares them)."""
+
+    def __init__(self, optimizer: PaperAdam, clip_norm: float, compile_setting: str = "off",
+                 device: torch.device | None = None) -> None:
+        from tinyelectra.runtime import maybe_compile  # noqa: PLC0415
+
+        if not isinstance(optimizer, PaperAdam):
+            raise UserError(f"a graph-safe update needs the paper's Adam (optim.name = adam), not {type(optimizer).__name__}")
+        self.optimizer = optimizer
+        self.clip_norm = float(clip_norm)
+        first = next(p for g in optimizer.param_groups for p in g["params"])
+        device = device or first.device
+        self.lrs = [torch.zeros((), device=first.device) for _ in optimizer.param_groups]
+        self.constants = tuple((float(g["betas"][0]), float(g["betas"][1]), float(g["paper_eps"]), float(g["paper_wd"]))
+                               for g in optimizer.param_groups)
+        self.compiled = compile_setting != "off"
+        self.fn, note = maybe_compile(self._step, compile_setting, device, fullgraph=True) if self.compiled \
+            else (self._step, "compile: off")
+        self._note = note.replace("compile: ", "", 1)
+
+    @property
+    def note(self) -> str:
+        from tinyelectra.runtime import compile_note  # noqa: PLC0415
+
+        return "update: clip + paper Adam as one graph-safe function, " + compile_note(self.fn, self._note).replace("compile: ", "", 1)
+
+    def _step(self, params, grads, exp_avgs, exp_avg_sqs, steps, lrs) -> None:
+        flat = [g for group in grads for g in group]
+        if self.clip_norm > 0:  # torch.nn.utils.clip_grad_norm_'s arithmetic, without its host-side grouping
+            total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(flat)))
+            torch._foreach_mul_(flat, torch.clamp(self.clip_norm / (total + 1e-6), max=1.0))
+        for i, (beta1, beta2, eps, wd) in enumerate(self.constants):
+            if params[i]:
+                paper_adam_foreach_(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], lrs[i], beta1, beta2, eps, wd)
+                torch._foreach_add_(steps[i], 1.0)
+
+    def _lists(self) -> tuple:
+        """Per group: the parameters with gradients, their gradients and state (created as torch's fused AdamW would)."""
+        out: tuple = ([], [], [], [], [])
+        for g in self.optimizer.param_groups:
+            ps = [p for p in g["params"] if p.grad is not None]
+            for p in ps:
+                st = self.optimizer.state[p]
+                if "exp_avg" not in st:
+                    st["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+                    st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                if self.compiled:  # CUDA graphs: weights and state updated in place at fixed addresses
+                    self._mark_static(p, st["exp_avg"], st["exp_avg_sq"], st["step"])
+            out[0].append(ps)
+            out[1].append([p.grad for p in ps])
+            out[2].append([self.optimizer.state[p]["exp_avg"] for p in ps])
+            out[3].append([self.optimizer.state[p]["exp_avg_sq"] for p in ps])
+            out[4].append([self.optimizer.state[p]["step"] for p in ps])
+        return out
+
+    @staticmethod
+    def _mark_static(*tensors: torch.Tensor) -> None:
+        for t in tensors:
+            if getattr(t, "_dynamo_static_input_type", None) is None:  # not marked yet (e.g. state loaded on resume)
+                torch._dynamo.mark_static_address(t)
+
+    @torch.no_grad()
+    def __call__(self) -> None:
+        """Step with the learning rates `optimizer.set_lr` gave, then zero the gradients."""
+        for g, lr in zip(self.optimizer.param_groups, self.lrs):
+            lr.fill_(g["paper_lr"])  # outside the captured function: the only per-step input is this tensor's value
+        if self.compiled:
+            self._mark_static(*self.lrs)
+        self.fn(*self._lists(), self.lrs)
+        for g in self.optimizer.param_groups:
+            g["paper_step"] += 1
+        self.optimizer.zero_grad(set_to_none=True)
+
+    @torch.no_grad()
+    def dry_run(self) -> None:
+        """Run the (compiled) step once on the gradients present, at learning rate 0, then put the parameters and the
+        optimizer state back exactly: it compiles — or fails to, before training — without changing anything."""
+        lists = self._lists()
+        saved = [[t.clone() for t in group] for part in (lists[0], *lists[2:]) for group in part]
+        for lr in self.lrs:
+            lr.zero_()
+        if self.compiled:
+            self._mark_static(*self.lrs)
+        self.fn(*lists, self.lrs)
+        for group, copies in zip([group for part in (lists[0], *lists[2:]) for group in part], saved):
+            for t, c in zip(group, copies):
+                t.copy_(c)
+
+
 class TorchAdamW(torch.optim.AdamW):
     """torch's bias-corrected AdamW (fused where available) with the same set_lr interface. Off-recipe."""
 

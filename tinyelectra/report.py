@@ -215,6 +215,7 @@ def build_report(run_dir: Path) -> dict[str, Any]:
     hardware = {
         "pretraining_device": (summary or {}).get("device") or _first(events, "device"),
         "pretraining_precision": (summary or {}).get("precision") or _first(events, "precision"),
+        "pretraining_runtime": (summary or {}).get("runtime") or {},  # compile (or its fallback), attention kernel
         "finetuning_devices": sorted({c["finetune"]["device"] for c in checkpoints if c["finetune"]["device"]}),
         "finetuning_precisions": sorted({c["finetune"]["precision"] for c in checkpoints if c["finetune"]["precision"]}),
         "finetuning_batching": sorted({c["finetune"]["batching"] for c in checkpoints if c["finetune"].get("batching")}),
@@ -306,6 +307,8 @@ def render_markdown(rep: dict[str, Any]) -> str:
         ["training time", fmt_duration(pre["train_seconds"])],
         ["pre-training device", _v(hw["pretraining_device"])],
         ["pre-training precision", _v(hw["pretraining_precision"])],
+        ["pre-training compile", _v(hw["pretraining_runtime"].get("compile"))],
+        ["pre-training attention kernel", _v(hw["pretraining_runtime"].get("attention"))],
         ["fine-tuning device", ", ".join(hw["finetuning_devices"]) or "-"],
         ["fine-tuning precision", ", ".join(hw["finetuning_precisions"]) or "-"],
         ["fine-tuning batches", "; ".join(hw["finetuning_batching"]) or "-"],

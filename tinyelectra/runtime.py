@@ -57,6 +57,42 @@ def pick_device(gpu: int | None = None, device: str | None = None) -> torch.devi
     return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
 
 
+def pick_process_device(gpu: int | None, device: str | None, local_rank: int, world: int) -> torch.device:
+    """This process's device. One process: `pick_device`. Under torchrun (world > 1) every CUDA choice — none at all
+    on a GPU machine, `--gpu N` or `--device cuda[:N]` — means cuda:LOCAL_RANK, one GPU per process, as DDP and
+    NCCL need; `--device cpu` keeps every process on the CPU (gloo)."""
+    dev = pick_device(gpu, device)
+    if world <= 1 or dev.type != "cuda":
+        return dev
+    count = torch.cuda.device_count()
+    if not 0 <= local_rank < count:
+        raise UserError(f"torchrun: LOCAL_RANK {local_rank} but this machine has {count} CUDA GPU(s); start at most "
+                        f"{count} processes per node (--nproc_per_node)")
+    return torch.device("cuda", local_rank)
+
+
+CUBLAS_DETERMINISTIC = (":4096:8", ":16:8")  # the two settings cuBLAS documents as reproducible
+
+
+def set_deterministic(enabled: bool) -> str:
+    """`train.deterministic`: torch's deterministic algorithms, cuDNN without autotuning, and cuBLAS's fixed workspace
+    (CUBLAS_WORKSPACE_CONFIG), without which the first cuBLAS call of a deterministic run raises. cuBLAS reads the
+    variable when it creates its first handle, so call this before anything runs on the GPU (the trainer calls it
+    before choosing the device). Returns a note ("" when off)."""
+    if not enabled:
+        return ""
+    note = ""
+    if os.environ.get("CUBLAS_WORKSPACE_CONFIG") not in CUBLAS_DETERMINISTIC:
+        late = torch.cuda.is_available() and torch.cuda.is_initialized()
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_DETERMINISTIC[0]
+        if late:
+            note = " (CUDA was already initialised in this process: if cuBLAS had run, its workspace is not the fixed one)"
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    return f"deterministic: torch deterministic algorithms, CUBLAS_WORKSPACE_CONFIG={os.environ['CUBLAS_WORKSPACE_CONFIG']}{note}"
+
+
 def pick_precision(requested: str, device: torch.device) -> tuple[str, str]:
     """("bf16" | "fp16" | "fp32", one-line reason). `requested` is auto | bf16 | fp16 | fp32."""
     if requested not in ("auto", "bf16", "fp16", "fp32"):
@@ -87,6 +123,11 @@ def autocast_context(precision: str, device: torch.device):
     return torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
 
 
+def autocast_dtype(precision: str, device: torch.device) -> torch.dtype:
+    """The dtype the matmuls (and attention) of a forward pass run in under `autocast_context(precision, device)`."""
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+
+
 def configure_matmul(precision: str, device: torch.device) -> str:
     """TF32 for the fp32 matmuls that remain under mixed precision (Ampere+); off for an fp32 run, whose numbers
     must be the paper's fp32 arithmetic. Returns a note."""
@@ -98,48 +139,149 @@ def configure_matmul(precision: str, device: torch.device) -> str:
     return "TF32 on for fp32 leftovers under autocast" if tf32 else "TF32 off (true fp32)"
 
 
-def maybe_compile(fn_or_module, mode_setting: str, device: torch.device):
-    """torch.compile `fn_or_module` when `mode_setting` asks for it ("on", or "auto" on CUDA); returns (obj, note).
+COMPILE_SETTINGS = ("auto", "on", "off", "reduce-overhead")
 
-    Compilation is lazy (it happens on the first call), so the returned object falls back to the eager one if that
-    first call fails to compile, and the note is updated then (`obj.note`)."""
-    if mode_setting not in ("auto", "on", "off"):
-        raise UserError(f"compile {mode_setting!r}: use auto, on or off")
+
+def maybe_compile(fn_or_module, mode_setting: str, device: torch.device, fullgraph: bool = False):
+    """torch.compile `fn_or_module` when `mode_setting` asks for it; returns (obj, note).
+
+    "on" (or "auto" on CUDA): inductor's default mode. "reduce-overhead": inductor plus CUDA graphs (on a GPU; the
+    CPU has none, so there it is the default mode). `fullgraph=True` makes a graph break an error, i.e. a fallback
+    to eager that the note reports, instead of a silently slower, partly compiled step.
+
+    Compilation is lazy: the forward graph is compiled at the first call, the backward graph (and inductor's kernels)
+    at the first backward. The returned object falls back to eager when the first call fails, and when `verify` or
+    `verify_compiled` sees a forward + backward fail; its `note` always says what runs."""
+    if mode_setting not in COMPILE_SETTINGS:
+        raise UserError(f"compile {mode_setting!r}: use {', '.join(COMPILE_SETTINGS)}")
     if mode_setting == "off" or (mode_setting == "auto" and device.type != "cuda"):
         why = "off as requested" if mode_setting == "off" else "auto: off on the CPU (compile time outweighs the gain for short runs)"
         return fn_or_module, f"compile: {why}"
     if sys.platform == "win32" or not hasattr(torch, "compile"):
         return fn_or_module, "compile: not available on this platform; running eager"
+    mode = "reduce-overhead" if mode_setting == "reduce-overhead" else None
+    label = "torch.compile (inductor"
+    if mode:
+        label += ", mode reduce-overhead: CUDA graphs" if device.type == "cuda" else ", mode reduce-overhead: no CUDA graphs on the CPU"
+    backend = os.environ.get("TINYELECTRA_COMPILE_BACKEND", "inductor")  # tests and the CPU smoke run: aot_eager
+    kwargs: dict = {"mode": mode} if backend == "inductor" else {"backend": backend}
+    if backend != "inductor":
+        label = f"torch.compile ({backend} backend from TINYELECTRA_COMPILE_BACKEND, not inductor{'; no CUDA graphs' if mode else ''}"
+    label += ", fullgraph)" if fullgraph else ")"
     try:
-        compiled = torch.compile(fn_or_module)
+        compiled = torch.compile(fn_or_module, fullgraph=fullgraph, **kwargs)
     except Exception as e:  # noqa: BLE001 - any failure means: run eager
-        return fn_or_module, f"compile: failed ({type(e).__name__}: {e}); running eager"
-    return _CompiledWithFallback(compiled, fn_or_module), "compile: torch.compile (inductor)"
+        return fn_or_module, f"compile: failed ({type(e).__name__}: {_short(e)}); running eager"
+    wrapped = _CompiledWithFallback(compiled, fn_or_module, f"compile: {label}")
+    return wrapped, wrapped.note
+
+
+def _short(e: BaseException, limit: int = 200) -> str:
+    text = " ".join(str(e).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class _CompiledWithFallback:
-    """Calls the compiled function or module; if its first call raises (missing compiler, unsupported op), runs
-    eager from then on and says so in `note`. Other attributes are the eager object's."""
+    """Calls the compiled function or module; runs the eager one from the moment compilation is seen to fail (the
+    first call raising, or `verify`'s forward + backward raising), and says so in `note`. Other attributes are the
+    eager object's."""
 
-    def __init__(self, compiled, eager) -> None:
+    def __init__(self, compiled, eager, note: str = "compile: torch.compile (inductor)") -> None:
         self.compiled, self.eager = compiled, eager
-        self.note = "compile: torch.compile (inductor)"
+        self.note = note
+        self.compiled_ok = True  # False once it fell back
+        self.before_call = None  # e.g. torch.compiler.cudagraph_mark_step_begin for a CUDA-graphed training step
         self._checked = False
 
     def __call__(self, *args, **kwargs):
+        if self.before_call is not None and self.compiled_ok:
+            self.before_call()
         if self._checked:
             return self.compiled(*args, **kwargs)
         try:
             out = self.compiled(*args, **kwargs)
+        except torch.OutOfMemoryError:
+            raise
         except Exception as e:  # noqa: BLE001
-            self.compiled = self.eager
-            self.note = f"compile: failed on first call ({type(e).__name__}); running eager"
+            self.fall_back("on its first call", e)
             out = self.eager(*args, **kwargs)
         self._checked = True
         return out
 
+    def fall_back(self, when: str, e: BaseException) -> None:
+        """Run eager from now on; the note says when and why."""
+        self.compiled = self.eager
+        self.compiled_ok = False
+        self._checked = True
+        self.note = f"compile: failed {when} ({type(e).__name__}: {_short(e)}); running eager"
+        # the whole error once, for whoever reads the log (the note above is one line)
+        print(f"torch.compile failed {when}; running eager. {type(e).__name__}: {str(e)[:4000]}", file=sys.stderr)
+
+    def verify(self, trial, reset=None) -> bool:
+        """See `verify_compiled`."""
+        return verify_compiled(trial, [self], reset)
+
     def __getattr__(self, name: str):
         return getattr(self.eager, name)
+
+
+def verify_compiled(trial, objs, reset=None) -> bool:
+    """Run `trial()` — one forward and backward through the objects `maybe_compile` returned — before the real
+    work, so that a compilation failure in the forward *or the backward* (compiled lazily at the first backward)
+    happens here. On failure every compiled object in `objs` falls back to eager with a note saying so and
+    `reset()` runs (e.g. zero the gradients a failed backward may have left); an out-of-memory error is not a
+    compilation failure and is raised. Returns True when everything compiled still runs compiled."""
+    wrapped = [o for o in objs if isinstance(o, _CompiledWithFallback) and o.compiled_ok]
+    if not wrapped:
+        return False
+    try:
+        trial()
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a backend failing in forward or backward: run eager
+        for o in wrapped:
+            o.fall_back("in the first forward + backward", e)
+        if reset is not None:
+            reset()
+        return False
+    for o in wrapped:
+        o._checked = True
+    return all(o.compiled_ok for o in wrapped)
+
+
+def compile_note(obj, default: str) -> str:
+    """The note of an object `maybe_compile` returned, as it stands now (it changes when compilation falls back)."""
+    return getattr(obj, "note", default) if isinstance(obj, _CompiledWithFallback) else default
+
+
+SDPA_KERNELS = {0: "math (unfused: T x T scores in memory)", 1: "flash", 2: "memory-efficient", 3: "cuDNN", 4: "overrideable"}
+
+
+def sdpa_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
+                dropout_p: float) -> dict:
+    """Which kernel F.scaled_dot_product_attention picks for inputs like these (torch's own dispatcher,
+    `torch._fused_sdp_choice`, under the current `sdpa_kernel` / backend settings), and on CUDA why FlashAttention
+    is not eligible when it is not (torch's debug reasons). Returns {"kernel", "flash_eligible", "why_not_flash"}."""
+    out: dict = {"kernel": "unknown", "flash_eligible": None, "why_not_flash": None}
+    try:
+        choice = int(torch._fused_sdp_choice(q, k, v, attn_mask, dropout_p, False))
+        out["kernel"] = SDPA_KERNELS.get(choice, f"backend {choice}")
+    except (AttributeError, RuntimeError, TypeError) as e:
+        out["kernel"] = f"unknown ({type(e).__name__}: {_short(e, 120)})"
+    if q.device.type == "cuda":
+        import warnings
+
+        try:
+            params = torch.backends.cuda.SDPAParams(q, k, v, attn_mask, dropout_p, False, False)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                ok = torch.backends.cuda.can_use_flash_attention(params, True)
+            out["flash_eligible"] = bool(ok)
+            if not ok:
+                out["why_not_flash"] = "; ".join(_short(w.message, 160) for w in caught) or "not eligible (no reason given)"
+        except (AttributeError, RuntimeError, TypeError) as e:
+            out["why_not_flash"] = f"unknown ({type(e).__name__}: {_short(e, 120)})"
+    return out
 
 
 # glibc mallopt parameters (malloc.h)

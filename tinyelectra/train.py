@@ -34,7 +34,7 @@ from tinyelectra.config import Recipe, load_recipe
 from tinyelectra.electra import STAT_KEYS, LossTerms, Masked, SpecialIds, combine, loss_terms, mask_batch, summarize
 from tinyelectra.errors import UserError
 from tinyelectra.logs import Log, Progress
-from tinyelectra.model import Electra, count_parameters
+from tinyelectra.model import Electra, attention_kernel, count_parameters
 from tinyelectra.optim import build_optimizer, lr_at
 from tinyelectra.runtime import device_name
 
@@ -87,7 +87,8 @@ def train_command(
     bud = parse_budget(budget)
     if gpu is not None and device is not None:
         raise UserError("give either --gpu N or --device, not both")
-    dev = runtime.pick_device(dist.local_rank if (dist.enabled and gpu is not None) else gpu, device)
+    runtime.set_deterministic(recipe.train.deterministic)  # before anything touches CUDA: cuBLAS reads it once
+    dev = runtime.pick_process_device(gpu, device, dist.local_rank, dist.world)  # torchrun: cuda:LOCAL_RANK
     run_dir = out_dir or Path("runs") / f"{recipe.name}-{bud.text}"
     if dist.enabled and not torch.distributed.is_initialized():
         if dev.type == "cuda":
@@ -202,11 +203,16 @@ class Engine:
                  precision: str, micro: int, accum: int) -> None:
         from tinyelectra import runtime
 
+        from tinyelectra.optim import GraphSafeUpdate, PaperAdam
+
         tr = recipe.train
         self.model, self.optimizer, self.scaler, self.dist = model, optimizer, scaler, dist
+        self.recipe, self.device, self.precision, self.micro = recipe, device, precision, micro
         self.clip_norm = recipe.optim.clip_norm
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.ds = None
+        self.graph_update = None
+        self._update_note = ""
         module: nn.Module = PretrainStep(model, recipe)
         if tr.strategy == "deepspeed":
             try:
@@ -232,13 +238,68 @@ class Engine:
                     os.environ.setdefault(k, v)
             self.ds, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=config)
             self.forward = self.ds
-            self.note = f"strategy: DeepSpeed ZeRO-2{' with optimizer state offloaded to the CPU' if tr.deepspeed_offload else ''}"
+            self.strategy_note = f"strategy: DeepSpeed ZeRO-2{' with optimizer state offloaded to the CPU' if tr.deepspeed_offload else ''}"
+            self._compile_note = "compile: off (DeepSpeed's engine)"
             return
+        if tr.compile == "reduce-overhead":
+            # CUDA graphs replay fixed memory: accumulated gradients of an earlier micro-batch would be overwritten,
+            # and DDP's gradient hooks would run inside captured regions. Static shapes come from electra.py.
+            if accum > 1:
+                raise UserError(f"train.compile=reduce-overhead (CUDA graphs) needs one micro-batch per step; this run "
+                                f"accumulates {accum} micro-batches of {micro}: use train.compile=on, or a micro-batch "
+                                f"of {tr.batch_size // dist.world}")
+            if dist.enabled:
+                raise UserError("train.compile=reduce-overhead (CUDA graphs) is for one process; with torchrun use train.compile=on")
         if dist.enabled:
             module = nn.parallel.DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None)
         self.module = module
-        self.forward, compile_note = runtime.maybe_compile(module, tr.compile, device)
-        self.note = f"strategy: {'DDP over ' + str(dist.world) + ' processes' if dist.enabled else 'one process'}; {compile_note}"
+        # fullgraph: a graph break is a failure (eager, and the note says so), not a silently slower step. DDP: its
+        # graph is split at gradient buckets by dynamo's DDP optimizer, so it is compiled without the flag.
+        self.forward, self._compile_note = runtime.maybe_compile(module, tr.compile, device, fullgraph=not dist.enabled)
+        if tr.compile == "reduce-overhead":
+            if device.type == "cuda" and hasattr(self.forward, "before_call"):
+                # each step's forward starts a new generation of CUDA graph memory: the previous step's outputs
+                # (already added to the metric sums) are dead; the gradients feeding the update are not (no marker there)
+                self.forward.before_call = torch.compiler.cudagraph_mark_step_begin
+            if precision == "fp16":
+                self._update_note = "update: eager (fp16 loss scaling checks for overflow on the host)"
+            elif not isinstance(optimizer, PaperAdam):
+                self._update_note = f"update: eager ({recipe.optim.name} is not graph-safe)"
+            else:
+                self.graph_update = GraphSafeUpdate(optimizer, self.clip_norm, tr.compile, device)
+        self.strategy_note = f"strategy: {'DDP over ' + str(dist.world) + ' processes' if dist.enabled else 'one process'}"
+
+    @property
+    def compile_note(self) -> str:
+        """What runs, as it stands now: a compilation that failed and fell back to eager says so."""
+        from tinyelectra import runtime
+
+        note = runtime.compile_note(self.forward, self._compile_note)
+        update = self.graph_update.note if self.graph_update is not None else self._update_note
+        return f"{note}; {update}" if update else note
+
+    @property
+    def note(self) -> str:
+        return f"{self.strategy_note}; {self.compile_note}"
+
+    def verify_compile(self, special: SpecialIds) -> None:
+        """Compile (or fail to) before training: one forward + backward of a dummy micro-batch through the compiled
+        step, and the compiled update once at learning rate 0 with the optimizer state put back, so a backend that
+        fails in the forward, the backward or the update falls back to eager here, with a note, instead of ending
+        the run. Gradients are discarded; nothing that training computes changes (every step reseeds its RNG)."""
+        from tinyelectra import runtime
+
+        if self.ds is not None:
+            return
+        objs = [self.forward] + ([self.graph_update.fn] if self.graph_update is not None else [])
+
+        def trial() -> None:
+            _probe(self.forward, self.model, special, self.recipe, self.micro, self.device, self.precision, keep_grads=True)
+            if self.graph_update is not None:
+                self.graph_update.dry_run()
+            self.optimizer.zero_grad(set_to_none=True)
+
+        runtime.verify_compiled(trial, objs, reset=lambda: self.optimizer.zero_grad(set_to_none=True))
 
     def accumulating(self, last: bool):
         """DDP: reduce gradients only after the last micro-batch of a step."""
@@ -254,7 +315,9 @@ class Engine:
             self.scaler.scale(loss).backward()
 
     def update(self) -> None:
-        if self.ds is None:
+        if self.graph_update is not None:
+            self.graph_update()
+        elif self.ds is None:
             apply_update(self.params, self.optimizer, self.scaler, self.clip_norm)
 
 
@@ -277,8 +340,7 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
         if device.type == "cuda":
             torch.cuda.set_device(device)
         torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    if tr.deterministic:
-        torch.use_deterministic_algorithms(True)
+    log.once(runtime.set_deterministic(tr.deterministic))  # before the first GPU work (train_command did it earlier)
     log.once(runtime.tune_cpu() if device.type == "cpu" else "")
     data = PretrainData(data_dir)
     _check_data(data, recipe, data_dir)
@@ -305,7 +367,11 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
                             lambda mb: _probe(probe, model, special, recipe, mb, device, precision))
     accum = rank_batch // micro
     engine = Engine(model, recipe, optimizer, scaler, dist, device, precision, micro, accum)
+    engine.verify_compile(special)  # compiles now: a failure in forward, backward or update falls back to eager
     log.once(engine.note)
+    attention = attention_kernel(recipe.model, micro, tr.seq_len, device, runtime.autocast_dtype(precision, device),
+                                 compiled=engine.compile_note.startswith("compile: torch.compile"))
+    log.once(attention["summary"])
     log.once(f"batch: {tr.batch_size} sequences x {tr.seq_len} tokens per step = {dist.world} process(es) x "
              f"{accum} micro-batch(es) of {micro}")
     loader = BatchLoader(data, "train", tr.batch_size, tr.seed, device=device,
@@ -477,6 +543,8 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
         "precision": precision, "device": device_name(device), "parameters": count_parameters(model),
         "checkpoints": sorted(done_ckpts, key=lambda n: int(n.split("-")[1])), "final_lr": lr_at(step, recipe.optim.lr, plan.warmup_steps, plan.total_steps),
         "conventions": plan.conventions,
+        "runtime": {"strategy": engine.strategy_note, "compile": engine.compile_note, "attention": attention["summary"],
+                    "deterministic": tr.deterministic},
     }
     if dist.main:
         plan.save(run_dir / "plan.json")  # a time budget's plan as it ended (the steps that fitted)
@@ -583,8 +651,9 @@ def fit_micro_batch(requested: int, rank_batch: int, device: torch.device, probe
     raise UserError("not even one sequence per micro-batch fits in GPU memory; try train.grad_checkpointing=true")
 
 
-def _probe(forward, model: Electra, special, recipe: Recipe, mb: int, device: torch.device, precision: str) -> None:
-    """One forward + backward at micro-batch `mb` on dummy rows; gradients are discarded."""
+def _probe(forward, model: Electra, special, recipe: Recipe, mb: int, device: torch.device, precision: str,
+           keep_grads: bool = False) -> None:
+    """One forward + backward at micro-batch `mb` on dummy rows; gradients are discarded (unless `keep_grads`)."""
     from tinyelectra import runtime
 
     T = recipe.train.seq_len
@@ -597,7 +666,8 @@ def _probe(forward, model: Electra, special, recipe: Recipe, mb: int, device: to
     with runtime.autocast_context(precision, device):
         mlm_sum, disc_sum, _ = forward(m)
     (mlm_sum + disc_sum).backward()
-    model.zero_grad(set_to_none=True)
+    if not keep_grads:
+        model.zero_grad(set_to_none=True)
 
 
 def _check_data(data, recipe: Recipe, data_dir: Path) -> None:

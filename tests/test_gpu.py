@@ -1,0 +1,164 @@
+"""On a CUDA GPU (marker `gpu`; every test here is skipped without one): a 20-step run per precision, exact resume
+with deterministic mode, the CUDA-graphs mode against the compiled one, no host synchronisation inside a training
+step, and, with two GPUs or more, one DDP process per GPU.
+
+Written before any GPU ran this code (issue 10): a failure here is a finding to fix, not a flaky test. Runs go
+through the real command line on the built-in corpus (prepared once per module) with the tiny recipe.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (this machine has none)")]
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+SMALL = ["--set", "model.num_layers=2", "--set", "train.batch_size=8", "--set", "train.eval_rows=32",
+         "--set", "train.log_every_steps=1"]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory) -> dict:
+    return dict(os.environ, TINYELECTRA_CACHE=str(tmp_path_factory.mktemp("cache")), PYTHONUNBUFFERED="1")
+
+
+def run_cli(args: list[str], env: dict, timeout: float = 900) -> subprocess.CompletedProcess:
+    p = subprocess.run([sys.executable, "-m", "tinyelectra", *args], env=env, capture_output=True, text=True, timeout=timeout)
+    assert p.returncode == 0, f"exit {p.returncode}\n{p.stderr[-4000:]}"
+    return p
+
+
+def step_losses(run: Path) -> dict[int, tuple[float, float]]:
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return {r["step"]: (r["gen_loss"], r["disc_loss"]) for r in recs if "event" not in r}
+
+
+@pytest.mark.parametrize("precision,compile_setting", [("bf16", "auto"), ("fp16", "off"), ("fp32", "off")])
+def test_twenty_steps_per_precision(env, tmp_path, precision, compile_setting):
+    """20 steps on the GPU: finite losses every step, the precision and device recorded, the compiled run labelled
+    compiled (not a silent fallback), and the attention kernel named."""
+    if precision == "bf16" and not torch.cuda.is_bf16_supported():
+        pytest.skip("this GPU has no bf16")
+    run = tmp_path / "run"
+    run_cli(["train", "--recipe", "tiny", "--budget", "20steps", "--gpu", "0", *SMALL, "--set", f"train.precision={precision}",
+             "--set", f"train.compile={compile_setting}", "--out", str(run)], env)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 20 and summary["precision"] == precision
+    assert summary["device"] == torch.cuda.get_device_name(0)
+    losses = step_losses(run)
+    assert sorted(losses) == list(range(1, 21))
+    assert all(math.isfinite(x) for pair in losses.values() for x in pair), losses
+    rt = summary["runtime"]
+    if compile_setting == "auto":
+        assert rt["compile"].startswith("compile: torch.compile (inductor"), rt["compile"]
+    assert "unknown" not in rt["attention"] and "CPU" not in rt["attention"], rt["attention"]
+
+
+def test_cuda_resume_is_exact_with_deterministic_mode(env, tmp_path):
+    """train.deterministic=true on the GPU (cuBLAS's fixed workspace set before any GPU work, deterministic
+    kernels): a run killed with SIGKILL mid-way and resumed gives the uninterrupted run's per-step losses and
+    bit-identical weights."""
+    from safetensors.torch import load_file
+
+    args = ["train", "--recipe", "tiny", "--budget", "24steps", "--gpu", "0", *SMALL, "--set", "train.deterministic=true",
+            "--set", "train.compile=off", "--set", "train.resume_every_seconds=0.01"]
+    ref = tmp_path / "ref"
+    run_cli([*args, "--out", str(ref)], env)
+    run = tmp_path / "killed"
+    p = subprocess.Popen([sys.executable, "-m", "tinyelectra", *args, "--out", str(run)], env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 600
+    while time.time() < deadline:
+        if (run / "metrics.jsonl").exists() and len(step_losses(run)) >= 12:
+            break
+        time.sleep(0.02)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    killed_at = max(step_losses(run))
+    assert killed_at < 24, "the kill should land before the end"
+    run_cli([*args, "--out", str(run), "--resume"], env)
+    assert step_losses(run) == step_losses(ref)
+    for name in ("ckpt-0625", "ckpt-10000"):
+        for part in ("discriminator", "generator"):
+            a, b = load_file(str(ref / name / f"{part}.safetensors")), load_file(str(run / name / f"{part}.safetensors"))
+            assert all(torch.equal(a[k], b[k]) for k in a), f"{name}/{part} differs"
+
+
+def test_cuda_graphs_mode_trains_like_the_compiled_mode(env, tmp_path):
+    """train.compile=reduce-overhead (CUDA graphs, graph-safe update) against train.compile=on over 10 steps from
+    the same seed: the same losses up to the update's float rounding (a direct paper-Adam formula instead of the
+    fused kernel), both labelled compiled."""
+    if not torch.cuda.is_bf16_supported():
+        pytest.skip("this GPU has no bf16")
+    out = {}
+    for mode in ("on", "reduce-overhead"):
+        run = tmp_path / mode
+        run_cli(["train", "--recipe", "tiny", "--budget", "10steps", "--gpu", "0", *SMALL, "--set", "train.precision=bf16",
+                 "--set", f"train.compile={mode}", "--out", str(run)], env)
+        out[mode] = (step_losses(run), json.loads((run / "summary.json").read_text())["runtime"]["compile"])
+    assert "CUDA graphs" in out["reduce-overhead"][1] and "failed" not in out["reduce-overhead"][1], out["reduce-overhead"][1]
+    assert "graph-safe" in out["reduce-overhead"][1] and "failed" not in out["on"][1]
+    a, b = out["on"][0], out["reduce-overhead"][0]
+    assert a.keys() == b.keys() == set(range(1, 11))
+    assert a[1] == pytest.approx(b[1], rel=1e-3)  # before any update: the same forward
+    for s in a:
+        assert a[s][0] == pytest.approx(b[s][0], rel=2e-2) and a[s][1] == pytest.approx(b[s][1], rel=2e-2), (s, a[s], b[s])
+
+
+@pytest.mark.parametrize("compile_setting", ["off", "on"])
+def test_no_host_sync_inside_a_training_step(compile_setting):
+    """The trainer's step (benchmarks/throughput.py's TrainerStep: masking, forward, backward, clip, paper Adam), bf16,
+    after warm-up, under torch.cuda.set_sync_debug_mode("error"): no synchronisation with the host (the loop
+    synchronises only on log steps)."""
+    if not torch.cuda.is_bf16_supported():
+        pytest.skip("this GPU has no bf16")
+    sys.path.insert(0, str(BENCH))
+    from throughput import Batches, TrainerStep
+
+    from tinyelectra.config import load_recipe
+
+    recipe = load_recipe("tiny", ["model.num_layers=2", "train.batch_size=8", f"train.compile={compile_setting}",
+                                  "train.precision=bf16"])
+    device = torch.device("cuda", 0)
+    step = TrainerStep(recipe, device, "bf16", Batches(None, recipe.model.vocab_size, 8, 128, device))
+    step.first_call()
+    for _ in range(2):
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert math.isfinite(float(step.last_loss))
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="DDP placement needs two GPUs")
+def test_ddp_puts_each_process_on_its_own_gpu(env, tmp_path):
+    """torchrun --nproc_per_node 2 without --gpu (the README's form): NCCL refuses two processes on one GPU, so a
+    run that finishes used cuda:0 and cuda:1; its losses match one process accumulating the same global batch."""
+    common = ["--recipe", "tiny", "--budget", "6steps", *SMALL, "--set", "train.compile=off", "--set", "train.precision=fp32"]
+    one = tmp_path / "one"
+    run_cli(["train", *common, "--gpu", "0", "--set", "train.micro_batch_size=4", "--out", str(one)], env)
+    two = tmp_path / "two"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+           str(29500 + os.getpid() % 1000), "-m", "tinyelectra", "train", *common, "--out", str(two)]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-4000:]
+    a, b = step_losses(one), step_losses(two)
+    assert a.keys() == b.keys() == set(range(1, 7))
+    for s in a:
+        assert a[s][0] == pytest.approx(b[s][0], rel=1e-4) and a[s][1] == pytest.approx(b[s][1], rel=1e-4), (s, a[s], b[s])
