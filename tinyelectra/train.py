@@ -329,7 +329,7 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
     from tinyelectra import runtime
     from tinyelectra.checkpoint import load_resume_state, save_checkpoint, save_resume_state
     from tinyelectra.data import BatchLoader, PretrainData
-    from tinyelectra.diagnostics import checkpoint_line, evaluate, most_frequent_token
+    from tinyelectra.diagnostics import checkpoint_line, evaluate, unigram_distribution
 
     tr = recipe.train
     log = Log(run_dir, dist.main)
@@ -415,7 +415,7 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
     calib_step0 = step
     recent: collections.deque = collections.deque()  # (training seconds, step): the recent throughput
     autocast = runtime.autocast_context(precision, device)
-    top_token = None  # the unigram baseline of the held-out evaluation (diagnostics.most_frequent_token)
+    unigram = None  # the training rows' word frequencies, for the held-out evaluation's baselines
     progress = Progress(plan, step, dist.main)
     model.train()
     while step < plan.total_steps:
@@ -499,9 +499,9 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
             reached = (train_seconds >= fraction * bud.value or step >= plan.total_steps) if plan.budget_kind == "time" \
                 else step >= ckpt_step
             if plan.status == "final" and reached and name not in done_ckpts:
-                if top_token is None:  # the unigram baseline's answer, counted once per process
-                    top_token = most_frequent_token(data, special)
-                ev = evaluate(model, data, recipe, special, device, autocast, micro, top_token)
+                if unigram is None:  # counted once per process
+                    unigram = unigram_distribution(data, special)
+                ev = evaluate(model, data, recipe, special, device, autocast, micro, unigram)
                 meta = {"name": name, "step": step, "fraction": fraction, "fraction_of_steps": step / plan.total_steps,
                         "fraction_of_budget_seconds": train_seconds / bud.value if plan.budget_kind == "time" else None,
                         "tokens_seen": tokens_seen,
