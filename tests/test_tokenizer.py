@@ -167,6 +167,7 @@ def test_tokenizer_json_missing_a_special_token_names_it(trained, tmp_path):
     trained.save(tmp_path / "tok")
     spec = json.loads((tmp_path / "tok" / "tokenizer.json").read_text(encoding="utf-8"))
     spec["model"]["vocab"] = {t: i for t, i in spec["model"]["vocab"].items() if t != "[CLS]"}
+    spec["added_tokens"] = [t for t in spec["added_tokens"] if t["content"] != "[CLS]"]
     spec["post_processor"] = None
     (tmp_path / "broken.json").write_text(json.dumps(spec), encoding="utf-8")
     with pytest.raises(UserError, match=r"no \[CLS\] token"):

@@ -173,11 +173,16 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
+    """How `train --corpus` (and the built-in corpus) are prepared; `tinyelectra prepare` has the full set of options."""
+
     tokenizer: str = ""  # a vocab.txt / tokenizer.json / SentencePiece .model; empty = train a WordPiece
-    lowercase: bool = True  # uncased, as the paper (turn off for cased or non-Latin corpora)
+    # auto: uncased (the paper's) for English-like text, cased where uncased normalisation would strip accents, kana
+    # voicing marks or Hangul syllables (tokenizer.choose_casing) | uncased | cased
+    casing: str = "auto"
     validation_fraction: float = 0.01  # share of documents held out for validation
 
     def __post_init__(self) -> None:
+        _check(self.casing in ("auto", "uncased", "cased"), "data.casing", "must be auto, uncased or cased")
         _check(0.0 <= self.validation_fraction < 0.5, "data.validation_fraction", "must be in [0, 0.5)")
 
 
@@ -282,6 +287,11 @@ def _section_from_dict(cls: type, values: Any, where: str) -> Any:
 
 
 def recipe_from_dict(raw: dict[str, Any], where: str = "recipe") -> Recipe:
+    data = raw.get("data")
+    if isinstance(data, dict) and isinstance(data.get("lowercase"), bool) and "casing" not in data:
+        # recipes and checkpoints written before data.casing existed said data.lowercase = true | false
+        raw = {**raw, "data": {**{k: v for k, v in data.items() if k != "lowercase"},
+                               "casing": "uncased" if data["lowercase"] else "cased"}}
     known_top = {"name", "description", "deviations", *SECTIONS}
     for key in raw:
         if key not in known_top:

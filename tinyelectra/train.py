@@ -154,13 +154,13 @@ def resolve_data(data_dir: Path | None, corpus: list[str] | None, recipe: Recipe
         target, sources = run_dir / "data", list(corpus)
     else:
         cache = Path(os.environ.get("TINYELECTRA_CACHE", Path.home() / ".cache" / "tinyelectra"))
-        tag = f"builtin-v{recipe.model.vocab_size}-t{recipe.train.seq_len}-{'uncased' if recipe.data.lowercase else 'cased'}"
+        tag = f"builtin-v{recipe.model.vocab_size}-t{recipe.train.seq_len}-{recipe.data.casing}"
         target, sources = cache / tag, ["builtin"]
     cache_dir = not corpus  # our own cache: a stale one (older settings) is simply rebuilt
     if dist.main:
         prepare(
             sources=sources, out_dir=target, tokenizer_path=recipe.data.tokenizer or None,
-            vocab_size=recipe.model.vocab_size, seq_len=recipe.train.seq_len, lowercase=recipe.data.lowercase,
+            vocab_size=recipe.model.vocab_size, seq_len=recipe.train.seq_len, casing=recipe.data.casing,
             workers=0, force=cache_dir, seed=recipe.train.seed, command="(prepared by tinyelectra train)",
             validation_fraction=recipe.data.validation_fraction,
         )
