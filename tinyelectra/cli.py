@@ -165,11 +165,15 @@ def export(
     checkpoint: Path = typer.Argument(..., help="A fraction checkpoint directory (e.g. runs/X/ckpt-10000)."),
     out: Path = typer.Option(..., "--out", help="New output directory: discriminator/ (ElectraForPreTraining) and generator/ "
                              "(ElectraForMaskedLM), each with tokenizer files; an MLM checkpoint writes generator/ only."),
+    language: Optional[list[str]] = typer.Option(
+        None, "--language", help="Language code(s) for the model card's metadata (default: those prepare guessed "
+        "from the text's scripts: ko, ja, zh, en)."),
+    license_id: Optional[str] = typer.Option(None, "--license", help="License of the weights for the model card (e.g. apache-2.0, cc-by-sa-4.0)."),
 ) -> None:
     """Write a checkpoint as transformers ElectraForPreTraining / ElectraForMaskedLM directories (from_pretrained loads them offline)."""
     from tinyelectra.hf import export_command
 
-    export_command(checkpoint=checkpoint, out_dir=out)
+    export_command(checkpoint=checkpoint, out_dir=out, languages=list(language or []), license_id=license_id)
 
 
 @app.command()

@@ -500,12 +500,13 @@ def text_profile(lines: list[str]) -> dict[str, Any]:
         after = _uncased(ch)
         if after != ch.lower():
             changed += n
-            examples.append((n, f"{ch}->{after}"))
+            examples.append((n, f"{ch}->{'+'.join(after)}"))  # Hangul: 한->ᄒ+ᅡ+ᆫ (jamo)
     share = {k: round(v / letters, 4) for k, v in sorted(scripts.items(), key=lambda kv: -kv[1])} if letters else {}
+    # Languages the scripts name, each when its script holds at least 5% of the letters: Hangul (ko), kana (ja), Han
+    # beyond what Japanese text carries (it has more kana than kanji: zh), ASCII letters only (en).
     kana = share.get("Hiragana", 0) + share.get("Katakana", 0)
-    languages = (["ko"] if share.get("Hangul", 0) >= 0.2 else []) + (["ja"] if kana >= 0.1 else [])
-    if share.get("Han", 0) >= 0.2 and kana < 0.1 and "ko" not in languages:
-        languages.append("zh")
+    guess = {"ko": share.get("Hangul", 0), "ja": kana, "zh": share.get("Han", 0) - kana}
+    languages = sorted((code for code, v in guess.items() if v >= 0.05), key=lambda code: -guess[code])
     if letters and ascii_letters / letters > 0.99:
         languages.append("en")
     return {
@@ -527,10 +528,9 @@ def choose_casing(requested: str, profile: dict[str, Any]) -> tuple[bool, str, s
     if requested == "cased":
         return False, "cased, as asked (--casing cased)", None
     if requested == "uncased":
-        harmful = share > UNCASED_MAX_CHANGED_SHARE or latin < UNCASED_MIN_LATIN_SHARE
         warning = (f"--casing uncased: BERT's uncased normaliser changes {damage} beyond lower-casing (accents, kana "
-                   f"voicing marks, Hangul syllables); --casing cased (or auto) keeps them") if harmful else None
-        return True, "uncased, as asked (--casing uncased)", warning
+                   f"voicing marks, Hangul syllables); --casing cased (or auto) keeps them")
+        return True, "uncased, as asked (--casing uncased)", warning if share > UNCASED_MAX_CHANGED_SHARE else None
     if latin < UNCASED_MIN_LATIN_SHARE:
         return False, (f"auto: cased, because the letters are mostly not Latin ({top}): lower-casing gains nothing "
                        f"there, and the uncased normaliser would change {damage}"), None
