@@ -402,13 +402,28 @@ def test_cli_missing_gpu(env, tmp_path, capsys, monkeypatch):
     assert_one_line_error(p, "--gpu 3", "--device cpu")
 
 
-def test_cli_data_from_another_tokenizer(env, tmp_path, capsys, monkeypatch):
-    # the built-in corpus prepared for `tiny` (8192 entries) offered to a recipe that expects 30522
-    run_cli(["train", "--recipe", "tiny", "--budget", "1steps", "--device", "cpu", *SMALL, "--out", str(tmp_path / "a")], env)
+def test_cli_vocabulary_from_the_data_and_tokens_seen_without_padding(env, tmp_path, capsys, monkeypatch):
+    from tinyelectra.data import BatchLoader, PretrainData
+
+    run_cli(["train", "--recipe", "tiny", "--budget", "3steps", "--device", "cpu", *SMALL, "--out", str(tmp_path / "a")], env)
     cache = Path(env["TINYELECTRA_CACHE"])
     data = next(cache.glob("builtin-v8192-*"))
+    # tokens_seen counts real tokens: the attention masks of the three batches the loader gives (not 3 x 8 x 128)
+    loader = BatchLoader(PretrainData(data), "train", 8, seed=0, prefetch=0)
+    real = sum(int(next(loader).attention_mask.sum()) for _ in range(3))
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert summary["tokens_seen"] == real < 3 * 8 * 128
+    last = [r for r in metrics(tmp_path / "a") if "event" not in r][-1]
+    assert last["tokens_seen"] == real and last["tokens_per_second"] < last["positions_per_second"]
+    # the built-in corpus prepared for `tiny` (8192 entries) given to a recipe that says 30522: the data decides
+    run_cli(["train", "--recipe", "electra-small", "--budget", "1steps", "--device", "cpu", "--data", str(data), *SMALL,
+             "--out", str(tmp_path / "b")], env)
+    recipe = json.loads((tmp_path / "b" / "recipe.json").read_text())
+    assert recipe["model"]["vocab_size"] == 8192
+    assert any(d.startswith("model.vocab_size = 8192, the vocabulary of the prepared data") for d in recipe["deviations"])
+    # ... unless --set names another size: then the mismatch is an error
     p = cli_error(["train", "--recipe", "electra-small", "--budget", "1steps", "--device", "cpu", "--data", str(data),
-                   "--out", str(tmp_path / "b")], env, capsys, monkeypatch)
+                   "--set", "model.vocab_size=30522", "--out", str(tmp_path / "c")], env, capsys, monkeypatch)
     assert_one_line_error(p, "8192", "30522")
 
 

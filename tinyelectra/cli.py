@@ -119,7 +119,7 @@ def train(
     ),
     data: Optional[Path] = typer.Option(None, "--data", help="A directory written by `tinyelectra prepare`."),
     corpus: Optional[list[str]] = typer.Option(None, "--corpus", help="Prepare these sources first (cached under the run)."),
-    recipe: str = typer.Option("electra-small", "--recipe", help="Recipe name in recipes/ or a .toml path."),
+    recipe: str = typer.Option("electra-small", "--recipe", help="A shipped recipe's name (`tinyelectra recipe` lists them) or a .toml path."),
     gpu: Optional[int] = typer.Option(None, "--gpu", help="CUDA device index."),
     device: Optional[str] = typer.Option(None, "--device", help="'cpu' (or a torch device string)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default runs/RECIPE-BUDGET)."),
@@ -148,7 +148,7 @@ def train(
 
 @app.command()
 def flops(
-    recipe: str = typer.Option("electra-small", "--recipe", help="Recipe name in recipes/ or a .toml path."),
+    recipe: str = typer.Option("electra-small", "--recipe", help="A shipped recipe's name (`tinyelectra recipe` lists them) or a .toml path."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Training steps (default: the recipe's)."),
     batch: Optional[int] = typer.Option(None, "--batch", help="Sequences per step (default: the recipe's)."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Tokens per sequence (default: the recipe's)."),
@@ -158,6 +158,17 @@ def flops(
     from tinyelectra.flops import flops_command
 
     flops_command(recipe_name=recipe, steps=steps, batch=batch, seq_len=seq_len, overrides=list(set_ or []))
+
+
+@app.command()
+def recipe(
+    name: Optional[str] = typer.Argument(None, help="A shipped recipe's name or a .toml path; without it, list the shipped recipes."),
+    set_: Optional[list[str]] = typer.Option(None, "--set", help="Override a recipe field: section.key=value (repeatable)."),
+) -> None:
+    """Print a recipe as a run would use it (after --set), as TOML that --recipe accepts; or list the shipped ones."""
+    from tinyelectra.config import recipe_command
+
+    recipe_command(name, list(set_ or []))
 
 
 @app.command()

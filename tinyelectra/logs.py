@@ -82,7 +82,7 @@ class Log:
             t.add_row("FLOPs per step, paper convention", format_flops(plan.train_flops_paper_per_step))
             t.add_row("FLOPs per step, hardware convention", format_flops(plan.train_flops_hardware_per_step))
         else:
-            t.add_row("tokens", f"{plan.expected_tokens:,}")
+            t.add_row("token positions (padding included)", f"{plan.expected_tokens:,}")
             t.add_row("checkpoints", ", ".join(f"{k}@{v:,}" for k, v in plan.checkpoint_steps.items()))
             t.add_row("FLOPs, paper convention", format_flops(plan.train_flops_paper))
             t.add_row("FLOPs, hardware convention", format_flops(plan.train_flops_hardware))
