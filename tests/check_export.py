@@ -23,7 +23,7 @@ def fail(message: str) -> None:
 def main(export_dir: str, expected_path: str) -> None:
     import torch
     import transformers
-    from transformers import AutoTokenizer, ElectraForMaskedLM, ElectraForPreTraining, pipeline
+    from transformers import AutoTokenizer, ElectraForPreTraining, pipeline
 
     want = json.loads(Path(expected_path).read_text(encoding="utf-8"))
     disc_dir, gen_dir = Path(export_dir) / "discriminator", Path(export_dir) / "generator"

@@ -236,6 +236,33 @@ def test_wall_clock_budget_run(env, tmp_path):
     assert final["rows"] >= 256 and final["disc_acc"] > final["baseline_acc"], final
 
 
+def test_tensorboard_holds_checkpoint_evaluations_or_its_absence_is_said_once(env, tmp_path):
+    """With TensorBoard: the losses and, at each fraction checkpoint's step, its held-out evaluation. Without it
+    (a stand-in package that fails to import): one line says so, and the run goes on."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = tmp_path / "tb"
+    run_cli(["train", "--recipe", "tiny", "--budget", "16steps", "--device", "cpu", *SMALL,
+             "--set", "train.log_every_steps=4", "--out", str(run)], env)
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    assert {"gen_loss", "disc_loss", "heldout/disc_acc", "heldout/baseline_acc"} <= set(events.Tags()["scalars"])
+    ckpt_steps = [json.loads((run / name / "meta.json").read_text())["step"] for name in CKPTS]
+    assert [e.step for e in events.Scalars("heldout/disc_acc")] == ckpt_steps == [1, 2, 4, 8, 16]
+    final = json.loads((run / "ckpt-10000" / "meta.json").read_text())["eval"]["disc_acc"]
+    assert events.Scalars("heldout/disc_acc")[-1].value == pytest.approx(final, abs=1e-6)
+
+    shadow = tmp_path / "shadow" / "tensorboard"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('not installed here')\n")
+    absent = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(shadow.parent), env.get("PYTHONPATH")]))}
+    p = run_cli(["train", "--recipe", "tiny", "--budget", "2steps", "--device", "cpu", *SMALL, "--out", str(tmp_path / "no-tb")], absent)
+    said = " ".join(p.stderr.split())
+    assert said.count("TensorBoard: not installed") == 1 and "pip install 'tinyelectra[tensorboard]'" in said
+    assert not (tmp_path / "no-tb" / "tensorboard").exists() and (tmp_path / "no-tb" / "ckpt-10000").is_dir()
+
+
 @pytest.mark.slow
 def test_sigkill_and_resume_is_exact(env, tmp_path):
     """A run killed with SIGKILL mid-way and resumed gives the same per-step losses and bit-identical weights."""

@@ -192,6 +192,10 @@ def glue(
     checkpoint: Path = typer.Option(..., "--checkpoint", help="A run directory (every fraction), one checkpoint, or a transformers ELECTRA directory."),
     glue_dir: Optional[Path] = typer.Option(None, "--glue-dir", help="The classic glue_data directory."),
     hf: bool = typer.Option(False, "--hf", help="Read GLUE through Hugging Face `datasets` (needs the hub)."),
+    task_file: Optional[list[Path]] = typer.Option(
+        None, "--task-file", help="A task of your own (KLUE, JGLUE, CLUE, ASSIN, ...): a TOML file naming its TSV/CSV/JSONL "
+        "files, text column(s), label column and metric (README: custom tasks). Repeatable; without --glue-dir/--hf "
+        "only these run."),
     tasks: str = typer.Option("all", "--tasks", help="Comma-separated tasks, or 'all' (those with data)."),
     seeds: int = typer.Option(3, "--seeds", help="Fine-tuning seeds per task; medians are reported."),
     out: Optional[Path] = typer.Option(None, "--out", help="Where OUT/<checkpoint>/glue.json goes (default: RUN/glue for a run or its checkpoints, else CHECKPOINT/glue)."),
@@ -215,6 +219,7 @@ def glue(
     glue_command(
         checkpoint=checkpoint, glue_dir=glue_dir, use_hf=hf, tasks=tasks, seeds=seeds, out_dir=out, gpu=gpu,
         device=device, max_train_rows=max_train_rows, overrides=list(set_ or []), command=_command_line(),
+        task_files=list(task_file or []),
     )
 
 

@@ -76,7 +76,7 @@ def _bert_normalizer(lowercase: bool):
 
 def _wordpiece_tokenizer(vocab: dict[str, int], lowercase: bool):
     from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers import decoders, models, pre_tokenizers, processors
+    from tokenizers import decoders, models, pre_tokenizers
 
     hf = HFTokenizer(models.WordPiece(vocab, unk_token="[UNK]", continuing_subword_prefix="##", max_input_chars_per_word=100))
     hf.normalizer = _bert_normalizer(lowercase)
