@@ -135,6 +135,33 @@ def test_default_prepare_keeps_voicing_marks_hangul_syllables_and_accents(texts,
         assert unicodedata.normalize("NFC", squeeze(uncased.decode(uncased.encode_batch(["한국어"])[0]))) == "한국어"
 
 
+@pytest.mark.slow
+def test_fill_ratio_is_reported_and_packing_fills_short_paragraphs(texts, tmp_path, capsys):
+    """Korean text with a blank line after every paragraph (the issue's legal text: 8% real tokens): prepare says
+    how little of the examples is text and how to fix it; --pack-documents fills them, same tokens, same split."""
+    corpus = write_corpus(tmp_path / "ko.txt", texts["ko"][:6000], lines_per_document=1)
+    m = D.prepare([str(corpus)], tmp_path / "one", vocab_size=3000, seq_len=128, validation_fraction=0.05)
+    said = " ".join(capsys.readouterr().err.split())
+    data = D.PretrainData(tmp_path / "one")
+    lengths = data.rows("train", np.arange(data.num_rows("train")))[1][:, 1].astype(np.int64)  # real tokens per row
+    assert m["fill_ratio"]["train"] == round(lengths.sum() / (len(lengths) * 128), 4) < 0.2  # from the rows themselves
+    assert f"only {100 * m['fill_ratio']['train']:.0f}% of the token slots hold text" in said and "add --pack-documents" in said
+    packed = D.prepare([str(corpus)], tmp_path / "packed", vocab_size=3000, seq_len=128, validation_fraction=0.05,
+                       pack_documents=True)
+    assert "hold text" not in " ".join(capsys.readouterr().err.split())
+    assert packed["fill_ratio"]["train"] > 0.8 and packed["pack_documents"] is True
+    assert packed["examples"]["train"] < m["examples"]["train"] / 4
+    assert packed["documents"] == m["documents"]  # the same held-out documents
+    # (the builder cuts segments to fit T, as the official one: packing keeps most of the tokens too)
+    assert packed["tokens"]["train"] >= 0.9 * m["tokens"]["train"]
+    again = D.prepare([str(corpus)], tmp_path / "again", vocab_size=3000, seq_len=128, validation_fraction=0.05,
+                      pack_documents=True, quiet=True, workers=2, chunk_chars=50_000)
+    one = D.prepare([str(corpus)], tmp_path / "one-worker", vocab_size=3000, seq_len=128, validation_fraction=0.05,
+                    pack_documents=True, quiet=True, workers=1, chunk_chars=50_000)
+    for split in ("train", "validation"):  # byte-identical for any number of workers
+        assert (np.load(tmp_path / "again" / f"{split}-00000.ids.npy") == np.load(tmp_path / "one-worker" / f"{split}-00000.ids.npy")).all()
+
+
 def test_chinese_alphabet_scales_with_vocabulary(texts):
     """BERT's fixed 1,000-character alphabet left half of Chinese's ideographs out (a whole word became [UNK]);
     the alphabet now covers 99.99% of character occurrences when the vocabulary has room."""
