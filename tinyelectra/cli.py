@@ -91,8 +91,8 @@ def prepare(
 ) -> None:
     """Turn raw text into a tokenizer and packed ELECTRA pre-training examples.
 
-    Documents end at blank lines (unless --pack-documents), at WikiExtractor's </doc> (its title line is dropped) and
-    at each jsonl/parquet record.
+    Documents end at blank lines, at WikiExtractor's </doc> (its title line is dropped) and at each jsonl/parquet
+    record; examples never cross them, unless --pack-documents. The fill ratio (text / token slots) is reported.
 
     Lines are the sentence units of the official ELECTRA example builder (10% single segment, 5% random length).
 
