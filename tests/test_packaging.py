@@ -44,6 +44,17 @@ def test_printed_recipe_reads_back_the_same(name, tmp_path):
     assert load_recipe(str(tmp_path / "r.toml")) == recipe
 
 
+def test_recipes_written_before_data_casing_still_load():
+    """Checkpoints and recipe.json files of earlier runs say data.lowercase = true | false (now data.casing)."""
+    from tinyelectra.config import Recipe, recipe_from_dict
+
+    old = Recipe().to_dict()
+    old["data"] = {"tokenizer": "", "lowercase": True, "validation_fraction": 0.01}
+    assert recipe_from_dict(old).data.casing == "uncased"
+    old["data"]["lowercase"] = False
+    assert recipe_from_dict(old).data.casing == "cased" and Recipe().data.casing == "auto"
+
+
 def run(args: list, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
     p = subprocess.run([str(a) for a in args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
     assert p.returncode == 0, f"{args}\nstdout:\n{p.stdout[-2000:]}\nstderr:\n{p.stderr[-3000:]}"

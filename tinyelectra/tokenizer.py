@@ -167,9 +167,11 @@ class Tokenizer:
             i = lookup(s)
             if i is not None:
                 return int(i)
+        how = ("; `tinyelectra prepare --tokenizer-type sentencepiece` trains one that has them (or train yours with "
+               "pad_id=0 pad_piece=[PAD] unk_id=1 unk_piece=[UNK] control_symbols=[CLS],[SEP],[MASK])") if self._sp is not None else ""
         raise UserError(
             f"tokenizer {source or '(trained)'} has no {spellings[0]} token (also looked for {spellings[1]}); "
-            f"ELECTRA needs all five special tokens [PAD], [UNK], [CLS], [SEP], [MASK]"
+            f"ELECTRA needs all five special tokens [PAD], [UNK], [CLS], [SEP], [MASK]{how}"
         )
 
     @classmethod
