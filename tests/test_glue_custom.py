@@ -28,6 +28,18 @@ def ckpt(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(autouse=True)
+def forget_custom_tasks():
+    """A task file registers its task for the process (the command line runs one command); tests put the table back."""
+    from tinyelectra import glue_data
+
+    saved = dict(glue_data.TASKS), dict(glue_data._ALIASES), dict(glue_data.CUSTOM_FILES)
+    yield
+    for table, before in zip((glue_data.TASKS, glue_data._ALIASES, glue_data.CUSTOM_FILES), saved):
+        table.clear()
+        table.update(before)
+
+
+@pytest.fixture(autouse=True)
 def usual_umask():
     old = os.umask(0o022)
     yield

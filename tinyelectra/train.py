@@ -103,7 +103,7 @@ def train_command(
         _check_run_dir(run_dir, resume, recipe)
     _barrier()
     data_path = resolve_data(data_dir, corpus, recipe, run_dir, dist)
-    if not notes and not resume:  # --corpus with the recipe's data.tokenizer: its vocabulary decides too
+    if corpus and not notes and not resume:  # --corpus with the recipe's data.tokenizer: its vocabulary decides too
         recipe = adopt_data_vocab(recipe, data_path, overrides, notes)
     if dist.main:
         for note in notes:
