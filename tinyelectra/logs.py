@@ -31,12 +31,18 @@ class Log:
                 from torch.utils.tensorboard import SummaryWriter
 
                 self.tb = SummaryWriter(str(run_dir / "tensorboard"))
-            except Exception:  # tensorboard is optional
-                self.tb = None
+            except ImportError:  # optional: said once
+                self.once("TensorBoard: not installed, so metrics go to metrics.jsonl only "
+                          "(pip install 'tinyelectra[tensorboard]' adds RUN/tensorboard)")
+            except Exception as e:  # installed but broken: said once, the run goes on
+                self.once(f"TensorBoard: unavailable ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}); "
+                          "metrics go to metrics.jsonl only")
 
     def once(self, text: str) -> None:
         if self.main and text:
-            self.console.print(f"[dim]·[/dim] {text}", highlight=False)
+            from rich.markup import escape
+
+            self.console.print(f"[dim]·[/dim] {escape(text)}", highlight=False)  # text is not markup: "[tensorboard]"
 
     def metrics(self, rec: dict) -> None:
         if not self.main:
@@ -82,7 +88,7 @@ class Log:
             t.add_row("FLOPs per step, paper convention", format_flops(plan.train_flops_paper_per_step))
             t.add_row("FLOPs per step, hardware convention", format_flops(plan.train_flops_hardware_per_step))
         else:
-            t.add_row("tokens", f"{plan.expected_tokens:,}")
+            t.add_row("token positions (padding included)", f"{plan.expected_tokens:,}")
             t.add_row("checkpoints", ", ".join(f"{k}@{v:,}" for k, v in plan.checkpoint_steps.items()))
             t.add_row("FLOPs, paper convention", format_flops(plan.train_flops_paper))
             t.add_row("FLOPs, hardware convention", format_flops(plan.train_flops_hardware))

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from tinyelectra import budget as budgeting
 from tinyelectra.budget import Plan, make_plan, parse_budget
-from tinyelectra.config import Recipe, load_recipe
+from tinyelectra.config import Recipe, load_recipe, recipe_from_dict
 from tinyelectra.electra import STAT_KEYS, LossTerms, Masked, SpecialIds, combine, loss_terms, mask_batch, summarize
 from tinyelectra.errors import UserError
 from tinyelectra.logs import Log, Progress
@@ -84,12 +84,17 @@ def train_command(
 
     dist = Dist.from_env()
     recipe = load_recipe(recipe_name, overrides)
+    notes: list[str] = []
+    if data_dir is not None:
+        recipe = adopt_data_vocab(recipe, data_dir, overrides, notes)
     bud = parse_budget(budget)
     if gpu is not None and device is not None:
         raise UserError("give either --gpu N or --device, not both")
     runtime.set_deterministic(recipe.train.deterministic)  # before anything touches CUDA: cuBLAS reads it once
     dev = runtime.pick_process_device(gpu, device, dist.local_rank, dist.world)  # torchrun: cuda:LOCAL_RANK
     run_dir = out_dir or Path("runs") / f"{recipe.name}-{bud.text}"
+    if data_dir is None and corpus and (run_dir / "data" / "manifest.json").is_file():  # prepared by an earlier start
+        recipe = adopt_data_vocab(recipe, run_dir / "data", overrides, notes)
     if dist.enabled and not torch.distributed.is_initialized():
         if dev.type == "cuda":
             torch.cuda.set_device(dev)
@@ -98,13 +103,32 @@ def train_command(
         _check_run_dir(run_dir, resume, recipe)
     _barrier()
     data_path = resolve_data(data_dir, corpus, recipe, run_dir, dist)
+    if corpus and not notes and not resume:  # --corpus with the recipe's data.tokenizer: its vocabulary decides too
+        recipe = adopt_data_vocab(recipe, data_path, overrides, notes)
+    if dist.main:
+        for note in notes:
+            print(f"· {note}", file=sys.stderr)
     base = load_recipe(recipe_name)
-    overridden = [f"command line: --set {o} (the recipe says {_lookup(base, o)!r})" for o in overrides]
+    overridden = [f"command line: --set {o} (the recipe says {_lookup(base, o)!r})" for o in overrides] + notes
     if recipe.optim.name != "adam":
         overridden.append(f"OFF-RECIPE optimizer {recipe.optim.name}: bias-corrected AdamW, not the paper's Adam "
                           "without bias correction")
     train(recipe, bud, data_path, run_dir, dev, resume=resume, dist=dist, command=command, init=init,
           overridden=overridden)
+
+
+def adopt_data_vocab(recipe: Recipe, data_dir: Path, overrides: list[str], notes: list[str]) -> Recipe:
+    """The prepared data's vocabulary size becomes the model's, so a custom tokenizer needs no
+    `--set model.vocab_size=N`; a size given with --set stays (and a mismatch is an error, _check_data). Appends
+    the change to `notes` (recipe.json's deviations)."""
+    from tinyelectra.data import PretrainData
+
+    size = PretrainData(data_dir).vocab_size
+    if size == recipe.model.vocab_size or any(o.split("=", 1)[0].strip() == "model.vocab_size" for o in overrides):
+        return recipe
+    notes.append(f"model.vocab_size = {size}, the vocabulary of the prepared data {data_dir} (the recipe says "
+                 f"{recipe.model.vocab_size})")
+    return recipe.with_overrides([f"model.vocab_size={size}"])
 
 
 def _lookup(recipe: Recipe, assignment: str):
@@ -124,7 +148,8 @@ def _check_run_dir(run_dir: Path, resume: bool, recipe: Recipe) -> None:
     if resume:
         if not has_state:
             raise UserError(f"--resume: no resume state in {run_dir} (nothing to continue; drop --resume to start)")
-        saved = json.loads((run_dir / "recipe.json").read_text(encoding="utf-8"))
+        saved_raw = json.loads((run_dir / "recipe.json").read_text(encoding="utf-8"))
+        saved = json.loads(json.dumps(recipe_from_dict(saved_raw, where="recipe.json").to_dict()))  # older key names
         now = json.loads(json.dumps(recipe.to_dict()))
         saved.pop("deviations", None), now.pop("deviations", None)  # recipe.json's also lists the --set changes
         if saved != now:
@@ -154,13 +179,13 @@ def resolve_data(data_dir: Path | None, corpus: list[str] | None, recipe: Recipe
         target, sources = run_dir / "data", list(corpus)
     else:
         cache = Path(os.environ.get("TINYELECTRA_CACHE", Path.home() / ".cache" / "tinyelectra"))
-        tag = f"builtin-v{recipe.model.vocab_size}-t{recipe.train.seq_len}-{'uncased' if recipe.data.lowercase else 'cased'}"
+        tag = f"builtin-v{recipe.model.vocab_size}-t{recipe.train.seq_len}-{recipe.data.casing}"
         target, sources = cache / tag, ["builtin"]
     cache_dir = not corpus  # our own cache: a stale one (older settings) is simply rebuilt
     if dist.main:
         prepare(
             sources=sources, out_dir=target, tokenizer_path=recipe.data.tokenizer or None,
-            vocab_size=recipe.model.vocab_size, seq_len=recipe.train.seq_len, lowercase=recipe.data.lowercase,
+            vocab_size=recipe.model.vocab_size, seq_len=recipe.train.seq_len, casing=recipe.data.casing,
             workers=0, force=cache_dir, seed=recipe.train.seed, command="(prepared by tinyelectra train)",
             validation_fraction=recipe.data.validation_fraction,
         )
@@ -407,7 +432,10 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
     # --- loop -----------------------------------------------------------------------------------------------------
     stop = StopFlag()
     sums = {k: torch.zeros((), device=device) for k in STAT_KEYS}
-    window_t0, window_step = time.perf_counter(), step
+    # tokens_seen counts real tokens (attention mask), not padding: summed on the device, read at host syncs
+    tokens_base, real_tokens = tokens_seen, torch.zeros((), dtype=torch.int64, device=device)
+    seen = lambda: tokens_base + int(real_tokens.item())  # noqa: E731  (host sync: log steps, checkpoints, states)
+    window_t0, window_step, window_tokens = time.perf_counter(), step, tokens_seen
     last_state_save = time.perf_counter()
     clock_started = step > 0  # the first step (compilation, allocator warm-up) is start-up, not budget
     clock_t0 = time.perf_counter()
@@ -446,14 +474,14 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
                 sums[k] += v
         engine.update()
         step += 1
-        tokens_seen += tr.tokens_per_step
+        real_tokens += counts[1].long()  # the global batch's real tokens (all-reduced above)
 
         # clocks: the first step is start-up; after it, training time accumulates
         now = time.perf_counter()
         if not clock_started:
             clock_started, clock_t0, calib_step0 = True, now, step
             log.once(f"start-up took {now - startup_t0:.1f} s (excluded from the budget)")
-            window_t0, window_step = now, step
+            window_t0, window_step, window_tokens = now, step, seen()
         train_seconds = train_seconds_at_clock + (now - clock_t0)
 
         # a time budget: the steps that still fit, from the recent throughput (every step; DDP: on log steps,
@@ -484,13 +512,15 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
         if step % tr.log_every_steps == 0 or step == plan.total_steps or stop.requested:
             host = reduce_sums(sums, dist)
             window_seconds = max(time.perf_counter() - window_t0, 1e-9)
-            tok_s = (step - window_step) * tr.tokens_per_step / window_seconds
-            rec = log_record(step, host, lr, tok_s, tokens_seen, train_seconds, plan, precision, device)
+            tokens_seen = seen()
+            tok_s = (tokens_seen - window_tokens) / window_seconds  # real tokens
+            positions_s = (step - window_step) * tr.tokens_per_step / window_seconds  # padding included: MFU
+            rec = log_record(step, host, lr, tok_s, tokens_seen, train_seconds, plan, precision, device, positions_s)
             log.metrics(rec)
             progress.update(step, rec)
             for k in sums:
                 sums[k].zero_()
-            window_t0, window_step = time.perf_counter(), step
+            window_t0, window_step, window_tokens = time.perf_counter(), step, tokens_seen
 
         # fraction checkpoints (only once the plan is final)
         other_t0 = time.perf_counter()
@@ -504,7 +534,7 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
                 ev = evaluate(model, data, recipe, special, device, autocast, micro, unigram)
                 meta = {"name": name, "step": step, "fraction": fraction, "fraction_of_steps": step / plan.total_steps,
                         "fraction_of_budget_seconds": train_seconds / bud.value if plan.budget_kind == "time" else None,
-                        "tokens_seen": tokens_seen,
+                        "tokens_seen": seen(),
                         "train_flops_paper": step * plan.train_flops_paper_per_step,
                         "train_flops_hardware": step * plan.train_flops_hardware_per_step,
                         "wall_seconds": train_seconds, "eval": ev, "precision": precision, "device": device_name(device),
@@ -518,7 +548,7 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
         # resume state: every few minutes, after checkpoints, at the end, and when asked to stop
         if dist.main and engine.ds is None and (time.perf_counter() - last_state_save >= tr.resume_every_seconds
                                                 or stop.requested or step == plan.total_steps):
-            save_resume_state(run_dir, model, optimizer, scaler, loader, step=step, tokens_seen=tokens_seen,
+            save_resume_state(run_dir, model, optimizer, scaler, loader, step=step, tokens_seen=seen(),
                        train_seconds=train_seconds, other_seconds=other_seconds, checkpoints=sorted(done_ckpts),
                        recipe=recipe)
             last_state_save = time.perf_counter()
@@ -534,7 +564,7 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
     # --- finish -----------------------------------------------------------------------------------------------------
     progress.close()
     summary = {
-        "recipe": recipe.name, "budget": plan.budget, "steps": step, "tokens_seen": tokens_seen,
+        "recipe": recipe.name, "budget": plan.budget, "steps": step, "tokens_seen": seen(),
         "train_flops_paper": step * plan.train_flops_paper_per_step,
         "train_flops_hardware": step * plan.train_flops_hardware_per_step,
         "train_seconds": train_seconds, "budget_seconds": plan.budget_seconds,
@@ -615,11 +645,15 @@ def reduce_sums(sums: dict[str, Tensor], dist: Dist) -> dict[str, float]:
 
 
 def log_record(step: int, s: dict[str, float], lr: float, tokens_per_second: float, tokens_seen: int,
-               train_seconds: float, plan: Plan, precision: str, device: torch.device) -> dict:
+               train_seconds: float, plan: Plan, precision: str, device: torch.device,
+               positions_per_second: float | None = None) -> dict:
+    """One metrics.jsonl line. tokens_seen / tokens_per_second count real tokens (padding excluded);
+    positions_per_second counts every position of the (B, T) batches, padding included, which is what MFU needs."""
     from tinyelectra import flops
 
+    positions_per_second = tokens_per_second if positions_per_second is None else positions_per_second
     rec: dict = {"step": step, "lr": lr, "tokens_seen": tokens_seen, "train_seconds": round(train_seconds, 3),
-                 "tokens_per_second": round(tokens_per_second, 1),
+                 "tokens_per_second": round(tokens_per_second, 1), "positions_per_second": round(positions_per_second, 1),
                  "train_flops_paper": step * plan.train_flops_paper_per_step,
                  "train_flops_hardware": step * plan.train_flops_hardware_per_step}
     rec["gen_loss"] = s["mlm_sum"] / max(s["mlm_count"], 1.0)
@@ -628,7 +662,7 @@ def log_record(step: int, s: dict[str, float], lr: float, tokens_per_second: flo
     rec.update(summarize(s))
     if device.type == "cuda":
         per_token = plan.train_flops_hardware_per_step / plan.tokens_per_step
-        rec["mfu"] = flops.mfu(tokens_per_second, per_token, torch.cuda.get_device_name(device), precision)
+        rec["mfu"] = flops.mfu(positions_per_second, per_token, torch.cuda.get_device_name(device), precision)
     return rec
 
 
