@@ -32,11 +32,9 @@ SMALL = ["--set", "model.num_layers=2", "--set", "train.batch_size=8", "--set", 
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory) -> dict:
-    """Environment for CLI runs: a private cache so the built-in corpus is prepared once for this module."""
-    cache = tmp_path_factory.mktemp("cache")
-    e = dict(os.environ, TINYELECTRA_CACHE=str(cache), PYTHONUNBUFFERED="1")
-    return e
+def env(cli_env) -> dict:
+    """Environment for CLI runs: a private cache, so the built-in corpus is prepared once (conftest.cli_env)."""
+    return cli_env
 
 
 def run_cli(args: list[str], env: dict, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:

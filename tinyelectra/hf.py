@@ -316,7 +316,10 @@ def load_backbone(path: Path) -> Backbone:
     """A tinyelectra checkpoint (its discriminator, or the MLM encoder) or a transformers ELECTRA directory."""
     p = Path(path)
     if is_checkpoint(p):
+        from tinyelectra.files import verify_sha256
+
         recipe, objective = read_checkpoint_config(p)
+        verify_sha256(p, "the checkpoint")
         cfg = recipe.model
         name, enc_prefix = ("discriminator", "discriminator.") if objective == "electra" else ("generator", "generator.")
         sd = read_tensors(p / f"{name}.safetensors")
@@ -501,13 +504,26 @@ def export(model, recipe, meta: dict[str, Any], tokenizer_dir: Path | None, out_
 
 
 def export_command(checkpoint: Path, out_dir: Path) -> None:
-    """`tinyelectra export CKPT --out DIR`."""
+    """`tinyelectra export CKPT --out DIR`: refuses a checkpoint without its tokenizer (an export that cannot encode
+    text is not usable) and an output location it cannot write, before any work."""
+    from tinyelectra.files import check_writable
+
     model, recipe, meta = load_checkpoint(Path(checkpoint))
-    tok = Path(checkpoint) / "tokenizer"
-    tokenizer_dir = tok if tok.is_dir() else None
-    written = export(model, recipe, meta, tokenizer_dir, Path(out_dir))
+    tokenizer_dir = Path(checkpoint) / "tokenizer"
+    if not tokenizer_dir.is_dir():
+        raise UserError(f"{checkpoint}: no tokenizer/ directory beside the weights; an export without its tokenizer "
+                        f"cannot encode text (copy the tokenizer/ of the data it was trained on into {checkpoint})")
+    out_dir = Path(out_dir)
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise UserError(f"--out {out_dir}: already exists and is not empty; choose a new directory")
+    check_writable(out_dir, "--out")
+    from safetensors import SafetensorError
+
+    try:
+        written = export(model, recipe, meta, tokenizer_dir, out_dir)
+    except SafetensorError as e:  # transformers writes the weights through safetensors, which drops the errno
+        detail = str(e).strip().splitlines()[0][:200] if str(e).strip() else "write failed"
+        raise UserError(f"--out {out_dir}: cannot write the export ({detail}); nothing was left behind") from None
     for d in written:
         cls_name = "ElectraForPreTraining" if d.name == "discriminator" else "ElectraForMaskedLM"
         print(f"wrote {d} ({cls_name}; from_pretrained('{d}'))")
-    if tokenizer_dir is None:
-        print(f"note: {checkpoint} has no tokenizer/ directory, so the export has no tokenizer files")
