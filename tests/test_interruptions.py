@@ -11,7 +11,6 @@ signal itself at a named point of the real command line.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import shutil
@@ -157,6 +156,12 @@ def test_killed_run_continues_with_the_documented_command(point, reference, cli_
     if point == "state-after-ckpt-0625":
         assert (run / "ckpt-0625" / "sha256.json").is_file()  # complete, written before the kill
         before = weights(run / "ckpt-0625")
+    if point == "ckpt-2500":  # died inside the checkpoint write: nothing loadable under its name, the others intact
+        from tinyelectra.checkpoint import is_checkpoint, load_checkpoint
+
+        assert list(run.glob("ckpt-2500.tmp-*")) and not (run / "ckpt-2500").exists()
+        assert all(load_checkpoint(run / n)[2]["name"] == n for n in ("ckpt-0625", "ckpt-1250"))
+        assert not is_checkpoint(run / "ckpt-2500")
     if point == "after-plan":  # the old stuck case: plan.json + recipe.json, no resume state; the same command again
         assert not (run / "state" / "LATEST").exists()
         again = [*ARGS, "--out", str(run)]

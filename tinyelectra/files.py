@@ -58,6 +58,9 @@ def atomic_write_text(path: Path, text: str) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror, str(path)) from None  # name the file meant, not the temporary one
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -300,7 +300,8 @@ class Tokenizer:
             (d / "tokenizer.model").write_bytes(self._sp_bytes)
             config.update(tokenizer_class="SentencePieceBackend", vocab_file="tokenizer.model", legacy=True)
         else:
-            self._hf.save(str(d / "tokenizer.json"))
+            # written by Python, not by tokenizers' own save: a full disk is then an OSError naming the file
+            (d / "tokenizer.json").write_text(self._hf.to_str(pretty=True), encoding="utf-8")
             if self.kind == "wordpiece":
                 vocab = self._hf.get_vocab(with_added_tokens=True)
                 tokens = sorted(vocab, key=vocab.__getitem__)
