@@ -168,6 +168,20 @@ def test_export_without_a_tokenizer(done_run, tmp_path, cli_env, monkeypatch, ca
     assert not (tmp_path / "hf").exists()
 
 
+def test_unloadable_transformers_weights_do_not_advise_weights_only_false(tmp_path, cli_env, monkeypatch, capsys):
+    """A transformers directory whose pytorch_model.bin is not a weights file: torch's own error advises loading it
+    with weights_only=False (which would run whatever the file holds); ours names the directory and stops there."""
+    from transformers import ElectraConfig
+
+    d = tmp_path / "hf"
+    ElectraConfig(vocab_size=120, embedding_size=16, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                  intermediate_size=64).save_pretrained(d)
+    (d / "pytorch_model.bin").write_bytes(b"\x80\x02garbage" + bytes(300))
+    code, err = in_process(["glue", "--checkpoint", str(d), "--glue-dir", str(sst2(tmp_path / "glue")), "--tasks",
+                            "sst2", "--device", "cpu", "--out", str(tmp_path / "g")], cli_env, monkeypatch, capsys)
+    assert_one_line(code, err, str(d), "not a readable PyTorch weights file")
+
+
 def sst2(glue_dir: Path) -> Path:
     folder = glue_dir / "SST-2"
     folder.mkdir(parents=True)

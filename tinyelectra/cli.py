@@ -92,8 +92,9 @@ def train(
         False, "--resume", help="Continue the run in --out where it stopped (from step 0 if it stopped during "
         "start-up, before its first resume state). A finished run is left as it is."),
     force: bool = typer.Option(
-        False, "--force", help="Start over: delete the run already in --out (its resume state, fraction checkpoints, "
-        "plan, metrics and summary) first. Nothing is ever deleted without it."),
+        False, "--force", help="Start over: delete the run already in --out first (its resume state, fraction "
+        "checkpoints, plan, metrics, summary, and the GLUE results and report made from them), listing what it "
+        "deleted. Nothing is ever deleted without it."),
     init: Optional[Path] = typer.Option(
         None, "--init", help="Start from these weights (continued pre-training): a tinyelectra checkpoint, a "
         "`tinyelectra export` directory, or a transformers ELECTRA discriminator directory. Shapes must match the recipe."

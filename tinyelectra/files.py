@@ -104,7 +104,7 @@ def verify_sha256(directory: Path, what: str) -> bool:
     for name, digest in sums.items():
         path = directory / name
         if not path.is_file():
-            raise UserError(f"{path}: missing from {what}")
+            raise UserError(f"{directory}: {what} is missing {name}")
         if sha256_of(path) != digest:
             raise UserError(f"{path}: damaged (its sha256 differs from the one written with it); {what} cannot be used")
     return True

@@ -279,17 +279,27 @@ def _load_hf(cls, d: Path, raw: dict[str, Any]):
     try:
         with quiet_transformers():
             model, info = cls.from_pretrained(str(d), output_loading_info=True)
+    except pickle.UnpicklingError:  # not torch's text: it advises weights_only=False, which runs what the file holds
+        raise UserError(f"{d}: damaged weights file (not a readable PyTorch weights file)") from None
     except OSError as e:
-        raise UserError(f"{d}: no readable weights ({str(e).splitlines()[0][:200]})") from None
-    except (SafetensorError, EOFError, pickle.UnpicklingError) as e:
-        raise UserError(f"{d}: damaged weights file ({str(e).splitlines()[0][:200]})") from None
+        raise UserError(f"{d}: no readable weights ({_reason(e)})") from None
+    except (SafetensorError, EOFError) as e:
+        raise UserError(f"{d}: damaged weights file ({_reason(e)})") from None
     except (RuntimeError, ValueError) as e:
-        raise UserError(f"{d}: weights do not match config.json ({str(e).splitlines()[0][:200]})") from None
+        raise UserError(f"{d}: weights do not match config.json ({_reason(e)})") from None
     missing = sorted(info.get("missing_keys", ()))
     if missing:
         shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
         raise UserError(f"{d}: not a complete {cls.__name__} checkpoint; missing weights: {shown}")
     return model.float().eval()  # fp32 whatever the stored dtype (our modules hold fp32 master weights)
+
+
+def _reason(e: BaseException) -> str:
+    """The first line of a loader's error, unless it is torch's advice to load with weights_only=False."""
+    text = str(e).strip()
+    if "weights_only" in text:
+        return "not a readable PyTorch weights file"
+    return text.splitlines()[0][:200] if text else type(e).__name__
 
 
 def tokenizer_dir_of(d: Path, vocab_size: int) -> Path | None:

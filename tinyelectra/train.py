@@ -163,7 +163,12 @@ def open_run_dir(run_dir: Path, resume: bool, force: bool, recipe: Recipe, bud: 
     mismatch = _run_mismatch(run_dir, saved_recipe, saved_plan, recipe, bud)
     if state_dir is None:  # it stopped during start-up, before its first resume state
         if mismatch and (resume or ckpts):
-            raise UserError(f"{'--resume: ' if resume else ''}{mismatch}; or start over with --force")
+            raise UserError(f"{'--resume: ' if resume else ''}{mismatch}; use the same --recipe, --set and --budget, "
+                            "choose another --out, or start over with --force")
+        if mismatch:  # nothing of value there: this command's run replaces it
+            say(f"{run_dir}: an earlier run stopped during start-up, before its first resume state ({mismatch}): "
+                "starting this one")
+            return "start"
         kept = f"; kept {', '.join(ckpts)} until the run writes them again" if ckpts else ""
         say(f"{run_dir}: the run stopped before its first resume state (during start-up): starting it again from step 0{kept}")
         return "start"
