@@ -597,11 +597,11 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
                         shared = torch.tensor([rate, seconds], dtype=torch.float64, device=device)
                         torch.distributed.broadcast(shared, 0)
                         rate, seconds = shared.tolist()
-                    first = plan.status == "provisional"
-                    for line in planner.replan(step, seconds, rate, done_ckpts):
+                    lines = planner.replan(step, seconds, rate, done_ckpts)
+                    for line in lines:
                         progress.note(line)
                     plan = planner.plan
-                    if first and dist.main:
+                    if lines and dist.main:  # the first measurement, a change of speed: plan.json follows
                         plan.save(run_dir / "plan.json")
                     progress.replan(plan)
 
