@@ -289,6 +289,19 @@ def test_resume_with_another_recipe_names_both(done_run, tmp_path, cli_env, monk
     assert_one_line(code, err, "'tiny'", "'electra-small'")
 
 
+def test_damaged_data_shard_stops_the_set_up(done_run, tmp_path, cli_env, monkeypatch, capsys):
+    """A truncated shard in --data (the issue's "data file that crashes the loader"): one line naming it, before the
+    run directory is created, so the run can be started again once the data is prepared again."""
+    data = tmp_path / "data"
+    shutil.copytree(next(Path(cli_env["TINYELECTRA_CACHE"]).glob("builtin-v8192-*")), data)
+    shard = sorted(data.glob("validation*ids*.npy"))[0]
+    truncate(shard)
+    out = tmp_path / "run"
+    code, err = in_process([*TRAIN, "--data", str(data), "--out", str(out)], cli_env, monkeypatch, capsys)
+    assert_one_line(code, err, shard.name, "prepare the data again")
+    assert not out.exists()
+
+
 def test_bad_input_after_the_run_directory_check_leaves_no_out(done_run, tmp_path, cli_env, monkeypatch, capsys):
     """--data prepared for another vocabulary is found only after --out was checked: no empty --out is left."""
     data = next(Path(cli_env["TINYELECTRA_CACHE"]).glob("builtin-v8192-*"))

@@ -105,6 +105,14 @@ def test_a_noisy_first_measurement_does_not_fix_the_warm_up():
     assert_true_plan(plan, done, plan.total_steps)
 
 
+def test_slow_steps_are_measured_soon_enough_for_the_first_checkpoint():
+    """4 s per step in a 120 s budget (the quick start on a busy machine): the speed is known after two timed steps,
+    so the 6.25% checkpoint lands near 6.25% of the run, not after the five-step measurement (a quarter of it)."""
+    plan, done, seconds, lines, _ = simulate(lambda step: 4.0, budget="120s")
+    assert_true_plan(plan, done, plan.total_steps)
+    assert 30 <= plan.total_steps <= 32 and done["ckpt-0625"] <= 3, (plan.total_steps, done)
+
+
 def test_checkpoint_schedule_gives_each_checkpoint_its_own_step():
     assert checkpoint_schedule(1_000_000) == {"ckpt-0625": 62_500, "ckpt-1250": 125_000, "ckpt-2500": 250_000,
                                               "ckpt-5000": 500_000, "ckpt-10000": 1_000_000}

@@ -263,7 +263,8 @@ def due_checkpoints(plan: Plan, step: int, done: set[str]) -> list[str]:
 # ------------------------------------------------------------------------------------------------------------------
 # a time budget as the run goes
 
-CALIBRATION_STEPS = 5  # a time budget is first planned after this many timed steps (the first step is start-up)
+CALIBRATION_STEPS = 5  # a time budget is first planned after this many timed steps (the first step is start-up) ...
+CALIBRATION_SHARE = 0.03  # ... or after 2 of them, once they took this share of the budget (slow steps: 6.25% is near)
 RATE_WINDOW_SECONDS = 10.0  # ... and re-planned from the speed of the last max(this, 20% of elapsed) seconds
 SPEED_CHANGE_FACTOR = 1.5  # a measured speed this many times faster or slower than the last one announced is logged
 MAX_PLAN_EVENTS = 20  # speed changes recorded in plan.json's notes (the log has them all)
@@ -273,7 +274,7 @@ class TimeBudgetPlanner:
     """A time budget's plan, kept true while the machine's speed changes.
 
     `record` takes (step, training seconds) after every step and gives the recent speed once `CALIBRATION_STEPS`
-    steps are timed; `replan` then sets the end to the steps done plus those that fit in the remaining time at that
+    steps are timed (or 2 that took `CALIBRATION_SHARE` of the budget); `replan` then sets the end to the steps done plus those that fit in the remaining time at that
     speed (at least one step for each checkpoint still to write), moves the unwritten checkpoints to their fractions
     of the new end (written ones stay where they were), and keeps re-planning the warm-up until it is over, so one
     noisy early measurement fixes nothing. It returns lines for the log: the first measurement, every change of speed
@@ -288,13 +289,17 @@ class TimeBudgetPlanner:
         self.events = [n for n in plan.notes if n.startswith(("speed changed", "the budget's time"))]
         self.stretched = any(n.startswith("the budget's time") for n in self.events)
         self.first_warmup: int | None = None  # the warm-up the first measurement planned
+        self.seconds0: float | None = None  # training seconds at the first recorded step
 
     def record(self, step: int, train_seconds: float) -> float | None:
         """The recent speed in steps per second, or None while fewer than CALIBRATION_STEPS steps are timed."""
         self.recent.append((train_seconds, step))
         while len(self.recent) > 2 and self.recent[-1][0] - self.recent[0][0] > max(RATE_WINDOW_SECONDS, 0.2 * train_seconds):
             self.recent.popleft()
-        if step - self.step0 < CALIBRATION_STEPS:
+        if self.seconds0 is None:
+            self.seconds0 = train_seconds
+        timed = step - self.step0
+        if timed < 2 or (timed < CALIBRATION_STEPS and train_seconds - self.seconds0 < CALIBRATION_SHARE * self.bud.value):
             return None
         (t0, s0), (t1, s1) = self.recent[0], self.recent[-1]
         return (s1 - s0) / max(t1 - t0, 1e-9)

@@ -834,7 +834,8 @@ def _check_data(data, recipe: Recipe, data_dir: Path) -> None:
             f"{recipe.train.seq_len}; prepare again with --seq-len {recipe.train.seq_len} or --set train.seq_len={data.seq_len}")
     if data.num_rows("train") < recipe.train.batch_size:
         raise UserError(f"{data_dir} has {data.num_rows('train')} training examples, fewer than one batch of {recipe.train.batch_size}")
-    data.verify("train")
+    for split in data.manifest["splits"]:  # a damaged shard stops the set-up, not step 1 or the first checkpoint
+        data.verify(split)
 
 
 def _cleanup(dist: Dist) -> None:
