@@ -97,7 +97,7 @@ def train_command(
     mode = None
     if dist.main:
         mode = open_run_dir(run_dir, resume, force, recipe, bud, make_console())
-    if dist.enabled:  # every process does what rank 0 decided
+    if dist.enabled and torch.distributed.is_initialized():  # every process does what rank 0 decided
         shared = [mode]
         torch.distributed.broadcast_object_list(shared, 0)
         mode = shared[0]
