@@ -22,7 +22,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from tinyelectra import flops as F
-from tinyelectra.config import RECIPE_DIR, ModelConfig, ObjectiveConfig, load_recipe
+from tinyelectra.config import ModelConfig, ObjectiveConfig, load_recipe, recipe_files
 from tinyelectra.electra import SpecialIds, combine, loss_terms, mask_batch
 from tinyelectra.model import Electra
 
@@ -112,8 +112,8 @@ def counted_transformers_step(cfg: ModelConfig, objective: ObjectiveConfig, batc
 
 def recipe_rows() -> list[dict]:
     rows = []
-    for path in sorted(RECIPE_DIR.glob("*.toml")):
-        r = load_recipe(path.stem)
+    for name in recipe_files():
+        r = load_recipe(name)
         s = F.summarize(r.model, r.objective, r.train.batch_size, r.train.seq_len, r.train.steps)
         rows.append({
             "recipe": r.name,

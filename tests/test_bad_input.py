@@ -303,10 +303,10 @@ def test_damaged_data_shard_stops_the_set_up(done_run, tmp_path, cli_env, monkey
 
 
 def test_bad_input_after_the_run_directory_check_leaves_no_out(done_run, tmp_path, cli_env, monkeypatch, capsys):
-    """--data prepared for another vocabulary is found only after --out was checked: no empty --out is left."""
+    """--data of 128-token rows for a recipe set to 64 is found only after --out was checked: no empty --out is left."""
     data = next(Path(cli_env["TINYELECTRA_CACHE"]).glob("builtin-v8192-*"))
     out = tmp_path / "new" / "run"
-    code, err = in_process(["train", "--recipe", "electra-small", "--budget", "1steps", "--device", "cpu", "--data",
-                            str(data), "--out", str(out)], cli_env, monkeypatch, capsys)
-    assert_one_line(code, err, "8192", "30522")
+    code, err = in_process(["train", "--recipe", "tiny", "--budget", "1steps", "--device", "cpu", "--data", str(data),
+                            "--set", "train.seq_len=64", "--out", str(out)], cli_env, monkeypatch, capsys)
+    assert_one_line(code, err, "128-token", "train.seq_len = 64")
     assert not (tmp_path / "new").exists()

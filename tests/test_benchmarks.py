@@ -303,7 +303,7 @@ def test_quality_tiny_end_to_end_then_reused(quality_data, tmp_path, restore_thr
         summary = json.loads((Path(arm["run_dir"]) / "summary.json").read_text())
         pre = arm["pretraining"]
         assert pre["steps"] == summary["steps"] == arm["plan"]["steps"]
-        assert pre["tokens_seen"] == pre["steps"] * 8 * 64
+        assert pre["tokens_seen"] == summary["tokens_seen"] and 0 < pre["tokens_seen"] <= pre["steps"] * 8 * 64  # no padding
         assert pre["train_flops_paper"] == summary["train_flops_paper"]
         assert (Path(arm["run_dir"]) / "report.md").is_file()
         assert "verdict" in pre["held_out_eval_at_end"] and len(pre["held_out_eval_by_checkpoint"]) == 5

@@ -12,6 +12,7 @@ machinery and learning, not pre-training quality.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import random
@@ -458,6 +459,13 @@ def test_run_directory_fine_tunes_every_checkpoint_and_reuses_finished_tasks(tmp
     first = [json.loads(p.read_text()) for p in paths]
     assert [r["meta"]["fraction"] for r in first] == [0.5, 1.0]
     assert [r["meta"]["step"] for r in first] == [100, 200]
+    if importlib.util.find_spec("tensorboard") is not None:  # each checkpoint's score beside the pre-training curves
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        events = EventAccumulator(str(run / "tensorboard"))
+        events.Reload()
+        logged = sorted((e.step, round(e.value, 3)) for e in events.Scalars("glue/sst2"))  # one event file each
+        assert logged == [(r["meta"]["step"], round(r["tasks"]["sst2"]["median_paper"], 3)) for r in first]
     capsys.readouterr()
     run_glue(run / "ckpt-10000", glue_dir, None, "sst2", seeds=1, overrides=["epochs=1"])  # default out: RUN/glue
     assert "reusing" in capsys.readouterr().out

@@ -191,3 +191,22 @@ def test_killed_run_leaves_nothing_that_looks_complete(tmp_path):
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert (out / "manifest.json").is_file() and not list(tmp_path.glob("out.tmp-*"))
+
+
+def test_help_shows_whole_option_names_at_80_columns_and_version():
+    """`-h` works; option names are never cut ("--validation-fract…" was), even at 80 columns; --version prints it."""
+    from tinyelectra import __version__
+
+    env = {**os.environ, "COLUMNS": "80", "TERMINAL_WIDTH": "80", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    for command, options in (("prepare", ["--validation-fraction", "--tokenizer-sample-mb", "--character-coverage",
+                                          "--tokenizer-type", "--sentencepiece-model", "--no-byte-fallback",
+                                          "--pack-documents", "--casing"]),
+                             ("glue", ["--max-train-rows", "--task-file"]), ("export", ["--language", "--license"])):
+        r = subprocess.run([sys.executable, "-m", "tinyelectra", command, "-h"], capture_output=True, text=True,
+                           env=env, timeout=120)
+        assert r.returncode == 0 and "…" not in r.stdout, r.stdout
+        assert max(map(len, r.stdout.splitlines())) <= 80
+        for option in options:
+            assert option in r.stdout, (command, option)
+    r = subprocess.run([sys.executable, "-m", "tinyelectra", "--version"], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == f"tinyelectra {__version__}"

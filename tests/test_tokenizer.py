@@ -101,10 +101,14 @@ def test_transformers_autotokenizer_loads_saved_files_with_same_ids(trained, tmp
     auto = AutoTokenizer.from_pretrained(str(tmp_path / "tok"))
     texts = english_lines()[:200] + MIXED
     ours = trained.encode_batch(texts)
-    assert ours == [auto(t, add_special_tokens=False)["input_ids"] for t in texts]
-    with_specials = auto("hello world")["input_ids"]
-    assert with_specials[0] == 101 and with_specials[-1] == 102
+    # the call users make: [CLS] text [SEP]; pairs [CLS] A [SEP] B [SEP] with token types 0 ... 0 1 ... 1
+    assert [auto(t)["input_ids"] for t in texts] == [[101] + ids + [102] for ids in ours]
+    for a, b, ia, ib in zip(texts[:50], texts[1:51], ours[:50], ours[1:51]):
+        enc = auto(a, b)
+        assert enc["input_ids"] == [101, *ia, 102, *ib, 102]
+        assert enc["token_type_ids"] == [0] * (len(ia) + 2) + [1] * (len(ib) + 1)
     assert auto.mask_token_id == 103 and auto.pad_token_id == 0
+    assert auto("the [MASK] sat")["input_ids"].count(103) == 1
 
 
 def test_save_load_round_trip_and_vocab_txt(trained, tmp_path):
@@ -167,6 +171,7 @@ def test_tokenizer_json_missing_a_special_token_names_it(trained, tmp_path):
     trained.save(tmp_path / "tok")
     spec = json.loads((tmp_path / "tok" / "tokenizer.json").read_text(encoding="utf-8"))
     spec["model"]["vocab"] = {t: i for t, i in spec["model"]["vocab"].items() if t != "[CLS]"}
+    spec["added_tokens"] = [t for t in spec["added_tokens"] if t["content"] != "[CLS]"]
     spec["post_processor"] = None
     (tmp_path / "broken.json").write_text(json.dumps(spec), encoding="utf-8")
     with pytest.raises(UserError, match=r"no \[CLS\] token"):
@@ -231,7 +236,12 @@ def test_sentencepiece_on_korean_japanese_chinese(tmp_path):
     from transformers import AutoTokenizer
 
     auto = AutoTokenizer.from_pretrained(str(tmp_path / "saved"))
-    assert [auto(line, add_special_tokens=False)["input_ids"] for line in CJK_LINES] == ids
+    # the real call: [CLS] ... [SEP] with this model's own <cls>/<sep>, and token types for pairs
+    assert [auto(line)["input_ids"] for line in CJK_LINES] == [[tok.cls_id, *row, tok.sep_id] for row in ids]
+    pair = auto(CJK_LINES[0], CJK_LINES[3])
+    assert pair["input_ids"] == [tok.cls_id, *ids[0], tok.sep_id, *ids[3], tok.sep_id]
+    assert pair["token_type_ids"] == [0] * (len(ids[0]) + 2) + [1] * (len(ids[3]) + 1)
+    assert [auto.decode(auto(line)["input_ids"], skip_special_tokens=True) for line in CJK_LINES] == [tok.decode(r) for r in ids]
 
 
 def test_sentencepiece_missing_mask_names_it(tmp_path):

@@ -187,6 +187,33 @@ def test_micro_batch_fitting_finds_the_largest_divisor_that_fits():
 # real runs (time budgets: tests/test_time_budget.py; kills and restarts at exact points: tests/test_interruptions.py)
 
 
+def test_tensorboard_holds_checkpoint_evaluations_or_its_absence_is_said_once(env, tmp_path):
+    """With TensorBoard: the losses and, at each fraction checkpoint's step, its held-out evaluation. Without it
+    (a stand-in package that fails to import): one line says so, and the run goes on."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = tmp_path / "tb"
+    run_cli(["train", "--recipe", "tiny", "--budget", "16steps", "--device", "cpu", *SMALL,
+             "--set", "train.log_every_steps=4", "--out", str(run)], env)
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    assert {"gen_loss", "disc_loss", "heldout/disc_acc", "heldout/baseline_acc"} <= set(events.Tags()["scalars"])
+    ckpt_steps = [json.loads((run / name / "meta.json").read_text())["step"] for name in CKPTS]
+    assert [e.step for e in events.Scalars("heldout/disc_acc")] == ckpt_steps == [1, 2, 4, 8, 16]
+    final = json.loads((run / "ckpt-10000" / "meta.json").read_text())["eval"]["disc_acc"]
+    assert events.Scalars("heldout/disc_acc")[-1].value == pytest.approx(final, abs=1e-6)
+
+    shadow = tmp_path / "shadow" / "tensorboard"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('not installed here')\n")
+    absent = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(shadow.parent), env.get("PYTHONPATH")]))}
+    p = run_cli(["train", "--recipe", "tiny", "--budget", "2steps", "--device", "cpu", *SMALL, "--out", str(tmp_path / "no-tb")], absent)
+    said = " ".join(p.stderr.split())
+    assert said.count("TensorBoard: not installed") == 1 and "pip install 'tinyelectra[tensorboard]'" in said
+    assert not (tmp_path / "no-tb" / "tensorboard").exists() and (tmp_path / "no-tb" / "ckpt-10000").is_dir()
+
+
 @pytest.mark.slow
 def test_sigkill_and_resume_is_exact(env, tmp_path):
     """A run killed with SIGKILL mid-way and resumed gives the same per-step losses and bit-identical weights."""
@@ -323,13 +350,28 @@ def test_cli_missing_gpu(env, tmp_path, capsys, monkeypatch):
     assert_one_line_error(p, "--gpu 3", "--device cpu")
 
 
-def test_cli_data_from_another_tokenizer(env, tmp_path, capsys, monkeypatch):
-    # the built-in corpus prepared for `tiny` (8192 entries) offered to a recipe that expects 30522
-    run_cli(["train", "--recipe", "tiny", "--budget", "1steps", "--device", "cpu", *SMALL, "--out", str(tmp_path / "a")], env)
+def test_cli_vocabulary_from_the_data_and_tokens_seen_without_padding(env, tmp_path, capsys, monkeypatch):
+    from tinyelectra.data import BatchLoader, PretrainData
+
+    run_cli(["train", "--recipe", "tiny", "--budget", "3steps", "--device", "cpu", *SMALL, "--out", str(tmp_path / "a")], env)
     cache = Path(env["TINYELECTRA_CACHE"])
     data = next(cache.glob("builtin-v8192-*"))
+    # tokens_seen counts real tokens: the attention masks of the three batches the loader gives (not 3 x 8 x 128)
+    loader = BatchLoader(PretrainData(data), "train", 8, seed=0, prefetch=0)
+    real = sum(int(next(loader).attention_mask.sum()) for _ in range(3))
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert summary["tokens_seen"] == real < 3 * 8 * 128
+    last = [r for r in metrics(tmp_path / "a") if "event" not in r][-1]
+    assert last["tokens_seen"] == real and last["tokens_per_second"] < last["positions_per_second"]
+    # the built-in corpus prepared for `tiny` (8192 entries) given to a recipe that says 30522: the data decides
+    run_cli(["train", "--recipe", "electra-small", "--budget", "1steps", "--device", "cpu", "--data", str(data), *SMALL,
+             "--out", str(tmp_path / "b")], env)
+    recipe = json.loads((tmp_path / "b" / "recipe.json").read_text())
+    assert recipe["model"]["vocab_size"] == 8192
+    assert any(d.startswith("model.vocab_size = 8192, the vocabulary of the prepared data") for d in recipe["deviations"])
+    # ... unless --set names another size: then the mismatch is an error
     p = cli_error(["train", "--recipe", "electra-small", "--budget", "1steps", "--device", "cpu", "--data", str(data),
-                   "--out", str(tmp_path / "b")], env, capsys, monkeypatch)
+                   "--set", "model.vocab_size=30522", "--out", str(tmp_path / "c")], env, capsys, monkeypatch)
     assert_one_line_error(p, "8192", "30522")
 
 

@@ -108,9 +108,9 @@ class Plan:
         return json.dumps(self.to_dict(), indent=2)
 
     def save(self, path: Path) -> None:
-        from tinyelectra.files import atomic_write_text
+        from tinyelectra.files import write_atomic
 
-        atomic_write_text(path, self.to_json() + "\n")
+        write_atomic(path, self.to_json() + "\n")
 
     @classmethod
     def from_dict(cls, d: dict, where: str) -> "Plan":

@@ -14,6 +14,7 @@ from typing import Optional
 import typer
 
 from tinyelectra.errors import UserError
+from tinyelectra.tokenizer import CHARACTER_COVERAGE  # stdlib imports only: --help stays instant
 
 app = typer.Typer(
     name="tinyelectra",
@@ -21,12 +22,29 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
-    rich_markup_mode="rich",
+    context_settings={"help_option_names": ["-h", "--help"]},
+    rich_markup_mode=None,  # plain click help: rich's option table cuts long option names at 80 columns
 )
 
 
 def _command_line() -> str:
     return "tinyelectra " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from tinyelectra import __version__
+
+        print(f"tinyelectra {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="Print the version and exit."),
+) -> None:
+    """Pre-train ELECTRA within a budget on one GPU (or a CPU), then see what each slice of it buys on GLUE."""
 
 
 @app.command()
@@ -37,22 +55,44 @@ def prepare(
     ),
     out: Path = typer.Option(..., "--out", help="Output data directory (shards, tokenizer, manifest.json)."),
     tokenizer: Optional[str] = typer.Option(
-        None, "--tokenizer", help="Use this vocab.txt, tokenizer.json or SentencePiece .model instead of training a WordPiece."
+        None, "--tokenizer", help="Use this vocab.txt, tokenizer.json or SentencePiece .model instead of training one."
     ),
-    vocab_size: int = typer.Option(30522, "--vocab-size", help="Size of the WordPiece vocabulary to train."),
+    tokenizer_type: str = typer.Option(
+        "wordpiece", "--tokenizer-type", help="Train a 'wordpiece' (BERT's) or a 'sentencepiece' model "
+        "([PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4; text kept as written, so decode returns it)."
+    ),
+    vocab_size: int = typer.Option(30522, "--vocab-size", help="Size of the vocabulary to train."),
     seq_len: int = typer.Option(128, "--seq-len", help="Tokens per example, 8 to 512."),
-    lowercase: bool = typer.Option(True, "--lowercase/--no-lowercase", help="Lower-case and strip accents (uncased, as the paper)."),
+    casing: str = typer.Option(
+        "auto", "--casing", help="WordPiece normalisation: 'uncased' (lower-case and strip accents, as the paper), "
+        "'cased', or 'auto': uncased only for English-like text, cased when uncased would strip accents, kana voicing "
+        "marks or Hangul syllables. The choice and its reason go into manifest.json."
+    ),
+    character_coverage: float = typer.Option(
+        CHARACTER_COVERAGE, "--character-coverage", help="Share of character occurrences the WordPiece alphabet (at "
+        "least 1,000 characters when present, at most a third of the vocabulary) or the SentencePiece model covers; "
+        "rarer characters become [UNK] (or byte pieces)."
+    ),
+    sentencepiece_model: str = typer.Option("unigram", "--sentencepiece-model", help="'unigram' or 'bpe' (with --tokenizer-type sentencepiece)."),
+    byte_fallback: bool = typer.Option(
+        True, "--byte-fallback/--no-byte-fallback", help="SentencePiece: spell characters outside the model as UTF-8 byte pieces instead of [UNK]."
+    ),
+    pack_documents: bool = typer.Option(
+        False, "--pack-documents", help="Let short documents share examples (for text of short paragraphs or records, "
+        "where one padded example per document would be mostly padding; prepare reports the fill ratio)."
+    ),
     workers: int = typer.Option(0, "--workers", help="Tokenization processes (0 = one per CPU core)."),
     force: bool = typer.Option(False, "--force", help="Replace an output directory that holds a different dataset."),
     seed: int = typer.Option(0, "--seed", help="Seed of the example builder's random choices."),
     validation_fraction: float = typer.Option(0.01, "--validation-fraction", help="Share of documents held out for validation."),
     tokenizer_sample_mb: float = typer.Option(
-        32.0, "--tokenizer-sample-mb", help="Train the WordPiece on the first N MB of text (0 = all of it, held in memory; more is slower)."
+        32.0, "--tokenizer-sample-mb", help="Train the tokenizer on the first N MB of text (0 = all of it, held in memory; more is slower)."
     ),
 ) -> None:
     """Turn raw text into a tokenizer and packed ELECTRA pre-training examples.
 
-    Documents end at blank lines, at WikiExtractor's </doc> (its title line is dropped) and at each jsonl/parquet record.
+    Documents end at blank lines, at WikiExtractor's </doc> (its title line is dropped) and at each jsonl/parquet
+    record; examples never cross them, unless --pack-documents. The fill ratio (text / token slots) is reported.
 
     Lines are the sentence units of the official ELECTRA example builder (10% single segment, 5% random length).
 
@@ -64,8 +104,10 @@ def prepare(
 
     run_prepare(
         sources=list(corpus), out_dir=out, tokenizer_path=tokenizer, vocab_size=vocab_size, seq_len=seq_len,
-        lowercase=lowercase, workers=workers, force=force, seed=seed, command=_command_line(),
-        validation_fraction=validation_fraction, tokenizer_sample_mb=tokenizer_sample_mb,
+        casing=casing, workers=workers, force=force, seed=seed, command=_command_line(),
+        validation_fraction=validation_fraction, tokenizer_sample_mb=tokenizer_sample_mb, tokenizer_type=tokenizer_type,
+        sentencepiece_model=sentencepiece_model, byte_fallback=byte_fallback, character_coverage=character_coverage,
+        pack_documents=pack_documents,
     )
 
 
@@ -83,8 +125,9 @@ def train(
         "pre-training)."),
     corpus: Optional[list[str]] = typer.Option(None, "--corpus", help="Prepare these sources first (cached under the run)."),
     recipe: str = typer.Option(
-        "electra-small", "--recipe", help="Recipe name in recipes/ or a .toml path. The default, electra-small, is the "
-        "paper's model with its 1M-step schedule (4 days on a V100); 'tiny' is a small CPU recipe."),
+        "electra-small", "--recipe", help="A shipped recipe's name (`tinyelectra recipe` lists them) or a .toml path. "
+        "The default, electra-small, is the paper's model with its 1M-step schedule (4 days on a V100); 'tiny' is a "
+        "small CPU recipe."),
     gpu: Optional[int] = typer.Option(None, "--gpu", help="CUDA device index."),
     device: Optional[str] = typer.Option(None, "--device", help="'cpu' (or a torch device string)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default runs/RECIPE-BUDGET)."),
@@ -126,7 +169,7 @@ def train(
 
 @app.command()
 def flops(
-    recipe: str = typer.Option("electra-small", "--recipe", help="Recipe name in recipes/ or a .toml path."),
+    recipe: str = typer.Option("electra-small", "--recipe", help="A shipped recipe's name (`tinyelectra recipe` lists them) or a .toml path."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Training steps (default: the recipe's)."),
     batch: Optional[int] = typer.Option(None, "--batch", help="Sequences per step (default: the recipe's)."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Tokens per sequence (default: the recipe's)."),
@@ -139,15 +182,30 @@ def flops(
 
 
 @app.command()
+def recipe(
+    name: Optional[str] = typer.Argument(None, help="A shipped recipe's name or a .toml path; without it, list the shipped recipes."),
+    set_: Optional[list[str]] = typer.Option(None, "--set", help="Override a recipe field: section.key=value (repeatable)."),
+) -> None:
+    """Print a recipe as a run would use it (after --set), as TOML that --recipe accepts; or list the shipped ones."""
+    from tinyelectra.config import recipe_command
+
+    recipe_command(name, list(set_ or []))
+
+
+@app.command()
 def export(
     checkpoint: Path = typer.Argument(..., help="A fraction checkpoint directory (e.g. runs/X/ckpt-10000)."),
     out: Path = typer.Option(..., "--out", help="New output directory: discriminator/ (ElectraForPreTraining) and generator/ "
                              "(ElectraForMaskedLM), each with tokenizer files; an MLM checkpoint writes generator/ only."),
+    language: Optional[list[str]] = typer.Option(
+        None, "--language", help="Language code(s) for the model card's metadata (default: those prepare guessed "
+        "from the text's scripts: ko, ja, zh, en)."),
+    license_id: Optional[str] = typer.Option(None, "--license", help="License of the weights for the model card (e.g. apache-2.0, cc-by-sa-4.0)."),
 ) -> None:
     """Write a checkpoint as transformers ElectraForPreTraining / ElectraForMaskedLM directories (from_pretrained loads them offline)."""
     from tinyelectra.hf import export_command
 
-    export_command(checkpoint=checkpoint, out_dir=out)
+    export_command(checkpoint=checkpoint, out_dir=out, languages=list(language or []), license_id=license_id)
 
 
 @app.command()
@@ -155,6 +213,10 @@ def glue(
     checkpoint: Path = typer.Option(..., "--checkpoint", help="A run directory (every fraction), one checkpoint, or a transformers ELECTRA directory."),
     glue_dir: Optional[Path] = typer.Option(None, "--glue-dir", help="The classic glue_data directory."),
     hf: bool = typer.Option(False, "--hf", help="Read GLUE through Hugging Face `datasets` (needs the hub)."),
+    task_file: Optional[list[Path]] = typer.Option(
+        None, "--task-file", help="A task of your own (KLUE, JGLUE, CLUE, ASSIN, ...): a TOML file naming its TSV/CSV/JSONL "
+        "files, text column(s), label column and metric (README: custom tasks). Repeatable; without --glue-dir/--hf "
+        "only these run."),
     tasks: str = typer.Option("all", "--tasks", help="Comma-separated tasks, or 'all' (those with data)."),
     seeds: int = typer.Option(3, "--seeds", help="Fine-tuning seeds per task; medians are reported."),
     out: Optional[Path] = typer.Option(None, "--out", help="Where OUT/<checkpoint>/glue.json goes (default: RUN/glue for a run or its checkpoints, else CHECKPOINT/glue)."),
@@ -178,6 +240,7 @@ def glue(
     glue_command(
         checkpoint=checkpoint, glue_dir=glue_dir, use_hf=hf, tasks=tasks, seeds=seeds, out_dir=out, gpu=gpu,
         device=device, max_train_rows=max_train_rows, overrides=list(set_ or []), command=_command_line(),
+        task_files=list(task_file or []),
     )
 
 

@@ -8,6 +8,7 @@ errors that name the field. Derived numbers (the generator's size, tokens per st
 from __future__ import annotations
 
 import dataclasses
+import json
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -16,7 +17,6 @@ from typing import Any
 
 from tinyelectra.errors import UserError
 
-RECIPE_DIR = Path(__file__).resolve().parent.parent / "recipes"
 
 
 def _check(cond: bool, where: str, msg: str) -> None:
@@ -173,11 +173,16 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
+    """How `train --corpus` (and the built-in corpus) are prepared; `tinyelectra prepare` has the full set of options."""
+
     tokenizer: str = ""  # a vocab.txt / tokenizer.json / SentencePiece .model; empty = train a WordPiece
-    lowercase: bool = True  # uncased, as the paper (turn off for cased or non-Latin corpora)
+    # auto: uncased (the paper's) for English-like text, cased where uncased normalisation would strip accents, kana
+    # voicing marks or Hangul syllables (tokenizer.choose_casing) | uncased | cased
+    casing: str = "auto"
     validation_fraction: float = 0.01  # share of documents held out for validation
 
     def __post_init__(self) -> None:
+        _check(self.casing in ("auto", "uncased", "cased"), "data.casing", "must be auto, uncased or cased")
         _check(0.0 <= self.validation_fraction < 0.5, "data.validation_fraction", "must be in [0, 0.5)")
 
 
@@ -282,6 +287,11 @@ def _section_from_dict(cls: type, values: Any, where: str) -> Any:
 
 
 def recipe_from_dict(raw: dict[str, Any], where: str = "recipe") -> Recipe:
+    data = raw.get("data")
+    if isinstance(data, dict) and isinstance(data.get("lowercase"), bool) and "casing" not in data:
+        # recipes and checkpoints written before data.casing existed said data.lowercase = true | false
+        raw = {**raw, "data": {**{k: v for k, v in data.items() if k != "lowercase"},
+                               "casing": "uncased" if data["lowercase"] else "cased"}}
     known_top = {"name", "description", "deviations", *SECTIONS}
     for key in raw:
         if key not in known_top:
@@ -299,21 +309,30 @@ def recipe_from_dict(raw: dict[str, Any], where: str = "recipe") -> Recipe:
     return recipe
 
 
-def recipe_path(name_or_path: str) -> Path:
+def recipe_files() -> dict[str, Any]:
+    """The shipped recipes by name: the package data of `tinyelectra.recipes` (recipes/*.toml in the repository),
+    found through importlib.resources alike in an editable install, a wheel and `pip install .`."""
+    from importlib.resources import files
+
+    found = {p.name[: -len(".toml")]: p for p in files("tinyelectra.recipes").iterdir() if p.name.endswith(".toml")}
+    return dict(sorted(found.items()))
+
+
+def recipe_path(name_or_path: str):
+    """A .toml path as given, or the shipped recipe of that name (a Traversable: read it with .read_text())."""
     p = Path(name_or_path)
     if p.suffix == ".toml" or p.exists():
         if not p.is_file():
             raise UserError(f"recipe file not found: {p}")
         return p
-    candidate = RECIPE_DIR / f"{name_or_path}.toml"
-    if not candidate.is_file():
-        available = sorted(q.stem for q in RECIPE_DIR.glob("*.toml"))
-        raise UserError(f"unknown recipe {name_or_path!r} (available: {', '.join(available) or 'none'})")
-    return candidate
+    shipped = recipe_files()
+    if name_or_path not in shipped:
+        raise UserError(f"unknown recipe {name_or_path!r} (available: {', '.join(shipped) or 'none'})")
+    return shipped[name_or_path]
 
 
 def load_recipe(name_or_path: str, overrides: list[str] | None = None) -> Recipe:
-    """Load recipes/NAME.toml (or a path), then apply `--set` overrides."""
+    """Load a shipped recipe by name (or a .toml path), then apply `--set` overrides."""
     path = recipe_path(name_or_path)
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -326,3 +345,33 @@ def load_recipe(name_or_path: str, overrides: list[str] | None = None) -> Recipe
     recipe = recipe_from_dict(raw, where=str(path))
     return recipe.with_overrides(overrides or [])
 
+
+
+def recipe_toml(recipe: Recipe) -> str:
+    """The recipe as TOML that `--recipe FILE` reads back to the same recipe (`tinyelectra recipe NAME`)."""
+
+    def value(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return repr(v)
+        if isinstance(v, (list, tuple)):
+            return "[\n" + "".join(f"    {value(x)},\n" for x in v) + "]"
+        return json.dumps(str(v), ensure_ascii=False)  # a TOML basic string is a JSON string
+
+    raw = recipe.to_dict()
+    lines = [f"{key} = {value(raw[key])}" for key in ("name", "description", "deviations")]
+    for section in SECTIONS:
+        lines += ["", f"[{section}]"] + [f"{k} = {value(v)}" for k, v in raw[section].items()]
+    return "\n".join(lines) + "\n"
+
+
+def recipe_command(name: str | None, overrides: list[str]) -> None:
+    """`tinyelectra recipe [NAME] [--set ...]`: print the resolved recipe as TOML, or list the shipped recipes."""
+    if name is None:
+        for shipped, path in recipe_files().items():
+            description = str(tomllib.loads(path.read_text(encoding="utf-8")).get("description", ""))
+            first = description.split(": ")[0].split(". ")[0]
+            print(f"{shipped:20} {first[:100]}{'...' if len(first) > 100 else ''}")
+        return
+    print(recipe_toml(load_recipe(name, overrides)), end="")

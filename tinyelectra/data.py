@@ -36,7 +36,7 @@ import numpy as np
 from tinyelectra.corpus import CorpusReader, Document, resolve_inputs
 from tinyelectra.errors import UserError
 from tinyelectra.files import check_writable, os_error_line
-from tinyelectra.tokenizer import Tokenizer
+from tinyelectra.tokenizer import CASINGS, CHARACTER_COVERAGE, PROFILE_FILE, TOKENIZER_TYPES, Tokenizer, choose_casing, text_profile
 
 if TYPE_CHECKING:
     import torch
@@ -49,6 +49,8 @@ ROWS_PER_SHARD = 1 << 19  # 128 MiB of uint16 rows at T = 128
 TOKENIZER_SAMPLE_MB = 32.0  # default: train the WordPiece on the first 32 MB of text (speed; see prepare --help)
 SINGLE_SEGMENT_TARGET = 100_000  # the official code's "unlimited" first-segment target
 SPLITS = ("train", "validation")
+LOW_FILL_RATIO = 0.5  # prepare warns when less than this share of the training examples' token slots holds text
+PROFILE_SAMPLE_MB = 4.0  # with a given tokenizer: MB of text read to describe it (scripts, casing warnings)
 
 
 # ---------------------------------------------------------------------------------------------------- builder
@@ -60,29 +62,43 @@ class BuilderStats:
 
 
 def build_examples(
-    documents: Iterator[tuple[list[list[int]], list[int]]], seq_len: int, rng: random.Random, stats: BuilderStats
+    documents: Iterator[tuple[list[list[int]], list[int]]], seq_len: int, rng: random.Random, stats: BuilderStats,
+    pack: bool = False,
 ) -> Iterator[tuple[int, list[int], list[int]]]:
     """The official ExampleBuilder. `documents` yields (line_ids, line_lengths) per document; yields
-    (document number, segment A ids, segment B ids) with A and B already cut to fit [CLS] A [SEP] B [SEP] in T.
-
+    (document number of the example's first line, segment A ids, segment B ids) with A and B already cut to fit
+    [CLS] A [SEP] B [SEP] in T. With `pack`, a document's end does not end the example: short documents share
+    examples (`prepare --pack-documents`, for text whose documents are much shorter than T).
     """
     T = seq_len
     target = T
+    lines: list[list[int]] = []
+    lengths_: list[int] = []
+    accumulated, first_doc = 0, 0
     for doc_number, (line_ids, lengths) in enumerate(documents):
-        start, accumulated = 0, 0
-        for j, n in enumerate(lengths):
+        for ids, n in zip(line_ids, lengths):
+            if not lines:
+                first_doc = doc_number
+            lines.append(ids)
+            lengths_.append(n)
             accumulated += n
             if accumulated >= target:
-                a, b = _make_example(line_ids[start : j + 1], lengths[start : j + 1], target, T, rng, stats)
-                yield doc_number, a, b
+                a, b = _make_example(lines, lengths_, target, T, rng, stats)
+                yield first_doc, a, b
                 target = _next_target(T, rng, stats)
-                start, accumulated = j + 1, 0
+                lines, lengths_, accumulated = [], [], 0
+        if pack:
+            continue
         # Document end: the accumulated lines become an example. (Lines with zero tokens alone make none, and unlike
         # the official code they are not carried into the next document: examples never cross documents.)
         if accumulated > 0:
-            a, b = _make_example(line_ids[start:], lengths[start:], target, T, rng, stats)
-            yield doc_number, a, b
+            a, b = _make_example(lines, lengths_, target, T, rng, stats)
+            yield first_doc, a, b
             target = _next_target(T, rng, stats)
+        lines, lengths_, accumulated = [], [], 0
+    if accumulated > 0:  # packing: the end of the stream
+        a, b = _make_example(lines, lengths_, target, T, rng, stats)
+        yield first_doc, a, b
 
 
 def _make_example(line_ids, lengths, target: int, T: int, rng: random.Random, stats: BuilderStats):
@@ -161,14 +177,26 @@ def _process_chunk(chunk_index: int, docs: list[Document]) -> dict:
             at += len(d)
 
     stats = BuilderStats()
-    rng = random.Random(f"builder:{seed}:{chunk_index}")
     rows: list[list[list[int]]] = [[], []]
     bounds: list[list[int]] = [[], []]
-    for doc_number, a, b in build_examples(per_document(), T, rng, stats):
-        row, boundary = example_row(a, b, T, tok.cls_id, tok.sep_id)
-        s = doc_split[doc_number]
-        rows[s].append(row)
-        bounds[s].append(boundary)
+    if _WORKER.get("pack_documents"):
+        # packed examples span documents: each split's documents are packed apart (a held-out row never shares
+        # text with a training document), each with its own random stream
+        docs_ids = list(per_document())
+        for s in (0, 1):
+            rng = random.Random(f"builder:{seed}:{chunk_index}:packed:{s}")
+            mine = (d for d, split in zip(docs_ids, doc_split) if split == s)
+            for _, a, b in build_examples(mine, T, rng, stats, pack=True):
+                row, boundary = example_row(a, b, T, tok.cls_id, tok.sep_id)
+                rows[s].append(row)
+                bounds[s].append(boundary)
+    else:
+        rng = random.Random(f"builder:{seed}:{chunk_index}")
+        for doc_number, a, b in build_examples(per_document(), T, rng, stats):
+            row, boundary = example_row(a, b, T, tok.cls_id, tok.sep_id)
+            s = doc_split[doc_number]
+            rows[s].append(row)
+            bounds[s].append(boundary)
 
     dtype = np.dtype(_WORKER["dtype"])
     out = {"lines": len(lines), "line_tokens": sum(lengths), "documents": [doc_split.count(0), doc_split.count(1)],
@@ -235,7 +263,7 @@ def prepare(
     tokenizer_path: str | None = None,
     vocab_size: int = 30522,
     seq_len: int = 128,
-    lowercase: bool = True,
+    casing: str = "auto",
     workers: int = 0,
     force: bool = False,
     seed: int = 0,
@@ -245,8 +273,19 @@ def prepare(
     quiet: bool = False,
     chunk_chars: int = CHUNK_CHARS,
     rows_per_shard: int = ROWS_PER_SHARD,
+    tokenizer_type: str = "wordpiece",
+    sentencepiece_model: str = "unigram",
+    byte_fallback: bool = True,
+    character_coverage: float = CHARACTER_COVERAGE,
+    pack_documents: bool = False,
 ) -> dict:
-    """Text -> tokenizer -> packed examples in `out_dir`. Returns the manifest; reuses an identical existing dataset."""
+    """Text -> tokenizer -> packed examples in `out_dir`. Returns the manifest; reuses an identical existing dataset.
+
+    `casing` (auto | uncased | cased) decides a trained WordPiece's normalisation (tokenizer.choose_casing: auto
+    keeps the paper's uncased only for English-like text); `tokenizer_type` sentencepiece trains a SentencePiece
+    model (`sentencepiece_model` unigram or bpe, `byte_fallback`) instead; `character_coverage` is the share of
+    character occurrences the alphabet (WordPiece) or the model (SentencePiece) covers. `pack_documents` lets short
+    documents share examples. The manifest records each choice and its reason, and the fill ratio."""
     started = time.perf_counter()
     from tinyelectra.logs import make_console
 
@@ -262,19 +301,39 @@ def prepare(
         raise UserError(f"--tokenizer-sample-mb {tokenizer_sample_mb}: must be >= 0 (0 = all the text)")
     if seed < 0:
         raise UserError(f"--seed {seed}: must be >= 0")
+    if casing not in CASINGS:
+        raise UserError(f"--casing {casing!r}: choose {', '.join(CASINGS)}")
+    if tokenizer_type not in TOKENIZER_TYPES:
+        raise UserError(f"--tokenizer-type {tokenizer_type!r}: choose {' or '.join(TOKENIZER_TYPES)}")
+    if tokenizer_type == "sentencepiece" and casing == "uncased" and not tokenizer_path:
+        raise UserError("--casing uncased: a SentencePiece model trained here keeps the text as written (cased); "
+                        "use --casing auto or cased, or --tokenizer-type wordpiece")
+    if not 0.0 < character_coverage <= 1.0:
+        raise UserError(f"--character-coverage {character_coverage}: must be in (0, 1]")
     out_dir = Path(out_dir).expanduser()
     inputs = resolve_inputs(list(sources))
-    tokenizer = Tokenizer.load(tokenizer_path, lowercase=lowercase) if tokenizer_path else None
+    given_lowercase = {"auto": None, "uncased": True, "cased": False}[casing]  # for a bare vocab.txt only
+    tokenizer = Tokenizer.load(tokenizer_path, lowercase=given_lowercase) if tokenizer_path else None
     if tokenizer is None and not 200 <= vocab_size <= 2**31 - 1:
         raise UserError(f"--vocab-size {vocab_size}: must be between 200 and {2**31 - 1}")
+    if tokenizer is not None:
+        tokenizer_request: dict = {"file_fingerprint": tokenizer.fingerprint()}
+    elif tokenizer_type == "sentencepiece":
+        tokenizer_request = {"type": "sentencepiece", "train_vocab_size": vocab_size, "model": sentencepiece_model,
+                             "byte_fallback": byte_fallback, "character_coverage": character_coverage,
+                             "sample_mb": tokenizer_sample_mb}
+    else:
+        tokenizer_request = {"train_vocab_size": vocab_size, "casing": casing, "character_coverage": character_coverage,
+                             "sample_mb": tokenizer_sample_mb}
     request = {
         "format_version": FORMAT_VERSION, "builder": BUILDER_VERSION,
         "inputs": [i.identity() for i in inputs],
-        "tokenizer": {"file_fingerprint": tokenizer.fingerprint()} if tokenizer else
-        {"train_vocab_size": vocab_size, "lowercase": lowercase, "sample_mb": tokenizer_sample_mb},
+        "tokenizer": tokenizer_request,
         "seq_len": seq_len, "seed": seed, "validation_fraction": validation_fraction,
         "chunk_chars": chunk_chars, "rows_per_shard": rows_per_shard,
     }
+    if pack_documents:
+        request["pack_documents"] = True
     cached = _check_out_dir(out_dir, request, force)
     if cached is not None:
         say(f"{out_dir} already holds this dataset (same sources and settings): reusing it")
@@ -292,34 +351,51 @@ def prepare(
         reader = CorpusReader(inputs)
         warn = lambda msg: say(f"warning: {msg}")  # noqa: E731
 
-        # 1. tokenizer
+        # 1. tokenizer: a sample of the text decides the casing (and trains the tokenizer)
         t0 = time.perf_counter()
-        sample_chars = 0
-        if tokenizer is None:
-            limit = tokenizer_sample_mb * 1e6 if tokenizer_sample_mb > 0 else float("inf")
-            what = f"the first {tokenizer_sample_mb:g} MB" if tokenizer_sample_mb > 0 else "all"
-            say(f"training a {vocab_size}-entry WordPiece on {what} of the text ({'uncased' if lowercase else 'cased'})")
-
-            def sample() -> Iterator[str]:
-                nonlocal sample_chars
-                for doc in reader.documents():  # warnings come once, in the full pass
-                    for line in doc:
-                        sample_chars += len(line)
-                        yield line
-                    if sample_chars >= limit:
-                        return
-
-            tokenizer = Tokenizer.train(sample(), vocab_size, lowercase)
+        sample_mb = tokenizer_sample_mb if tokenizer is None else min(tokenizer_sample_mb or PROFILE_SAMPLE_MB, PROFILE_SAMPLE_MB)
+        sample = _sample_lines(reader, sample_mb)
+        sample_chars = sum(map(len, sample))
+        profile = text_profile(sample)
+        what = f"the first {tokenizer_sample_mb:g} MB" if tokenizer_sample_mb > 0 else "all"
+        if tokenizer is not None:
+            lowercase = tokenizer.lowercase
+            reason = f"from the given tokenizer ({'uncased' if lowercase else 'cased'})"
+            warning = choose_casing("uncased", profile)[2] if lowercase else None
+        elif tokenizer_type == "sentencepiece":
+            lowercase, reason, warning = False, "SentencePiece keeps the text as written (cased, normalization identity)", None
+            say(f"training a {vocab_size}-entry SentencePiece {sentencepiece_model} model on {what} of the text "
+                f"(character coverage {character_coverage:g}, byte fallback {'on' if byte_fallback else 'off'})")
+            threads = len(os.sched_getaffinity(0)) if workers == 0 else workers
+            tokenizer = Tokenizer.train_sentencepiece(sample, vocab_size, sentencepiece_model, character_coverage,
+                                                      byte_fallback, threads=threads)
+        else:
+            lowercase, reason, warning = choose_casing(casing, profile)
+            say(f"training a {vocab_size}-entry WordPiece on {what} of the text, "
+                f"{'uncased' if lowercase else 'cased'} ({reason})")
+            tokenizer = Tokenizer.train(sample, vocab_size, lowercase, character_coverage)
+            alphabet = tokenizer.alphabet
+            if alphabet["coverage"] < character_coverage and alphabet["characters"] == alphabet["limit_from_vocab_size"]:
+                warn(f"the {vocab_size}-entry vocabulary has room for {alphabet['characters']:,} of the text's "
+                     f"{alphabet['distinct_characters']:,} characters (covering {100 * alphabet['coverage']:.2f}% of "
+                     f"their occurrences; the rest become [UNK]); a larger --vocab-size covers more")
+        if warning:
+            warn(warning)
+        del sample
         tokenizer_seconds = time.perf_counter() - t0
         tokenizer.save(tmp / "tokenizer")
+        casing_record = {"lowercase": lowercase, "requested": casing if tokenizer_path is None else None, "reason": reason}
+        _write_json(tmp / "tokenizer" / PROFILE_FILE, {"casing": casing_record, "languages": profile["languages"],
+                                                        "scripts": profile["scripts"]})
         dtype = "uint16" if tokenizer.vocab_size <= 2**16 else "uint32"
 
         # 2. examples
         t1 = time.perf_counter()
         writers = {s: _ShardWriter(tmp, s, rows_per_shard) for s in SPLITS}
         totals = {"documents": [0, 0], "lines": 0, "line_tokens": 0, "tokens": [0, 0], "examples": [0, 0],
-                  "single_segment_rows": [0, 0], "single_segment_draws": 0, "random_target_draws": 0}
-        settings = {"seq_len": seq_len, "seed": seed, "validation_fraction": validation_fraction, "dtype": dtype}
+                  "single_segment_rows": [0, 0], "single_segment_draws": 0, "random_target_draws": 0, "filled": [0, 0]}
+        settings = {"seq_len": seq_len, "seed": seed, "validation_fraction": validation_fraction, "dtype": dtype,
+                    "pack_documents": pack_documents}
         known_total = sum(i.size_bytes for i in inputs) if all(i.kind == "file" for i in inputs) else None
         n_workers = workers or len(os.sched_getaffinity(0))
         if workers == 0 and (all(i.kind == "builtin" for i in inputs) or (known_total or 1e18) < 4 * chunk_chars):
@@ -334,6 +410,7 @@ def prepare(
                     two_segments = meta[:, 0] < meta[:, 1]
                     totals["tokens"][s] += int(meta[:, 1].sum(dtype=np.int64)) - 2 * len(meta) - int(two_segments.sum())
                     totals["single_segment_rows"][s] += int((~two_segments).sum())
+                    totals["filled"][s] += int(meta[:, 1].sum(dtype=np.int64))  # real tokens, specials included
                     totals["documents"][s] += result["documents"][s]
                 totals["lines"] += result["lines"]
                 totals["line_tokens"] += result["line_tokens"]
@@ -350,6 +427,7 @@ def prepare(
                             f"{skipped}); is it empty?")
 
         seconds = time.perf_counter() - started
+        fill = [totals["filled"][s] / max(totals["examples"][s] * seq_len, 1) for s in range(2)]
         manifest = {
             "format_version": FORMAT_VERSION,
             "created_by": f"tinyelectra {_version()}",
@@ -368,6 +446,9 @@ def prepare(
             # lines (paragraphs) keeps only part of its tokens
             "line_tokens": totals["line_tokens"],
             "single_segment_rows": dict(zip(SPLITS, totals["single_segment_rows"])),
+            # real tokens ([CLS], [SEP] and text) per token slot of the examples; the rest is padding
+            "fill_ratio": dict(zip(SPLITS, (round(f, 4) for f in fill))),
+            "pack_documents": pack_documents,
             "builder_draws": {"single_segment": totals["single_segment_draws"], "random_target": totals["random_target_draws"]},
             "seq_len": seq_len,
             "dtype": dtype,
@@ -377,7 +458,12 @@ def prepare(
                 "kind": tokenizer.kind, "fingerprint": tokenizer.fingerprint(), "vocab_size": tokenizer.vocab_size,
                 "lowercase": tokenizer.lowercase, "path": "tokenizer", "source": tokenizer_path or "trained",
                 "special_ids": {r: getattr(tokenizer, f"{r}_id") for r in ("pad", "unk", "cls", "sep", "mask")},
-                "training_sample_chars": sample_chars, "vocab_padding": tokenizer.vocab_padding,
+                "training_sample_chars": sample_chars if tokenizer_path is None else 0,
+                "vocab_padding": tokenizer.vocab_padding, "casing": casing_record, "text": profile,
+                **({"alphabet": tokenizer.alphabet} if tokenizer.alphabet else {}),
+                **({"sentencepiece": {"model": sentencepiece_model, "byte_fallback": byte_fallback,
+                                      "character_coverage": character_coverage}}
+                   if tokenizer_path is None and tokenizer_type == "sentencepiece" else {}),
             },
             "splits": {s: {"rows": w.rows, "shards": w.shards} for s, w in writers.items()},
             "seconds": {"tokenizer": round(tokenizer_seconds, 3), "examples": round(build_seconds, 3), "total": round(seconds, 3)},
@@ -402,10 +488,30 @@ def prepare(
     say(
         f"{sum(manifest['documents'].values()):,} documents, {kept:,} tokens "
         f"({100 * kept / max(manifest['line_tokens'], 1):.0f}% of the text's; the builder cuts long lines) -> "
-        f"{ex['train']:,} train + {ex['validation']:,} validation examples of {seq_len} in {seconds:.1f} s "
+        f"{ex['train']:,} train + {ex['validation']:,} validation examples of {seq_len}, "
+        f"{100 * fill[0]:.0f}% of their token slots filled, in {seconds:.1f} s "
         f"({manifest['text_mb_per_second']:.2f} MB/s of text) -> {out_dir}"
     )
+    if fill[0] < LOW_FILL_RATIO:
+        per_doc = sum(manifest["tokens"].values()) / max(sum(manifest["documents"].values()), 1)
+        advice = ("add --pack-documents so that short documents share examples" if not pack_documents else
+                  "the text itself is short; a smaller --seq-len fits it better")
+        say(f"warning: only {100 * fill[0]:.0f}% of the token slots hold text, {100 * (1 - fill[0]):.0f}% are padding: "
+            f"documents average {per_doc:.0f} tokens for examples of {seq_len} (a blank line ends a document); {advice}")
     return manifest
+
+
+def _sample_lines(reader: CorpusReader, sample_mb: float) -> list[str]:
+    """The lines of the first `sample_mb` MB of text (0 = all of it), whole documents."""
+    limit = sample_mb * 1e6 if sample_mb > 0 else float("inf")
+    lines: list[str] = []
+    chars = 0
+    for doc in reader.documents():  # warnings come once, in the full pass
+        lines += doc
+        chars += sum(map(len, doc))
+        if chars >= limit:
+            break
+    return lines
 
 
 def _run_chunks(documents: Iterator[Document], tokenizer: Tokenizer, settings: dict, workers: int, chunk_chars: int):

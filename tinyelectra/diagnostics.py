@@ -3,6 +3,10 @@
 - Discriminator (ELECTRA): accuracy beside its all-"original" prior (the accuracy of never answering "replaced"),
   ROC-AUC of its replaced-token scores (0.5 = chance, independent of the decision threshold), precision and recall
   of the "replaced" answer.
+- Context (ELECTRA): the discriminator's ROC-AUC when the same slots hold words drawn from the training rows' unigram
+  distribution instead of the generator's samples. Token identity alone cannot rank those (replacements and
+  originals follow the same word frequencies), so this AUC rises above 0.5 only with what the discriminator knows of
+  context — unlike the AUC above, which a discriminator can earn early by spotting a weak generator's odd words.
 - Generator (ELECTRA) or masked LM (BERT baseline): accuracy at the masked slots beside the unigram baseline (always
   answering the most frequent word of the training rows).
 - A verdict in words: has the checkpoint left its baselines yet? The trainer prints it at every checkpoint, the
@@ -26,31 +30,37 @@ DISC_MARGIN = 0.01  # a discriminator has "left its prior" when its accuracy bea
 MLM_MARGIN = 0.02  # a generator / masked LM has "left the unigram level" when it beats it by this much
 
 
-def most_frequent_token(data, special: SpecialIds, rows: int = UNIGRAM_SAMPLE_ROWS) -> int:
-    """The most frequent word in the first `rows` training rows ([CLS], [SEP], [MASK] and padding excluded)."""
+def unigram_distribution(data, special: SpecialIds, rows: int = UNIGRAM_SAMPLE_ROWS) -> torch.Tensor:
+    """(V,) float32: the word frequencies of the first `rows` training rows ([CLS], [SEP], [MASK], padding excluded)."""
     n = min(rows, data.num_rows("train"))
     ids = data.batch("train", np.arange(n)).input_ids.numpy().ravel()
-    counts = np.bincount(ids, minlength=data.vocab_size)
+    counts = np.bincount(ids, minlength=data.vocab_size).astype(np.float64)
     counts[[special.pad, special.cls, special.sep, special.mask]] = 0
-    return int(counts.argmax())
+    return torch.from_numpy(counts / counts.sum()).float()
+
+
+def most_frequent_token(data, special: SpecialIds, rows: int = UNIGRAM_SAMPLE_ROWS) -> int:
+    """The most frequent word in the first `rows` training rows ([CLS], [SEP], [MASK] and padding excluded)."""
+    return int(unigram_distribution(data, special, rows).argmax())
 
 
 @torch.no_grad()
 def evaluate(model, data, recipe: Recipe, special: SpecialIds, device: torch.device, autocast, micro: int,
-             top_token: int | None = None) -> dict:
-    """The first `train.eval_rows` held-out rows with fixed masks and samples: the metrics above. `top_token` is the
-    unigram baseline's answer (`most_frequent_token`; computed here when not given)."""
+             unigram: torch.Tensor | None = None) -> dict:
+    """The first `train.eval_rows` held-out rows with fixed masks and samples: the metrics above. `unigram` is the
+    training rows' word distribution (`unigram_distribution`; computed here when not given)."""
     rows = min(recipe.train.eval_rows, data.num_rows("validation"))
     if rows == 0:
         return {}
-    if top_token is None:
-        top_token = most_frequent_token(data, special)
+    if unigram is None:
+        unigram = unigram_distribution(data, special)
+    top_token = int(unigram.argmax())
     was_training = model.training
     model.eval()
     rng_state = torch.get_rng_state()
     sums = {k: 0.0 for k in STAT_KEYS}
     unigram_correct = 0.0
-    scores, labels = [], []
+    scores, labels, context_scores, context_labels = [], [], [], []
     capture: dict = {}
     for start in range(0, rows, micro):
         b = data.batch("validation", np.arange(start, min(start + micro, rows))).to(device)
@@ -67,6 +77,15 @@ def evaluate(model, data, recipe: Recipe, special: SpecialIds, device: torch.dev
             real = m.attention_mask
             scores.append(capture["disc_logits"][real].float().cpu().numpy())
             labels.append(capture["disc_labels"][real].cpu().numpy())
+            # the same slots filled with unigram draws (fixed per row block): what context alone can detect
+            drawn = torch.multinomial(unigram, m.positions.numel(), replacement=True,
+                                      generator=torch.Generator().manual_seed(start)).view(m.positions.shape).to(device)
+            drawn = torch.where(m.weights > 0, drawn, m.targets)
+            fake = m.input_ids.scatter(1, m.positions, drawn)  # (B, T)
+            with autocast:
+                logits = model.discriminator_logits(fake, m.token_type_ids, m.attention_mask)
+            context_scores.append(logits[real].float().cpu().numpy())
+            context_labels.append((fake != m.input_ids)[real].cpu().numpy())
     torch.set_rng_state(rng_state)
     model.train(was_training)
     out = {"rows": rows, "gen_loss": sums["mlm_sum"] / max(sums["mlm_count"], 1.0), **summarize(sums)}
@@ -75,6 +94,7 @@ def evaluate(model, data, recipe: Recipe, special: SpecialIds, device: torch.dev
         out["disc_loss"] = sums["disc_sum"] / sums["disc_count"]
         out["baseline_acc"] = 1.0 - out["replaced_frac"]  # always answering "original"
         out["disc_auc"] = roc_auc(np.concatenate(scores), np.concatenate(labels))
+        out["disc_auc_context"] = roc_auc(np.concatenate(context_scores), np.concatenate(context_labels).astype(np.float64))
     learned, verdict_text = verdict(out)
     out["learned"], out["verdict"] = learned, verdict_text
     return out
@@ -86,7 +106,8 @@ def verdict(ev: dict) -> tuple[bool, str]:
     if "disc_acc" in ev:
         gain = ev["disc_acc"] - ev["baseline_acc"]
         numbers = (f"discriminator accuracy {ev['disc_acc']:.4f} vs all-original {ev['baseline_acc']:.4f} "
-                   f"({gain:+.4f}), AUC {ev.get('disc_auc', float('nan')):.3f}, recall {ev.get('disc_recall', 0):.3f}")
+                   f"({gain:+.4f}), AUC {ev.get('disc_auc', float('nan')):.3f}, recall {ev.get('disc_recall', 0):.3f}, "
+                   f"context AUC {ev.get('disc_auc_context', float('nan')):.3f}")
         if gain >= DISC_MARGIN:
             return True, f"learned: {numbers}"
         return False, (f"NOT LEARNED YET: the discriminator is at (or near) its all-original prior — {numbers}; "

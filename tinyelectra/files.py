@@ -1,11 +1,14 @@
 """Writing files so that nothing is ever half-written, and reading back only what was written whole.
 
-- `atomic_write_text`: a temporary file in the same directory, then a rename: the old file or the new one, never half.
+- `write_atomic`: small files written at once (a temporary file beside the target, fsync, then a rename: a reader
+  sees the old file or the new one, never half) with an ordinary file's permissions: `tempfile.mkstemp` creates files
+  only their owner can read (0600), which teammates on a shared server could not open; the result here is 0666 minus
+  the umask (0644 under the usual 022), as `open()` would give.
 - `write_sha256` / `verify_sha256`: a `sha256.json` beside the files of a checkpoint or resume state, written last and
   checked on load; a flipped byte or a truncated file is a one-line error naming the file.
 - `check_writable`: proves an output location can be written before any long work, and leaves nothing behind.
 - `os_error_line`: the one-line text for an OSError of the place written to (a full disk, a read-only location).
-Not here: what the files hold (checkpoint.py, glue.py, report.py, ...).
+Not here: what the files hold; whole directories renamed into place (checkpoint.py, data.py).
 """
 
 from __future__ import annotations
@@ -32,6 +35,12 @@ def os_error_line(e: OSError) -> str:
     return f"{where}{e.strerror or e}"
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)  # the only way to read it is to set it: put it back at once
+    os.umask(mask)
+    return mask
+
+
 def fsync_file(path: Path) -> None:
     with open(path, "rb") as f:
         os.fsync(f.fileno())
@@ -48,13 +57,16 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Replace `path` by `text` atomically (temporary file in the same directory, fsync, rename)."""
+def write_atomic(path: str | Path, data: bytes | str) -> Path:
+    """Write `data` (str as UTF-8) to `path` all at once: a reader sees the old file or the new one, never half. A
+    failed write (a full disk) leaves the old file and no temporary one, and its OSError names `path`."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        os.fchmod(fd, 0o666 & ~_umask())
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -64,10 +76,11 @@ def atomic_write_text(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return path
 
 
-def atomic_write_json(path: Path, obj) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2) + "\n")
+def write_json(path: str | Path, obj) -> Path:
+    return write_atomic(path, json.dumps(obj, indent=2) + "\n")
 
 
 def sha256_of(path: Path) -> str:

@@ -37,7 +37,6 @@ import math
 import os
 import platform
 import statistics
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -48,6 +47,7 @@ import numpy as np
 
 from tinyelectra.errors import UserError
 from tinyelectra.glue_data import (
+    CUSTOM_FILES,
     PAPER_TASK_NAMES,
     EncodedSplit,
     GlueSplit,
@@ -242,12 +242,26 @@ class TaskData:
         return out
 
 
-def choose_tasks(spec: str, glue_dir: Path | None, use_hf: bool) -> tuple[list[str], dict[str, str]]:
+def choose_tasks(spec: str, glue_dir: Path | None, use_hf: bool, custom: list[str] | None = None) -> tuple[list[str], dict[str, str]]:
     """`--tasks` -> (tasks to run, {skipped task: why}). 'all' with --glue-dir = the tasks whose train and dev
-    files exist; a task named explicitly must have its files (else the loader's UserError names what is missing)."""
+    files exist; a task named explicitly must have its files (else the loader's UserError names what is missing).
+    `custom`: the tasks of --task-file, always run (after the GLUE tasks); with them alone no GLUE data is needed."""
+    custom = list(custom or [])
+    parts = [p.strip() for p in spec.split(",") if p.strip()]
+    glue_parts = [p for p in parts if p.lower() == "all" or get_task(p).name not in custom]
+    if custom and (not glue_parts or (glue_dir is None and not use_hf)):
+        named = [p for p in glue_parts if p.lower() != "all"]
+        if named:
+            raise UserError(f"--tasks {', '.join(named)}: GLUE tasks need --glue-dir or --hf")
+        return custom, {}
+    names, skipped = _choose_glue_tasks(",".join(glue_parts), glue_dir, use_hf)
+    return names + custom, skipped
+
+
+def _choose_glue_tasks(spec: str, glue_dir: Path | None, use_hf: bool) -> tuple[list[str], dict[str, str]]:
     if glue_dir is None and not use_hf:
         raise UserError("GLUE data: give --glue-dir DIR (the classic glue_data folders: CoLA/, SST-2/, ...) or --hf "
-                        "(Hugging Face `datasets`, needs the hub)")
+                        "(Hugging Face `datasets`, needs the hub), or a task of your own with --task-file")
     if glue_dir is not None and use_hf:
         raise UserError("give either --glue-dir or --hf, not both")
     names = resolve_tasks(spec)
@@ -272,9 +286,10 @@ def choose_tasks(spec: str, glue_dir: Path | None, use_hf: bool) -> tuple[list[s
 def read_task(task: str, glue_dir: Path | None, max_train_rows: int | None, with_test: bool) -> TaskData:
     """Read a task's train, dev and (when present) test splits; swapped pairs added to MRPC and STS-B train."""
     spec = get_task(task)
+    local = glue_dir is not None or spec.name in CUSTOM_FILES  # else: Hugging Face `datasets`
 
     def read(split: str, task_name: str = task) -> GlueSplit:
-        return load_hf_split(task_name, split) if glue_dir is None else read_split(glue_dir, task_name, split)
+        return read_split(glue_dir, task_name, split) if local else load_hf_split(task_name, split)
 
     train = read("train")
     original = len(train)
@@ -288,7 +303,7 @@ def read_task(task: str, glue_dir: Path | None, max_train_rows: int | None, with
     test: list[GlueSplit] = []
     if with_test:
         for s in spec.test_splits:
-            if glue_dir is None or find_split_file(glue_dir, task, s) is not None:
+            if not local or find_split_file(glue_dir, task, s) is not None:
                 test.append(read(s))
         if task == "mnli" and (glue_dir is None or find_split_file(glue_dir, "ax", "test") is not None):
             test.append(read("test", "ax"))  # the diagnostic set is predicted by the MNLI model
@@ -548,13 +563,20 @@ def task_averages(tasks: dict[str, dict]) -> dict[str, Any]:
             out[kind] = average_score({t: v[f"median_{kind}"] for t, v in counted.items()}).to_dict()
     excluded = sorted(t for t in tasks if t not in PAPER_TASK_NAMES)
     if excluded:
-        out["excluded"] = {t: "not in the paper's GLUE score (BERT and ELECTRA leave WNLI out)" for t in excluded}
+        out["excluded"] = {t: "a task of your own (--task-file): not part of a GLUE score" if t in CUSTOM_FILES else
+                           "not in the paper's GLUE score (BERT and ELECTRA leave WNLI out)" for t in excluded}
     return out
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # One checkpoint, all tasks
 # ----------------------------------------------------------------------------------------------------------------
+
+
+def _write_json_atomic(path: Path, obj: Any) -> None:
+    from tinyelectra.files import write_atomic
+
+    write_atomic(path, json.dumps(obj, indent=2) + "\n")
 
 
 def protocol_dict(fc: FinetuneConfig, hidden_size: int, tasks: list[str], max_train_rows: int | None) -> dict[str, Any]:
@@ -644,6 +666,7 @@ def run_checkpoint(ref: CheckpointRef, data: dict[str, TaskData], fc: FinetuneCo
                       TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), TextColumn("loss {task.fields[loss]}"),
                       console=console, transient=False) as progress:
             bar = progress.add_task(f"{ref.name} {task}", total=steps * len(seeds), loss="-")
+            lines = _PlainProgress(console, steps)  # a log file (nohup, CI) gets plain lines instead of the bar
             for k, seed in enumerate(seeds):
                 progress.update(bar, description=f"{ref.name} {task} seed {k + 1}/{len(seeds)}")
                 done_before = k * steps
@@ -652,10 +675,12 @@ def run_checkpoint(ref: CheckpointRef, data: dict[str, TaskData], fc: FinetuneCo
                     test_outputs.append(_load_seed_outputs(target, task, seed, len(data[task].test)))
                     progress.update(bar, completed=done_before + steps)
                     continue
+                what = f"{ref.name} {task} seed {k + 1}/{len(seeds)}"
 
-                def on_step(step: int, loss: float | None, _base=done_before) -> None:
+                def on_step(step: int, loss: float | None, _base=done_before, _what=what) -> None:
                     fields = {} if loss is None else {"loss": f"{loss:.4f}"}
                     progress.update(bar, completed=_base + step, **fields)
+                    lines(_what, step, loss)
 
                 model, facts = finetune(backbone, task, enc, fc, seed, device, precision, on_step)
                 t_eval = time.perf_counter()
@@ -700,11 +725,53 @@ def run_checkpoint(ref: CheckpointRef, data: dict[str, TaskData], fc: FinetuneCo
         for seed in seeds:
             _seed_outputs_path(target, task, seed).unlink(missing_ok=True)
         console.print(_task_line(ref.name, task, entry))
+        if ref.run_dir is not None and result["meta"].get("step") is not None:
+            _tensorboard_scalar(ref.run_dir, f"glue/{task}", entry["median_paper"], result["meta"]["step"])
     result["averages"] = task_averages(result["tasks"])
     result["seconds_total"] = time.perf_counter() - started
     result["complete"] = True
     _write_json_atomic(target, result)
     return result
+
+
+def _tensorboard_scalar(run_dir: Path, tag: str, value: float, step: int) -> None:
+    """A checkpoint's GLUE score beside its pre-training curves in RUN/tensorboard (at its pre-training step),
+    when TensorBoard is installed (the pre-training run said once if it is not)."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        return
+    with SummaryWriter(str(Path(run_dir) / "tensorboard")) as writer:
+        writer.add_scalar(tag, value, step)
+
+
+class _PlainProgress:
+    """When the console is not a terminal (a log under nohup, CI), rich draws no bar: print a plain line instead at
+    each seed's first step, every PLAIN_PROGRESS_SECONDS and at its last step."""
+
+    def __init__(self, console, steps: int) -> None:
+        self.console, self.steps = console, steps
+        self.on = not console.is_terminal
+        self.t0 = self.last = time.perf_counter()
+        self.loss: float | None = None
+
+    def __call__(self, what: str, step: int, loss: float | None) -> None:
+        if not self.on:
+            return
+        self.loss = loss if loss is not None else self.loss
+        now = time.perf_counter()
+        if step == 1:
+            self.t0 = now
+        if step in (1, self.steps) or now - self.last >= PLAIN_PROGRESS_SECONDS:
+            self.last = now
+            rate = (step - 1) / max(now - self.t0, 1e-9)
+            eta = f", ETA {(self.steps - step) / rate:.0f} s" if 1 < step < self.steps and rate > 0 else ""
+            loss_text = "" if self.loss is None else f", loss {self.loss:.4f}"
+            self.console.print(f"{what}: step {step}/{self.steps}{loss_text}, {now - self.t0:.0f} s{eta}",
+                               markup=False, highlight=False)
+
+
+PLAIN_PROGRESS_SECONDS = 30.0
 
 
 def _reusable(target: Path, fresh: dict[str, Any]) -> tuple[dict[str, tuple[dict, dict]], dict[str, dict]]:
@@ -736,24 +803,14 @@ def _seed_outputs_path(target: Path, task: str, seed: int) -> Path:
     return target.parent / "partial" / f"{task}-seed{seed}.npz"
 
 
-def _write_json_atomic(path: Path, obj: Any) -> None:
-    from tinyelectra.files import atomic_write_json
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(path, obj)
-
-
 def _save_seed_outputs(target: Path, task: str, seed: int, outputs: list[np.ndarray]) -> None:
-    path = _seed_outputs_path(target, task, seed)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, *outputs)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    import io
+
+    from tinyelectra.files import write_atomic
+
+    buffer = io.BytesIO()
+    np.savez(buffer, *outputs)
+    write_atomic(_seed_outputs_path(target, task, seed), buffer.getvalue())
 
 
 def _load_seed_outputs(target: Path, task: str, seed: int, count: int) -> list[np.ndarray]:
@@ -825,10 +882,12 @@ def _precision(requested: str, device, pick_precision) -> tuple[str, str]:
 
 def glue_command(checkpoint: Path, glue_dir: Path | None, use_hf: bool, tasks: str, seeds: int, out_dir: Path | None,
                  gpu: int | None, device: str | None, max_train_rows: int | None, overrides: list[str],
-                 command: str) -> list[Path]:
-    """`tinyelectra glue`: fine-tune every selected checkpoint on every selected task; returns the glue.json paths."""
+                 command: str, task_files: list[Path] | None = None) -> list[Path]:
+    """`tinyelectra glue`: fine-tune every selected checkpoint on every selected task (GLUE's, and those of
+    --task-file); returns the glue.json paths."""
     from tinyelectra.errors import Interrupted
     from tinyelectra.files import check_writable
+    from tinyelectra.glue_data import load_task_file
     from tinyelectra.logs import make_console
     from tinyelectra.runtime import configure_matmul, pick_device, pick_precision
 
@@ -837,7 +896,8 @@ def glue_command(checkpoint: Path, glue_dir: Path | None, use_hf: bool, tasks: s
     if seeds < 1:
         raise UserError("--seeds must be at least 1")
     refs = find_checkpoints(checkpoint)
-    task_names, skipped = choose_tasks(tasks, glue_dir, use_hf)
+    custom = [load_task_file(f).name for f in task_files or []]
+    task_names, skipped = choose_tasks(tasks, glue_dir, use_hf, custom)
     dev = pick_device(gpu, device)
     precision, reason = _precision(fc.precision, dev, pick_precision)
     configure_matmul(precision, dev)

@@ -25,8 +25,6 @@ Shapes: M examples, B batch, T tokens.
 from __future__ import annotations
 
 import dataclasses
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -198,6 +196,172 @@ def _norm(name: str) -> str:
     return name.lower().replace("-", "").replace("_", "")
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# Custom tasks: TSV, CSV or JSONL files described by a small TOML file (KLUE, JGLUE, CLUE, ASSIN, your own)
+# ----------------------------------------------------------------------------------------------------------------
+
+MACRO_F1 = "macro_f1"
+CUSTOM_METRICS = (ACCURACY, F1, MACRO_F1, MATTHEWS, PEARSON, SPEARMAN)  # pearson, spearman: regression
+CUSTOM_FILES: dict[str, dict[str, Path]] = {}  # custom task -> split -> its file (filled by load_task_file)
+CUSTOM_FORMATS = (".tsv", ".csv", ".jsonl")
+TASK_FILE_KEYS = {"name", "train", "dev", "test", "text_columns", "label_column", "labels", "metric", "epochs",
+                  "index_column"}
+TASK_FILE_EXAMPLE = """name = "klue-nli"                    # a name of your own
+train = "klue-nli/train.tsv"          # .tsv (tabs, no quoting), .csv or .jsonl; relative to this file
+dev = "klue-nli/dev.tsv"
+test = "klue-nli/test.tsv"            # optional: predictions are written as klue-nli.tsv
+text_columns = ["premise", "hypothesis"]   # one column (single texts) or two (pairs)
+label_column = "label"
+labels = ["entailment", "neutral", "contradiction"]   # optional: default, the train file's labels, sorted
+metric = "accuracy"                   # accuracy, f1 (binary; the second label is positive), macro_f1,
+                                      # matthews_corr, or pearson / spearman for numeric labels (regression)
+epochs = 3                            # optional (default 3)
+index_column = "id"                   # optional: the test file's ids for the predictions"""
+
+
+def load_task_file(path: str | Path) -> TaskSpec:
+    """Read a custom task's TOML description (see TASK_FILE_EXAMPLE), check its files and columns, and register it
+    beside the GLUE tasks so that reading, fine-tuning, metrics and glue.json treat it the same way."""
+    import tomllib
+
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise UserError(f"--task-file {path}: cannot read it ({e.strerror or e})") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"--task-file {path}: not valid TOML ({e})") from None
+    where = f"--task-file {path}"
+    unknown = sorted(set(raw) - TASK_FILE_KEYS)
+    if unknown:
+        raise UserError(f"{where}: unknown key {unknown[0]!r} (keys: {', '.join(sorted(TASK_FILE_KEYS))})")
+    for key in ("name", "train", "dev", "text_columns", "label_column", "metric"):
+        if key not in raw:
+            raise UserError(f"{where}: missing {key!r} (a task file names: name, train, dev, text_columns, "
+                            "label_column, metric; README: \"Tasks of your own\")")
+    name = str(raw["name"])
+    if not name or _norm(name) in _ALIASES and _ALIASES[_norm(name)] not in CUSTOM_FILES:
+        raise UserError(f"{where}: name {name!r} is a GLUE task's; choose another")
+    columns = raw["text_columns"]
+    if not (isinstance(columns, list) and 1 <= len(columns) <= 2 and all(isinstance(c, str) for c in columns)):
+        raise UserError(f"{where}: text_columns must list one or two column names")
+    metric = raw["metric"]
+    if metric not in CUSTOM_METRICS:
+        raise UserError(f"{where}: metric {metric!r} is not one of {', '.join(CUSTOM_METRICS)}")
+    regression = metric in (PEARSON, SPEARMAN)
+    files = {}
+    for split in ("train", "dev", "test"):
+        if split in raw:
+            f = (path.parent / str(raw[split])).resolve()
+            if f.suffix.lower() not in CUSTOM_FORMATS:
+                raise UserError(f"{where}: {split} file {f.name}: expected {', '.join(CUSTOM_FORMATS)}")
+            if not f.is_file():
+                raise UserError(f"{where}: {split} file {f} not found")
+            files[split] = f
+    labels = raw.get("labels")
+    if regression:
+        if labels:
+            raise UserError(f"{where}: metric {metric} is for numeric labels (regression); drop 'labels'")
+        labels = []
+    elif labels is None:  # the train file's label values, sorted
+        rows, _ = _custom_rows(files["train"], [raw["label_column"]], where)
+        labels = sorted({r[raw["label_column"]].strip() for r in rows if r and r.get(raw["label_column"]) is not None})
+    labels = [str(x) for x in labels]
+    if not regression and len(labels) < 2:
+        raise UserError(f"{where}: a classification task needs at least two labels (found {labels})")
+    if metric == F1 and len(labels) != 2:
+        raise UserError(f"{where}: metric f1 is for two labels; use macro_f1 for {len(labels)}")
+    epochs = raw.get("epochs", 3)
+    if not isinstance(epochs, int) or epochs < 1:
+        raise UserError(f"{where}: epochs must be a whole number >= 1")
+    spec = TaskSpec(
+        name=name, dir_name=name, files={split: split for split in files}, text_columns=tuple(columns),
+        label_column=str(raw["label_column"]), file_labels=tuple(labels), label_names=tuple(labels),
+        index_column=raw.get("index_column"), paper_metric=metric, glue_metric=metric,
+        submission_files={"test": f"{name}.tsv"}, hf_config="", hf_text_columns=(), epochs=epochs,
+    )
+    TASKS[name] = spec
+    _ALIASES[_norm(name)] = name
+    CUSTOM_FILES[name] = files
+    return spec
+
+
+def _custom_rows(path: Path, required: list[str], where: str) -> tuple[list[dict[str, str] | None], int]:
+    """The rows of a .tsv (a header line, then tab-separated fields, nothing quoted, as GLUE's files), .csv (a header
+    line, RFC 4180 quoting) or .jsonl (one object per line) file as {column: text}; None for a line that could not be
+    read (listed as malformed by the caller). Returns (rows, 1-based line number of the first row)."""
+    import csv
+    import json
+
+    suffix = path.suffix.lower()
+    try:
+        text = path.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{where}: {path} is not UTF-8 text (byte {e.start})") from None
+    if suffix == ".jsonl":
+        rows: list[dict[str, str] | None] = []
+        for line in text.split("\n"):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                rows.append(None)
+                continue
+            rows.append({k: v if isinstance(v, str) else json.dumps(v) for k, v in record.items()} if isinstance(record, dict) else None)
+        present = set().union(*(r for r in rows if r)) if rows else set()
+        first = 1
+    else:
+        lines = text.split("\n")
+        if suffix == ".tsv":
+            table = [line.rstrip("\r").split("\t") for line in lines if line.strip()]
+        else:
+            table = [r for r in csv.reader(lines) if r]
+        if not table:
+            raise UserError(f"{where}: {path} has no rows")
+        header = [c.strip() for c in table[0]]
+        present = set(header)
+        rows = [dict(zip(header, r)) if len(r) == len(header) else None for r in table[1:]]
+        first = 2
+    missing = [c for c in required if c not in present]
+    if missing:
+        raise UserError(f"{where}: {path} has no column {missing[0]!r} (it has: {', '.join(sorted(present)) or 'none'})")
+    return rows, first
+
+
+def read_custom_split(task: str, split: str) -> GlueSplit:
+    """One split of a custom task (load_task_file registered it): texts, labels mapped to class ids (or floats), ids.
+    Rows with missing fields or unknown labels are skipped and listed, as for GLUE's files."""
+    spec = get_task(task)
+    path = CUSTOM_FILES[spec.name][split]
+    labelled = split != "test"
+    required = list(spec.text_columns) + ([spec.label_column] if labelled else [])
+    rows, first = _custom_rows(path, required, f"{spec.name} {split}")
+    ids, texts, raw_labels, malformed = [], [[] for _ in spec.text_columns], [], []
+    for n, row in enumerate(rows):
+        where = first + n  # the row's line (JSONL: its record number)
+        if row is None or any(row.get(c) is None for c in required):
+            malformed.append(MalformedLine(str(path), where, "unreadable line or missing fields"))
+            continue
+        if labelled:
+            problem = _label_problem(spec, row[spec.label_column].strip())
+            if problem:
+                malformed.append(MalformedLine(str(path), where, problem))
+                continue
+            raw_labels.append(row[spec.label_column].strip())
+        for column_texts, c in zip(texts, spec.text_columns):
+            column_texts.append(row[c])
+        ids.append(row[spec.index_column].strip() if spec.index_column and row.get(spec.index_column) else str(n))
+    if not ids or len(malformed) > len(ids):
+        first_bad = f" (first: {malformed[0]})" if malformed else ""
+        raise UserError(f"{spec.name} {split}: {len(malformed)} of {len(rows)} rows of {path} are unusable{first_bad}")
+    return GlueSplit(
+        task=spec.name, split=split, source=str(path), ids=ids, text_a=texts[0],
+        text_b=texts[1] if spec.is_pair else None, labels=_label_array(spec, raw_labels) if labelled else None,
+        malformed=malformed,
+    )
+
+
 _ALIASES = {_norm(t.name): t.name for t in TASKS.values()} | {_norm(t.dir_name): t.name for t in TASKS.values()}
 
 
@@ -205,7 +369,9 @@ def get_task(name: str) -> TaskSpec:
     """The spec of a task by name, case- and hyphen-insensitive ("SST-2", "sst2", "STS-B")."""
     key = _ALIASES.get(_norm(name))
     if key is None:
-        raise UserError(f"unknown GLUE task '{name}'; choose from {', '.join(GLUE_TASK_NAMES)}, ax, or all")
+        custom = f", the custom tasks {', '.join(CUSTOM_FILES)}" if CUSTOM_FILES else ""
+        raise UserError(f"unknown GLUE task '{name}'; choose from {', '.join(GLUE_TASK_NAMES)}, ax{custom}, or all "
+                        "(a task of your own: --task-file)")
     return TASKS[key]
 
 
@@ -324,8 +490,10 @@ def _task_dir(glue_dir: Path, spec: TaskSpec) -> Path | None:
     return None
 
 
-def find_split_file(glue_dir: str | Path, task: str, split: str) -> Path | None:
+def find_split_file(glue_dir: str | Path | None, task: str, split: str) -> Path | None:
     """The file of one split if it exists, else None (no error): for choosing the tasks that have data."""
+    if get_task(task).name in CUSTOM_FILES:
+        return CUSTOM_FILES[get_task(task).name].get(split)
     spec = _spec_and_split(task, split)
     glue_dir = Path(glue_dir)
     if not glue_dir.is_dir():
@@ -355,8 +523,11 @@ def split_file(glue_dir: str | Path, task: str, split: str) -> Path:
     return path
 
 
-def read_split(glue_dir: str | Path, task: str, split: str) -> GlueSplit:
-    """Read one split from the classic glue_data layout (`glue_dir/RTE/dev.tsv`, `glue_dir/MNLI/dev_matched.tsv`)."""
+def read_split(glue_dir: str | Path | None, task: str, split: str) -> GlueSplit:
+    """Read one split from the classic glue_data layout (`glue_dir/RTE/dev.tsv`, `glue_dir/MNLI/dev_matched.tsv`),
+    or a custom task's file (load_task_file)."""
+    if get_task(task).name in CUSTOM_FILES:
+        return read_custom_split(task, split)
     return read_tsv(split_file(glue_dir, task, split), task, split)
 
 
@@ -754,15 +925,6 @@ def write_submission(out_dir: str | Path, test_split: GlueSplit, predictions: np
             raise ValueError(f"{spec.name} class ids must be in 0..{spec.num_labels - 1}")
         cells = [spec.file_labels[v] for v in values.tolist()]
     lines = ["\t".join(SUBMISSION_HEADER)] + [f"{i}\t{c}" for i, c in zip(test_split.ids, cells)]
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / name
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=out_dir)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write("\n".join(lines) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    from tinyelectra.files import write_atomic
+
+    return write_atomic(Path(out_dir) / name, "\n".join(lines) + "\n")

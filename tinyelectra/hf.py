@@ -447,8 +447,21 @@ def _check_same_shape(want: ModelConfig, got: ModelConfig, where: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- export
-def _model_card(kind: str, cls_name: str, recipe, meta: dict[str, Any]) -> str:
-    lines = [
+def _front_matter(kind: str, languages: list[str], license_id: str | None) -> list[str]:
+    """The model card's metadata block (the Hugging Face hub reads it): language, license, library, tags."""
+    lines = ["---"]
+    if languages:
+        lines += ["language:"] + [f"- {code}" for code in languages]
+    lines += [f"license: {license_id or 'other'}", "library_name: transformers"]
+    if kind == "generator":
+        lines.append("pipeline_tag: fill-mask")
+    lines += ["tags:", "- electra", "- tinyelectra", "---", ""]
+    return lines
+
+
+def _model_card(kind: str, cls_name: str, recipe, meta: dict[str, Any], languages: list[str] | None = None,
+                license_id: str | None = None, language_source: str = "") -> str:
+    lines = _front_matter(kind, languages or [], license_id) + [
         f"# {recipe.name}: ELECTRA {kind}", "",
         f"Pre-trained with tinyelectra (objective {recipe.objective.kind!r}, recipe {recipe.name!r}).", "",
         "| field | value |", "|---|---|",
@@ -465,16 +478,22 @@ def _model_card(kind: str, cls_name: str, recipe, meta: dict[str, Any]) -> str:
     if kind == "generator" and recipe.objective.kind == "electra" and recipe.model.generator_fraction < 1.0:
         lines += [f"This generator is {recipe.model.generator_fraction:g}x the discriminator's width: it exists to train "
                   "the discriminator, which is the model to fine-tune.", ""]
+    lines.append(f"Language: {', '.join(languages)} ({language_source})." if languages else
+                 "Language: not recorded (`tinyelectra export --language CODE` adds it).")
+    lines.append(f"License: {license_id}." if license_id else
+                 "License: not given at export (`tinyelectra export --license ID`); it follows from the pre-training "
+                 "text's terms.")
+    lines.append("")
     return "\n".join(lines)
 
 
-def _write_hf_dir(hf_model, out: Path, tokenizer_dir: Path | None, card: str) -> None:
+def _write_hf_dir(hf_model, out: Path, tokenizer, card: str, max_positions: int) -> None:
     with quiet_transformers():
         hf_model.save_pretrained(str(out))
-    if tokenizer_dir is not None:
-        for name in TOKENIZER_FILES:
-            if (tokenizer_dir / name).is_file():
-                shutil.copy2(tokenizer_dir / name, out / name)
+    if tokenizer is not None:
+        # transformers writes the tokenizer files; model_max_length = the model's positions, so that
+        # tok(text, truncation=True) never gives more tokens than the model takes
+        tokenizer.save(out, model_max_length=max_positions)
     (out / "README.md").write_text(card, encoding="utf-8")
     # Read it back with transformers itself: what we promise is that from_pretrained gives exactly these tensors.
     with quiet_transformers():
@@ -484,16 +503,25 @@ def _write_hf_dir(hf_model, out: Path, tokenizer_dir: Path | None, card: str) ->
         raise RuntimeError(f"{out}: transformers did not read back the weights it was given")
 
 
-def export(model, recipe, meta: dict[str, Any], tokenizer_dir: Path | None, out_dir: Path) -> list[Path]:
-    """Write `model` as transformers directories under `out_dir` (atomically); returns the directories written."""
+def export(model, recipe, meta: dict[str, Any], tokenizer_dir: Path | None, out_dir: Path,
+           languages: list[str] | None = None, license_id: str | None = None) -> list[Path]:
+    """Write `model` as transformers directories under `out_dir` (atomically); returns the directories written.
+    The model card's languages are `languages`, else those `prepare` recorded beside the tokenizer."""
+    from tinyelectra.tokenizer import PROFILE_FILE, Tokenizer
+
     out_dir = Path(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise UserError(f"--out {out_dir}: already exists and is not empty; choose a new directory")
     pad_id = 0
+    tokenizer = None
+    source = "given at export"
     if tokenizer_dir is not None:
-        from tinyelectra.tokenizer import Tokenizer
-
-        pad_id = Tokenizer.load(tokenizer_dir).pad_id
+        tokenizer = Tokenizer.load(tokenizer_dir)
+        pad_id = tokenizer.pad_id
+        profile = Path(tokenizer_dir) / PROFILE_FILE
+        if not languages and profile.is_file():
+            languages = json.loads(profile.read_text(encoding="utf-8")).get("languages") or []
+            source = "guessed by `tinyelectra prepare` from the scripts of the pre-training text"
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_dir.with_name(f"{out_dir.name}.tmp-{os.getpid()}")
     if tmp.exists():
@@ -505,7 +533,8 @@ def export(model, recipe, meta: dict[str, Any], tokenizer_dir: Path | None, out_
     parts.append(("generator", "ElectraForMaskedLM", to_hf_generator(model, pad_id)))
     try:
         for kind, cls_name, hf_model in parts:
-            _write_hf_dir(hf_model, tmp / kind, tokenizer_dir, _model_card(kind, cls_name, recipe, meta))
+            card = _model_card(kind, cls_name, recipe, meta, languages, license_id, source)
+            _write_hf_dir(hf_model, tmp / kind, tokenizer, card, recipe.model.max_positions)
         replace_dir(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -513,9 +542,12 @@ def export(model, recipe, meta: dict[str, Any], tokenizer_dir: Path | None, out_
     return [out_dir / kind for kind, _, _ in parts]
 
 
-def export_command(checkpoint: Path, out_dir: Path) -> None:
-    """`tinyelectra export CKPT --out DIR`: refuses a checkpoint without its tokenizer (an export that cannot encode
-    text is not usable) and an output location it cannot write, before any work."""
+def export_command(checkpoint: Path, out_dir: Path, languages: list[str] | None = None, license_id: str | None = None) -> None:
+    """`tinyelectra export CKPT --out DIR [--language CODE ...] [--license ID]`. Refuses a checkpoint without its
+    tokenizer (an export that cannot encode text is not usable) and an output location it cannot write, before any
+    work."""
+    from safetensors import SafetensorError
+
     from tinyelectra.files import check_writable
 
     model, recipe, meta = load_checkpoint(Path(checkpoint))
@@ -527,10 +559,8 @@ def export_command(checkpoint: Path, out_dir: Path) -> None:
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise UserError(f"--out {out_dir}: already exists and is not empty; choose a new directory")
     check_writable(out_dir, "--out")
-    from safetensors import SafetensorError
-
     try:
-        written = export(model, recipe, meta, tokenizer_dir, out_dir)
+        written = export(model, recipe, meta, tokenizer_dir, out_dir, languages, license_id)
     except SafetensorError as e:  # transformers writes the weights through safetensors, which drops the errno
         detail = str(e).strip().splitlines()[0][:200] if str(e).strip() else "write failed"
         raise UserError(f"--out {out_dir}: cannot write the export ({detail}); nothing was left behind") from None

@@ -48,13 +48,19 @@ class Log:
                 from torch.utils.tensorboard import SummaryWriter
 
                 self.tb = SummaryWriter(str(self.run_dir / "tensorboard"))
-            except Exception:  # tensorboard is optional
-                self.tb = None
+            except ImportError:  # optional: said once
+                self.once("TensorBoard: not installed, so metrics go to metrics.jsonl only "
+                          "(pip install 'tinyelectra[tensorboard]' adds RUN/tensorboard)")
+            except Exception as e:  # installed but broken: said once, the run goes on
+                self.once(f"TensorBoard: unavailable ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}); "
+                          "metrics go to metrics.jsonl only")
         return self.tb
 
     def once(self, text: str) -> None:
         if self.main and text:
-            self.console.print(f"[dim]·[/dim] {text}", highlight=False)
+            from rich.markup import escape
+
+            self.console.print(f"[dim]·[/dim] {escape(text)}", highlight=False)  # text is not markup: "[tensorboard]"
 
     def metrics(self, rec: dict) -> None:
         if not self.main:
@@ -76,7 +82,7 @@ class Log:
 
     def truncate_after(self, step: int) -> None:
         """After a resume, drop log lines of steps that will be run again (and a last line cut short by a crash)."""
-        from tinyelectra.files import atomic_write_text
+        from tinyelectra.files import write_atomic
 
         if not self.main or not self.path.exists():
             return
@@ -88,7 +94,7 @@ class Log:
                 continue
             if isinstance(rec, dict) and rec.get("step", 0) <= step:
                 keep.append(line)
-        atomic_write_text(self.path, "".join(k + "\n" for k in keep))
+        write_atomic(self.path, "".join(k + "\n" for k in keep))
 
     def plan(self, plan: Plan, recipe: Recipe, model, precision: str, device, command: str) -> None:
         if not self.main:
@@ -112,7 +118,7 @@ class Log:
             t.add_row("FLOPs per step, paper convention", format_flops(plan.train_flops_paper_per_step))
             t.add_row("FLOPs per step, hardware convention", format_flops(plan.train_flops_hardware_per_step))
         else:
-            t.add_row("tokens", f"{plan.expected_tokens:,}")
+            t.add_row("token positions (padding included)", f"{plan.expected_tokens:,}")
             t.add_row("checkpoints", ", ".join(f"{k}@{v:,}" for k, v in plan.checkpoint_steps.items()))
             t.add_row("FLOPs, paper convention", format_flops(plan.train_flops_paper))
             t.add_row("FLOPs, hardware convention", format_flops(plan.train_flops_hardware))
@@ -217,7 +223,9 @@ class Progress:
 
     def note(self, text: str) -> None:
         if self.main:
-            (self.bar.console if self.live else self.console).print(f"[dim]·[/dim] {text}", highlight=False)
+            from rich.markup import escape
+
+            (self.bar.console if self.live else self.console).print(f"[dim]·[/dim] {escape(text)}", highlight=False)
 
     def close(self) -> None:
         if self.live:

@@ -28,6 +28,7 @@ from tinyelectra.glue_data import (
     F1,
     F1_ACCURACY_MEAN,
     GLUE_TASK_NAMES,
+    MACRO_F1,
     MATTHEWS,
     PAPER_TASK_NAMES,
     PEARSON,
@@ -40,6 +41,7 @@ from tinyelectra.glue_data import (
 METRIC_TITLES = {
     ACCURACY: "accuracy",
     F1: "F1",
+    MACRO_F1: "macro F1",
     MATTHEWS: "Matthews corr.",
     PEARSON: "Pearson",
     SPEARMAN: "Spearman",
@@ -186,11 +188,15 @@ def task_metrics(task: str, predictions, labels) -> dict[str, float]:
         values[PEARSON_SPEARMAN_MEAN] = (values[PEARSON] + values[SPEARMAN]) / 2
     else:
         values = {ACCURACY: accuracy(p, y)}
-        if spec.name == "cola":
+        wanted = (spec.paper_metric, spec.glue_metric)  # a custom task (--task-file) names its own metric
+        if spec.name == "cola" or MATTHEWS in wanted:
             values[MATTHEWS] = matthews_corrcoef(p, y)
-        if spec.glue_metric == F1_ACCURACY_MEAN:
+        if spec.glue_metric == F1_ACCURACY_MEAN or F1 in wanted:
             values[F1] = f1_score(p, y, positive=1)
+        if spec.glue_metric == F1_ACCURACY_MEAN:
             values[F1_ACCURACY_MEAN] = (values[F1] + values[ACCURACY]) / 2
+        if MACRO_F1 in wanted:  # the unweighted mean of every class's F1
+            values[MACRO_F1] = float(np.mean([f1_score(p, y, positive=c) for c in range(spec.num_labels)]))
     return {k: 100.0 * v for k, v in values.items()}
 
 

@@ -15,14 +15,13 @@ from __future__ import annotations
 import json
 import math
 import re
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from tinyelectra import paper
 from tinyelectra.errors import UserError
+from tinyelectra.files import write_atomic
 from tinyelectra.glue_data import PAPER_TASK_NAMES, get_task
 
 FORMAT = "tinyelectra-report"
@@ -30,6 +29,15 @@ TASK_ORDER = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnl
 TASK_TITLES = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "stsb": "STS-B", "qqp": "QQP", "mnli": "MNLI",
                "qnli": "QNLI", "rte": "RTE", "wnli": "WNLI"}
 CURVE_KEYS = ("gen_loss", "disc_loss", "gen_acc", "disc_acc")
+
+
+def _title(task: str) -> str:
+    return TASK_TITLES.get(task, task)  # a task of your own (glue --task-file) goes by its own name
+
+
+def _task_order(names) -> list[str]:
+    """GLUE's tasks in the usual order, then the custom ones (glue --task-file) by name."""
+    return [t for t in TASK_ORDER if t in names] + sorted(t for t in names if t not in TASK_ORDER)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -113,7 +121,7 @@ def find_glue_results(run_dir: Path) -> list[Path]:
 def _checkpoint_entry(path: Path, glue: dict) -> dict[str, Any]:
     meta = glue.get("meta") or {}
     tasks = {}
-    for task in TASK_ORDER:
+    for task in _task_order(glue.get("tasks") or {}):
         t = (glue.get("tasks") or {}).get(task)
         if t is None:
             continue
@@ -179,7 +187,7 @@ def build_report(run_dir: Path) -> dict[str, Any]:
 
     checkpoints = [_checkpoint_entry(p, _read_json(p)) for p in glue_paths]
     checkpoints.sort(key=lambda c: (c["fraction"] is None, c["fraction"] or 0.0, c["name"]))
-    tasks_seen = [t for t in TASK_ORDER if any(t in c["tasks"] for c in checkpoints)]
+    tasks_seen = _task_order({t for c in checkpoints for t in c["tasks"]})
 
     table1 = paper.table1_by_fraction()
     comparison = []
@@ -354,7 +362,7 @@ def render_markdown(rep: dict[str, Any]) -> str:
     else:
         tasks = rep["tasks"]
         label = next((c["average_paper"]["label"] for c in cks if c["average_paper"]), "average")
-        header = ["checkpoint", "fraction", "step", "FLOPs (paper)", "wall time"] + [TASK_TITLES[t] for t in tasks] + \
+        header = ["checkpoint", "fraction", "step", "FLOPs (paper)", "wall time"] + [_title(t) for t in tasks] + \
                  ["average (paper metrics)", "average (GLUE metrics)"]
         rows = []
         for c in cks:
@@ -382,7 +390,7 @@ def render_markdown(rep: dict[str, Any]) -> str:
                 if t in c["tasks"]:
                     e = c["tasks"][t]
                     scores = ", ".join(f"seed {s}: {fmt_score(v)}" for s, v in zip(e["seeds"], e["seed_paper_scores"]))
-                    L.append(f"- {c['name']} {TASK_TITLES[t]}: {scores}")
+                    L.append(f"- {c['name']} {_title(t)}: {scores}")
         L.append("")
 
     L.append("## Beside the paper")
@@ -411,7 +419,7 @@ def render_markdown(rep: dict[str, Any]) -> str:
         final = cks[-1]
         header = ["task", "metric", f"ours ({final['name']})"] + [r["model"] for r in rep["paper"]["per_task"]]
         rows = []
-        for t in rep["tasks"]:
+        for t in (t for t in rep["tasks"] if t in TASK_ORDER):  # tasks the paper reports
             ours = final["tasks"].get(t)
             rows.append([TASK_TITLES[t], get_task(t).paper_metric,
                          fmt_score_std(ours["median_paper"], ours["std_paper"]) if ours else "-"]
@@ -435,6 +443,11 @@ def render_markdown(rep: dict[str, Any]) -> str:
 # ----------------------------------------------------------------------------------------------------------------
 # Plots
 # ----------------------------------------------------------------------------------------------------------------
+
+
+def _metric(rep: dict[str, Any], task: str) -> str:
+    """The paper metric of a task, as glue.json recorded it (custom tasks have no spec in this process)."""
+    return next(c["tasks"][task]["paper_metric"] for c in rep["checkpoints"] if task in c["tasks"])
 
 
 def plot_glue(rep: dict[str, Any], path: Path) -> bool:
@@ -487,7 +500,7 @@ def plot_glue(rep: dict[str, Any], path: Path) -> bool:
                for c in rep["checkpoints"] if t in c["tasks"] and c["train_flops_paper"] is not None]
         if pts:
             ax_task.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o",
-                             capsize=3, label=f"{TASK_TITLES[t]} ({METRIC_TITLES[get_task(t).paper_metric]})")
+                             capsize=3, label=f"{_title(t)} ({METRIC_TITLES.get(_metric(rep, t), _metric(rep, t))})")
     ax_task.set_xscale("log")
     ax_task.xaxis.set_minor_formatter(NullFormatter())  # minor labels collide; 1-2-5 majors instead
     ax_task.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
@@ -595,19 +608,16 @@ def plot_curves(run_dir: Path, rep: dict[str, Any], path: Path) -> bool:
 
 
 def _save_fig(fig, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".png", dir=path.parent)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=110)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    import io
+
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=110)
+    write_atomic(path, png.getvalue())
 
 
 def report_command(run_dir: Path, out_dir: Path | None) -> dict[str, Any]:
     """`tinyelectra report RUN_DIR`: write report.json, report.md and the plots (default: into RUN_DIR)."""
-    from tinyelectra.files import atomic_write_text, check_writable
+    from tinyelectra.files import check_writable
 
     run_dir = Path(run_dir)
     rep = build_report(run_dir)
@@ -618,8 +628,8 @@ def report_command(run_dir: Path, out_dir: Path | None) -> dict[str, Any]:
         rep["plots"].append("glue_vs_compute.png")
     if plot_curves(run_dir, rep, out / "pretraining_curves.png"):
         rep["plots"].append("pretraining_curves.png")
-    atomic_write_text(out / "report.json", json.dumps(_finite(rep), indent=2) + "\n")
-    atomic_write_text(out / "report.md", render_markdown(rep))
+    write_atomic(out / "report.json", json.dumps(_finite(rep), indent=2) + "\n")
+    write_atomic(out / "report.md", render_markdown(rep))
     print(f"wrote {out / 'report.md'}, {out / 'report.json'}" + "".join(f", {out / p}" for p in rep["plots"]))
     return rep
 

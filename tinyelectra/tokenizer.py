@@ -1,22 +1,37 @@
-"""Tokenizers for pre-training: train a BERT-style WordPiece, or load a vocab.txt, tokenizer.json or SentencePiece model.
+"""Tokenizers for pre-training: train a BERT-style WordPiece or a SentencePiece model, or load a vocab.txt,
+tokenizer.json or SentencePiece model; choose a normalisation that fits the text; write files transformers reads.
 
 One `Tokenizer` class wraps either a Hugging Face `tokenizers.Tokenizer` (WordPiece, or whatever a tokenizer.json
 holds) or a `sentencepiece.SentencePieceProcessor` (used as-is: its own normalization, no lower-casing), and gives
 the rest of tinyelectra one surface: the five special ids, `encode_batch`, `decode`, `save`, `fingerprint`.
 
 WordPiece ids follow BERT's vocabulary for every size: [PAD]=0, [unused0..98]=1..99, [UNK]=100, [CLS]=101,
-[SEP]=102, [MASK]=103, so checkpoints trained on different vocab sizes agree on the special ids.
+[SEP]=102, [MASK]=103, so checkpoints trained on different vocab sizes agree on the special ids. A SentencePiece
+model trained here has BERT's five pieces first: [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4.
+
+Casing (`choose_casing`): BERT's uncased normaliser lower-cases *and* strips accents after NFD, which removes kana
+voicing marks (ガ -> カ), decomposes Hangul syllables into jamo and turns Portuguese "pôr" into "por". "auto" keeps
+the paper's uncased WordPiece only for text that is mostly Latin script and almost free of such characters
+(English), and chooses cased otherwise; the choice and its reason go into the manifest.
+
+`save` lets transformers write its own files (a `PreTrainedTokenizerFast` around an exact `tokenizers` copy of the
+model, `save_pretrained`), so `AutoTokenizer` adds [CLS]/[SEP] and token types for pairs and decodes byte-fallback
+pieces, in transformers 4.44 ... 5.x alike.
 What does not live here: reading corpora and building examples (data.py, corpus.py).
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import os
 import re
+import struct
+import unicodedata
 from itertools import chain
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 from tinyelectra.errors import UserError
 
@@ -28,6 +43,22 @@ SENTENCEPIECE_SPELLING = {"pad": "<pad>", "unk": "<unk>", "cls": "<cls>", "sep":
 PIECE_CACHE_ENTRIES = 1 << 20  # per process; ~200 MB at most
 MIN_VOCAB_SIZE = 200  # 104 reserved ids + room for an alphabet
 MAX_VOCAB_SIZE = 2**31 - 1
+TOKENIZER_TYPES = ("wordpiece", "sentencepiece")
+SENTENCEPIECE_MODELS = ("unigram", "bpe")
+SENTENCEPIECE_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # ids 0..4 of a SentencePiece model trained here
+CASINGS = ("auto", "uncased", "cased")
+# Share of character occurrences the WordPiece alphabet (or the SentencePiece model) covers: the rarest 0.01% of
+# occurrences are left to [UNK] (or to byte pieces). At least MIN_ALPHABET characters are kept when the text has them
+# (BERT's limit, so English alphabets are unchanged), at most a third of the entries left after the reserved ids
+# (each character costs two: "c" and "##c").
+CHARACTER_COVERAGE = 0.9999
+MIN_ALPHABET = 1000
+# casing "auto" chooses uncased (the paper's) only when at least this share of letters is Latin script ...
+UNCASED_MIN_LATIN_SHARE = 0.5
+# ... and uncased normalisation would change at most this share of letters beyond lower-casing (measured: English
+# Wikipedia 0.05%; Portuguese 3.9%, French 3.1%, Spanish 2.1%, German 1.5%; Korean, Japanese far more).
+UNCASED_MAX_CHANGED_SHARE = 0.005
+PROFILE_FILE = "tinyelectra.json"  # beside the tokenizer files: casing, its reason, the text's scripts and languages
 
 # BertNormalizer's clean_text on ASCII, as a str.translate table: control characters are dropped, and tab, newline
 # and carriage return become a space (tokenizers' bert.rs: filter is_control, then map is_whitespace -> ' ').
@@ -46,19 +77,27 @@ def _bert_normalizer(lowercase: bool):
 
 def _wordpiece_tokenizer(vocab: dict[str, int], lowercase: bool):
     from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers import decoders, models, pre_tokenizers, processors
+    from tokenizers import decoders, models, pre_tokenizers
 
     hf = HFTokenizer(models.WordPiece(vocab, unk_token="[UNK]", continuing_subword_prefix="##", max_input_chars_per_word=100))
     hf.normalizer = _bert_normalizer(lowercase)
     hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     hf.decoder = decoders.WordPiece(prefix="##")
-    if "[CLS]" in vocab and "[SEP]" in vocab:
-        # Only used by transformers' AutoTokenizer on the saved files; tinyelectra encodes without special tokens.
-        hf.post_processor = processors.TemplateProcessing(
-            single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-            special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
-        )
+    _add_bert_template(hf, vocab, [t for t in BERT_SPELLING.values() if t in vocab])
     return hf
+
+
+def _add_bert_template(hf, vocab: dict[str, int], specials: list[str], cls: str = "[CLS]", sep: str = "[SEP]") -> None:
+    """[CLS] A [SEP] B [SEP] with token types 0/1 (used by transformers on the saved files; tinyelectra encodes
+    without special tokens), and the special tokens as special added tokens: "[MASK]" in a text is the mask."""
+    from tokenizers import AddedToken, processors
+
+    if cls in vocab and sep in vocab:
+        hf.post_processor = processors.TemplateProcessing(
+            single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:1 {sep}:1",
+            special_tokens=[(cls, vocab[cls]), (sep, vocab[sep])],
+        )
+    hf.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
 
 
 class Tokenizer:
@@ -81,8 +120,10 @@ class Tokenizer:
         # space-separated piece -> ids (BERT pipelines only); tuples: chain() walks them faster than lists
         self._pieces: dict[str, tuple[int, ...]] | None = None
         self._words: dict[str, tuple[int, ...]] = {}  # normalized ASCII word -> ids (see _encode_new_pieces)
+        self._added_starts = ""  # first characters of added tokens: an ASCII piece holding one goes to Rust whole
         self.source = source
         self.vocab_padding = 0
+        self.alphabet: dict | None = None  # how a trained WordPiece chose its characters (for the manifest)
         if sp_model_bytes is not None:
             import sentencepiece as spm
 
@@ -107,6 +148,7 @@ class Tokenizer:
             hf.no_padding()
             # Piece cache (see _encode_cached): valid when every step before the model splits at spaces.
             added = spec.get("added_tokens") or []
+            self._added_starts = "".join(sorted({t["content"][0] for t in added if t.get("content")}))
             pre = (spec.get("pre_tokenizer") or {}).get("type")
             if (self.kind == "wordpiece" and norm.get("type") == "BertNormalizer" and norm.get("clean_text", True)
                     and pre == "BertPreTokenizer" and not any(" " in t.get("content", "") for t in added)):
@@ -126,22 +168,27 @@ class Tokenizer:
             i = lookup(s)
             if i is not None:
                 return int(i)
+        how = ("; `tinyelectra prepare --tokenizer-type sentencepiece` trains one that has them (or train yours with "
+               "pad_id=0 pad_piece=[PAD] unk_id=1 unk_piece=[UNK] control_symbols=[CLS],[SEP],[MASK])") if self._sp is not None else ""
         raise UserError(
             f"tokenizer {source or '(trained)'} has no {spellings[0]} token (also looked for {spellings[1]}); "
-            f"ELECTRA needs all five special tokens [PAD], [UNK], [CLS], [SEP], [MASK]"
+            f"ELECTRA needs all five special tokens [PAD], [UNK], [CLS], [SEP], [MASK]{how}"
         )
 
     @classmethod
     def load(cls, path, lowercase: bool | None = None) -> "Tokenizer":
         """Load a directory written by save(), a vocab.txt, a tokenizer.json or a SentencePiece .model.
 
-        `lowercase` only matters for a bare vocab.txt (which does not record its casing); default True (uncased).
+        `lowercase` only matters for a bare vocab.txt (which does not record its casing); None = uncased unless the
+        vocabulary holds upper-case letters (then it was made cased).
         """
         p = Path(path)
         if not p.exists():
             raise UserError(f"--tokenizer {p}: no such file or directory")
         if p.is_dir():
-            for name in ("tokenizer.json", "tokenizer.model", "spiece.model", "sentencepiece.model", "vocab.txt"):
+            # tokenizer.model first: in a directory written by save() it is the SentencePiece model itself, and
+            # tokenizer.json beside it its transformers copy (exact; tests/test_multilingual.py checks it)
+            for name in ("tokenizer.model", "tokenizer.json", "spiece.model", "sentencepiece.model", "vocab.txt"):
                 if (p / name).is_file():
                     return cls.load(p / name, lowercase)
             models = sorted(p.glob("*.model"))
@@ -159,12 +206,18 @@ class Tokenizer:
                 raise UserError(f"--tokenizer {p}: not a tokenizers JSON file ({str(e).splitlines()[0][:200]})") from None
             return cls(hf=hf, source=str(p))
         if p.suffix == ".txt":
-            return cls(hf=_wordpiece_tokenizer(_read_vocab_txt(p), True if lowercase is None else lowercase), source=str(p))
+            vocab = _read_vocab_txt(p)
+            if lowercase is None:
+                lowercase = not any(t != t.lower() for t in vocab if not (t.startswith("[") and t.endswith("]")))
+            return cls(hf=_wordpiece_tokenizer(vocab, lowercase), source=str(p))
         raise UserError(f"--tokenizer {p}: expected a vocab.txt, a tokenizer.json or a SentencePiece .model")
 
     @classmethod
-    def train(cls, texts: Iterable[str], vocab_size: int, lowercase: bool, limit_alphabet: int = 1000) -> "Tokenizer":
-        """Train an uncased (or cased) WordPiece with BERT's reserved ids on an iterable of lines."""
+    def train(cls, texts: Iterable[str], vocab_size: int, lowercase: bool,
+              character_coverage: float = CHARACTER_COVERAGE) -> "Tokenizer":
+        """Train an uncased (or cased) WordPiece with BERT's reserved ids on an iterable of lines. The alphabet holds
+        the most frequent characters covering `character_coverage` of the (normalized) text's character occurrences,
+        at least MIN_ALPHABET when there are that many, at most a third of the free entries; `.alphabet` says which."""
         from tokenizers import Tokenizer as HFTokenizer
         from tokenizers import models, pre_tokenizers, trainers
 
@@ -184,7 +237,9 @@ class Tokenizer:
         # between equally frequent merges by id, so two runs can learn different vocabularies
         # (huggingface/tokenizers#1794). We fix the alphabet ourselves (most frequent characters, ties by code point)
         # and register every "##c" up front (as trainer special tokens), so no id depends on hash order.
-        alphabet = _alphabet(lines, max(1, min(limit_alphabet, (vocab_size - len(RESERVED_TOKENS)) // 3)))
+        if not 0.0 < character_coverage <= 1.0:
+            raise UserError(f"--character-coverage {character_coverage}: must be in (0, 1]")
+        alphabet, alphabet_facts = _alphabet(lines, character_coverage, max(1, (vocab_size - len(RESERVED_TOKENS)) // 3))
         hf = HFTokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##"))
         hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         trainer = trainers.WordPieceTrainer(
@@ -212,7 +267,42 @@ class Tokenizer:
                 ordered.append(name)
         tok = cls(hf=_wordpiece_tokenizer({t: i for i, t in enumerate(ordered)}, lowercase), source="trained WordPiece")
         tok.vocab_padding = padding
+        tok.alphabet = alphabet_facts
         return tok
+
+    @classmethod
+    def train_sentencepiece(cls, texts: Iterable[str], vocab_size: int, model_type: str = "unigram",
+                            character_coverage: float = CHARACTER_COVERAGE, byte_fallback: bool = True,
+                            threads: int = 1) -> "Tokenizer":
+        """Train a SentencePiece model (unigram or BPE) with BERT's five special pieces first ([PAD]=0, [UNK]=1,
+        [CLS]=2, [SEP]=3, [MASK]=4; no <s>/</s>) and the text kept as written (normalization "identity": decode
+        gives the input back; NFKC would fold full-width punctuation). Characters outside `character_coverage`
+        become UTF-8 byte pieces with `byte_fallback` (never [UNK]), else [UNK]."""
+        import sentencepiece as spm
+
+        if model_type not in SENTENCEPIECE_MODELS:
+            raise UserError(f"--sentencepiece-model {model_type!r}: choose {' or '.join(SENTENCEPIECE_MODELS)}")
+        if not MIN_VOCAB_SIZE <= vocab_size <= MAX_VOCAB_SIZE:
+            raise UserError(f"--vocab-size {vocab_size}: must be between {MIN_VOCAB_SIZE} and {MAX_VOCAB_SIZE}")
+        if not 0.0 < character_coverage <= 1.0:
+            raise UserError(f"--character-coverage {character_coverage}: must be in (0, 1]")
+        lines = [t for t in texts if t.strip()]
+        model = io.BytesIO()
+        try:
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=iter(lines), model_writer=model, vocab_size=vocab_size, model_type=model_type,
+                character_coverage=character_coverage, byte_fallback=byte_fallback,
+                pad_id=0, unk_id=1, bos_id=-1, eos_id=-1, pad_piece="[PAD]", unk_piece="[UNK]",
+                control_symbols=SENTENCEPIECE_SPECIALS[2:], normalization_rule_name="identity",
+                max_sentence_length=1 << 16, num_threads=max(1, threads), minloglevel=2,
+            )
+        except RuntimeError as e:  # sentencepiece reports bad input as RuntimeError("INTERNAL: ...")
+            most = re.search(r"value <= (\d+)", str(e))
+            if most:
+                raise UserError(f"--vocab-size {vocab_size} is too large for this text: SentencePiece can make at most "
+                                f"{most.group(1)} pieces of it; choose a smaller --vocab-size or give more text") from None
+            raise UserError(f"SentencePiece training failed: {str(e).strip().splitlines()[0][:300]}") from None
+        return cls(sp_model_bytes=model.getvalue(), source=f"trained SentencePiece ({model_type})")
 
     # ------------------------------------------------------------------ encoding
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
@@ -251,8 +341,9 @@ class Tokenizer:
         lower = self.lowercase
         split: list[list[str] | None] = []
         other: list[str] = []
+        starts = self._added_starts
         for p in pieces:
-            if p.isascii():
+            if p.isascii() and not any(c in p for c in starts):  # added tokens ("[MASK]") are matched in Rust
                 p = p.translate(_ASCII_CLEAN_TABLE)
                 split.append(_ASCII_WORD.findall(p.lower() if lower else p))
             else:
@@ -290,31 +381,62 @@ class Tokenizer:
         return self._sp.id_to_piece(int(i)) if self._sp is not None else self._hf.id_to_token(int(i))
 
     # ------------------------------------------------------------------ files
-    def save(self, directory) -> None:
-        """Write files that `Tokenizer.load(directory)` and transformers' `AutoTokenizer.from_pretrained` both read."""
+    def save(self, directory, model_max_length: int | None = None) -> None:
+        """Write files that `Tokenizer.load(directory)` and transformers' `AutoTokenizer.from_pretrained` both read.
+
+        transformers writes its own files: a `PreTrainedTokenizerFast` around `hf_tokenizer()` (the [CLS] A [SEP] B
+        [SEP] template with token types, the special tokens, byte-fallback decoding) through `save_pretrained`;
+        then vocab.txt (WordPiece) or tokenizer.model (the SentencePiece model itself) beside it.
+        `model_max_length`: the model's positions (an export), or None (unknown: transformers' "no limit").
+        """
+        from transformers import PreTrainedTokenizerFast
+        from transformers.utils import logging as hf_logging
+
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         specials = {f"{r}_token": self.id_to_token(getattr(self, f"{r}_id")) for r in SPECIAL_ROLES}
-        config: dict = {**specials, "model_max_length": 512}
+        limit = {} if model_max_length is None else {"model_max_length": int(model_max_length)}
+        level = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()
+        try:
+            fast = PreTrainedTokenizerFast(
+                tokenizer_object=self.hf_tokenizer(), clean_up_tokenization_spaces=False,  # decode returns the text
+                model_input_names=["input_ids", "token_type_ids", "attention_mask"],  # 5.x omits token types otherwise
+                **specials, **limit,
+            )
+            fast.save_pretrained(str(d))
+        except Exception as e:  # tokenizers' own writer reports a failed write ("File too large (os error 27)") as a
+            code = re.search(r"os error (\d+)", str(e))  # bare Exception: give it back its errno, as an OSError
+            if code is None or isinstance(e, OSError):
+                raise
+            raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), str(d)) from None
+        finally:
+            hf_logging.set_verbosity(level)
+        # transformers 5.x names its class "TokenizersBackend", unknown to 4.x; "PreTrainedTokenizerFast" is the
+        # class in 4.x and an alias of it in 5.x, and reads the same tokenizer.json.
+        config_path = d / "tokenizer_config.json"
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+        config["tokenizer_class"] = "PreTrainedTokenizerFast"
+        config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         if self._sp is not None:
             (d / "tokenizer.model").write_bytes(self._sp_bytes)
-            config.update(tokenizer_class="SentencePieceBackend", vocab_file="tokenizer.model", legacy=True)
-        else:
-            # written by Python, not by tokenizers' own save: a full disk is then an OSError naming the file
-            (d / "tokenizer.json").write_text(self._hf.to_str(pretty=True), encoding="utf-8")
-            if self.kind == "wordpiece":
-                vocab = self._hf.get_vocab(with_added_tokens=True)
-                tokens = sorted(vocab, key=vocab.__getitem__)
-                (d / "vocab.txt").write_text("".join(t + "\n" for t in tokens), encoding="utf-8")
-                norm = json.loads(self._hf.to_str()).get("normalizer") or {}
-                config.update(
-                    tokenizer_class="BertTokenizer", do_lower_case=self.lowercase,
-                    strip_accents=norm.get("strip_accents"), tokenize_chinese_chars=norm.get("handle_chinese_chars", True),
-                )
-            else:
-                config.update(tokenizer_class="PreTrainedTokenizerFast")
-        (d / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-        (d / "special_tokens_map.json").write_text(json.dumps(specials, indent=2) + "\n", encoding="utf-8")
+        elif self.kind == "wordpiece":
+            vocab = self._hf.get_vocab(with_added_tokens=True)
+            tokens = sorted(vocab, key=vocab.__getitem__)
+            (d / "vocab.txt").write_text("".join(t + "\n" for t in tokens), encoding="utf-8")
+
+    def hf_tokenizer(self):
+        """A `tokenizers.Tokenizer` that encodes exactly as this one (a copy: a SentencePiece model is converted),
+        with the [CLS] A [SEP] B [SEP] post-processor and the five special tokens as special added tokens."""
+        from tokenizers import Tokenizer as HFTokenizer
+
+        if self._sp is None:
+            hf = HFTokenizer.from_str(self._hf.to_str())
+            vocab = hf.get_vocab(with_added_tokens=True)
+            cls_tok, sep_tok = self.id_to_token(self.cls_id), self.id_to_token(self.sep_id)
+            _add_bert_template(hf, vocab, [self.id_to_token(getattr(self, f"{r}_id")) for r in SPECIAL_ROLES], cls_tok, sep_tok)
+            return hf
+        return _sentencepiece_to_tokenizers(self._sp_bytes, [self.id_to_token(getattr(self, f"{r}_id")) for r in SPECIAL_ROLES])
 
     def fingerprint(self) -> str:
         """sha256 over what decides the ids: the vocabulary in id order and the normalization settings."""
@@ -348,18 +470,111 @@ class Tokenizer:
         self.vocab_padding = state["vocab_padding"]
 
 
-def _alphabet(lines: list[str], size: int) -> list[str]:
-    """The `size` most frequent non-space characters of normalized text, ties broken by code point."""
+# ---------------------------------------------------------------------------------------------------- casing
+def _script(ch: str) -> str:
+    """The script of a letter, from its Unicode name: Latin, Hangul, Hiragana, Katakana, Han, Cyrillic, ..."""
+    name = unicodedata.name(ch, "")
+    for script in ("HANGUL", "HIRAGANA", "KATAKANA"):
+        if script in name:
+            return script.title()
+    if name.startswith("CJK"):
+        return "Han"
+    return name.split(" ")[0].title() if name else "Other"
+
+
+def _uncased(ch: str) -> str:
+    """What BERT's uncased normaliser leaves of one character: lower-cased, NFD, combining marks (Mn) removed."""
+    return "".join(c for c in unicodedata.normalize("NFD", ch.lower()) if unicodedata.category(c) != "Mn")
+
+
+def text_profile(lines: list[str]) -> dict[str, Any]:
+    """What the text's letters are: their share per script, the share that BERT's uncased normaliser would change
+    beyond lower-casing (accents stripped, kana voicing marks removed, Hangul syllables decomposed into jamo) with
+    the most frequent examples, and the languages the scripts name (ko, ja, zh; en for ASCII-only letters)."""
+    import numpy as np
+
+    counts = _char_counts(lines)
+    letters = changed = ascii_letters = 0
+    scripts: dict[str, int] = {}
+    examples: list[tuple[int, str]] = []
+    for c in np.flatnonzero(counts).tolist():
+        ch, n = chr(c), int(counts[c])
+        if not unicodedata.category(ch).startswith("L"):
+            continue
+        letters += n
+        ascii_letters += n if c < 128 else 0
+        script = _script(ch)
+        scripts[script] = scripts.get(script, 0) + n
+        after = _uncased(ch)
+        if after != ch.lower():
+            changed += n
+            examples.append((n, f"{ch}->{'+'.join(after)}"))  # Hangul: 한->ᄒ+ᅡ+ᆫ (jamo)
+    share = {k: round(v / letters, 4) for k, v in sorted(scripts.items(), key=lambda kv: -kv[1])} if letters else {}
+    # Languages the scripts name, each when its script holds at least 5% of the letters: Hangul (ko), kana (ja), Han
+    # beyond what Japanese text carries (it has more kana than kanji: zh), ASCII letters only (en).
+    kana = share.get("Hiragana", 0) + share.get("Katakana", 0)
+    guess = {"ko": share.get("Hangul", 0), "ja": kana, "zh": share.get("Han", 0) - kana}
+    languages = sorted((code for code, v in guess.items() if v >= 0.05), key=lambda code: -guess[code])
+    if letters and ascii_letters / letters > 0.99:
+        languages.append("en")
+    return {
+        "letters": letters, "scripts": share, "changed_by_uncased": changed,
+        "changed_share": round(changed / letters, 6) if letters else 0.0,
+        "changed_examples": [e for _, e in sorted(examples, key=lambda x: -x[0])[:5]], "languages": languages,
+    }
+
+
+def choose_casing(requested: str, profile: dict[str, Any]) -> tuple[bool, str, str | None]:
+    """(lowercase, reason, warning or None) for `--casing auto|uncased|cased` on text with this `text_profile`."""
+    if requested not in CASINGS:
+        raise UserError(f"--casing {requested!r}: choose {', '.join(CASINGS)}")
+    latin = profile["scripts"].get("Latin", 0.0) if profile["letters"] else 1.0
+    share = profile["changed_share"]
+    damage = (f"{100 * share:.1f}% of the letters (e.g. {', '.join(profile['changed_examples'][:3])})"
+              if profile["changed_by_uncased"] else "no letters")
+    top = ", ".join(f"{k} {100 * v:.0f}%" for k, v in list(profile["scripts"].items())[:3])
+    if requested == "cased":
+        return False, "cased, as asked (--casing cased)", None
+    if requested == "uncased":
+        warning = (f"--casing uncased: BERT's uncased normaliser changes {damage} beyond lower-casing (accents, kana "
+                   f"voicing marks, Hangul syllables); --casing cased (or auto) keeps them")
+        return True, "uncased, as asked (--casing uncased)", warning if share > UNCASED_MAX_CHANGED_SHARE else None
+    if latin < UNCASED_MIN_LATIN_SHARE:
+        return False, (f"auto: cased, because the letters are mostly not Latin ({top}): lower-casing gains nothing "
+                       f"there, and the uncased normaliser would change {damage}"), None
+    if share > UNCASED_MAX_CHANGED_SHARE:
+        return False, (f"auto: cased, because the uncased normaliser would strip accents from {damage}; more than "
+                       f"{100 * UNCASED_MAX_CHANGED_SHARE:g}% (English Wikipedia: 0.05%)"), None
+    return True, (f"auto: uncased (the paper's), because the letters are Latin ({top}) and the uncased normaliser "
+                  f"changes only {damage}"), None
+
+
+def _char_counts(lines: list[str]):
+    """Occurrences of every code point in `lines`: a (0x110000,) int64 array."""
     import numpy as np
 
     counts = np.zeros(0x110000, dtype=np.int64)
     for start in range(0, len(lines), 8192):  # bounded memory: ~8k lines at a time as UTF-32 code points
         points = np.frombuffer("".join(lines[start : start + 8192]).encode("utf-32-le"), dtype=np.uint32)
         counts += np.bincount(points, minlength=0x110000)
+    return counts
+
+
+def _alphabet(lines: list[str], coverage: float, most: int) -> tuple[list[str], dict]:
+    """The most frequent non-space characters of normalized text (ties by code point) covering `coverage` of their
+    occurrences, at least MIN_ALPHABET of them (when present) and at most `most`; and the facts of the choice."""
+    import numpy as np
+
+    counts = _char_counts(lines)
     counts[ord(" ")] = 0  # the only whitespace left after BertNormalizer; the pre-tokenizer drops it
     present = np.flatnonzero(counts)
-    order = present[np.lexsort((present, -counts[present]))][:size]  # by count desc, then code point
-    return [chr(c) for c in order]
+    order = present[np.lexsort((present, -counts[present]))]  # by count desc, then code point
+    covered = np.cumsum(counts[order]) / max(int(counts.sum()), 1)  # (distinct,)
+    needed = int(np.searchsorted(covered, coverage - 1e-12)) + 1
+    size = max(1, min(max(needed, min(MIN_ALPHABET, len(order))), most, len(order)))
+    facts = {"characters": size, "distinct_characters": int(len(order)), "coverage": round(float(covered[size - 1]), 6)
+             if len(order) else 1.0, "character_coverage": coverage, "limit_from_vocab_size": most}
+    return [chr(c) for c in order[:size]], facts
 
 
 def _lowercases(normalizer: dict) -> bool:
@@ -392,3 +607,112 @@ def _read_vocab_txt(path: Path) -> dict[str, int]:
         raise UserError(f"--tokenizer {path}: empty vocabulary")
     return vocab
 
+
+
+# ---------------------------------------------------------------------------------------------------- SentencePiece -> tokenizers
+def _varint(b: bytes, i: int) -> tuple[int, int]:
+    x = shift = 0
+    while True:
+        c = b[i]
+        i += 1
+        x |= (c & 0x7F) << shift
+        shift += 7
+        if c < 0x80:
+            return x, i
+
+
+def _proto_fields(b: bytes) -> Iterable[tuple[int, Any]]:
+    """(field number, value) of a protobuf message: ints for varints, bytes for strings, messages and fixed sizes."""
+    i = 0
+    while i < len(b):
+        key, i = _varint(b, i)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, i = _varint(b, i)
+        elif wire == 1:
+            value, i = b[i : i + 8], i + 8
+        elif wire == 2:
+            n, i = _varint(b, i)
+            value, i = b[i : i + n], i + n
+        elif wire == 5:
+            value, i = b[i : i + 4], i + 4
+        else:
+            raise ValueError(f"unsupported protobuf wire type {wire}")
+        yield number, value
+
+
+# sentencepiece_model.proto: ModelProto.pieces = 1 (piece = 1, score = 2, type = 3), .trainer_spec = 2, .normalizer_spec = 3
+SP_NORMAL, SP_UNKNOWN, SP_CONTROL, SP_USER_DEFINED, SP_UNUSED, SP_BYTE = 1, 2, 3, 4, 5, 6
+_TRAINER = {"model_type": (3, 1), "split_by_whitespace": (22, 1), "treat_whitespace_as_suffix": (24, 0), "byte_fallback": (35, 0)}
+_NORMALIZER = {"precompiled_charsmap": (2, b""), "add_dummy_prefix": (3, 1), "remove_extra_whitespaces": (4, 1)}
+
+
+def read_sentencepiece(model: bytes) -> tuple[list[tuple[str, float, int]], dict[str, Any]]:
+    """The pieces (text, score, type) of a SentencePiece model and the settings that decide its encoding, read from
+    the protobuf directly (no `protobuf` package needed). Absent fields take the proto's defaults."""
+    pieces: list[tuple[str, float, int]] = []
+    trainer: dict[int, Any] = {}
+    normalizer: dict[int, Any] = {}
+    for number, value in _proto_fields(model):
+        if number == 1:
+            piece, score, kind = "", 0.0, SP_NORMAL
+            for n, v in _proto_fields(value):
+                if n == 1:
+                    piece = v.decode("utf-8")
+                elif n == 2:
+                    score = struct.unpack("<f", v)[0]
+                elif n == 3:
+                    kind = v
+            pieces.append((piece, score, kind))
+        elif number == 2:
+            trainer.update(_proto_fields(value))
+        elif number == 3:
+            normalizer.update(_proto_fields(value))
+    settings = {name: trainer.get(n, default) for name, (n, default) in _TRAINER.items()}
+    settings.update({name: normalizer.get(n, default) for name, (n, default) in _NORMALIZER.items()})
+    return pieces, settings
+
+
+def _sentencepiece_to_tokenizers(model: bytes, specials: list[str]):
+    """A `tokenizers.Tokenizer` that encodes and decodes as the SentencePiece `model` (unigram or BPE; its
+    normalisation rules, dummy prefix, whitespace handling, byte fallback), as transformers' own converters do."""
+    from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers
+    from tokenizers import AddedToken, Tokenizer as HFTokenizer
+
+    pieces, cfg = read_sentencepiece(model)
+    if cfg["treat_whitespace_as_suffix"]:
+        raise UserError("SentencePiece models trained with treat_whitespace_as_suffix cannot be written for transformers")
+    vocab = {p: i for i, (p, _, _) in enumerate(pieces)}
+    unk = next((i for i, (_, _, kind) in enumerate(pieces) if kind == SP_UNKNOWN), 0)
+    byte_fallback = bool(cfg["byte_fallback"])
+    if cfg["model_type"] == 1:  # unigram: the same Viterbi over the same scores
+        hf = HFTokenizer(models.Unigram([(p, score) for p, score, _ in pieces], unk_id=unk, byte_fallback=byte_fallback))
+    elif cfg["model_type"] == 2:  # BPE: SentencePiece merges the pair whose merged piece scores highest (= lowest id)
+        merges = []
+        for piece, i in vocab.items():
+            if pieces[i][2] != SP_NORMAL:
+                continue
+            found = [(vocab[piece[:k]], vocab[piece[k:]], piece[:k], piece[k:]) for k in range(1, len(piece))
+                     if piece[:k] in vocab and piece[k:] in vocab]
+            merges += [(-pieces[i][1], i, a, b, left, right) for a, b, left, right in found]
+        merges.sort()
+        hf = HFTokenizer(models.BPE(vocab, [(left, right) for *_, left, right in merges], unk_token=pieces[unk][0],
+                                    fuse_unk=True, byte_fallback=byte_fallback))
+    else:
+        raise UserError(f"SentencePiece model type {cfg['model_type']} (word or char) cannot be written for transformers")
+    steps = [normalizers.Precompiled(cfg["precompiled_charsmap"])] if cfg["precompiled_charsmap"] else []
+    if cfg["remove_extra_whitespaces"]:
+        steps += [normalizers.Strip(), normalizers.Replace(Regex(" {2,}"), " ")]
+    if steps:
+        hf.normalizer = normalizers.Sequence(steps)
+    prefix = bool(cfg["add_dummy_prefix"])
+    hf.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always" if prefix else "never",
+                                                split=bool(cfg["split_by_whitespace"]))
+    hf.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+                                   + ([decoders.Strip(" ", 1, 0)] if prefix else []))
+    user = [p for p, _, kind in pieces if kind == SP_USER_DEFINED]
+    if user:
+        hf.add_tokens([AddedToken(p, normalized=False) for p in user])
+    cls_tok, sep_tok = specials[SPECIAL_ROLES.index("cls")], specials[SPECIAL_ROLES.index("sep")]
+    _add_bert_template(hf, vocab, specials, cls_tok, sep_tok)
+    return hf

@@ -21,6 +21,7 @@ import math
 import os
 import shutil
 import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from torch import Tensor, nn
 
 from tinyelectra import budget as budgeting
 from tinyelectra.budget import Plan, make_plan, parse_budget
-from tinyelectra.config import Recipe, load_recipe
+from tinyelectra.config import Recipe, load_recipe, recipe_from_dict
 from tinyelectra.electra import STAT_KEYS, LossTerms, Masked, SpecialIds, combine, loss_terms, mask_batch, summarize
 from tinyelectra.errors import Interrupted, UserError
 from tinyelectra.logs import Log, Progress
@@ -83,6 +84,9 @@ def train_command(
     dist = Dist.from_env()
     bud = parse_budget(budget)
     recipe = load_recipe(recipe_name, overrides)
+    notes: list[str] = []
+    if data_dir is not None:
+        recipe = adopt_data_vocab(recipe, data_dir, overrides, notes)
     if gpu is not None and device is not None:
         raise UserError("give either --gpu N or --device, not both")
     if resume and force:
@@ -90,6 +94,8 @@ def train_command(
     runtime.set_deterministic(recipe.train.deterministic)  # before anything touches CUDA: cuBLAS reads it once
     dev = runtime.pick_process_device(gpu, device, dist.local_rank, dist.world)  # torchrun: cuda:LOCAL_RANK
     run_dir = out_dir or Path("runs") / f"{recipe.name}-{bud.text}"
+    if data_dir is None and corpus and (run_dir / "data" / "manifest.json").is_file():  # prepared by an earlier start
+        recipe = adopt_data_vocab(recipe, run_dir / "data", overrides, notes)
     if dist.enabled and not torch.distributed.is_initialized():
         if dev.type == "cuda":
             torch.cuda.set_device(dev)
@@ -105,13 +111,32 @@ def train_command(
         _cleanup(dist)
         return None
     data_path = resolve_data(data_dir, corpus, recipe, run_dir, dist, force=force)
+    if corpus and not notes and mode != "resume":  # --corpus with the recipe's data.tokenizer: its vocabulary decides too
+        recipe = adopt_data_vocab(recipe, data_path, overrides, notes)
+    if dist.main:
+        for note in notes:
+            print(f"· {note}", file=sys.stderr)
     base = load_recipe(recipe_name)
-    overridden = [f"command line: --set {o} (the recipe says {_lookup(base, o)!r})" for o in overrides]
+    overridden = [f"command line: --set {o} (the recipe says {_lookup(base, o)!r})" for o in overrides] + notes
     if recipe.optim.name != "adam":
         overridden.append(f"OFF-RECIPE optimizer {recipe.optim.name}: bias-corrected AdamW, not the paper's Adam "
                           "without bias correction")
     return train(recipe, bud, data_path, run_dir, dev, resume=(mode == "resume"), dist=dist, command=command,
                  init=init, overridden=overridden)
+
+
+def adopt_data_vocab(recipe: Recipe, data_dir: Path, overrides: list[str], notes: list[str]) -> Recipe:
+    """The prepared data's vocabulary size becomes the model's, so a custom tokenizer needs no
+    `--set model.vocab_size=N`; a size given with --set stays (and a mismatch is an error, _check_data). Appends
+    the change to `notes` (recipe.json's deviations)."""
+    from tinyelectra.data import PretrainData
+
+    size = PretrainData(data_dir).vocab_size
+    if size == recipe.model.vocab_size or any(o.split("=", 1)[0].strip() == "model.vocab_size" for o in overrides):
+        return recipe
+    notes.append(f"model.vocab_size = {size}, the vocabulary of the prepared data {data_dir} (the recipe says "
+                 f"{recipe.model.vocab_size})")
+    return recipe.with_overrides([f"model.vocab_size={size}"])
 
 
 def _lookup(recipe: Recipe, assignment: str):
@@ -160,6 +185,13 @@ def open_run_dir(run_dir: Path, resume: bool, force: bool, recipe: Recipe, bud: 
     strict = state_dir is not None  # a run with a resume state must be checked exactly; one without can restart
     saved_recipe = _read_record(run_dir / "recipe.json", strict)
     saved_plan = _read_record(run_dir / "plan.json", strict)
+    if saved_recipe is not None:  # as this version writes it (older key names read as their new ones)
+        try:
+            saved_recipe = recipe_from_dict(saved_recipe, where=str(run_dir / "recipe.json")).to_dict()
+        except UserError:
+            if strict:
+                raise
+            saved_recipe = None
     mismatch = _run_mismatch(run_dir, saved_recipe, saved_plan, recipe, bud)
     if state_dir is None:  # it stopped during start-up, before its first resume state
         if mismatch and (resume or ckpts):
@@ -247,13 +279,13 @@ def resolve_data(data_dir: Path | None, corpus: list[str] | None, recipe: Recipe
         target, sources = run_dir / "data", list(corpus)
     else:
         cache = Path(os.environ.get("TINYELECTRA_CACHE", Path.home() / ".cache" / "tinyelectra"))
-        tag = f"builtin-v{recipe.model.vocab_size}-t{recipe.train.seq_len}-{'uncased' if recipe.data.lowercase else 'cased'}"
+        tag = f"builtin-v{recipe.model.vocab_size}-t{recipe.train.seq_len}-{recipe.data.casing}"
         target, sources = cache / tag, ["builtin"]
     cache_dir = not corpus or force  # our own cache: a stale one (older settings) is simply rebuilt
     if dist.main:
         prepare(
             sources=sources, out_dir=target, tokenizer_path=recipe.data.tokenizer or None,
-            vocab_size=recipe.model.vocab_size, seq_len=recipe.train.seq_len, lowercase=recipe.data.lowercase,
+            vocab_size=recipe.model.vocab_size, seq_len=recipe.train.seq_len, casing=recipe.data.casing,
             workers=0, force=cache_dir, seed=recipe.train.seed, command="(prepared by tinyelectra train)",
             validation_fraction=recipe.data.validation_fraction,
         )
@@ -423,8 +455,8 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
     from tinyelectra import runtime
     from tinyelectra.checkpoint import latest_state, load_resume_state, save_checkpoint, save_resume_state
     from tinyelectra.data import BatchLoader, PretrainData
-    from tinyelectra.diagnostics import checkpoint_line, evaluate, most_frequent_token
-    from tinyelectra.files import atomic_write_json, os_error_line
+    from tinyelectra.diagnostics import checkpoint_line, evaluate, unigram_distribution
+    from tinyelectra.files import os_error_line, write_json
 
     tr = recipe.train
     log = Log(run_dir, dist.main)
@@ -510,8 +542,12 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
                 log.truncate_after(0)  # a run that stopped during start-up and starts again
                 saved = recipe.to_dict()
                 saved["deviations"] = saved["deviations"] + list(overridden or [])
-                atomic_write_json(run_dir / "recipe.json", saved)
+                write_json(run_dir / "recipe.json", saved)
                 plan.save(run_dir / "plan.json")
+
+        # tokens_seen counts real tokens (attention mask), not padding: summed on the device, read at host syncs
+        tokens_base, real_tokens = tokens_seen, torch.zeros((), dtype=torch.int64, device=device)
+        seen = lambda: tokens_base + int(real_tokens.item())  # noqa: E731  (host sync: log steps, checkpoints, states)
 
         def save_state() -> None:
             """A resume state holding everything the loop needs to continue exactly (rank 0; not with DeepSpeed)."""
@@ -519,7 +555,7 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
             if dist.main and engine.ds is None:
                 window = {"step": window_step, "sums": {k: v.item() for k, v in sums.items()}}  # host sync: state writes only
                 state_saved = (step, save_resume_state(
-                    run_dir, model, optimizer, scaler, loader, step=step, tokens_seen=tokens_seen,
+                    run_dir, model, optimizer, scaler, loader, step=step, tokens_seen=seen(),
                     train_seconds=train_seconds, other_seconds=other_seconds, checkpoints=sorted(done_ckpts),
                     plan=plan.to_dict(), window=window, recipe=recipe))
 
@@ -539,11 +575,11 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
     clock_started = step > 0  # the first step (compilation, allocator warm-up) is start-up, not budget
     clock_t0 = clock()
     train_seconds_at_clock = train_seconds
-    window_t0, rate_step = clock(), step  # tokens/s of a log window: over the steps timed in it
+    window_t0, rate_step, window_tokens = clock(), step, seen()  # tokens/s of a log window: over the steps timed in it
     announced = False  # the stop message was printed
     planner = budgeting.TimeBudgetPlanner(bud, recipe, plan, step) if plan.budget_kind == "time" else None
     autocast = runtime.autocast_context(precision, device)
-    top_token = None  # the unigram baseline of the held-out evaluation (diagnostics.most_frequent_token)
+    unigram = None  # the training rows' word frequencies, for the held-out evaluation's baselines
     progress = Progress(plan, step, dist.main, clock=clock)
     model.train()
     try:
@@ -575,7 +611,7 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
                     sums[k] += v
             engine.update()
             step += 1
-            tokens_seen += tr.tokens_per_step
+            real_tokens += counts[1].long()  # the global batch's real tokens (all-reduced above)
 
             # clocks: the first step is start-up; after it, training time accumulates
             now = clock()
@@ -584,7 +620,7 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
                 if planner is not None:
                     planner.step0 = step
                 log.once(f"start-up took {now - startup_t0:.1f} s (excluded from the budget)")
-                window_t0, rate_step = now, step
+                window_t0, rate_step, window_tokens = now, step, seen()
             train_seconds = train_seconds_at_clock + (now - clock_t0)
 
             # a time budget: re-planned from the recent speed (every step; DDP: on log steps, with rank 0's clock
@@ -609,24 +645,26 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
             if step % tr.log_every_steps == 0 or plan.finished(step) or stop.requested:
                 host = reduce_sums(sums, dist)
                 window_seconds = max(clock() - window_t0, 1e-9)
-                tok_s = (step - rate_step) * tr.tokens_per_step / window_seconds
-                rec = log_record(step, host, lr, tok_s, tokens_seen, train_seconds, plan, precision, device)
+                tokens_seen = seen()
+                tok_s = (tokens_seen - window_tokens) / window_seconds  # real tokens
+                positions_s = (step - rate_step) * tr.tokens_per_step / window_seconds  # padding included: MFU
+                rec = log_record(step, host, lr, tok_s, tokens_seen, train_seconds, plan, precision, device, positions_s)
                 log.metrics(rec)
                 progress.update(step, rec)
                 for k in sums:
                     sums[k].zero_()
-                window_t0, window_step, rate_step = clock(), step, step
+                window_t0, window_step, rate_step, window_tokens = clock(), step, step, tokens_seen
 
             # fraction checkpoints: each on its own step (budget.due_checkpoints)
             other_t0 = clock()
             for name in budgeting.due_checkpoints(plan, step, done_ckpts):
                 fraction = budgeting.FRACTIONS[_ckpt_order(name)]
-                if top_token is None:  # the unigram baseline's answer, counted once per process
-                    top_token = most_frequent_token(data, special)
-                ev = evaluate(model, data, recipe, special, device, autocast, micro, top_token)
+                if unigram is None:  # counted once per process
+                    unigram = unigram_distribution(data, special)
+                ev = evaluate(model, data, recipe, special, device, autocast, micro, unigram)
                 meta = {"name": name, "step": step, "fraction": fraction, "fraction_of_steps": step / plan.total_steps,
                         "fraction_of_budget_seconds": train_seconds / bud.value if plan.budget_kind == "time" else None,
-                        "tokens_seen": tokens_seen,
+                        "tokens_seen": seen(),
                         "train_flops_paper": step * plan.train_flops_paper_per_step,
                         "train_flops_hardware": step * plan.train_flops_hardware_per_step,
                         "wall_seconds": train_seconds, "eval": ev, "precision": precision, "device": device_name(device),
@@ -670,7 +708,7 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
     progress.close()
     fractions_of_steps = {n: plan.checkpoint_steps[n] / step for n in sorted(done_ckpts, key=_ckpt_order)}
     summary = {
-        "recipe": recipe.name, "budget": plan.budget, "steps": step, "tokens_seen": tokens_seen,
+        "recipe": recipe.name, "budget": plan.budget, "steps": step, "tokens_seen": seen(),
         "train_flops_paper": step * plan.train_flops_paper_per_step,
         "train_flops_hardware": step * plan.train_flops_hardware_per_step,
         "train_seconds": train_seconds, "budget_seconds": plan.budget_seconds,
@@ -692,7 +730,7 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
                      "(plan.json and summary.json record the steps)")
     if dist.main:
         plan.save(run_dir / "plan.json")  # a time budget's plan as it ended (the steps that fitted)
-        atomic_write_json(run_dir / "summary.json", summary)
+        write_json(run_dir / "summary.json", summary)
         log.summary(summary, plan)
     _cleanup(dist)
     return summary
@@ -767,11 +805,15 @@ def reduce_sums(sums: dict[str, Tensor], dist: Dist) -> dict[str, float]:
 
 
 def log_record(step: int, s: dict[str, float], lr: float, tokens_per_second: float, tokens_seen: int,
-               train_seconds: float, plan: Plan, precision: str, device: torch.device) -> dict:
+               train_seconds: float, plan: Plan, precision: str, device: torch.device,
+               positions_per_second: float | None = None) -> dict:
+    """One metrics.jsonl line. tokens_seen / tokens_per_second count real tokens (padding excluded);
+    positions_per_second counts every position of the (B, T) batches, padding included, which is what MFU needs."""
     from tinyelectra import flops
 
+    positions_per_second = tokens_per_second if positions_per_second is None else positions_per_second
     rec: dict = {"step": step, "lr": lr, "tokens_seen": tokens_seen, "train_seconds": round(train_seconds, 3),
-                 "tokens_per_second": round(tokens_per_second, 1),
+                 "tokens_per_second": round(tokens_per_second, 1), "positions_per_second": round(positions_per_second, 1),
                  "train_flops_paper": step * plan.train_flops_paper_per_step,
                  "train_flops_hardware": step * plan.train_flops_hardware_per_step}
     rec["gen_loss"] = s["mlm_sum"] / max(s["mlm_count"], 1.0)
@@ -780,7 +822,7 @@ def log_record(step: int, s: dict[str, float], lr: float, tokens_per_second: flo
     rec.update(summarize(s))
     if device.type == "cuda":
         per_token = plan.train_flops_hardware_per_step / plan.tokens_per_step
-        rec["mfu"] = flops.mfu(tokens_per_second, per_token, torch.cuda.get_device_name(device), precision)
+        rec["mfu"] = flops.mfu(positions_per_second, per_token, torch.cuda.get_device_name(device), precision)
     return rec
 
 

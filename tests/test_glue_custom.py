@@ -1,0 +1,171 @@
+"""`tinyelectra glue --task-file`: tasks of one's own (KLUE, JGLUE, CLUE, ASSIN style) from TSV, CSV and JSONL files,
+fine-tuned with the same protocol, seeds, glue.json, submission files and report as GLUE's; plain progress lines when
+the output is not a terminal; files readable by others (0644 under umask 022); one-line errors for bad task files.
+
+The tasks are synthetic ones a model must learn (test_glue's cue-word sentiment, written in each format), on
+test_glue's miniature random-weight checkpoint.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import random
+import stat
+from pathlib import Path
+
+import pytest
+
+from test_glue import make_checkpoint, one_thread, sentiment_sentence  # noqa: F401  (one_thread: autouse)
+from tinyelectra.errors import UserError
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> Path:
+    return make_checkpoint(tmp_path_factory.mktemp("ckpt") / "ckpt-10000")
+
+
+@pytest.fixture(autouse=True)
+def forget_custom_tasks():
+    """A task file registers its task for the process (the command line runs one command); tests put the table back."""
+    from tinyelectra import glue_data
+
+    saved = dict(glue_data.TASKS), dict(glue_data._ALIASES), dict(glue_data.CUSTOM_FILES)
+    yield
+    for table, before in zip((glue_data.TASKS, glue_data._ALIASES, glue_data.CUSTOM_FILES), saved):
+        table.clear()
+        table.update(before)
+
+
+@pytest.fixture(autouse=True)
+def usual_umask():
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+def rows(n: int, seed: int) -> list[tuple[str, str]]:
+    rng = random.Random(seed)
+    labels = [i % 2 for i in range(n)]
+    rng.shuffle(labels)
+    return [(sentiment_sentence(rng, y), "positivo" if y else "negativo") for y in labels]
+
+
+def write_tsv(path: Path, data: list[tuple[str, str]], with_label: bool = True) -> Path:
+    lines = ["id\tfrase\trótulo" if with_label else "id\tfrase"]
+    lines += [f"r{i}\t{t}\t{y}" if with_label else f"r{i}\t{t}" for i, (t, y) in enumerate(data)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def task_file(path: Path, **fields) -> Path:
+    path.write_text("".join(f"{k} = {json.dumps(v, ensure_ascii=False)}\n" for k, v in fields.items()), encoding="utf-8")
+    return path
+
+
+def run(ckpt: Path, out: Path, files: list[Path], seeds: int = 1, **kw) -> list[Path]:
+    from tinyelectra.glue import glue_command
+
+    return glue_command(checkpoint=ckpt, glue_dir=kw.get("glue_dir"), use_hf=False, tasks=kw.get("tasks", "all"),
+                        seeds=seeds, out_dir=out, gpu=None, device="cpu", max_train_rows=kw.get("max_train_rows"),
+                        overrides=kw.get("overrides", []), command="pytest", task_files=files)
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+@pytest.mark.slow
+def test_a_tsv_task_of_ones_own_learns_with_the_glue_protocol(ckpt, tmp_path, capsys):
+    """A 2-class TSV task (Portuguese labels, a header, an id column, a test file): accuracy >= 90% on 200 balanced
+    dev rows (chance 50%), test predictions in the submission format, the report shows it; files 0644; plain
+    progress lines because pytest's output is not a terminal."""
+    data = tmp_path / "sentimento"
+    data.mkdir()
+    write_tsv(data / "treino.tsv", rows(480, 0))
+    write_tsv(data / "validacao.tsv", rows(200, 1))
+    write_tsv(data / "teste.tsv", rows(20, 2), with_label=False)
+    spec = task_file(tmp_path / "sentimento.toml", name="sentimento", train="sentimento/treino.tsv",
+                     dev="sentimento/validacao.tsv", test="sentimento/teste.tsv", text_columns=["frase"],
+                     label_column="rótulo", metric="accuracy", epochs=8, index_column="id")
+    capsys.readouterr()
+    paths = run(ckpt, tmp_path / "out", [spec], seeds=2)
+    said = capsys.readouterr().out
+    r = json.loads(paths[0].read_text())
+    t = r["tasks"]["sentimento"]
+    assert t["paper_metric"] == t["glue_metric"] == "accuracy" and t["steps"] == 120 and len(t["seeds"]) == 2
+    assert t["median_paper"] >= 90.0, t
+    assert r["averages"]["excluded"] == {"sentimento": "a task of your own (--task-file): not part of a GLUE score"}
+    assert r["data"]["sentimento"]["train"]["rows"] == 480 and r["protocol"]["epochs"] == {"sentimento": 8}
+    submission = Path(t["test_predictions"]["files"][0])
+    lines = submission.read_text(encoding="utf-8").splitlines()
+    assert submission.name == "sentimento.tsv" and lines[0] == "index\tprediction" and len(lines) == 21
+    assert lines[1].split("\t")[0] == "r0" and {ln.split("\t")[1] for ln in lines[1:]} <= {"negativo", "positivo"}
+    # progress as plain lines (not a terminal): each seed's first and last step at least
+    for seed in (1, 2):
+        assert f"ckpt-10000 sentimento seed {seed}/2: step 1/120" in said and f"seed {seed}/2: step 120/120" in said
+    from tinyelectra.report import report_command
+
+    report_command(tmp_path / "out", None)
+    md = (tmp_path / "out" / "report.md").read_text(encoding="utf-8")
+    assert "sentimento" in md
+    for f in (paths[0], submission, tmp_path / "out" / "report.md", tmp_path / "out" / "report.json",
+              *(tmp_path / "out").glob("*.png")):
+        assert mode(f) == 0o644, (f, oct(mode(f)))
+
+
+def test_csv_and_jsonl_tasks_pairs_regression_and_their_metrics(ckpt, tmp_path):
+    """CSV with quoted commas and a binary F1; JSONL pairs with numeric scores (regression, Spearman) and a
+    3-class macro F1: read, fine-tuned (1 epoch: the machinery), scored with the metric each file names."""
+    rng = random.Random(3)
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["texto", "classe"])
+    for t, y in rows(64, 4):
+        w.writerow([t.replace(" ", ", ", 1), "1" if y == "positivo" else "0"])  # commas inside quoted fields
+    (tmp_path / "f1.csv").write_text(buf.getvalue(), encoding="utf-8")
+    f1 = task_file(tmp_path / "f1.toml", name="binario", train="f1.csv", dev="f1.csv", text_columns=["texto"],
+                   label_column="classe", metric="f1")
+    records = []
+    for i in range(64):
+        k = rng.randint(0, 4)
+        records.append({"a": " ".join(["good"] * k + ["film"]), "b": "the plot", "nota": float(k), "tri": k % 3})
+    (tmp_path / "pares.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + "{not json\n", encoding="utf-8")
+    reg = task_file(tmp_path / "reg.toml", name="similaridade", train="pares.jsonl", dev="pares.jsonl",
+                    text_columns=["a", "b"], label_column="nota", metric="spearman")
+    tri = task_file(tmp_path / "tri.toml", name="tres", train="pares.jsonl", dev="pares.jsonl",
+                    text_columns=["a", "b"], label_column="tri", metric="macro_f1")
+    paths = run(ckpt, tmp_path / "out", [f1, reg, tri], overrides=["epochs=1"])
+    tasks = json.loads(paths[0].read_text())["tasks"]
+    assert [tasks[t]["paper_metric"] for t in ("binario", "similaridade", "tres")] == ["f1", "spearman", "macro_f1"]
+    seed = tasks["similaridade"]["seeds"][0]
+    assert set(seed["metrics"]) == {"pearson", "spearman", "pearson_spearman_mean"} and seed["steps"] == 2
+    assert set(tasks["tres"]["seeds"][0]["metrics"]) == {"accuracy", "macro_f1"}
+    assert 0.0 <= tasks["binario"]["median_paper"] <= 100.0
+    data = json.loads(paths[0].read_text())["data"]
+    assert data["similaridade"]["train"]["malformed_lines"] == [f"{tmp_path / 'pares.jsonl'}:65: unreadable line or missing fields"]
+
+
+def test_bad_task_files_are_one_line_errors(ckpt, tmp_path):
+    from tinyelectra.glue_data import load_task_file
+
+    write_tsv(tmp_path / "d.tsv", rows(10, 0))
+    base = dict(name="meu", train="d.tsv", dev="d.tsv", text_columns=["frase"], label_column="rótulo", metric="accuracy")
+    cases = [
+        ({**base, "metric": "bleu"}, "metric 'bleu'"),
+        ({k: v for k, v in base.items() if k != "label_column"}, "missing 'label_column'"),
+        ({**base, "label_column": "nota"}, "no column 'nota'"),
+        ({**base, "train": "nada.tsv"}, "not found"),
+        ({**base, "name": "RTE"}, "a GLUE task's"),
+        ({**base, "metric": "f1", "labels": ["a", "b", "c"]}, "use macro_f1"),
+        ({**base, "colunas": 1}, "unknown key 'colunas'"),
+    ]
+    for fields, needle in cases:
+        with pytest.raises(UserError, match=needle) as e:
+            load_task_file(task_file(tmp_path / "t.toml", **fields))
+        assert "\n" not in str(e.value)
+    ok = task_file(tmp_path / "ok.toml", **base)
+    with pytest.raises(UserError, match="GLUE tasks need --glue-dir"):
+        run(ckpt, tmp_path / "out", [ok], tasks="rte")
