@@ -472,3 +472,28 @@ def test_gpu_suite_cpu_smoke_runs_every_stage(tmp_path):
     assert summary["env"]["cuda_available"] in (True, False) and summary["env"]["torch"] == torch.__version__
     assert summary["within_time_limit"] and "none of these figures is a GPU figure" in summary["note"]
     assert "hardware MFU, compiled, bf16" in summary["unmeasured"]  # no MFU on a CPU
+
+
+def test_checkpoint_eval_scores_what_the_trainer_scored(quality_data, tmp_path, restore_threads):
+    """benchmarks/checkpoint_eval.py loads each saved checkpoint and scores the same held-out rows: its numbers equal
+    the ones the trainer recorded in meta.json while the weights were live (fixed masks and samples), and it adds
+    the context AUC, which older runs lack."""
+    import checkpoint_eval
+
+    from tinyelectra.data import PretrainData
+
+    run = tmp_path / "run"
+    p = subprocess.run([sys.executable, "-m", "tinyelectra", "train", "--recipe", "tiny", "--data", str(quality_data),
+                        "--budget", "16steps", "--device", "cpu", "--out", str(run), "--set", "train.seq_len=64",
+                        "--set", "model.num_layers=2", "--set", "train.batch_size=8", "--set", "train.eval_rows=32"],
+                       capture_output=True, text=True, timeout=600, env=dict(os.environ, TINYELECTRA_CACHE=str(tmp_path / "c")))
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = checkpoint_eval.score_run(run, PretrainData(quality_data), rows=32, micro=8)
+    assert [r["step"] for r in rows] == sorted(r["step"] for r in rows) and len(rows) == 5
+    for r in rows:
+        recorded = json.loads((run / r["checkpoint"] / "meta.json").read_text())["eval"]
+        for key in ("disc_acc", "baseline_acc", "disc_auc", "gen_acc", "unigram_acc", "disc_loss", "gen_loss"):
+            assert r[key] == pytest.approx(recorded[key], rel=1e-5, abs=1e-6), key
+        assert 0.0 <= r["disc_auc_context"] <= 1.0
+    md = checkpoint_eval.markdown("t", rows)
+    assert md.count("\n| ckpt-") == 5 and "context AUC" in md

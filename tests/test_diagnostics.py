@@ -132,6 +132,7 @@ def test_mlm_checkpoint_is_judged_by_its_predictions(data, monkeypatch):
     ({"disc_acc": 0.8542, "baseline_acc": 0.8532, "disc_auc": 0.61, "disc_recall": 0.02}, False),  # quality-cpu.md's
     ({"disc_acc": 0.8600, "baseline_acc": 0.8520, "disc_auc": 0.70, "disc_recall": 0.10}, False),  # +0.008 < 0.01
     ({"disc_acc": 0.8900, "baseline_acc": 0.8520, "disc_auc": 0.85, "disc_recall": 0.40}, True),
+    ({"disc_acc": 0.8900, "baseline_acc": 0.8520, "disc_auc": 0.85, "disc_recall": 0.40, "disc_auc_context": 0.70}, True),
     ({"gen_acc": 0.084, "unigram_acc": 0.080}, False),
     ({"gen_acc": 0.200, "unigram_acc": 0.080}, True),
 ])
@@ -139,3 +140,12 @@ def test_verdicts(ev, learned):
     ok, text = diagnostics.verdict(ev)
     assert ok == learned
     assert text.startswith("learned") == learned and ("NOT LEARNED YET" in text) == (not learned)
+
+
+def test_verdict_says_when_the_discriminator_has_no_context_yet():
+    """Above its prior against a weak generator, but unable to rank unigram draws: the words say so."""
+    weak = {"disc_acc": 0.875, "baseline_acc": 0.852, "disc_auc": 0.83, "disc_recall": 0.21, "disc_auc_context": 0.52}
+    ok, text = diagnostics.verdict(weak)
+    assert ok and "no sign of context yet" in text and "context AUC 0.520" in text
+    ok, text = diagnostics.verdict({**weak, "disc_auc_context": 0.66})
+    assert ok and "no sign of context" not in text

@@ -148,8 +148,9 @@ def adam_warmup_floor(recipe: Recipe, total_steps: int) -> int:
     (1 - b1^t) / sqrt(1 - b2^t) times bias-corrected Adam's: up to 6.5x near step 10, 3.2x at step 100, 1.26x at step
     1,000 (the second moment's memory, 1 / (1 - b2) steps), about 1 after a few thousand. The paper's 10,000-step
     warm-up keeps lr x that factor below the peak learning rate; a warm-up much shorter than 1 / (1 - b2) does not:
-    measured, a 100-step warm-up at 5e-4 left the discriminator at its all-"original" prior from step 125 on (held-out
-    AUC 0.52-0.56 over 2,000 steps), a 1,000-step one did not (benchmarks/results/short_runs_cpu.json)."""
+    measured on `tiny` at 5e-4 over 600 steps (benchmarks/results/short_runs_cpu.json), a 60-step warm-up kept the
+    discriminator exactly at its all-"original" prior (recall 0 at every checkpoint), while a 300-step one (the floor,
+    capped at half the run) left it (+0.0075 at step 150) and behaved like bias-corrected AdamW (+0.0043)."""
     if recipe.optim.name != "adam":
         return 0
     return min(math.ceil(1.0 / (1.0 - recipe.optim.beta2)), round(WARMUP_FLOOR_SHARE * total_steps))

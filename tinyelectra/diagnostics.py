@@ -28,6 +28,7 @@ from tinyelectra.metrics import roc_auc
 UNIGRAM_SAMPLE_ROWS = 20_000  # training rows counted for the unigram baseline (~2.5M tokens at T = 128)
 DISC_MARGIN = 0.01  # a discriminator has "left its prior" when its accuracy beats all-"original" by this much
 MLM_MARGIN = 0.02  # a generator / masked LM has "left the unigram level" when it beats it by this much
+CONTEXT_AUC = 0.6  # a discriminator "uses context" when it ranks unigram draws this well (0.5 = not at all)
 
 
 def unigram_distribution(data, special: SpecialIds, rows: int = UNIGRAM_SAMPLE_ROWS) -> torch.Tensor:
@@ -108,6 +109,9 @@ def verdict(ev: dict) -> tuple[bool, str]:
         numbers = (f"discriminator accuracy {ev['disc_acc']:.4f} vs all-original {ev['baseline_acc']:.4f} "
                    f"({gain:+.4f}), AUC {ev.get('disc_auc', float('nan')):.3f}, recall {ev.get('disc_recall', 0):.3f}, "
                    f"context AUC {ev.get('disc_auc_context', float('nan')):.3f}")
+        if gain >= DISC_MARGIN and ev.get("disc_auc_context", 1.0) < CONTEXT_AUC:
+            return True, (f"learned to spot its generator's unlikely words, no sign of context yet (it cannot rank "
+                          f"unigram draws): {numbers}")
         if gain >= DISC_MARGIN:
             return True, f"learned: {numbers}"
         return False, (f"NOT LEARNED YET: the discriminator is at (or near) its all-original prior — {numbers}; "

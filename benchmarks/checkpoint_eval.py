@@ -1,0 +1,79 @@
+"""What a run's checkpoints learned, scored again with today's diagnostics (issue 9, item 3).
+
+Every checkpoint of a run directory is scored on the same held-out rows with `diagnostics.evaluate`: discriminator
+accuracy beside its all-"original" prior, ROC-AUC against the run's own generator, the context AUC (the same
+discriminator ranking unigram draws put in the masked slots, which word frequency alone cannot rank), and generator
+accuracy beside the unigram answer. Useful for runs written before a metric existed, and to score more rows than
+the run did.
+
+    python benchmarks/checkpoint_eval.py --run runs/quality-cpu/electra --data data/enwiki-v8k --rows 1024 \
+        --name mini_electra_checkpoints_cpu   -> benchmarks/results/NAME.json and NAME.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+
+import torch  # noqa: E402
+from common import RESULTS, run_main, write_result  # noqa: E402
+
+from tinyelectra.checkpoint import checkpoint_dirs, load_checkpoint  # noqa: E402
+from tinyelectra.data import PretrainData  # noqa: E402
+from tinyelectra.diagnostics import evaluate, unigram_distribution  # noqa: E402
+from tinyelectra.electra import SpecialIds  # noqa: E402
+from tinyelectra.errors import UserError  # noqa: E402
+
+COLUMNS = ("disc_acc", "baseline_acc", "disc_auc", "disc_auc_context", "disc_recall", "gen_acc", "unigram_acc")
+
+
+def score_run(run_dir: Path, data: PretrainData, rows: int, micro: int = 64) -> list[dict]:
+    """One row per checkpoint, in step order: step, tokens seen and the `evaluate` metrics on `rows` held-out rows."""
+    special = SpecialIds.from_tokenizer(data.tokenizer)
+    unigram = unigram_distribution(data, special)
+    out = []
+    for ckpt in checkpoint_dirs(run_dir):
+        model, recipe, meta = load_checkpoint(ckpt)
+        recipe = dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, eval_rows=rows))
+        ev = evaluate(model, data, recipe, special, torch.device("cpu"), contextlib.nullcontext(), micro, unigram)
+        out.append({"checkpoint": ckpt.name, "step": meta.get("step"), "tokens_seen": meta.get("tokens_seen"), **ev})
+    return sorted(out, key=lambda r: r["step"] or 0)
+
+
+def markdown(title: str, rows: list[dict]) -> str:
+    lines = [f"# {title}", "", f"Held-out rows per checkpoint: {rows[0]['rows'] if rows else 0}.", "",
+             "| checkpoint | step | disc. acc − prior | AUC (own generator) | context AUC (unigram draws) | recall "
+             "| gen. acc (unigram) | verdict |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['checkpoint']} | {r['step']} | {r['disc_acc'] - r['baseline_acc']:+.4f} | "
+                     f"{r['disc_auc']:.3f} | {r['disc_auc_context']:.3f} | {r['disc_recall']:.3f} | "
+                     f"{r['gen_acc']:.3f} ({r['unigram_acc']:.3f}) | {r['verdict']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--run", type=Path, required=True, help="a run directory (its ckpt-* are scored)")
+    ap.add_argument("--data", type=Path, required=True, help="the prepared data the run trained on")
+    ap.add_argument("--rows", type=int, default=1024, help="held-out rows per checkpoint")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--name", required=True, help="result name: benchmarks/results/NAME.json and .md")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if not checkpoint_dirs(args.run):
+        raise UserError(f"{args.run}: no checkpoints to score")
+    rows = score_run(args.run, PretrainData(args.data), args.rows)
+    path = write_result(args.name, {"run": str(args.run), "data": str(args.data), "checkpoints": rows})
+    (RESULTS / f"{args.name}.md").write_text(markdown(f"Checkpoints of {args.run.name}, scored again", rows))
+    print(path)
+
+
+if __name__ == "__main__":
+    run_main(main)
