@@ -256,7 +256,7 @@ def test_budget_that_is_not_a_finite_number(budget, tmp_path, cli_env, monkeypat
 def test_bad_budget_is_refused_before_torch_is_imported(tmp_path):
     script = ("import sys\nfrom tinyelectra.cli import main\nsys.argv = ['tinyelectra', 'train', '--budget', '4x']\n"
               "try:\n    main()\nexcept SystemExit as e:\n    print(e.code, 'torch' in sys.modules)\n")
-    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert p.stdout.split() == ["2", "False"], p.stdout + p.stderr
     assert p.stderr.startswith("error: budget '4x'")
 

@@ -404,6 +404,6 @@ def test_tied_weights_between_different_sizes_rejected(tmp_path):
 def test_cli_export_bad_input_exits_2(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     r = subprocess.run([sys.executable, "-m", "tinyelectra", "export", str(tmp_path), "--out", str(tmp_path / "o")],
-                       capture_output=True, text=True, env=env, timeout=120)
+                       capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 2
     assert r.stderr.startswith("error: ") and "no config.json" in r.stderr and len(r.stderr.strip().splitlines()) == 1
