@@ -487,11 +487,15 @@ def step_setup(args) -> tuple[torch.device, str, str, int]:
 
 
 def run_main(main: Callable[[], object]) -> None:
-    """Run a benchmark's main(): bad input (UserError) is one line on stderr and its exit code, as in the CLI."""
-    from tinyelectra.errors import UserError  # noqa: PLC0415
+    """Run a benchmark's main(): bad input (UserError) is one line on stderr and its exit code, as in the CLI; an
+    interrupted training run (tinyelectra.errors.Interrupted: it has said what it saved) exits 130 or 143."""
+    from tinyelectra.errors import Interrupted, UserError  # noqa: PLC0415
 
     try:
         main()
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
+    except Interrupted as e:
+        print(f"interrupted ({e.signal_name})", file=sys.stderr)
         sys.exit(e.exit_code)

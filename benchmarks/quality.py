@@ -337,7 +337,7 @@ def training_state(arm: Arm) -> str:
         return "finished"
     if (run / "state" / "LATEST").exists():
         return "resume"
-    raise UserError(f"{run} holds a run that stopped before its first resume state; remove it to start again")
+    return "fresh"  # it stopped during start-up, before its first resume state: train starts it again
 
 
 def pretrain(arm: Arm, data: str, device: torch.device) -> dict:

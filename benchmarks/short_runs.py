@@ -67,13 +67,12 @@ def run_arm(name: str, args, work: Path) -> Path:
     if (run_dir / "summary.json").is_file():
         print(f"{name}: reusing {run_dir}")
         return run_dir
-    if run_dir.exists():
-        raise UserError(f"{run_dir} holds an unfinished run; remove it to start the arm again")
+    resume = (run_dir / "state" / "LATEST").is_file()  # an interrupted arm continues (one stopped in start-up restarts)
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         with warmup_floor(floor):
             train_command(budget=f"{args.steps}steps", data_dir=Path(args.data), corpus=None, recipe_name=args.recipe,
-                          gpu=None, device="cpu", out_dir=run_dir, resume=False, overrides=overrides,
+                          gpu=None, device="cpu", out_dir=run_dir, resume=resume, overrides=overrides,
                           command=f"(benchmarks/short_runs.py arm {name})")
     finally:
         for s, h in handlers.items():

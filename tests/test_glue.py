@@ -480,6 +480,51 @@ def test_run_directory_fine_tunes_every_checkpoint_and_reuses_finished_tasks(tmp
     assert changed["tasks"]["sst2"]["seeds"][0]["train_seconds"] != first[1]["tasks"]["sst2"]["seeds"][0]["train_seconds"]
 
 
+def test_interrupted_glue_keeps_every_finished_seed(ckpt, tmp_path, monkeypatch, capsys):
+    """SIGTERM while the third of three seeds fine-tunes: exit 143, the two finished seeds are in glue.json (with the
+    test predictions they need), the message says what was kept; the same command again trains only the third seed
+    and ends as one complete result."""
+    import signal
+
+    from tinyelectra import cli, glue
+
+    glue_dir = write_sst2_like(tmp_path / "glue", train_rows=24, dev_rows=12)
+    (glue_dir / "SST-2" / "test.tsv").write_text("index\tsentence\n0\ta good film\n1\ta bad film\n", encoding="utf-8")
+    out = tmp_path / "out"
+    real, calls = glue.finetune, []
+
+    def finetune(*args, **kwargs):
+        calls.append(args[4])  # the seed
+        if len(calls) == 3 and interrupt:
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler raises at once, mid-seed
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(glue, "finetune", finetune)
+    argv = ["tinyelectra", "glue", "--checkpoint", str(ckpt), "--glue-dir", str(glue_dir), "--tasks", "sst2",
+            "--seeds", "3", "--device", "cpu", "--out", str(out), "--set", "epochs=1"]
+    monkeypatch.setattr(sys, "argv", argv)
+    interrupt, handler = True, signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    assert exc.value.code == 143
+    printed = capsys.readouterr()
+    assert "kept 2 finished seed(s) of unfinished tasks" in printed.out and "interrupted (SIGTERM)" in printed.err
+    partial = json.loads((out / "ckpt-10000" / "glue.json").read_text())
+    assert [r["seed"] for r in partial["partial"]["sst2"]["seeds"]] == [0, 1] and "sst2" not in partial["tasks"]
+    assert signal.getsignal(signal.SIGTERM) is handler  # the command line puts the process's handler back
+
+    interrupt, calls[:] = False, []
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    assert exc.value.code in (0, None)
+    assert calls == [2]  # only the unfinished seed is trained again
+    done = json.loads((out / "ckpt-10000" / "glue.json").read_text())
+    assert done["complete"] and "partial" not in done
+    assert done["tasks"]["sst2"]["seeds"][:2] == partial["partial"]["sst2"]["seeds"]
+    assert [r["seed"] for r in done["tasks"]["sst2"]["seeds"]] == [0, 1, 2]
+    assert (out / "ckpt-10000" / "submission").is_dir() and not list((out / "ckpt-10000" / "partial").iterdir())
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Bad input: one clear line each
 # ----------------------------------------------------------------------------------------------------------------

@@ -316,7 +316,7 @@ def test_hf_offline_mode_gives_one_line():
         "try:\n    load_hf_split('rte', 'dev')\nexcept UserError as e:\n    print('USERERROR', e)\n"
     )
     env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     lines = [x for x in out.stdout.splitlines() if x.startswith("USERERROR")]
     assert len(lines) == 1 and "could not load nyu-mll/glue 'rte' split 'validation'" in lines[0], out.stdout + out.stderr
 

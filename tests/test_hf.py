@@ -237,7 +237,8 @@ def test_checkpoint_round_trip(tmp_path):
     m = tiny_model()
     ck = save_checkpoint(tmp_path / "run" / checkpoint_name(0.0625), m, recipe_for(TINY), META, tok)
     assert ck.name == "ckpt-0625" and checkpoint_name(1.0) == "ckpt-10000"
-    assert sorted(p.name for p in ck.iterdir()) == ["config.json", "discriminator.safetensors", "generator.safetensors", "meta.json", "tokenizer"]
+    assert sorted(p.name for p in ck.iterdir()) == ["config.json", "discriminator.safetensors", "generator.safetensors",
+                                                   "meta.json", "sha256.json", "tokenizer"]
     assert [p.name for p in ck.parent.iterdir()] == ["ckpt-0625"]  # no temporary directory left behind
     m2, recipe, meta = load_checkpoint(ck)
     assert meta == META and recipe.model == TINY
@@ -344,6 +345,9 @@ def test_run_directory_and_missing_files(tmp_path):
     with pytest.raises(UserError, match="missing discriminator.safetensors"):
         load_checkpoint(ck)
     (ck / "discriminator.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(UserError, match="discriminator.safetensors: damaged .*sha256"):
+        load_checkpoint(ck)
+    (ck / "sha256.json").unlink()  # a checkpoint written before checksums: the reader's own check
     with pytest.raises(UserError, match="not a readable safetensors"):
         load_checkpoint(ck)
 
@@ -355,6 +359,9 @@ def test_vocabulary_size_mismatches(tmp_path):
     raw = json.loads((ck / "config.json").read_text())
     raw["recipe"]["model"]["vocab_size"] = 200
     (ck / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(UserError, match="config.json: damaged"):  # an edited file no longer matches its checksum
+        load_checkpoint(ck)
+    (ck / "sha256.json").unlink()  # ... without checksums (an older checkpoint), the sizes are still checked
     with pytest.raises(UserError, match="vocabulary size mismatch.*119.*200"):
         load_checkpoint(ck)
     with pytest.raises(UserError, match="vocabulary size mismatch"):
@@ -397,6 +404,6 @@ def test_tied_weights_between_different_sizes_rejected(tmp_path):
 def test_cli_export_bad_input_exits_2(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     r = subprocess.run([sys.executable, "-m", "tinyelectra", "export", str(tmp_path), "--out", str(tmp_path / "o")],
-                       capture_output=True, text=True, env=env, timeout=120)
+                       capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 2
     assert r.stderr.startswith("error: ") and "no config.json" in r.stderr and len(r.stderr.strip().splitlines()) == 1

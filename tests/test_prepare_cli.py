@@ -147,7 +147,7 @@ def test_hf_source_with_the_hub_unreachable(tmp_path):
     pytest.importorskip("datasets")
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
     r = subprocess.run([sys.executable, "-m", "tinyelectra", "prepare", "--corpus", "hf:no-such-user/no-such-dataset",
-                        "--out", str(tmp_path / "out")], capture_output=True, text=True, env=env, timeout=120)
+                        "--out", str(tmp_path / "out")], capture_output=True, text=True, env=env, timeout=600)
     assert_clean_failure(r.returncode, r.stderr, "could not load it from the Hugging Face hub")
     nothing_left(tmp_path, "out")
 
@@ -163,7 +163,7 @@ def test_builtin_corpus_through_the_real_command(tmp_path):
     m = data.manifest
     assert m["tokenizer"]["vocab_size"] == 8192 and m["seq_len"] == 128 and m["examples"]["train"] > 2000
     assert m["sources"][0]["kind"] == "builtin" and m["command"].startswith("tinyelectra prepare --corpus builtin")
-    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0 and "reusing" in again.stderr
 
 
@@ -181,14 +181,13 @@ def test_killed_run_leaves_nothing_that_looks_complete(tmp_path):
     cmd = [sys.executable, "-m", "tinyelectra", "prepare", "--corpus", str(corpus), "--out", str(out),
            "--vocab-size", "2000", "--workers", "1"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    while not list(tmp_path.glob("out.tmp-*/tokenizer/vocab.txt")) and time.time() < deadline and proc.poll() is None:
+    while not list(tmp_path.glob("out.tmp-*/tokenizer/vocab.txt")) and proc.poll() is None:  # mid-way: tokenizer written
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not out.exists()
     assert [p.name for p in tmp_path.glob("out.tmp-*")] == [f"out.tmp-{proc.pid}"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr
     assert (out / "manifest.json").is_file() and not list(tmp_path.glob("out.tmp-*"))
 
@@ -203,10 +202,10 @@ def test_help_shows_whole_option_names_at_80_columns_and_version():
                                           "--pack-documents", "--casing"]),
                              ("glue", ["--max-train-rows", "--task-file"]), ("export", ["--language", "--license"])):
         r = subprocess.run([sys.executable, "-m", "tinyelectra", command, "-h"], capture_output=True, text=True,
-                           env=env, timeout=120)
+                           env=env, timeout=600)
         assert r.returncode == 0 and "…" not in r.stdout, r.stdout
         assert max(map(len, r.stdout.splitlines())) <= 80
         for option in options:
             assert option in r.stdout, (command, option)
-    r = subprocess.run([sys.executable, "-m", "tinyelectra", "--version"], capture_output=True, text=True, env=env, timeout=120)
+    r = subprocess.run([sys.executable, "-m", "tinyelectra", "--version"], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0 and r.stdout.strip() == f"tinyelectra {__version__}"

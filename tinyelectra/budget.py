@@ -1,9 +1,16 @@
 """A budget ("4d", "90m", "1.4e18flops", "62500steps", "paper") becomes one Plan: total steps, warm-up,
-checkpoint steps at 1/16 .. 1 of the run, expected tokens, FLOPs in both conventions and wall time.
+checkpoint steps at 1/16 .. 1 of the run, expected tokens, FLOPs in both conventions and wall time; and a time
+budget's plan is kept true as the run goes (`TimeBudgetPlanner`).
 
 The five checkpoints are snapshots of ONE run (the paper's Table 1 "partial training" rows): the learning-rate
 schedule spans the whole budget, so the 6.25% checkpoint of a 4-day run is not the same model as a separately
 scheduled 6-hour run (which is simply a smaller budget, with its own warm-up and decay to zero).
+
+Step, FLOP and `paper` budgets are fixed before the first step, so a run reproduces. A time budget cannot be fixed in
+advance: its steps are planned from the speed measured over the first steps and re-planned from the recent speed as
+the run goes, so that the learning rate reaches zero when the budget runs out; the checkpoints follow the plan (each
+on its own step), and plan.json ends up saying what happened. Its step count follows the machine's speed and load:
+by design it does not reproduce.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ import dataclasses
 import json
 import math
 import re
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,13 +58,20 @@ def parse_budget(text: str) -> Budget:
     m = re.fullmatch(r"([+-]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKM]?)\s*steps?", t)
     if m:
         steps = _positive(float(m.group(1)), t) * _STEP_SUFFIX[m.group(2)]
+        if steps > MAX_BUDGET_STEPS:
+            raise UserError(f"budget {text!r}: more than {MAX_BUDGET_STEPS:.0e} steps ({_EXAMPLES})")
         if steps != int(steps):
             raise UserError(f"budget {text!r}: a step count must be a whole number")
         return Budget("steps", float(int(steps)), t)
     raise UserError(f"budget {text!r} is not understood ({_EXAMPLES})")
 
 
+MAX_BUDGET_STEPS = 10**15  # beyond any run; a larger number is a typo (and 1e400 is infinity)
+
+
 def _positive(x: float, text: str) -> float:
+    if not math.isfinite(x):
+        raise UserError(f"budget {text!r} is not a finite number ({_EXAMPLES})")
     if x <= 0:
         raise UserError(f"budget {text!r} must be positive ({_EXAMPLES})")
     return x
@@ -67,17 +82,17 @@ class Plan:
     budget: str
     budget_kind: str
     recipe: str
-    total_steps: int
+    total_steps: int | None  # None: a time budget before its speed is measured (status "provisional")
     warmup_steps: int
-    checkpoint_steps: dict[str, int]  # checkpoint name -> step after which it is written
+    checkpoint_steps: dict[str, int]  # checkpoint name -> step after which it is written ({} while provisional)
     batch_size: int
     seq_len: int
     tokens_per_step: int
-    expected_tokens: int
+    expected_tokens: int | None
     train_flops_paper_per_step: float
     train_flops_hardware_per_step: float
-    train_flops_paper: float
-    train_flops_hardware: float
+    train_flops_paper: float | None
+    train_flops_hardware: float | None
     budget_seconds: float | None = None  # wall-clock budgets only
     steps_per_second: float | None = None  # measured (time budgets) or last known
     expected_wall_seconds: float | None = None
@@ -86,20 +101,41 @@ class Plan:
         "paper": flops.PAPER_CONVENTION, "hardware": flops.HARDWARE_CONVENTION})
     notes: list[str] = field(default_factory=list)
 
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=2)
+        return json.dumps(self.to_dict(), indent=2)
 
     def save(self, path: Path) -> None:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(self.to_json() + "\n", encoding="utf-8")
-        tmp.replace(path)
+        from tinyelectra.files import write_atomic
+
+        write_atomic(path, self.to_json() + "\n")
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str) -> "Plan":
+        names = {f.name for f in dataclasses.fields(cls)}
+        try:
+            return cls(**{k: v for k, v in d.items() if k in names})
+        except TypeError as e:
+            raise UserError(f"{where}: not a tinyelectra plan ({e})") from None
 
     @classmethod
     def load(cls, path: Path) -> "Plan":
-        return cls(**json.loads(path.read_text(encoding="utf-8")))
+        try:
+            d = json.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise UserError(f"{path}: missing") from None
+        except (ValueError, UnicodeDecodeError) as e:
+            raise UserError(f"{path}: damaged (not valid JSON: {str(e)[:120]})") from None
+        if not isinstance(d, dict):
+            raise UserError(f"{path}: damaged (not a JSON object)")
+        return cls.from_dict(d, str(path))
+
+    def finished(self, step: int) -> bool:
+        return self.total_steps is not None and step >= self.total_steps
 
 
-PROVISIONAL_STEPS = 1 << 62  # a time budget's step count before its throughput is measured
 WARMUP_SHARE_CAP = 0.1  # a shorter run warms up for at most this share of its steps ...
 WARMUP_FLOOR_SHARE = 0.5  # ... but the paper's Adam warms up for at least min(1 / (1 - beta2), this share) of it
 
@@ -127,13 +163,54 @@ def warmup_for(recipe: Recipe, total_steps: int) -> int:
     return max(capped, adam_warmup_floor(recipe, total_steps))
 
 
+def _warmup_note(recipe: Recipe, total: int, warmup: int) -> str | None:
+    if warmup == recipe.optim.warmup_steps:
+        return None
+    capped = min(recipe.optim.warmup_steps, round(WARMUP_SHARE_CAP * total))
+    if warmup > capped:
+        return (f"warm-up {warmup} steps: the recipe's {recipe.optim.warmup_steps} capped at {WARMUP_SHARE_CAP:.0%} of "
+                f"this {total}-step run would be {capped}, raised to the paper's Adam's minimum (1 / (1 - beta2) "
+                f"steps, at most half the run: no bias correction)")
+    return f"warm-up {warmup} steps: the recipe's {recipe.optim.warmup_steps}, capped at {WARMUP_SHARE_CAP:.0%} of this {total}-step run"
+
+
+def checkpoint_schedule(total_steps: int, written: dict[str, int] | None = None) -> dict[str, int]:
+    """The step after which each fraction checkpoint is written. Those already `written` stay where they were; the
+    others go to their fraction of `total_steps`, each at least one step after the one before and leaving a step for
+    each one after it, so that every checkpoint has its own step whenever the run has at least five steps (with
+    fewer, some share a step; `make_plan` notes it). The last one is the run's end."""
+    written = written or {}
+    out: dict[str, int] = {}
+    previous = 0
+    for i, fraction in enumerate(FRACTIONS):
+        name = checkpoint_name(fraction)
+        if name in written:
+            step = written[name]
+        else:
+            step = max(round(total_steps * fraction), previous + 1, 1)
+            step = min(step, max(total_steps - (len(FRACTIONS) - 1 - i), 1))  # room for the later ones
+        out[name] = step
+        previous = step
+    return out
+
+
+def _schedule_note(total: int, steps: dict[str, int]) -> str | None:
+    nominal = {n: max(1, round(total * f)) for n, f in zip(steps, FRACTIONS)}
+    if len(set(steps.values())) < len(steps):
+        return (f"only {total} step(s): five distinct checkpoints need at least five steps, so some share one "
+                f"({', '.join(f'{k}@{v}' for k, v in steps.items())})")
+    if steps != nominal:
+        return (f"{total} steps: fractions less than a step apart are moved apart, each checkpoint on its own step "
+                f"({', '.join(f'{k}@{v}' for k, v in steps.items())})")
+    return None
+
+
 def make_plan(budget: Budget, recipe: Recipe, steps_per_second: float | None = None, total_steps: int | None = None) -> Plan:
-    """The plan for `budget`. A time budget needs the measured `steps_per_second` (else it is provisional), or
-    the `total_steps` decided from it."""
+    """The plan for `budget`. A time budget needs the measured `steps_per_second` (else it is provisional: no step
+    count yet), or the `total_steps` decided from it."""
     tr = recipe.train
     paper_step = flops.paper_train_flops_per_step(recipe.model, recipe.objective, tr.batch_size, tr.seq_len)
     hw_step = flops.hardware_train_flops_per_step(recipe.model, recipe.objective, tr.batch_size, tr.seq_len)
-    status = "final"
     notes: list[str] = []
     if budget.kind == "paper":
         total = tr.steps
@@ -145,33 +222,135 @@ def make_plan(budget: Budget, recipe: Recipe, steps_per_second: float | None = N
             raise UserError(
                 f"budget {budget.text}: one step of {recipe.name} costs {paper_step:.3e} FLOPs (paper convention); "
                 "the budget does not buy a single step")
+        if total > MAX_BUDGET_STEPS:
+            raise UserError(f"budget {budget.text}: {total:.3e} steps of {recipe.name}, more than {MAX_BUDGET_STEPS:.0e}")
     elif total_steps is not None:
         total = total_steps
-    else:
-        if steps_per_second is None:  # unknown until measured: run on until the trainer measures it
-            status = "provisional"
-            total = PROVISIONAL_STEPS
-        else:
-            total = max(1, int(budget.value * steps_per_second))
+    elif steps_per_second is not None:
+        total = max(1, int(budget.value * steps_per_second))
+    else:  # unknown until measured: the trainer runs on until it has measured its speed
+        return Plan(
+            budget=budget.text, budget_kind=budget.kind, recipe=recipe.name, total_steps=None,
+            warmup_steps=recipe.optim.warmup_steps, checkpoint_steps={}, batch_size=tr.batch_size, seq_len=tr.seq_len,
+            tokens_per_step=tr.tokens_per_step, expected_tokens=None, train_flops_paper_per_step=paper_step,
+            train_flops_hardware_per_step=hw_step, train_flops_paper=None, train_flops_hardware=None,
+            budget_seconds=budget.value, status="provisional",
+            notes=["time budget: the steps are planned from the speed measured over the first steps"])
     warmup = warmup_for(recipe, total)
-    if warmup != recipe.optim.warmup_steps and status == "final":
-        capped = min(recipe.optim.warmup_steps, round(WARMUP_SHARE_CAP * total))
-        if warmup > capped:
-            notes.append(f"warm-up {warmup} steps: the recipe's {recipe.optim.warmup_steps} capped at "
-                         f"{WARMUP_SHARE_CAP:.0%} of this {total}-step run would be {capped}, raised to the paper's "
-                         f"Adam's minimum (1 / (1 - beta2) steps, at most half the run: no bias correction)")
-        else:
-            notes.append(f"warm-up {warmup} steps: the recipe's {recipe.optim.warmup_steps}, capped at "
-                         f"{WARMUP_SHARE_CAP:.0%} of this {total}-step run")
-    ckpts = {checkpoint_name(f): max(1, round(total * f)) for f in FRACTIONS}
-    expected_wall = None
-    if steps_per_second:
-        expected_wall = total / steps_per_second
+    ckpts = checkpoint_schedule(total)
+    notes += [n for n in (_warmup_note(recipe, total, warmup), _schedule_note(total, ckpts)) if n]
     return Plan(
         budget=budget.text, budget_kind=budget.kind, recipe=recipe.name, total_steps=total, warmup_steps=warmup,
         checkpoint_steps=ckpts, batch_size=tr.batch_size, seq_len=tr.seq_len, tokens_per_step=tr.tokens_per_step,
         expected_tokens=total * tr.tokens_per_step, train_flops_paper_per_step=paper_step,
         train_flops_hardware_per_step=hw_step, train_flops_paper=paper_step * total,
         train_flops_hardware=hw_step * total, budget_seconds=budget.value if budget.kind == "time" else None,
-        steps_per_second=steps_per_second, expected_wall_seconds=expected_wall, status=status, notes=notes,
+        steps_per_second=steps_per_second, expected_wall_seconds=total / steps_per_second if steps_per_second else None,
+        notes=notes,
     )
+
+
+def due_checkpoints(plan: Plan, step: int, done: set[str]) -> list[str]:
+    """The fraction checkpoints to write after `step`: the next one once its step is reached (one per step, so a
+    plan that shrank never writes two at once), and at the run's end whatever is left."""
+    if plan.total_steps is None:
+        return []
+    pending = [n for n in plan.checkpoint_steps if n not in done]
+    if step >= plan.total_steps:
+        return pending
+    return pending[:1] if pending and plan.checkpoint_steps[pending[0]] <= step else []
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# a time budget as the run goes
+
+CALIBRATION_STEPS = 5  # a time budget is first planned after this many timed steps (the first step is start-up) ...
+CALIBRATION_SHARE = 0.03  # ... or after 2 of them, once they took this share of the budget (slow steps: 6.25% is near)
+RATE_WINDOW_SECONDS = 10.0  # ... and re-planned from the speed of the last max(this, 20% of elapsed) seconds
+SPEED_CHANGE_FACTOR = 1.5  # a measured speed this many times faster or slower than the last one announced is logged
+MAX_PLAN_EVENTS = 20  # speed changes recorded in plan.json's notes (the log has them all)
+
+
+class TimeBudgetPlanner:
+    """A time budget's plan, kept true while the machine's speed changes.
+
+    `record` takes (step, training seconds) after every step and gives the recent speed once `CALIBRATION_STEPS`
+    steps are timed (or 2 that took `CALIBRATION_SHARE` of the budget); `replan` then sets the end to the steps done plus those that fit in the remaining time at that
+    speed (at least one step for each checkpoint still to write), moves the unwritten checkpoints to their fractions
+    of the new end (written ones stay where they were), and keeps re-planning the warm-up until it is over, so one
+    noisy early measurement fixes nothing. It returns lines for the log: the first measurement, every change of speed
+    by `SPEED_CHANGE_FACTOR` or more, an end stretched for the checkpoints. No clock is read here: the trainer passes
+    its training time, which tests can simulate."""
+
+    def __init__(self, bud: Budget, recipe: Recipe, plan: Plan, step: int) -> None:
+        self.bud, self.recipe, self.plan = bud, recipe, plan
+        self.step0 = step  # the first timed step: after start-up, or where the run resumed
+        self.recent: deque[tuple[float, int]] = deque()  # (training seconds, step)
+        self.announced_rate = plan.steps_per_second if plan.status == "final" else None
+        self.events = [n for n in plan.notes if n.startswith(("speed changed", "the budget's time"))]
+        self.stretched = any(n.startswith("the budget's time") for n in self.events)
+        self.first_warmup: int | None = None  # the warm-up the first measurement planned
+        self.seconds0: float | None = None  # training seconds at the first recorded step
+
+    def record(self, step: int, train_seconds: float) -> float | None:
+        """The recent speed in steps per second, or None while fewer than CALIBRATION_STEPS steps are timed."""
+        self.recent.append((train_seconds, step))
+        while len(self.recent) > 2 and self.recent[-1][0] - self.recent[0][0] > max(RATE_WINDOW_SECONDS, 0.2 * train_seconds):
+            self.recent.popleft()
+        if self.seconds0 is None:
+            self.seconds0 = train_seconds
+        timed = step - self.step0
+        if timed < 2 or (timed < CALIBRATION_STEPS and train_seconds - self.seconds0 < CALIBRATION_SHARE * self.bud.value):
+            return None
+        (t0, s0), (t1, s1) = self.recent[0], self.recent[-1]
+        return (s1 - s0) / max(t1 - t0, 1e-9)
+
+    def replan(self, step: int, train_seconds: float, rate: float, done: set[str]) -> list[str]:
+        """Re-plan at `step` after `train_seconds` of training time at `rate` steps/s; `done`: checkpoints written."""
+        old = self.plan
+        written = {n: old.checkpoint_steps[n] for n in done}
+        fit = step + int(round(rate * max(self.bud.value - train_seconds, 0.0)))
+        total = max(fit, step + max(len(FRACTIONS) - len(written) - 1, 0), 1)
+        new = make_plan(self.bud, self.recipe, steps_per_second=rate, total_steps=total)
+        lines: list[str] = []
+        if old.status == "final" and step >= old.warmup_steps:  # the warm-up is over: it stays what it was
+            new.warmup_steps = old.warmup_steps
+            warmup_notes = [n for n in old.notes if n.startswith("warm-up")]
+        else:  # still warming up: the warm-up follows the plan (and ends here if the new plan's is already past)
+            planned = new.warmup_steps
+            new.warmup_steps = max(planned, step)
+            note = _warmup_note(self.recipe, total, planned) or f"warm-up {planned} steps"
+            if planned < step:
+                note = f"warm-up {step} steps: it ended at step {step}, where the re-planned {total}-step run wanted {planned}"
+            if self.first_warmup is not None and new.warmup_steps != self.first_warmup:
+                note += f" (re-planned while it lasted; the first measurement planned {self.first_warmup})"
+            warmup_notes = [note]
+        new.checkpoint_steps = checkpoint_schedule(total, written)
+        new.expected_wall_seconds = self.bud.value
+        where = f"at step {step} ({train_seconds:.0f} s of {self.bud.value:.0f} s)"
+        if self.announced_rate is None:
+            lines.append(f"time budget: measured {rate:.3g} steps/s -> about {total:,} steps, warm-up {new.warmup_steps:,}, "
+                         f"checkpoints at steps {', '.join(str(v) for v in new.checkpoint_steps.values())}; re-planned "
+                         f"as the speed changes. A time budget's step count follows the machine's speed and load, so it "
+                         f"does not reproduce (a step budget does)")
+            self.announced_rate = rate
+            self.first_warmup = new.warmup_steps
+        elif max(rate / self.announced_rate, self.announced_rate / max(rate, 1e-12)) >= SPEED_CHANGE_FACTOR:
+            line = (f"speed changed from {self.announced_rate:.3g} to {rate:.3g} steps/s {where}: the run is re-planned "
+                    f"to about {total:,} steps (was {old.total_steps:,})")
+            lines.append(line)
+            self._event(line)
+            self.announced_rate = rate
+        if total > fit and not self.stretched:
+            line = (f"the budget's time is nearly spent {where} with {len(FRACTIONS) - len(written)} checkpoint(s) still "
+                    f"to write: the run takes {total - fit} step(s) more than fit, so that each checkpoint has its own step")
+            lines.append(line)
+            self._event(line)
+            self.stretched = True
+        new.notes = warmup_notes + list(self.events)
+        self.plan = new
+        return lines
+
+    def _event(self, line: str) -> None:
+        if len(self.events) < MAX_PLAN_EVENTS:
+            self.events.append(line)

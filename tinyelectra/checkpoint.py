@@ -6,12 +6,14 @@ A checkpoint directory (fraction x 10^4 in its name, e.g. ckpt-0625 = 6.25% of t
   config.json                {"format": "tinyelectra-checkpoint", "format_version": 1, "recipe": {...}, "objective": ...}
   meta.json                  step, fraction, tokens_seen, train_flops_paper, train_flops_hardware, wall_seconds, ...
   tokenizer/                 written by `tinyelectra.tokenizer.Tokenizer.save()`
+  sha256.json                the sha256 of the weights, config.json and meta.json, checked on load (files.verify_sha256)
 
 And the exact-resume state of a run, `RUN/state/step-N/` (model.safetensors, optimizer.pt read back with
-`torch.load(weights_only=True)`, trainer.json: step, clocks, data cursor, recipe) with `RUN/state/LATEST` naming the
-newest complete one. Not here: transformers' formats (hf.py).
+`torch.load(weights_only=True)`, trainer.json: step, clocks, data cursor, plan, recipe; sha256.json) with
+`RUN/state/LATEST` naming the newest complete one. Not here: transformers' formats (hf.py).
 Everything is written into `NAME.tmp-<pid>`, fsynced, then renamed into place, so a crash never leaves half a
-checkpoint or a LATEST that points at an incomplete state.
+checkpoint or a LATEST that points at an incomplete state; a file damaged afterwards (a flipped byte, a truncation)
+is a one-line error naming it, never a silently different model.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ from torch import Tensor
 from tinyelectra.budget import checkpoint_name  # noqa: F401  (the names live with the plan that schedules them)
 from tinyelectra.config import Recipe, recipe_from_dict
 from tinyelectra.errors import UserError
+from tinyelectra.files import fsync_dir as _fsync_dir
+from tinyelectra.files import fsync_file as _fsync_file
+from tinyelectra.files import verify_sha256, write_sha256
 
 FORMAT = "tinyelectra-checkpoint"
 FORMAT_VERSION = 1
@@ -53,30 +58,26 @@ def checkpoint_dirs(run_dir: Path) -> list[Path]:
 
 
 # ---------------------------------------------------------------------------------------------------- writing
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # some platforms cannot open directories; the rename is still atomic
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n", encoding="utf-8")
 
 
-def _save_tensors(tensors: dict[str, Tensor], path: Path) -> None:
-    from safetensors.torch import save_file
+def _save_tensors(tensors: dict[str, Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
+    """A safetensors file, serialized in memory and written by Python: a full disk is then an OSError naming the
+    file and its reason (safetensors' and torch's own writers report it without the errno)."""
+    from safetensors.torch import save
 
-    save_file({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, str(path), metadata={"format": "pt"})
+    data = save({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, metadata=metadata)
+    path.write_bytes(data)
+
+
+def _save_torch(obj, path: Path) -> None:
+    """torch.save through memory, for the same reason as `_save_tensors`."""
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    path.write_bytes(buffer.getbuffer())
 
 
 def replace_dir(tmp: Path, final: Path) -> None:
@@ -105,19 +106,20 @@ def save_checkpoint(directory: Path, model, recipe: Recipe, meta: dict[str, Any]
     try:
         written = []
         if model.discriminator is not None:
-            _save_tensors(model.discriminator_state_dict(), tmp / "discriminator.safetensors")
+            _save_tensors(model.discriminator_state_dict(), tmp / "discriminator.safetensors", {"format": "pt"})
             written.append(tmp / "discriminator.safetensors")
-        _save_tensors(model.generator_state_dict(), tmp / "generator.safetensors")
+        _save_tensors(model.generator_state_dict(), tmp / "generator.safetensors", {"format": "pt"})
         written.append(tmp / "generator.safetensors")
         _write_json(tmp / "config.json", {
             "format": FORMAT, "format_version": FORMAT_VERSION, "recipe": recipe.to_dict(), "objective": model.objective,
         })
         _write_json(tmp / "meta.json", meta)
         written += [tmp / "config.json", tmp / "meta.json"]
+        write_sha256(tmp, written)  # the weights, config and meta (a tokenizer may be replaced; its size is checked)
         if tokenizer_dir is not None:
             shutil.copytree(tokenizer_dir, tmp / "tokenizer")
             written += [p for p in (tmp / "tokenizer").rglob("*") if p.is_file()]
-        for p in written:
+        for p in [*written, tmp / "sha256.json"]:
             _fsync_file(p)
         replace_dir(tmp, directory)
     except BaseException:
@@ -204,6 +206,7 @@ def load_checkpoint(directory: Path, check_tokenizer_files: bool = True):
 
     d = Path(directory)
     recipe, objective = read_checkpoint_config(d)
+    verify_sha256(d, "the checkpoint")
     meta_path = d / "meta.json"
     if not meta_path.is_file():
         raise UserError(f"{d}: checkpoint is missing meta.json")
@@ -236,50 +239,109 @@ def load_checkpoint(directory: Path, check_tokenizer_files: bool = True):
 RESUME_FORMAT = 1
 
 
-def save_resume_state(run_dir: Path, model, optimizer, scaler, loader, **info) -> None:
-    """Write state/step-N/ completely, then point state/LATEST at it (atomic rename), then drop older states."""
-    from safetensors.torch import save_file
-
+def save_resume_state(run_dir: Path, model, optimizer, scaler, loader, **info) -> Path:
+    """Write state/step-N/ completely (with its sha256.json), then point state/LATEST at it (atomic rename), then drop
+    older states. An error or interrupt part-way leaves the previous state as it was. Returns the state's directory."""
     root = run_dir / "state"
     root.mkdir(exist_ok=True)
     name = f"step-{info['step']:09d}"
     tmp = root / f"{name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, str(tmp / "model.safetensors"))
-    torch.save({"optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
-                "torch_rng": torch.get_rng_state()}, tmp / "optimizer.pt")
-    meta = {"format": RESUME_FORMAT, "loader": loader.state_dict(), **info, "recipe": info["recipe"].to_dict()}
-    (tmp / "trainer.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-    for f in tmp.iterdir():
-        _fsync_file(f)
-    final = root / name
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
+    try:
+        _save_tensors(model.state_dict(), tmp / "model.safetensors")
+        _save_torch({"optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
+                     "torch_rng": torch.get_rng_state()}, tmp / "optimizer.pt")
+        meta = {"format": RESUME_FORMAT, "loader": loader.state_dict(), **info, "recipe": info["recipe"].to_dict()}
+        (tmp / "trainer.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        write_sha256(tmp)
+        for f in tmp.iterdir():
+            _fsync_file(f)
+        final = root / name
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     latest_tmp = root / f"LATEST.tmp-{os.getpid()}"
-    latest_tmp.write_text(name + "\n", encoding="utf-8")
-    _fsync_file(latest_tmp)
-    os.replace(latest_tmp, root / "LATEST")
+    try:
+        latest_tmp.write_text(name + "\n", encoding="utf-8")
+        _fsync_file(latest_tmp)
+        os.replace(latest_tmp, root / "LATEST")
+    except BaseException:
+        latest_tmp.unlink(missing_ok=True)
+        raise
     for old in root.iterdir():
         if old.name not in (name, "LATEST"):
             shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
+    return root / name
 
 
-def load_resume_state(run_dir: Path, model, optimizer, scaler, loader, device: torch.device) -> dict:
+def latest_state(run_dir: Path) -> Path | None:
+    """The newest complete resume state of a run (state/LATEST names it), or None when the run has none."""
+    latest = Path(run_dir) / "state" / "LATEST"
+    if not latest.is_file():
+        return None
+    try:
+        name = latest.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        raise UserError(f"{latest}: damaged (unreadable)") from None
+    if not re.fullmatch(r"step-\d{9}", name):
+        raise UserError(f"{latest}: damaged (names {name[:40]!r}, not a state directory)")
+    return latest.parent / name
+
+
+def read_state_info(d: Path) -> dict:
+    """trainer.json of the resume state `d` (its files checked against sha256.json first)."""
+    if not d.is_dir():
+        raise UserError(f"{d}: the resume state named by {d.parent / 'LATEST'} is missing")
+    verify_sha256(d, "the resume state")
+    path = d / "trainer.json"
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"{path}: missing; the resume state is incomplete") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: damaged (not valid JSON: {str(e)[:120]})") from None
+    if not isinstance(meta, dict) or meta.get("format") != RESUME_FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else None
+        raise UserError(f"{path}: state format {found!r}, this tinyelectra reads {RESUME_FORMAT}")
+    missing = [k for k in ("step", "tokens_seen", "train_seconds", "other_seconds", "checkpoints", "loader") if k not in meta]
+    if missing:
+        raise UserError(f"{path}: damaged (no {', '.join(missing)})")
+    return meta
+
+
+def load_resume_state(d: Path, model, optimizer, scaler, loader, device: torch.device) -> dict:
+    """Load the resume state in `d` into the model, optimizer, scaler and data loader; returns trainer.json."""
+    import pickle
+
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    root = run_dir / "state"
-    name = (root / "LATEST").read_text(encoding="utf-8").strip()
-    d = root / name
-    if not (d / "trainer.json").exists():
-        raise UserError(f"--resume: the resume state {d} is incomplete")
-    meta = json.loads((d / "trainer.json").read_text(encoding="utf-8"))
-    if meta.get("format") != RESUME_FORMAT:
-        raise UserError(f"--resume: {d} has state format {meta.get('format')}, this tinyelectra reads {RESUME_FORMAT}")
-    model.load_state_dict(load_file(str(d / "model.safetensors"), device=str(device)))
-    extra = torch.load(d / "optimizer.pt", map_location=device, weights_only=True)
-    optimizer.load_state_dict(extra["optimizer"])
-    scaler.load_state_dict(extra["scaler"])
-    torch.set_rng_state(extra["torch_rng"].cpu())
+    meta = read_state_info(d)
+    weights = d / "model.safetensors"
+    try:
+        model.load_state_dict(load_file(str(weights), device=str(device)))
+    except FileNotFoundError:
+        raise UserError(f"{weights}: missing; the resume state is incomplete") from None
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise UserError(f"{weights}: damaged or not this recipe's weights ({_first_line(e)})") from None
+    extra_path = d / "optimizer.pt"
+    try:
+        extra = torch.load(extra_path, map_location=device, weights_only=True)
+        optimizer.load_state_dict(extra["optimizer"])
+        scaler.load_state_dict(extra["scaler"])
+        torch.set_rng_state(extra["torch_rng"].cpu())
+    except FileNotFoundError:
+        raise UserError(f"{extra_path}: missing; the resume state is incomplete") from None
+    except (pickle.UnpicklingError, EOFError, RuntimeError, ValueError, KeyError, TypeError, AttributeError, OSError):
+        # not torch's own message: it advises weights_only=False, which would run whatever the file holds
+        raise UserError(f"{extra_path}: damaged (not a readable optimizer state written by tinyelectra)") from None
     loader.load_state_dict(meta["loader"])
     return meta
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:200] if text else type(e).__name__

@@ -115,15 +115,29 @@ def prepare(
 def train(
     budget: str = typer.Option(
         ..., "--budget", help="Wall clock on this machine (4d, 36h, 90m, 45s), paper-convention FLOPs (1.4e18flops), "
-        "steps (62500steps, 1Msteps), or 'paper' (the recipe's full schedule)."
+        "steps (62500steps, 1Msteps), or 'paper' (the recipe's full schedule). Step and FLOP budgets reproduce a run "
+        "(the same steps; bit-identical weights with --set train.deterministic=true); a time budget does not, by "
+        "design: how many steps fit depends on the machine's speed and load."
     ),
-    data: Optional[Path] = typer.Option(None, "--data", help="A directory written by `tinyelectra prepare`."),
+    data: Optional[Path] = typer.Option(
+        None, "--data", help="A directory written by `tinyelectra prepare`. Without --data or --corpus the run trains "
+        "on the built-in smoke-test corpus (about 2 MB of Python's own documentation: for trying things, not for "
+        "pre-training)."),
     corpus: Optional[list[str]] = typer.Option(None, "--corpus", help="Prepare these sources first (cached under the run)."),
-    recipe: str = typer.Option("electra-small", "--recipe", help="A shipped recipe's name (`tinyelectra recipe` lists them) or a .toml path."),
+    recipe: str = typer.Option(
+        "electra-small", "--recipe", help="A shipped recipe's name (`tinyelectra recipe` lists them) or a .toml path. "
+        "The default, electra-small, is the paper's model with its 1M-step schedule (4 days on a V100); 'tiny' is a "
+        "small CPU recipe."),
     gpu: Optional[int] = typer.Option(None, "--gpu", help="CUDA device index."),
     device: Optional[str] = typer.Option(None, "--device", help="'cpu' (or a torch device string)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default runs/RECIPE-BUDGET)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue the run in --out exactly where it stopped."),
+    resume: bool = typer.Option(
+        False, "--resume", help="Continue the run in --out where it stopped (from step 0 if it stopped during "
+        "start-up, before its first resume state). A finished run is left as it is."),
+    force: bool = typer.Option(
+        False, "--force", help="Start over: delete the run already in --out first (its resume state, fraction "
+        "checkpoints, plan, metrics, summary, and the GLUE results and report made from them), listing what it "
+        "deleted. Nothing is ever deleted without it."),
     init: Optional[Path] = typer.Option(
         None, "--init", help="Start from these weights (continued pre-training): a tinyelectra checkpoint, a "
         "`tinyelectra export` directory, or a transformers ELECTRA discriminator directory. Shapes must match the recipe."
@@ -135,14 +149,21 @@ def train(
     The five checkpoints are snapshots of ONE run whose learning-rate schedule spans the whole budget (the paper's
     Table 1 "partial training"); a separately scheduled shorter run is simply a smaller --budget.
     Time budgets count training time only: start-up (data preparation, building and compiling, the first step)
-    and checkpoint/evaluation/resume-state writes are excluded and reported. Ctrl-C (SIGINT) or SIGTERM saves a
-    resume state and exits; --resume continues exactly where the run stopped.
+    and checkpoint/evaluation/resume-state writes are excluded and reported; the end and the checkpoint steps are
+    re-planned from the measured speed, and plan.json says what happened.
+    Ctrl-C (SIGINT) or SIGTERM saves a resume state and exits; --resume continues exactly where the run stopped.
+    Running the same command on a finished run does nothing.
     """
+    from tinyelectra.budget import parse_budget
+
+    parse_budget(budget)  # a bad budget is refused before torch is imported (seconds)
+    if resume and force:
+        raise UserError("give either --resume (continue the run in --out) or --force (start it over), not both")
     from tinyelectra.train import train_command
 
     train_command(
         budget=budget, data_dir=data, corpus=corpus, recipe_name=recipe, gpu=gpu, device=device, out_dir=out,
-        resume=resume, overrides=list(set_ or []), command=_command_line(), init=init,
+        resume=resume, overrides=list(set_ or []), command=_command_line(), init=init, force=force,
     )
 
 
@@ -254,15 +275,29 @@ def _expand_multi_value(argv: list[str], flag: str) -> list[str]:
 
 
 def main() -> None:
+    from tinyelectra.errors import Interrupted, interrupts_raise
+    from tinyelectra.files import WRITE_ERRNOS, os_error_line
+
     sys.argv[1:] = _expand_multi_value(sys.argv[1:], "--corpus")
     try:
-        app()
+        with interrupts_raise():  # SIGTERM too runs clean-up; commands say what they kept before this ends them
+            app()
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {_one_line(str(e))}", file=sys.stderr)
         sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        sys.exit(130)
+    except OSError as e:
+        if e.errno not in WRITE_ERRNOS:
+            raise
+        print(f"error: {_one_line(os_error_line(e))}", file=sys.stderr)  # a full disk, a read-only location, ...
+        sys.exit(2)
+    except (Interrupted, KeyboardInterrupt) as e:
+        name = getattr(e, "signal_name", "SIGINT")
+        print(f"interrupted ({name})", file=sys.stderr)
+        sys.exit(getattr(e, "exit_code", 130))
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 if __name__ == "__main__":

@@ -338,6 +338,10 @@ def load_recipe(name_or_path: str, overrides: list[str] | None = None) -> Recipe
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise UserError(f"{path}: not valid TOML ({e})") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not a text file (a recipe is TOML, UTF-8)") from None
+    except OSError as e:
+        raise UserError(f"{path}: cannot be read ({e.strerror or e})") from None
     recipe = recipe_from_dict(raw, where=str(path))
     return recipe.with_overrides(overrides or [])
 

@@ -35,6 +35,7 @@ import numpy as np
 
 from tinyelectra.corpus import CorpusReader, Document, resolve_inputs
 from tinyelectra.errors import UserError
+from tinyelectra.files import check_writable, os_error_line
 from tinyelectra.tokenizer import CASINGS, CHARACTER_COVERAGE, PROFILE_FILE, TOKENIZER_TYPES, Tokenizer, choose_casing, text_profile
 
 if TYPE_CHECKING:
@@ -286,9 +287,9 @@ def prepare(
     character occurrences the alphabet (WordPiece) or the model (SentencePiece) covers. `pack_documents` lets short
     documents share examples. The manifest records each choice and its reason, and the fill ratio."""
     started = time.perf_counter()
-    from rich.console import Console
+    from tinyelectra.logs import make_console
 
-    console = Console(stderr=True, quiet=quiet, highlight=False)
+    console = make_console(quiet=quiet, highlight=False)
     say = lambda msg: console.print(f"prepare: {msg}", markup=False)  # noqa: E731
     if not MIN_SEQ_LEN <= seq_len <= MAX_SEQ_LEN:
         raise UserError(f"--seq-len {seq_len}: must be between {MIN_SEQ_LEN} and {MAX_SEQ_LEN}")
@@ -338,6 +339,7 @@ def prepare(
         say(f"{out_dir} already holds this dataset (same sources and settings): reusing it")
         return cached
 
+    check_writable(out_dir.parent, "--out")  # before any work; leaves nothing behind
     tmp = out_dir.parent / f"{out_dir.name}.tmp-{os.getpid()}"
     _remove_stale_tmp_dirs(out_dir)
     writers: dict[str, _ShardWriter] = {}
@@ -473,11 +475,11 @@ def prepare(
         _move_into_place(tmp, out_dir)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        if e.errno == errno.ENOSPC:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
             written = sum(w.bytes_written for w in writers.values()) / 1e6
-            raise UserError(f"no space left on device while writing {out_dir} ({written:.0f} MB of shards were written, "
+            raise UserError(f"{(e.strerror or 'write failed').lower()} while writing {out_dir} ({written:.0f} MB of shards were written, "
                             f"now removed); free some space or choose another --out") from None
-        raise
+        raise UserError(f"--out {out_dir}: {os_error_line(e)} (nothing was left behind)") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -721,13 +723,34 @@ class PretrainData:
             raise UserError(f"{self.path}: no split {split!r} (has: {', '.join(self.manifest['splits'])})")
 
     def _open(self, split: str) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The split's shards, memory-mapped; a damaged or truncated one is a UserError naming it."""
         if split not in self._shards:
             self._check_split(split)
-            shards = [(np.load(self.path / s["ids"], mmap_mode="r"), np.load(self.path / s["meta"], mmap_mode="r"))
-                      for s in self.manifest["splits"][split]["shards"]]
+            shards = []
+            for s in self.manifest["splits"][split]["shards"]:
+                ids, meta = self._load(s["ids"]), self._load(s["meta"])
+                if ids.ndim != 2 or ids.shape[1] != self.seq_len or meta.shape != (len(ids), 2):
+                    raise UserError(f"{self.path / s['ids']}: damaged (shapes {ids.shape} and {meta.shape} do not "
+                                    f"fit {self.seq_len}-token rows); prepare the data again")
+                shards.append((ids, meta))
+            rows = sum(len(ids) for ids, _ in shards)
+            if rows != self.num_rows(split):
+                raise UserError(f"{self.path}: the {split} shards hold {rows} rows, manifest.json says "
+                                f"{self.num_rows(split)}; prepare the data again")
             self._shards[split] = shards
             self._starts[split] = np.cumsum([0] + [len(ids) for ids, _ in shards])
         return self._shards[split]
+
+    def _load(self, name: str) -> np.ndarray:
+        try:
+            return np.load(self.path / name, mmap_mode="r", allow_pickle=False)
+        except (ValueError, OSError, EOFError) as e:
+            raise UserError(f"{self.path / name}: damaged ({str(e).splitlines()[0][:120] if str(e) else type(e).__name__}); "
+                            "prepare the data again") from None
+
+    def verify(self, split: str) -> None:
+        """Open the split's shards now (headers and sizes checked), so a damaged file stops the set-up, not step 1."""
+        self._open(split)
 
     def rows(self, split: str, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Token rows (B, T) and their [boundary, length] (B, 2) for global row indices, in the order given."""

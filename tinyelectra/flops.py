@@ -387,14 +387,15 @@ def flops_command(
     recipe_name: str, steps: int | None, batch: int | None, seq_len: int | None, overrides: list[str],
 ) -> None:
     """`tinyelectra flops`: both conventions per step, per token and in total, inference FLOPs, Table 1 fractions."""
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
+
+    from tinyelectra.logs import make_console
 
     recipe = recipe_for_flops(recipe_name, steps, batch, seq_len, overrides)
     m, obj, tr = recipe.model, recipe.objective, recipe.train
     s = summarize(m, obj, tr.batch_size, tr.seq_len, tr.steps)
-    console = Console(highlight=False)
+    console = make_console(stderr=False, highlight=False)
 
     shape = f"L{m.num_layers} H{m.hidden_size} E{m.embedding_size} I{m.ffn_size} A{m.num_heads} V{m.vocab_size}"
     if obj.kind == "electra":

@@ -638,7 +638,9 @@ def run_checkpoint(ref: CheckpointRef, data: dict[str, TaskData], fc: FinetuneCo
         "precision_reason": precision_reason, "torch": torch.__version__, "threads": torch.get_num_threads(),
         "platform": platform.platform(), "command": command, "complete": False,
     }
-    previous = _reusable(target, result)
+    previous, previous_seeds = _reusable(target, result)
+    if previous_seeds:  # kept on disk until their tasks are reached and finished
+        result["partial"] = dict(previous_seeds)
     started = time.perf_counter()
     for task in tasks:
         if task in previous and previous[task][1] == data[task].describe():  # same rows from the same files
@@ -647,6 +649,13 @@ def run_checkpoint(ref: CheckpointRef, data: dict[str, TaskData], fc: FinetuneCo
             result["tasks"][task] = previous_entry
             result["data"][task] = data[task].describe()
             continue
+        finished = {}  # seed -> its record, kept from an interrupted run of the same task on the same rows
+        if task in previous_seeds and previous_seeds[task]["data"] == data[task].describe():
+            finished = {r["seed"]: r for r in previous_seeds[task]["seeds"] if r["seed"] in seeds}
+            if data[task].test:  # a reused seed's test predictions are needed if it is the median one
+                finished = {k: r for k, r in finished.items() if _seed_outputs_path(target, task, k).is_file()}
+            if finished:
+                console.print(f"[dim]{ref.name} {task}: reusing {len(finished)} finished seed(s) from {target}[/]")
         key = (tokenizer.fingerprint(), fc.max_length, task)
         if key not in encoded_cache:
             encoded_cache[key] = encode_task(tokenizer, data[task], fc.max_length)
@@ -661,6 +670,11 @@ def run_checkpoint(ref: CheckpointRef, data: dict[str, TaskData], fc: FinetuneCo
             for k, seed in enumerate(seeds):
                 progress.update(bar, description=f"{ref.name} {task} seed {k + 1}/{len(seeds)}")
                 done_before = k * steps
+                if seed in finished:
+                    seed_results.append(finished[seed])
+                    test_outputs.append(_load_seed_outputs(target, task, seed, len(data[task].test)))
+                    progress.update(bar, completed=done_before + steps)
+                    continue
                 what = f"{ref.name} {task} seed {k + 1}/{len(seeds)}"
 
                 def on_step(step: int, loss: float | None, _base=done_before, _what=what) -> None:
@@ -687,6 +701,11 @@ def run_checkpoint(ref: CheckpointRef, data: dict[str, TaskData], fc: FinetuneCo
                               steps=facts["steps"], final_loss=facts["final_loss"])
                 seed_results.append(record)
                 del model
+                # every finished seed is on disk at once: an interrupt loses at most the seed being trained
+                if data[task].test:
+                    _save_seed_outputs(target, task, seed, test_outputs[-1])
+                result.setdefault("partial", {})[task] = {"seeds": list(seed_results), "data": data[task].describe()}
+                _write_json_atomic(target, result)
         entry = {"epochs": fc.task_epochs(task), "train_rows": len(enc.train), "steps_per_epoch": per_epoch,
                  "steps": steps, "peak_lr": fc.peak_lr(cfg.hidden_size), "truncated_train_rows": enc.train.truncated,
                  "seeds": seed_results, **summarize_task(task, seed_results)}
@@ -699,7 +718,12 @@ def run_checkpoint(ref: CheckpointRef, data: dict[str, TaskData], fc: FinetuneCo
         result["tasks"][task] = entry
         result["data"][task] = data[task].describe()
         result["averages"] = task_averages(result["tasks"])
+        (result.get("partial") or {}).pop(task, None)
+        if not result.get("partial"):
+            result.pop("partial", None)
         _write_json_atomic(target, result)  # after every task: a long run keeps what it finished
+        for seed in seeds:
+            _seed_outputs_path(target, task, seed).unlink(missing_ok=True)
         console.print(_task_line(ref.name, task, entry))
         if ref.run_dir is not None and result["meta"].get("step") is not None:
             _tensorboard_scalar(ref.run_dir, f"glue/{task}", entry["median_paper"], result["meta"]["step"])
@@ -750,25 +774,62 @@ class _PlainProgress:
 PLAIN_PROGRESS_SECONDS = 30.0
 
 
-def _reusable(target: Path, fresh: dict[str, Any]) -> dict[str, tuple[dict, dict]]:
-    """Finished tasks of an earlier glue.json for the same checkpoint, protocol and seeds (else nothing), each with
-    the description of the data it used: {task: (task entry, data description)}."""
+def _reusable(target: Path, fresh: dict[str, Any]) -> tuple[dict[str, tuple[dict, dict]], dict[str, dict]]:
+    """What an earlier glue.json for the same checkpoint, protocol and seeds holds (else nothing): its finished tasks,
+    each with the description of the data it used, {task: (task entry, data description)}; and the finished seeds of
+    tasks it did not finish (interrupted), {task: {"seeds": [records], "data": description}}."""
     if not target.is_file():
-        return {}
+        return {}, {}
     try:
         old = json.loads(target.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return {}
+        return {}, {}
     same = (old.get("format") == FORMAT and old.get("checkpoint", {}).get("path") == fresh["checkpoint"]["path"]
             and old.get("seeds") == fresh["seeds"] and old.get("meta") == fresh["meta"]
             and old.get("device") == fresh["device"] and old.get("precision") == fresh["precision"])
     if not same:
-        return {}
+        return {}, {}
     old_settings = (old.get("protocol") or {}).get("settings")
     if old_settings != fresh["protocol"]["settings"] or old["protocol"].get("max_train_rows") != fresh["protocol"]["max_train_rows"]:
-        return {}
-    return {t: (v, (old.get("data") or {}).get(t)) for t, v in (old.get("tasks") or {}).items()
-            if t in fresh["protocol"]["epochs"]}
+        return {}, {}
+    tasks = {t: (v, (old.get("data") or {}).get(t)) for t, v in (old.get("tasks") or {}).items()
+             if t in fresh["protocol"]["epochs"]}
+    partial = {t: v for t, v in (old.get("partial") or {}).items() if t in fresh["protocol"]["epochs"] and t not in tasks}
+    return tasks, partial
+
+
+def _seed_outputs_path(target: Path, task: str, seed: int) -> Path:
+    """A finished seed's test-set outputs, kept until its task is finished (the median seed's become the submission)."""
+    return target.parent / "partial" / f"{task}-seed{seed}.npz"
+
+
+def _save_seed_outputs(target: Path, task: str, seed: int, outputs: list[np.ndarray]) -> None:
+    import io
+
+    from tinyelectra.files import write_atomic
+
+    buffer = io.BytesIO()
+    np.savez(buffer, *outputs)
+    write_atomic(_seed_outputs_path(target, task, seed), buffer.getvalue())
+
+
+def _load_seed_outputs(target: Path, task: str, seed: int, count: int) -> list[np.ndarray]:
+    if count == 0:
+        return []
+    with np.load(_seed_outputs_path(target, task, seed), allow_pickle=False) as z:
+        return [z[f"arr_{i}"] for i in range(count)]
+
+
+def _kept(path: Path) -> str:
+    """What an interrupted `glue` left in `path`, in words."""
+    try:
+        result = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return f"nothing finished was written yet ({path})"
+    tasks = list(result.get("tasks") or {})
+    seeds = sum(len(v.get("seeds", [])) for v in (result.get("partial") or {}).values())
+    parts = ([f"finished tasks {', '.join(tasks)}"] if tasks else []) + ([f"{seeds} finished seed(s) of unfinished tasks"] if seeds else [])
+    return f"kept {' and '.join(parts) or 'nothing finished yet'} in {path}"
 
 
 def _device_name(device) -> str:
@@ -824,13 +885,13 @@ def glue_command(checkpoint: Path, glue_dir: Path | None, use_hf: bool, tasks: s
                  command: str, task_files: list[Path] | None = None) -> list[Path]:
     """`tinyelectra glue`: fine-tune every selected checkpoint on every selected task (GLUE's, and those of
     --task-file); returns the glue.json paths."""
+    from tinyelectra.errors import Interrupted
+    from tinyelectra.files import check_writable
     from tinyelectra.glue_data import load_task_file
-
-    from rich.console import Console
-
+    from tinyelectra.logs import make_console
     from tinyelectra.runtime import configure_matmul, pick_device, pick_precision
 
-    console = Console()
+    console = make_console(stderr=False)
     fc = FinetuneConfig.from_overrides(overrides)
     if seeds < 1:
         raise UserError("--seeds must be at least 1")
@@ -842,6 +903,8 @@ def glue_command(checkpoint: Path, glue_dir: Path | None, use_hf: bool, tasks: s
     configure_matmul(precision, dev)
     if out_dir is None:
         out_dir = (refs[0].run_dir if refs[0].run_dir is not None else Path(checkpoint)) / "glue"
+    for ref in refs:  # before any fine-tuning: results that cannot be written are not computed
+        check_writable(Path(out_dir) / ref.name, "--out")
     for task, why in skipped.items():
         console.print(f"skipping {task}: {why}")
     data = {}
@@ -856,9 +919,14 @@ def glue_command(checkpoint: Path, glue_dir: Path | None, use_hf: bool, tasks: s
     cache: dict = {}
     written = []
     for ref in refs:
-        run_checkpoint(ref, data, fc, seed_list, Path(out_dir), dev, precision, reason, max_train_rows, skipped,
-                       command, console, cache)
         path = Path(out_dir) / ref.name / "glue.json"
+        try:
+            run_checkpoint(ref, data, fc, seed_list, Path(out_dir), dev, precision, reason, max_train_rows, skipped,
+                           command, console, cache)
+        except Interrupted as e:
+            console.print(f"interrupted ({e.signal_name}): {_kept(path)}; run the same command again to continue "
+                          "(finished tasks and seeds are reused)", highlight=False)
+            raise
         result = json.loads(path.read_text(encoding="utf-8"))
         for kind in ("paper", "glue"):
             avg = result["averages"].get(kind)

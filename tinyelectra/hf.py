@@ -279,17 +279,27 @@ def _load_hf(cls, d: Path, raw: dict[str, Any]):
     try:
         with quiet_transformers():
             model, info = cls.from_pretrained(str(d), output_loading_info=True)
+    except pickle.UnpicklingError:  # not torch's text: it advises weights_only=False, which runs what the file holds
+        raise UserError(f"{d}: damaged weights file (not a readable PyTorch weights file)") from None
     except OSError as e:
-        raise UserError(f"{d}: no readable weights ({str(e).splitlines()[0][:200]})") from None
-    except (SafetensorError, EOFError, pickle.UnpicklingError) as e:
-        raise UserError(f"{d}: damaged weights file ({str(e).splitlines()[0][:200]})") from None
+        raise UserError(f"{d}: no readable weights ({_reason(e)})") from None
+    except (SafetensorError, EOFError) as e:
+        raise UserError(f"{d}: damaged weights file ({_reason(e)})") from None
     except (RuntimeError, ValueError) as e:
-        raise UserError(f"{d}: weights do not match config.json ({str(e).splitlines()[0][:200]})") from None
+        raise UserError(f"{d}: weights do not match config.json ({_reason(e)})") from None
     missing = sorted(info.get("missing_keys", ()))
     if missing:
         shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
         raise UserError(f"{d}: not a complete {cls.__name__} checkpoint; missing weights: {shown}")
     return model.float().eval()  # fp32 whatever the stored dtype (our modules hold fp32 master weights)
+
+
+def _reason(e: BaseException) -> str:
+    """The first line of a loader's error, unless it is torch's advice to load with weights_only=False."""
+    text = str(e).strip()
+    if "weights_only" in text:
+        return "not a readable PyTorch weights file"
+    return text.splitlines()[0][:200] if text else type(e).__name__
 
 
 def tokenizer_dir_of(d: Path, vocab_size: int) -> Path | None:
@@ -316,7 +326,10 @@ def load_backbone(path: Path) -> Backbone:
     """A tinyelectra checkpoint (its discriminator, or the MLM encoder) or a transformers ELECTRA directory."""
     p = Path(path)
     if is_checkpoint(p):
+        from tinyelectra.files import verify_sha256
+
         recipe, objective = read_checkpoint_config(p)
+        verify_sha256(p, "the checkpoint")
         cfg = recipe.model
         name, enc_prefix = ("discriminator", "discriminator.") if objective == "electra" else ("generator", "generator.")
         sd = read_tensors(p / f"{name}.safetensors")
@@ -530,13 +543,27 @@ def export(model, recipe, meta: dict[str, Any], tokenizer_dir: Path | None, out_
 
 
 def export_command(checkpoint: Path, out_dir: Path, languages: list[str] | None = None, license_id: str | None = None) -> None:
-    """`tinyelectra export CKPT --out DIR [--language CODE ...] [--license ID]`."""
+    """`tinyelectra export CKPT --out DIR [--language CODE ...] [--license ID]`. Refuses a checkpoint without its
+    tokenizer (an export that cannot encode text is not usable) and an output location it cannot write, before any
+    work."""
+    from safetensors import SafetensorError
+
+    from tinyelectra.files import check_writable
+
     model, recipe, meta = load_checkpoint(Path(checkpoint))
-    tok = Path(checkpoint) / "tokenizer"
-    tokenizer_dir = tok if tok.is_dir() else None
-    written = export(model, recipe, meta, tokenizer_dir, Path(out_dir), languages, license_id)
+    tokenizer_dir = Path(checkpoint) / "tokenizer"
+    if not tokenizer_dir.is_dir():
+        raise UserError(f"{checkpoint}: no tokenizer/ directory beside the weights; an export without its tokenizer "
+                        f"cannot encode text (copy the tokenizer/ of the data it was trained on into {checkpoint})")
+    out_dir = Path(out_dir)
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise UserError(f"--out {out_dir}: already exists and is not empty; choose a new directory")
+    check_writable(out_dir, "--out")
+    try:
+        written = export(model, recipe, meta, tokenizer_dir, out_dir, languages, license_id)
+    except SafetensorError as e:  # transformers writes the weights through safetensors, which drops the errno
+        detail = str(e).strip().splitlines()[0][:200] if str(e).strip() else "write failed"
+        raise UserError(f"--out {out_dir}: cannot write the export ({detail}); nothing was left behind") from None
     for d in written:
         cls_name = "ElectraForPreTraining" if d.name == "discriminator" else "ElectraForMaskedLM"
         print(f"wrote {d} ({cls_name}; from_pretrained('{d}'))")
-    if tokenizer_dir is None:
-        print(f"note: {checkpoint} has no tokenizer/ directory, so the export has no tokenizer files")

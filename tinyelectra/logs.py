@@ -1,42 +1,60 @@
-"""What a training run shows and records: one-line notes, the plan table, a progress bar (or plain lines in logs),
-metrics.jsonl, TensorBoard when installed, and the closing FLOPs report. Nothing here changes what is trained."""
+"""What a training run shows and records: one-line notes, the plan table, a progress display (or plain lines in logs),
+metrics.jsonl, TensorBoard when installed, and the closing FLOPs report. Nothing here changes what is trained.
+
+`make_console` is the one place that decides how text reaches a person: in a terminal rich wraps to its width; in a
+file (CI logs, `2> train.log`) nothing is wrapped, so every line stays whole for grep.
+"""
 
 from __future__ import annotations
 
 import json
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
-
-import torch
 
 from tinyelectra.budget import Plan
 from tinyelectra.config import Recipe
-from tinyelectra.model import Electra, count_parameters
-from tinyelectra.runtime import device_name
+
+FILE_LOG_WIDTH = 400  # columns a table may take when the output is a file; plain lines are never wrapped
+
+
+def make_console(stderr: bool = True, **options):
+    """A rich Console: as rich sets it up in a terminal; unwrapped (soft wrap, wide tables) when writing to a file."""
+    from rich.console import Console
+
+    console = Console(stderr=stderr, **options)
+    if not console.is_terminal:
+        console = Console(stderr=stderr, soft_wrap=True, width=FILE_LOG_WIDTH, **options)
+    return console
 
 
 class Log:
-    """metrics.jsonl (one JSON object per log step / event), TensorBoard when installed, one-line notes."""
+    """metrics.jsonl (one JSON object per log step / event), TensorBoard when installed, one-line notes.
+    Nothing is written into the run directory before the first metrics line (bad input leaves no files behind)."""
 
     def __init__(self, run_dir: Path, main: bool) -> None:
-        from rich.console import Console
-
         self.main = main
+        self.run_dir = run_dir
         self.path = run_dir / "metrics.jsonl"
-        self.console = Console(stderr=True)
+        self.console = make_console()
         self.tb = None
-        if main:
+        self._tb_tried = False
+
+    def _tensorboard(self):
+        if not self._tb_tried:
+            self._tb_tried = True
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self.tb = SummaryWriter(str(run_dir / "tensorboard"))
+                self.tb = SummaryWriter(str(self.run_dir / "tensorboard"))
             except ImportError:  # optional: said once
                 self.once("TensorBoard: not installed, so metrics go to metrics.jsonl only "
                           "(pip install 'tinyelectra[tensorboard]' adds RUN/tensorboard)")
             except Exception as e:  # installed but broken: said once, the run goes on
                 self.once(f"TensorBoard: unavailable ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}); "
                           "metrics go to metrics.jsonl only")
+        return self.tb
 
     def once(self, text: str) -> None:
         if self.main and text:
@@ -48,43 +66,55 @@ class Log:
         if not self.main:
             return
         with self.path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(rec) + "\n")
-        if self.tb is None:
+            f.write(json.dumps(rec) + "\n")  # one write per line; a line cut short by a full disk is dropped on resume
+        tb = self._tensorboard()
+        if tb is None:
             return
         if "event" not in rec:
             for k, v in rec.items():
                 if isinstance(v, (int, float)) and v is not None and k != "step":
-                    self.tb.add_scalar(k, v, rec["step"])
+                    tb.add_scalar(k, v, rec["step"])
         elif rec["event"] == "checkpoint":  # held-out diagnostics (diagnostics.evaluate) under heldout/
             for k, v in (rec.get("eval") or {}).items():
                 if isinstance(v, (int, float)) and k != "rows":
-                    self.tb.add_scalar(f"heldout/{k}", float(v), rec["step"])
-            self.tb.flush()
+                    tb.add_scalar(f"heldout/{k}", float(v), rec["step"])
+            tb.flush()
 
     def truncate_after(self, step: int) -> None:
-        """After a resume, drop log lines of steps that will be run again."""
+        """After a resume, drop log lines of steps that will be run again (and a last line cut short by a crash)."""
+        from tinyelectra.files import write_atomic
+
         if not self.main or not self.path.exists():
             return
-        keep = [line for line in self.path.read_text(encoding="utf-8").splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= step]
-        self.path.write_text("".join(k + "\n" for k in keep), encoding="utf-8")
+        keep = []
+        for line in self.path.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and rec.get("step", 0) <= step:
+                keep.append(line)
+        write_atomic(self.path, "".join(k + "\n" for k in keep))
 
-    def plan(self, plan: Plan, recipe: Recipe, model: Electra, precision: str, device: torch.device, command: str) -> None:
+    def plan(self, plan: Plan, recipe: Recipe, model, precision: str, device, command: str) -> None:
         if not self.main:
             return
         from rich.table import Table
 
         from tinyelectra.flops import format_flops
+        from tinyelectra.model import count_parameters
+        from tinyelectra.runtime import device_name
 
-        t = Table(title=f"plan: {recipe.name}, budget {plan.budget}" + (" (provisional until throughput is measured)" if plan.status == "provisional" else ""),
+        provisional = plan.status == "provisional"
+        t = Table(title=f"plan: {recipe.name}, budget {plan.budget}" + (" (steps planned once the speed is measured)" if provisional else ""),
                   show_header=False, title_justify="left")
-        if plan.status == "provisional":
-            t.add_row("steps", "as many as fit: planned from the throughput measured over the first steps, then re-planned as it goes")
+        if provisional:
+            t.add_row("steps", "as many as fit: planned from the speed measured over the first steps, then re-planned as it changes")
         else:
             t.add_row("steps", f"{plan.total_steps:,} (warm-up {plan.warmup_steps:,})")
         t.add_row("batch", f"{plan.batch_size} x {plan.seq_len} = {plan.tokens_per_step:,} tokens per step")
-        if plan.status == "provisional":
-            t.add_row("checkpoints", "at 6.25%, 12.5%, 25%, 50% and 100% of the steps")
+        if provisional:
+            t.add_row("checkpoints", "at 6.25%, 12.5%, 25%, 50% and 100% of the steps, each on its own step")
             t.add_row("FLOPs per step, paper convention", format_flops(plan.train_flops_paper_per_step))
             t.add_row("FLOPs per step, hardware convention", format_flops(plan.train_flops_hardware_per_step))
         else:
@@ -93,9 +123,12 @@ class Log:
             t.add_row("FLOPs, paper convention", format_flops(plan.train_flops_paper))
             t.add_row("FLOPs, hardware convention", format_flops(plan.train_flops_hardware))
         if plan.budget_seconds:
-            t.add_row("wall-clock budget", f"{plan.budget_seconds:,.0f} s of training time")
+            t.add_row("wall-clock budget", f"{plan.budget_seconds:,.0f} s of training time (not reproducible: the steps "
+                      "that fit depend on the machine's speed and load)")
         t.add_row("model", f"{count_parameters(model):,} parameters, {precision} on {device_name(device)}")
         self.console.print(t)
+        for note in plan.notes:
+            self.once(note)
 
     def summary(self, s: dict, plan: Plan) -> None:
         from rich.table import Table
@@ -109,42 +142,67 @@ class Log:
         budget_txt = f" (budget {s['budget_seconds']:.0f} s)" if s["budget_seconds"] else ""
         t.add_row("training time", f"{s['train_seconds']:.1f} s{budget_txt}")
         t.add_row("excluded", f"checkpoints/eval/state {s['excluded_seconds']['checkpoints_eval_state']:.1f} s")
-        t.add_row("checkpoints", ", ".join(s["checkpoints"]))
+        t.add_row("checkpoints", ", ".join(f"{n}@{s['checkpoint_steps'][n]:,}" for n in s["checkpoints"]))
         self.console.print(t)
 
 
 class Progress:
-    """A rich progress bar: step, losses, accuracies, lr, tokens/s, MFU, ETA to the next checkpoint and the end.
-    When stderr is not a terminal (CI logs), one plain line per log step instead."""
+    """The step counter, a bar and the ETAs on one short line that fits an 80-column terminal, the losses,
+    accuracies, lr and speed on the line below (wrapped, never cut). Before a time budget's speed is measured the
+    total is unknown and shown as such ("12/?"), never as a placeholder number. When stderr is not a terminal
+    (CI logs), one plain line per log step instead."""
 
-    def __init__(self, plan: Plan, step: int, main: bool) -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeRemainingColumn
+    def __init__(self, plan: Plan, step: int, main: bool, clock: Callable[[], float] = time.perf_counter,
+                 console=None) -> None:
+        from rich.progress import BarColumn, Progress as RichProgress, TextColumn
+        from rich.text import Text
+
+        class TwoLines(RichProgress):
+            def get_renderables(self):
+                yield self.make_tasks_table(self.tasks)
+                for task in self.tasks:
+                    if task.fields.get("info"):
+                        yield Text(task.fields["info"], overflow="fold")
 
         self.main = main
-        self.console = Console(stderr=True)
+        self.console = console if console is not None else make_console()
         self.live = main and self.console.is_terminal
         self.plan = plan
-        self.t0 = time.perf_counter()
+        self.clock = clock
+        self.t0 = clock()
         self.step0 = step
-        if self.live:
-            self.bar = RichProgress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                                    TextColumn("{task.fields[info]}"), console=self.console, transient=False)
-            self.task = self.bar.add_task("train", total=plan.total_steps, completed=step, info="")
-            self.bar.start()
+        self.step = step
+        if main:
+            self.bar = TwoLines(TextColumn("[bold]train[/] {task.fields[counter]}"), BarColumn(bar_width=None),
+                                TextColumn("{task.fields[eta]}"), console=self.console, transient=False, expand=True)
+            self.task = self.bar.add_task("train", total=plan.total_steps, completed=step, info="",
+                                          counter=self._counter(step), eta=self._eta(step))
+            if self.live:
+                self.bar.start()
+
+    def _counter(self, step: int) -> str:
+        total = "?" if self.plan.total_steps is None else f"{self.plan.total_steps:,}"
+        return f"{step:,}/{total}"
+
+    def _eta(self, step: int) -> str:
+        if self.plan.total_steps is None:
+            return "measuring the speed"
+        rate = (step - self.step0) / max(self.clock() - self.t0, 1e-9)
+        upcoming = [s for s in self.plan.checkpoint_steps.values() if s > step]
+        eta_ckpt = (min(upcoming) - step) / rate if upcoming and rate > 0 else None
+        eta_end = (self.plan.total_steps - step) / rate if rate > 0 else float("inf")
+        text = f"end {_hms(eta_end)}"
+        return text + (f" · next ckpt {_hms(eta_ckpt)}" if eta_ckpt is not None else "")
 
     def replan(self, plan: Plan) -> None:
         self.plan = plan
-        if self.live:
-            self.bar.update(self.task, total=plan.total_steps)
+        if self.main:
+            self.bar.update(self.task, total=plan.total_steps, counter=self._counter(self.step), eta=self._eta(self.step))
 
     def update(self, step: int, rec: dict) -> None:
         if not self.main:
             return
-        rate = (step - self.step0) / max(time.perf_counter() - self.t0, 1e-9)
-        upcoming = [s for s in self.plan.checkpoint_steps.values() if s > step]
-        eta_ckpt = (min(upcoming) - step) / rate if upcoming and rate > 0 else 0.0
-        eta_end = (self.plan.total_steps - step) / rate if rate > 0 else float("inf")
+        self.step = step
         parts = [f"loss g {rec['gen_loss']:.3f}"]
         if "disc_loss" in rec:
             parts.append(f"d {rec['disc_loss']:.4f}")
@@ -154,16 +212,20 @@ class Progress:
         parts += [f"lr {rec['lr']:.2e}", f"{rec['tokens_per_second']:,.0f} tok/s"]
         if rec.get("mfu") is not None:
             parts.append(f"MFU {100 * rec['mfu']:.1f}%")
-        parts += [f"next ckpt {_hms(eta_ckpt)}", f"end {_hms(eta_end)}"]
         info = " | ".join(parts)
-        if self.live:
-            self.bar.update(self.task, completed=step, info=info)
-        else:
-            self.console.print(f"step {step}/{self.plan.total_steps} | {info}", highlight=False)
+        self.bar.update(self.task, completed=step, info=info, counter=self._counter(step), eta=self._eta(step))
+        if not self.live:
+            self.console.print(f"step {self._counter(step)} | {self._eta(step)} | {info}", highlight=False)
+
+    def renderable(self):
+        """What the live display shows now (tests render it at a given width)."""
+        return self.bar.get_renderable()
 
     def note(self, text: str) -> None:
         if self.main:
-            (self.bar.console if self.live else self.console).print(f"[dim]·[/dim] {text}", highlight=False)
+            from rich.markup import escape
+
+            (self.bar.console if self.live else self.console).print(f"[dim]·[/dim] {escape(text)}", highlight=False)
 
     def close(self) -> None:
         if self.live:

@@ -615,22 +615,21 @@ def _save_fig(fig, path: Path) -> None:
     write_atomic(path, png.getvalue())
 
 
-def _write_text(path: Path, text: str) -> None:
-    write_atomic(path, text)
-
-
 def report_command(run_dir: Path, out_dir: Path | None) -> dict[str, Any]:
     """`tinyelectra report RUN_DIR`: write report.json, report.md and the plots (default: into RUN_DIR)."""
+    from tinyelectra.files import check_writable
+
     run_dir = Path(run_dir)
     rep = build_report(run_dir)
     out = Path(out_dir) if out_dir is not None else run_dir
+    check_writable(out, "--out")
     out.mkdir(parents=True, exist_ok=True)
     if plot_glue(rep, out / "glue_vs_compute.png"):
         rep["plots"].append("glue_vs_compute.png")
     if plot_curves(run_dir, rep, out / "pretraining_curves.png"):
         rep["plots"].append("pretraining_curves.png")
-    _write_text(out / "report.json", json.dumps(_finite(rep), indent=2) + "\n")
-    _write_text(out / "report.md", render_markdown(rep))
+    write_atomic(out / "report.json", json.dumps(_finite(rep), indent=2) + "\n")
+    write_atomic(out / "report.md", render_markdown(rep))
     print(f"wrote {out / 'report.md'}, {out / 'report.json'}" + "".join(f", {out / p}" for p in rep["plots"]))
     return rep
 

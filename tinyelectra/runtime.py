@@ -44,17 +44,22 @@ def pick_device(gpu: int | None = None, device: str | None = None) -> torch.devi
         except RuntimeError:
             raise UserError(f"--device {device!r} is not a device (use cpu, cuda or cuda:N)") from None
         if dev.type == "cuda":
-            return pick_device(gpu=dev.index or 0)
+            return _cuda(dev.index or 0, f"--device {device}")
         if dev.type != "cpu":
             raise UserError(f"--device {device!r}: only cpu and cuda are supported")
         return dev
     if gpu is not None:
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if gpu < 0 or gpu >= count:
-            have = f"this machine has {count} CUDA GPU(s)" if count else "no CUDA GPU is available"
-            raise UserError(f"--gpu {gpu}: {have}; use --device cpu to run on the CPU")
-        return torch.device("cuda", gpu)
+        return _cuda(gpu, f"--gpu {gpu}")
     return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _cuda(index: int, flag: str) -> torch.device:
+    """cuda:index if this machine has it; else a UserError naming the flag the user gave."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if index < 0 or index >= count:
+        have = f"this machine has {count} CUDA GPU(s)" if count else "no CUDA GPU is available"
+        raise UserError(f"{flag}: {have}; use --device cpu to run on the CPU")
+    return torch.device("cuda", index)
 
 
 def pick_process_device(gpu: int | None, device: str | None, local_rank: int, world: int) -> torch.device:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import re
 import struct
 import unicodedata
@@ -404,6 +405,11 @@ class Tokenizer:
                 **specials, **limit,
             )
             fast.save_pretrained(str(d))
+        except Exception as e:  # tokenizers' own writer reports a failed write ("File too large (os error 27)") as a
+            code = re.search(r"os error (\d+)", str(e))  # bare Exception: give it back its errno, as an OSError
+            if code is None or isinstance(e, OSError):
+                raise
+            raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), str(d)) from None
         finally:
             hf_logging.set_verbosity(level)
         # transformers 5.x names its class "TokenizersBackend", unknown to 4.x; "PreTrainedTokenizerFast" is the

@@ -13,15 +13,17 @@ and the writing of checkpoints, their held-out evaluation and resume states.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
+import errno
 import json
+import math
 import os
 import shutil
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,15 +34,11 @@ from tinyelectra import budget as budgeting
 from tinyelectra.budget import Plan, make_plan, parse_budget
 from tinyelectra.config import Recipe, load_recipe, recipe_from_dict
 from tinyelectra.electra import STAT_KEYS, LossTerms, Masked, SpecialIds, combine, loss_terms, mask_batch, summarize
-from tinyelectra.errors import UserError
+from tinyelectra.errors import Interrupted, UserError
 from tinyelectra.logs import Log, Progress
 from tinyelectra.model import Electra, attention_kernel, count_parameters
 from tinyelectra.optim import build_optimizer, lr_at
 from tinyelectra.runtime import device_name
-
-CALIBRATION_STEPS = 5  # a time budget is first planned after this many steps (the first step is start-up)
-RATE_WINDOW_SECONDS = 10.0  # ... and re-planned from the throughput of the last max(this, 20% of elapsed) seconds
-
 
 # ----------------------------------------------------------------------------------------------------------------
 # processes
@@ -78,18 +76,21 @@ def step_seed(seed: int, step: int, row: int, stream: int) -> int:
 def train_command(
     budget: str, data_dir: Path | None, corpus: list[str] | None, recipe_name: str, gpu: int | None,
     device: str | None, out_dir: Path | None, resume: bool, overrides: list[str], command: str,
-    init: Path | None = None,
-) -> None:
+    init: Path | None = None, force: bool = False,
+) -> dict | None:
     from tinyelectra import runtime
+    from tinyelectra.logs import make_console
 
     dist = Dist.from_env()
+    bud = parse_budget(budget)
     recipe = load_recipe(recipe_name, overrides)
     notes: list[str] = []
     if data_dir is not None:
         recipe = adopt_data_vocab(recipe, data_dir, overrides, notes)
-    bud = parse_budget(budget)
     if gpu is not None and device is not None:
         raise UserError("give either --gpu N or --device, not both")
+    if resume and force:
+        raise UserError("give either --resume (continue the run in --out) or --force (start it over), not both")
     runtime.set_deterministic(recipe.train.deterministic)  # before anything touches CUDA: cuBLAS reads it once
     dev = runtime.pick_process_device(gpu, device, dist.local_rank, dist.world)  # torchrun: cuda:LOCAL_RANK
     run_dir = out_dir or Path("runs") / f"{recipe.name}-{bud.text}"
@@ -99,11 +100,18 @@ def train_command(
         if dev.type == "cuda":
             torch.cuda.set_device(dev)
         torch.distributed.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+    mode = None
     if dist.main:
-        _check_run_dir(run_dir, resume, recipe)
-    _barrier()
-    data_path = resolve_data(data_dir, corpus, recipe, run_dir, dist)
-    if corpus and not notes and not resume:  # --corpus with the recipe's data.tokenizer: its vocabulary decides too
+        mode = open_run_dir(run_dir, resume, force, recipe, bud, make_console())
+    if dist.enabled and torch.distributed.is_initialized():  # every process does what rank 0 decided
+        shared = [mode]
+        torch.distributed.broadcast_object_list(shared, 0)
+        mode = shared[0]
+    if mode == "done":
+        _cleanup(dist)
+        return None
+    data_path = resolve_data(data_dir, corpus, recipe, run_dir, dist, force=force)
+    if corpus and not notes and mode != "resume":  # --corpus with the recipe's data.tokenizer: its vocabulary decides too
         recipe = adopt_data_vocab(recipe, data_path, overrides, notes)
     if dist.main:
         for note in notes:
@@ -113,8 +121,8 @@ def train_command(
     if recipe.optim.name != "adam":
         overridden.append(f"OFF-RECIPE optimizer {recipe.optim.name}: bias-corrected AdamW, not the paper's Adam "
                           "without bias correction")
-    train(recipe, bud, data_path, run_dir, dev, resume=resume, dist=dist, command=command, init=init,
-          overridden=overridden)
+    return train(recipe, bud, data_path, run_dir, dev, resume=(mode == "resume"), dist=dist, command=command,
+                 init=init, overridden=overridden)
 
 
 def adopt_data_vocab(recipe: Recipe, data_dir: Path, overrides: list[str], notes: list[str]) -> Recipe:
@@ -136,27 +144,118 @@ def _lookup(recipe: Recipe, assignment: str):
     return getattr(getattr(recipe, section), name)
 
 
-def _check_run_dir(run_dir: Path, resume: bool, recipe: Recipe) -> None:
+# ----------------------------------------------------------------------------------------------------------------
+# the run directory: always continuable or restartable, never emptied without --force
+
+RUN_FILES = ("plan.json", "recipe.json", "summary.json", "metrics.jsonl")  # written by train (with state/, ckpt-*)
+DERIVED = ("glue", "tensorboard", "report.md", "report.json", "glue_vs_compute.png", "pretraining_curves.png")
+
+
+def open_run_dir(run_dir: Path, resume: bool, force: bool, recipe: Recipe, bud: budgeting.Budget, console) -> str:
+    """What to do with --out: "start" (a new run), "resume" (continue from its resume state), or "done" (the same
+    finished run: nothing to do). A run that stopped before its first resume state starts again from step 0, with or
+    without --resume, keeping the checkpoints it wrote until the new run writes them again. --force deletes the earlier
+    run first; nothing else here deletes anything. Raises UserError when --out holds another run or cannot be written."""
+    from tinyelectra.checkpoint import CKPT_NAME, latest_state, read_state_info
+    from tinyelectra.files import check_writable
+
+    say = lambda text: console.print(f"[dim]·[/dim] {text}", highlight=False)  # noqa: E731
+    if resume and not run_dir.exists():
+        raise UserError(f"--resume: {run_dir} does not exist (nothing to continue; drop --resume to start a new run)")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"--out {run_dir}: exists and is not a directory")
+    items = sorted(run_dir.iterdir()) if run_dir.is_dir() else []
+    ckpts = [p.name for p in items if p.is_dir() and CKPT_NAME.match(p.name)]
+    ckpts.sort(key=lambda n: int(n.split("-")[1]))
+    has_run = any((run_dir / n).exists() for n in (*RUN_FILES, "state")) or bool(ckpts)
+    if force and has_run:
+        removed = [p for p in items if p.name in (*RUN_FILES, *DERIVED, "state") or p.name in ckpts
+                   or ".tmp-" in p.name]
+        for p in removed:
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+        say(f"--force: deleted the earlier run in {run_dir} ({', '.join(p.name for p in removed)})")
+        has_run, ckpts = False, []
+    check_writable(run_dir, "--out")
+    if not has_run:
+        if resume:
+            raise UserError(f"--resume: {run_dir} holds no run (nothing to continue; drop --resume to start one)")
+        return "start"
+
+    state_dir = latest_state(run_dir)
+    strict = state_dir is not None  # a run with a resume state must be checked exactly; one without can restart
+    saved_recipe = _read_record(run_dir / "recipe.json", strict)
+    saved_plan = _read_record(run_dir / "plan.json", strict)
+    if saved_recipe is not None:  # as this version writes it (older key names read as their new ones)
+        try:
+            saved_recipe = recipe_from_dict(saved_recipe, where=str(run_dir / "recipe.json")).to_dict()
+        except UserError:
+            if strict:
+                raise
+            saved_recipe = None
+    mismatch = _run_mismatch(run_dir, saved_recipe, saved_plan, recipe, bud)
+    if state_dir is None:  # it stopped during start-up, before its first resume state
+        if mismatch and (resume or ckpts):
+            raise UserError(f"{'--resume: ' if resume else ''}{mismatch}; use the same --recipe, --set and --budget, "
+                            "choose another --out, or start over with --force")
+        if mismatch:  # nothing of value there: this command's run replaces it
+            say(f"{run_dir}: an earlier run stopped during start-up, before its first resume state ({mismatch}): "
+                "starting this one")
+            return "start"
+        kept = f"; kept {', '.join(ckpts)} until the run writes them again" if ckpts else ""
+        say(f"{run_dir}: the run stopped before its first resume state (during start-up): starting it again from step 0{kept}")
+        return "start"
+    info = read_state_info(state_dir)
+    total = (info.get("plan") or saved_plan or {}).get("total_steps")
+    finished = (run_dir / "summary.json").is_file() and total is not None and info["step"] >= total
+    if mismatch:
+        hint = "use the same --recipe, --set and --budget, choose another --out, or start over with --force"
+        raise UserError(f"{'--resume: ' if resume else ''}{mismatch}; {hint}")
+    if finished:
+        say(f"{run_dir} already holds this run, finished ({info['step']:,} steps; {', '.join(ckpts) or 'no checkpoints'}): "
+            "nothing to do. To train it again from the start: --force")
+        return "done"
+    if not resume:
+        raise UserError(f"{run_dir} holds an unfinished run (resume state at step {info['step']:,}"
+                        f"{f' of {total:,}' if total else ''}): continue it with --resume, or start over with --force "
+                        f"(deletes it)")
+    return "resume"
+
+
+def _read_record(path: Path, strict: bool) -> dict | None:
+    """recipe.json / plan.json of a run: a dict; None when absent or unreadable and not `strict`; else a UserError."""
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / f".write-test-{os.getpid()}"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as e:
-        raise UserError(f"cannot write to the output directory {run_dir}: {e.strerror or e}") from None
-    has_state = (run_dir / "state" / "LATEST").exists()
-    if resume:
-        if not has_state:
-            raise UserError(f"--resume: no resume state in {run_dir} (nothing to continue; drop --resume to start)")
-        saved_raw = json.loads((run_dir / "recipe.json").read_text(encoding="utf-8"))
-        saved = json.loads(json.dumps(recipe_from_dict(saved_raw, where="recipe.json").to_dict()))  # older key names
+        d = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(d, dict):
+            raise ValueError("not a JSON object")
+        return d
+    except FileNotFoundError:
+        if strict:
+            raise UserError(f"{path}: missing; the run cannot be checked against this command (restore it, or start "
+                            "over with --force)") from None
+    except (ValueError, UnicodeDecodeError, OSError) as e:
+        if strict:
+            raise UserError(f"{path}: damaged ({str(e)[:120]}); the run cannot be checked against this command "
+                            "(restore it, or start over with --force)") from None
+    return None
+
+
+def _run_mismatch(run_dir: Path, saved_recipe: dict | None, saved_plan: dict | None, recipe: Recipe,
+                  bud: budgeting.Budget) -> str | None:
+    """Why this command is not the run in `run_dir` (another recipe, --set or budget), naming both; None if it is."""
+    if saved_recipe is not None:
         now = json.loads(json.dumps(recipe.to_dict()))
+        saved = dict(saved_recipe)
         saved.pop("deviations", None), now.pop("deviations", None)  # recipe.json's also lists the --set changes
         if saved != now:
-            diff = _first_difference(saved, now)
-            raise UserError(f"--resume: {run_dir} was trained with another recipe ({diff}); use the same --recipe and --set")
-    elif has_state or (run_dir / "plan.json").exists():
-        raise UserError(f"{run_dir} already holds a run: continue it with --resume, or choose another --out")
+            there, here = saved.get("name"), now.get("name")
+            if there != here:
+                return (f"{run_dir} was trained with recipe {there!r}, this command gives recipe {here!r} "
+                        f"({_first_difference(saved, now)})")
+            return (f"{run_dir} was trained with recipe {there!r} with other settings than this command's recipe "
+                    f"{here!r} ({_first_difference(saved, now)})")
+    if saved_plan is not None and saved_plan.get("budget") != bud.text:
+        return f"{run_dir} was planned for --budget {saved_plan.get('budget')}, this command gives --budget {bud.text}"
+    return None
 
 
 def _first_difference(a, b, path: str = "") -> str:
@@ -167,7 +266,8 @@ def _first_difference(a, b, path: str = "") -> str:
     return f"{path}: {a!r} there, {b!r} now"
 
 
-def resolve_data(data_dir: Path | None, corpus: list[str] | None, recipe: Recipe, run_dir: Path, dist: Dist) -> Path:
+def resolve_data(data_dir: Path | None, corpus: list[str] | None, recipe: Recipe, run_dir: Path, dist: Dist,
+                 force: bool = False) -> Path:
     """--data as given; --corpus prepared into RUN/data; neither: the built-in corpus, prepared once and cached."""
     from tinyelectra.data import prepare
 
@@ -181,7 +281,7 @@ def resolve_data(data_dir: Path | None, corpus: list[str] | None, recipe: Recipe
         cache = Path(os.environ.get("TINYELECTRA_CACHE", Path.home() / ".cache" / "tinyelectra"))
         tag = f"builtin-v{recipe.model.vocab_size}-t{recipe.train.seq_len}-{recipe.data.casing}"
         target, sources = cache / tag, ["builtin"]
-    cache_dir = not corpus  # our own cache: a stale one (older settings) is simply rebuilt
+    cache_dir = not corpus or force  # our own cache: a stale one (older settings) is simply rebuilt
     if dist.main:
         prepare(
             sources=sources, out_dir=target, tokenizer_path=recipe.data.tokenizer or None,
@@ -348,187 +448,217 @@ class Engine:
 
 def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, device: torch.device,
           resume: bool = False, dist: Dist = Dist(), command: str = "", init: Path | None = None,
-          overridden: list[str] | None = None) -> dict:
+          overridden: list[str] | None = None, clock: Callable[[], float] = time.perf_counter) -> dict:
     """Pre-train `recipe` within `bud` on the prepared data; see the module docstring. `overridden` notes the
-    command line's `--set` changes: they are written into recipe.json's deviations, so reports show them."""
+    command line's `--set` changes: they are written into recipe.json's deviations, so reports show them. `clock`
+    measures training time (tests pass a simulated one to change the speed at will)."""
     from tinyelectra import runtime
-    from tinyelectra.checkpoint import load_resume_state, save_checkpoint, save_resume_state
+    from tinyelectra.checkpoint import latest_state, load_resume_state, save_checkpoint, save_resume_state
     from tinyelectra.data import BatchLoader, PretrainData
     from tinyelectra.diagnostics import checkpoint_line, evaluate, unigram_distribution
+    from tinyelectra.files import os_error_line, write_json
 
     tr = recipe.train
     log = Log(run_dir, dist.main)
-    startup_t0 = time.perf_counter()
+    startup_t0 = clock()
+    continue_with = _continue_command(command, run_dir)
+    step, state_saved = 0, None  # the last resume state written by this process (its step and directory)
+    try:
+        # --- set-up ---------------------------------------------------------------------------------------------
+        if dist.enabled and not torch.distributed.is_initialized():
+            if device.type == "cuda":
+                torch.cuda.set_device(device)
+            torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        log.once(runtime.set_deterministic(tr.deterministic))  # before the first GPU work (train_command did it earlier)
+        log.once(runtime.tune_cpu() if device.type == "cpu" else "")
+        data = PretrainData(data_dir)
+        _check_data(data, recipe, data_dir)
+        special = SpecialIds.from_tokenizer(data.tokenizer)
+        precision, precision_reason = runtime.pick_precision(tr.precision, device)
+        log.once(f"precision: {precision} ({precision_reason}); {runtime.configure_matmul(precision, device)}")
+        if tr.batch_size % dist.world:
+            raise UserError(f"train.batch_size {tr.batch_size} is not divisible by {dist.world} processes")
+        rank_batch = tr.batch_size // dist.world
 
-    # --- set-up -------------------------------------------------------------------------------------------------
-    if dist.enabled and not torch.distributed.is_initialized():
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    log.once(runtime.set_deterministic(tr.deterministic))  # before the first GPU work (train_command did it earlier)
-    log.once(runtime.tune_cpu() if device.type == "cpu" else "")
-    data = PretrainData(data_dir)
-    _check_data(data, recipe, data_dir)
-    special = SpecialIds.from_tokenizer(data.tokenizer)
-    precision, precision_reason = runtime.pick_precision(tr.precision, device)
-    log.once(f"precision: {precision} ({precision_reason}); {runtime.configure_matmul(precision, device)}")
-    if tr.batch_size % dist.world:
-        raise UserError(f"train.batch_size {tr.batch_size} is not divisible by {dist.world} processes")
-    rank_batch = tr.batch_size // dist.world
+        torch.manual_seed(tr.seed)
+        model = Electra(recipe.model, recipe.objective.kind)
+        if init is not None and not resume:
+            model.load_state_dict(initial_weights(init, recipe).state_dict())
+            log.once(f"initial weights: {init} (continued pre-training)")
+        model = model.to(device)
+        model.set_grad_checkpointing(tr.grad_checkpointing)
+        optimizer = build_optimizer(model, recipe.optim, device.type)
+        if recipe.optim.name != "adam":
+            log.once(f"optimizer: {recipe.optim.name} — OFF-RECIPE (the paper's Adam has no bias correction)")
+        scaler = torch.amp.GradScaler(device.type, enabled=(precision == "fp16"))
+        probe = PretrainStep(model, recipe)
+        micro = fit_micro_batch(tr.micro_batch_size, rank_batch, device,
+                                lambda mb: _probe(probe, model, special, recipe, mb, device, precision))
+        accum = rank_batch // micro
+        engine = Engine(model, recipe, optimizer, scaler, dist, device, precision, micro, accum)
+        engine.verify_compile(special)  # compiles now: a failure in forward, backward or update falls back to eager
+        log.once(engine.note)
+        attention = attention_kernel(recipe.model, micro, tr.seq_len, device, runtime.autocast_dtype(precision, device),
+                                     compiled=engine.compile_note.startswith("compile: torch.compile"))
+        log.once(attention["summary"])
+        log.once(f"batch: {tr.batch_size} sequences x {tr.seq_len} tokens per step = {dist.world} process(es) x "
+                 f"{accum} micro-batch(es) of {micro}")
+        loader = BatchLoader(data, "train", tr.batch_size, tr.seed, device=device,
+                             row_range=(dist.rank * rank_batch, (dist.rank + 1) * rank_batch))
 
-    torch.manual_seed(tr.seed)
-    model = Electra(recipe.model, recipe.objective.kind)
-    if init is not None and not resume:
-        model.load_state_dict(initial_weights(init, recipe).state_dict())
-        log.once(f"initial weights: {init} (continued pre-training)")
-    model = model.to(device)
-    model.set_grad_checkpointing(tr.grad_checkpointing)
-    optimizer = build_optimizer(model, recipe.optim, device.type)
-    if recipe.optim.name != "adam":
-        log.once(f"optimizer: {recipe.optim.name} — OFF-RECIPE (the paper's Adam has no bias correction)")
-    scaler = torch.amp.GradScaler(device.type, enabled=(precision == "fp16"))
-    probe = PretrainStep(model, recipe)
-    micro = fit_micro_batch(tr.micro_batch_size, rank_batch, device,
-                            lambda mb: _probe(probe, model, special, recipe, mb, device, precision))
-    accum = rank_batch // micro
-    engine = Engine(model, recipe, optimizer, scaler, dist, device, precision, micro, accum)
-    engine.verify_compile(special)  # compiles now: a failure in forward, backward or update falls back to eager
-    log.once(engine.note)
-    attention = attention_kernel(recipe.model, micro, tr.seq_len, device, runtime.autocast_dtype(precision, device),
-                                 compiled=engine.compile_note.startswith("compile: torch.compile"))
-    log.once(attention["summary"])
-    log.once(f"batch: {tr.batch_size} sequences x {tr.seq_len} tokens per step = {dist.world} process(es) x "
-             f"{accum} micro-batch(es) of {micro}")
-    loader = BatchLoader(data, "train", tr.batch_size, tr.seed, device=device,
-                         row_range=(dist.rank * rank_batch, (dist.rank + 1) * rank_batch))
+        # --- plan: a new one, or the one the resume state holds ---------------------------------------------------
+        if dist.main:  # what an interrupted write left behind (never renamed into place, so never loadable)
+            for stale in [*run_dir.glob("*.tmp-*"), *(run_dir / "state").glob("*.tmp-*")]:
+                shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
+        sums = {k: torch.zeros((), device=device) for k in STAT_KEYS}  # the current log window's metric sums
+        window_step = 0  # the step the current log window started after
+        if resume:
+            if tr.strategy == "deepspeed":
+                raise UserError("--resume is not supported with train.strategy=deepspeed yet (its optimizer state has "
+                                "no plain, safely loadable format); the fraction checkpoints are complete and usable")
+            state_dir = latest_state(run_dir)
+            state = load_resume_state(state_dir, model, optimizer, scaler, loader, device)
+            plan = (Plan.from_dict(state["plan"], str(state_dir / "trainer.json")) if "plan" in state
+                    else Plan.load(run_dir / "plan.json"))
+            if plan.budget != bud.text:
+                raise UserError(f"--resume: {run_dir} was planned for --budget {plan.budget}, not {bud.text}")
+            step, tokens_seen, train_seconds = state["step"], state["tokens_seen"], state["train_seconds"]
+            other_seconds, done_ckpts = state["other_seconds"], set(state["checkpoints"])
+            window = state.get("window") or {"step": step, "sums": {}}
+            window_step = window["step"]
+            for k, v in window["sums"].items():  # the log window the interruption cut: its first steps' sums
+                sums[k].fill_(v)
+            state_saved = (step, state_dir)
+            log.truncate_after(step)
+            log.once(f"resumed from step {step} ({train_seconds:.1f} s of training time spent)")
+            later = [n for n in plan.checkpoint_steps if n not in done_ckpts and (run_dir / n).is_dir()]
+            if later:
+                log.once(f"{', '.join(later)}: written after this resume state; kept until the run writes them again")
+        else:
+            plan = make_plan(bud, recipe)
+            step, tokens_seen, train_seconds, other_seconds, done_ckpts = 0, 0, 0.0, 0.0, set()
+            if dist.main:  # the run directory appears only now, when the set-up has accepted everything
+                run_dir.mkdir(parents=True, exist_ok=True)
+                log.truncate_after(0)  # a run that stopped during start-up and starts again
+                saved = recipe.to_dict()
+                saved["deviations"] = saved["deviations"] + list(overridden or [])
+                write_json(run_dir / "recipe.json", saved)
+                plan.save(run_dir / "plan.json")
 
-    # --- plan -----------------------------------------------------------------------------------------------------
-    if dist.main:  # what an interrupted write left behind (never renamed into place, so never loadable)
-        for stale in [*run_dir.glob("*.tmp-*"), *(run_dir / "state").glob("*.tmp-*")]:
-            shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
-    if resume:
-        plan = Plan.load(run_dir / "plan.json")
-        if plan.budget != bud.text:
-            raise UserError(f"--resume: {run_dir} was planned for --budget {plan.budget}, not {bud.text}")
-        if tr.strategy == "deepspeed":
-            raise UserError("--resume is not supported with train.strategy=deepspeed yet (its optimizer state has no "
-                            "plain, safely loadable format); the fraction checkpoints are complete and usable")
-        state = load_resume_state(run_dir, model, optimizer, scaler, loader, device)
-        step, tokens_seen, train_seconds = state["step"], state["tokens_seen"], state["train_seconds"]
-        other_seconds = state["other_seconds"]
-        done_ckpts = set(state["checkpoints"])
-        log.truncate_after(step)
-        log.once(f"resumed from step {step} ({train_seconds:.1f} s of training time spent)")
-    else:
-        plan = make_plan(bud, recipe)
-        if dist.main:
-            saved = recipe.to_dict()
-            saved["deviations"] = saved["deviations"] + list(overridden or [])
-            (run_dir / "recipe.json").write_text(json.dumps(saved, indent=2) + "\n", encoding="utf-8")
-            plan.save(run_dir / "plan.json")
-        step, tokens_seen, train_seconds, other_seconds, done_ckpts = 0, 0, 0.0, 0.0, set()
-    log.plan(plan, recipe, model, precision, device, command)
+        # tokens_seen counts real tokens (attention mask), not padding: summed on the device, read at host syncs
+        tokens_base, real_tokens = tokens_seen, torch.zeros((), dtype=torch.int64, device=device)
+        seen = lambda: tokens_base + int(real_tokens.item())  # noqa: E731  (host sync: log steps, checkpoints, states)
+
+        def save_state() -> None:
+            """A resume state holding everything the loop needs to continue exactly (rank 0; not with DeepSpeed)."""
+            nonlocal state_saved
+            if dist.main and engine.ds is None:
+                window = {"step": window_step, "sums": {k: v.item() for k, v in sums.items()}}  # host sync: state writes only
+                state_saved = (step, save_resume_state(
+                    run_dir, model, optimizer, scaler, loader, step=step, tokens_seen=seen(),
+                    train_seconds=train_seconds, other_seconds=other_seconds, checkpoints=sorted(done_ckpts),
+                    plan=plan.to_dict(), window=window, recipe=recipe))
+
+        if not resume:
+            save_state()  # right after start-up: from here on the run can always be continued
+        log.plan(plan, recipe, model, precision, device, command)
+    except Interrupted as e:
+        where = (f"its resume state ({run_dir / 'state'}) is unchanged; continue with: {continue_with}" if resume
+                 else "no resume state yet: run the same command again to start it"
+                 + (" (--resume does the same)" if (run_dir / "plan.json").exists() else ""))
+        log.once(f"interrupted ({e.signal_name}) during start-up: {where}")
+        raise
 
     # --- loop -----------------------------------------------------------------------------------------------------
     stop = StopFlag()
-    sums = {k: torch.zeros((), device=device) for k in STAT_KEYS}
-    # tokens_seen counts real tokens (attention mask), not padding: summed on the device, read at host syncs
-    tokens_base, real_tokens = tokens_seen, torch.zeros((), dtype=torch.int64, device=device)
-    seen = lambda: tokens_base + int(real_tokens.item())  # noqa: E731  (host sync: log steps, checkpoints, states)
-    window_t0, window_step, window_tokens = time.perf_counter(), step, tokens_seen
-    last_state_save = time.perf_counter()
+    last_state_save = clock()
     clock_started = step > 0  # the first step (compilation, allocator warm-up) is start-up, not budget
-    clock_t0 = time.perf_counter()
+    clock_t0 = clock()
     train_seconds_at_clock = train_seconds
-    calib_step0 = step
-    recent: collections.deque = collections.deque()  # (training seconds, step): the recent throughput
+    window_t0, rate_step, window_tokens = clock(), step, seen()  # tokens/s of a log window: over the steps timed in it
+    announced = False  # the stop message was printed
+    planner = budgeting.TimeBudgetPlanner(bud, recipe, plan, step) if plan.budget_kind == "time" else None
     autocast = runtime.autocast_context(precision, device)
     unigram = None  # the training rows' word frequencies, for the held-out evaluation's baselines
-    progress = Progress(plan, step, dist.main)
+    progress = Progress(plan, step, dist.main, clock=clock)
     model.train()
-    while step < plan.total_steps:
-        # one optimizer step: this process's rows of the global batch, split into micro-batches
-        batch = next(loader)
-        masked: list[Masked] = []
-        for i in range(accum):
-            rows = slice(i * micro, (i + 1) * micro)
-            torch.manual_seed(step_seed(tr.seed, step, dist.rank * rank_batch + i * micro, 0))
-            masked.append(mask_batch(batch.input_ids[rows], batch.token_type_ids[rows], batch.attention_mask[rows],
-                                     recipe.objective, special, recipe.model.vocab_size))
-        # the means of the paper's loss are over the whole global batch: count it before any backward
-        counts = torch.stack([sum(m.mlm_count for m in masked), sum(m.token_count for m in masked).float()])
-        if dist.enabled:
-            torch.distributed.all_reduce(counts)
-        lr = lr_at(step, recipe.optim.lr, plan.warmup_steps, plan.total_steps)
-        optimizer.set_lr(lr)
-        for i, m in enumerate(masked):
-            torch.manual_seed(step_seed(tr.seed, step, dist.rank * rank_batch + i * micro, 1))
-            with engine.accumulating(last=(i == accum - 1)):
-                with autocast:
-                    mlm_sum, disc_sum, stats = engine.forward(m)
-                loss = combine(LossTerms(mlm_sum, disc_sum, stats), recipe.objective, counts[0], counts[1])
-                engine.backward(loss * dist.world)  # DDP averages over processes
-            sums["mlm_sum"] += mlm_sum.detach()
-            sums["disc_sum"] += disc_sum.detach()
-            for k, v in stats.items():
-                sums[k] += v
-        engine.update()
-        step += 1
-        real_tokens += counts[1].long()  # the global batch's real tokens (all-reduced above)
+    try:
+        while not plan.finished(step):
+            # one optimizer step: this process's rows of the global batch, split into micro-batches
+            batch = next(loader)
+            masked: list[Masked] = []
+            for i in range(accum):
+                rows = slice(i * micro, (i + 1) * micro)
+                torch.manual_seed(step_seed(tr.seed, step, dist.rank * rank_batch + i * micro, 0))
+                masked.append(mask_batch(batch.input_ids[rows], batch.token_type_ids[rows], batch.attention_mask[rows],
+                                         recipe.objective, special, recipe.model.vocab_size))
+            # the means of the paper's loss are over the whole global batch: count it before any backward
+            counts = torch.stack([sum(m.mlm_count for m in masked), sum(m.token_count for m in masked).float()])
+            if dist.enabled:
+                torch.distributed.all_reduce(counts)
+            lr = lr_at(step, recipe.optim.lr, plan.warmup_steps, plan.total_steps or math.inf)
+            optimizer.set_lr(lr)
+            for i, m in enumerate(masked):
+                torch.manual_seed(step_seed(tr.seed, step, dist.rank * rank_batch + i * micro, 1))
+                with engine.accumulating(last=(i == accum - 1)):
+                    with autocast:
+                        mlm_sum, disc_sum, stats = engine.forward(m)
+                    loss = combine(LossTerms(mlm_sum, disc_sum, stats), recipe.objective, counts[0], counts[1])
+                    engine.backward(loss * dist.world)  # DDP averages over processes
+                sums["mlm_sum"] += mlm_sum.detach()
+                sums["disc_sum"] += disc_sum.detach()
+                for k, v in stats.items():
+                    sums[k] += v
+            engine.update()
+            step += 1
+            real_tokens += counts[1].long()  # the global batch's real tokens (all-reduced above)
 
-        # clocks: the first step is start-up; after it, training time accumulates
-        now = time.perf_counter()
-        if not clock_started:
-            clock_started, clock_t0, calib_step0 = True, now, step
-            log.once(f"start-up took {now - startup_t0:.1f} s (excluded from the budget)")
-            window_t0, window_step, window_tokens = now, step, seen()
-        train_seconds = train_seconds_at_clock + (now - clock_t0)
+            # clocks: the first step is start-up; after it, training time accumulates
+            now = clock()
+            if not clock_started:
+                clock_started, clock_t0 = True, now
+                if planner is not None:
+                    planner.step0 = step
+                log.once(f"start-up took {now - startup_t0:.1f} s (excluded from the budget)")
+                window_t0, rate_step, window_tokens = now, step, seen()
+            train_seconds = train_seconds_at_clock + (now - clock_t0)
 
-        # a time budget: the steps that still fit, from the recent throughput (every step; DDP: on log steps,
-        # with rank 0's clock broadcast so that every process keeps the same plan and learning rate)
-        if plan.budget_kind == "time" and clock_started:
-            recent.append((train_seconds, step))
-            while len(recent) > 2 and recent[-1][0] - recent[0][0] > max(RATE_WINDOW_SECONDS, 0.2 * train_seconds):
-                recent.popleft()
-            calibrated = step - calib_step0 >= CALIBRATION_STEPS
-            if calibrated and (not dist.enabled or step % tr.log_every_steps == 0):
-                (t0, s0), (t1, s1) = recent[0], recent[-1]
-                rate = (s1 - s0) / max(t1 - t0, 1e-9) if s1 > s0 else (step - calib_step0) / max(train_seconds, 1e-9)
-                seconds = train_seconds
-                if dist.enabled:
-                    shared = torch.tensor([rate, seconds], dtype=torch.float64, device=device)
-                    torch.distributed.broadcast(shared, 0)
-                    rate, seconds = shared.tolist()
-                plan = replan(bud, recipe, plan, step, seconds, rate)
-                if plan.status == "provisional":  # the first measurement fixes the warm-up
-                    plan.status = "final"
-                    if dist.main:
+            # a time budget: re-planned from the recent speed (every step; DDP: on log steps, with rank 0's clock
+            # broadcast so that every process keeps the same plan and learning rate)
+            if planner is not None and clock_started:
+                rate = planner.record(step, train_seconds)
+                if rate is not None and (not dist.enabled or step % tr.log_every_steps == 0):
+                    seconds = train_seconds
+                    if dist.enabled:
+                        shared = torch.tensor([rate, seconds], dtype=torch.float64, device=device)
+                        torch.distributed.broadcast(shared, 0)
+                        rate, seconds = shared.tolist()
+                    lines = planner.replan(step, seconds, rate, done_ckpts)
+                    for line in lines:
+                        progress.note(line)
+                    plan = planner.plan
+                    if lines and dist.main:  # the first measurement, a change of speed: plan.json follows
                         plan.save(run_dir / "plan.json")
-                    log.once(f"time budget: measured {rate:.3f} steps/s -> about {plan.total_steps} steps, "
-                             f"warm-up {plan.warmup_steps}")
-                progress.replan(plan)
+                    progress.replan(plan)
 
-        # logging (host sync only here)
-        if step % tr.log_every_steps == 0 or step == plan.total_steps or stop.requested:
-            host = reduce_sums(sums, dist)
-            window_seconds = max(time.perf_counter() - window_t0, 1e-9)
-            tokens_seen = seen()
-            tok_s = (tokens_seen - window_tokens) / window_seconds  # real tokens
-            positions_s = (step - window_step) * tr.tokens_per_step / window_seconds  # padding included: MFU
-            rec = log_record(step, host, lr, tok_s, tokens_seen, train_seconds, plan, precision, device, positions_s)
-            log.metrics(rec)
-            progress.update(step, rec)
-            for k in sums:
-                sums[k].zero_()
-            window_t0, window_step, window_tokens = time.perf_counter(), step, tokens_seen
+            # logging (host sync only here)
+            if step % tr.log_every_steps == 0 or plan.finished(step) or stop.requested:
+                host = reduce_sums(sums, dist)
+                window_seconds = max(clock() - window_t0, 1e-9)
+                tokens_seen = seen()
+                tok_s = (tokens_seen - window_tokens) / window_seconds  # real tokens
+                positions_s = (step - rate_step) * tr.tokens_per_step / window_seconds  # padding included: MFU
+                rec = log_record(step, host, lr, tok_s, tokens_seen, train_seconds, plan, precision, device, positions_s)
+                log.metrics(rec)
+                progress.update(step, rec)
+                for k in sums:
+                    sums[k].zero_()
+                window_t0, window_step, rate_step, window_tokens = clock(), step, step, tokens_seen
 
-        # fraction checkpoints (only once the plan is final)
-        other_t0 = time.perf_counter()
-        for (name, ckpt_step), fraction in zip(plan.checkpoint_steps.items(), budgeting.FRACTIONS):
-            # a time budget's slices are slices of its time; others are slices of the steps
-            reached = (train_seconds >= fraction * bud.value or step >= plan.total_steps) if plan.budget_kind == "time" \
-                else step >= ckpt_step
-            if plan.status == "final" and reached and name not in done_ckpts:
+            # fraction checkpoints: each on its own step (budget.due_checkpoints)
+            other_t0 = clock()
+            for name in budgeting.due_checkpoints(plan, step, done_ckpts):
+                fraction = budgeting.FRACTIONS[_ckpt_order(name)]
                 if unigram is None:  # counted once per process
                     unigram = unigram_distribution(data, special)
                 ev = evaluate(model, data, recipe, special, device, autocast, micro, unigram)
@@ -544,25 +674,39 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
                 log.metrics({"event": "checkpoint", **meta})
                 progress.note(checkpoint_line(name, ev))
                 done_ckpts.add(name)
-                last_state_save = 0.0  # write a resume state right after a checkpoint
-        # resume state: every few minutes, after checkpoints, at the end, and when asked to stop
-        if dist.main and engine.ds is None and (time.perf_counter() - last_state_save >= tr.resume_every_seconds
-                                                or stop.requested or step == plan.total_steps):
-            save_resume_state(run_dir, model, optimizer, scaler, loader, step=step, tokens_seen=seen(),
-                       train_seconds=train_seconds, other_seconds=other_seconds, checkpoints=sorted(done_ckpts),
-                       recipe=recipe)
-            last_state_save = time.perf_counter()
-        spent = time.perf_counter() - other_t0
-        other_seconds += spent
-        clock_t0 += spent  # checkpoint, evaluation and state writes are not training time
-        if stop.requested:
-            progress.close()
-            log.once(f"stopped by {stop.signal_name} at step {step}; continue with: tinyelectra train ... --out {run_dir} --resume")
-            _cleanup(dist)
-            sys.exit(130 if stop.signal_name == "SIGINT" else 143)
+                plan.checkpoint_steps[name] = step  # plan.json says where each checkpoint is
+                if dist.main:
+                    plan.save(run_dir / "plan.json")
+                last_state_save = -math.inf  # write a resume state right after a checkpoint
+            # resume state: every few minutes, after checkpoints, at the end, and when asked to stop
+            if clock() - last_state_save >= tr.resume_every_seconds or stop.requested or plan.finished(step):
+                save_state()
+                last_state_save = clock()
+            spent = clock() - other_t0
+            other_seconds += spent
+            clock_t0 += spent  # checkpoint, evaluation and state writes are not training time
+            if stop.requested:
+                progress.close()
+                log.once(f"stopped by {stop.signal_name} at step {step}: {_saved_text(state_saved, done_ckpts)}; "
+                         f"continue with: {continue_with}")
+                announced = True
+                _cleanup(dist)
+                raise Interrupted(stop.signal_name)
+    except Interrupted as e:  # the stop above, or a second Ctrl-C: out at once, from wherever the step was
+        progress.close()
+        if not announced:
+            log.once(f"interrupted ({e.signal_name}) at step {step}: {_saved_text(state_saved, done_ckpts)}; "
+                     f"continue with: {continue_with}")
+        raise
+    except OSError as e:  # a full disk, a location that became read-only, ...
+        progress.close()
+        room = "make room, then " if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) else ""
+        raise UserError(f"{os_error_line(e)}; training stopped at step {step}: {_saved_text(state_saved, done_ckpts)}; "
+                        f"{room}continue with: {continue_with}") from None
 
     # --- finish -----------------------------------------------------------------------------------------------------
     progress.close()
+    fractions_of_steps = {n: plan.checkpoint_steps[n] / step for n in sorted(done_ckpts, key=_ckpt_order)}
     summary = {
         "recipe": recipe.name, "budget": plan.budget, "steps": step, "tokens_seen": seen(),
         "train_flops_paper": step * plan.train_flops_paper_per_step,
@@ -571,17 +715,48 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
         "excluded_seconds": {"startup_and_first_step": None if resume else round(clock_started and (clock_t0 - startup_t0) or 0, 3),
                              "checkpoints_eval_state": round(other_seconds, 3)},
         "precision": precision, "device": device_name(device), "parameters": count_parameters(model),
-        "checkpoints": sorted(done_ckpts, key=lambda n: int(n.split("-")[1])), "final_lr": lr_at(step, recipe.optim.lr, plan.warmup_steps, plan.total_steps),
+        "checkpoints": list(fractions_of_steps), "checkpoint_steps": {n: plan.checkpoint_steps[n] for n in fractions_of_steps},
+        "checkpoint_fractions_of_steps": fractions_of_steps,
+        "final_lr": lr_at(step, recipe.optim.lr, plan.warmup_steps, plan.total_steps),
         "conventions": plan.conventions,
         "runtime": {"strategy": engine.strategy_note, "compile": engine.compile_note, "attention": attention["summary"],
                     "deterministic": tr.deterministic},
     }
+    if plan.budget_kind == "time":
+        off = [f"{n} holds {100 * f:.1f}% of the steps" for n, f in fractions_of_steps.items()
+               if abs(f - budgeting.FRACTIONS[_ckpt_order(n)]) > 0.25 * budgeting.FRACTIONS[_ckpt_order(n)]]
+        if off:
+            log.once(f"the speed changed during the run, so checkpoints moved from their fractions: {'; '.join(off)} "
+                     "(plan.json and summary.json record the steps)")
     if dist.main:
         plan.save(run_dir / "plan.json")  # a time budget's plan as it ended (the steps that fitted)
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        write_json(run_dir / "summary.json", summary)
         log.summary(summary, plan)
     _cleanup(dist)
     return summary
+
+
+def _ckpt_order(name: str) -> int:
+    """Index of a fraction checkpoint's name in budget.FRACTIONS."""
+    return [budgeting.checkpoint_name(f) for f in budgeting.FRACTIONS].index(name)
+
+
+def _continue_command(command: str, run_dir: Path) -> str:
+    """The command that continues this run: the one given, with --out and --resume (and without --force)."""
+    import shlex
+
+    words = shlex.split(command) if command else ["tinyelectra", "train", "..."]
+    words = [w for w in words if w not in ("--force", "--resume")]
+    if "--out" not in words and not any(w.startswith("--out=") for w in words):
+        words += ["--out", str(run_dir)]
+    return shlex.join(words + ["--resume"])
+
+
+def _saved_text(state_saved: tuple[int, Path] | None, done: set[str]) -> str:
+    kept = f"; checkpoints {', '.join(sorted(done, key=_ckpt_order))}" if done else ""
+    if state_saved is None:
+        return f"no resume state was written{kept}"
+    return f"saved: resume state at step {state_saved[0]} ({state_saved[1]}){kept}"
 
 
 def initial_weights(path: Path, recipe: Recipe) -> Electra:
@@ -619,21 +794,6 @@ def apply_update(params: list[Tensor], optimizer, scaler: torch.amp.GradScaler, 
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
     return norm
-
-
-def replan(bud: budgeting.Budget, recipe: Recipe, plan: Plan, step: int, train_seconds: float, rate: float) -> Plan:
-    """A time budget's plan: the steps already done plus those that fit in the rest of the budget at `rate`.
-    The first such plan fixes the warm-up; later ones move only the end (and with it the checkpoint steps, the
-    decay and the expected tokens and FLOPs), so the learning rate reaches zero when the budget runs out."""
-    total = step + max(0, int(round(rate * max(bud.value - train_seconds, 0.0))))
-    new = make_plan(bud, recipe, steps_per_second=rate, total_steps=max(total, 1))
-    new.status = plan.status
-    if plan.status == "final":
-        new.warmup_steps, new.notes = plan.warmup_steps, plan.notes
-    else:
-        new.notes.append(f"throughput measured after the first step: {rate:.3f} steps/s; re-measured as the run goes")
-    new.expected_wall_seconds = bud.value
-    return new
 
 
 def reduce_sums(sums: dict[str, Tensor], dist: Dist) -> dict[str, float]:
@@ -716,6 +876,8 @@ def _check_data(data, recipe: Recipe, data_dir: Path) -> None:
             f"{recipe.train.seq_len}; prepare again with --seq-len {recipe.train.seq_len} or --set train.seq_len={data.seq_len}")
     if data.num_rows("train") < recipe.train.batch_size:
         raise UserError(f"{data_dir} has {data.num_rows('train')} training examples, fewer than one batch of {recipe.train.batch_size}")
+    for split in data.manifest["splits"]:  # a damaged shard stops the set-up, not step 1 or the first checkpoint
+        data.verify(split)
 
 
 def _cleanup(dist: Dist) -> None:
@@ -738,6 +900,6 @@ class StopFlag:
 
     def _handle(self, signum, frame) -> None:
         if self.requested and signum == signal.SIGINT:
-            raise KeyboardInterrupt
+            raise Interrupted("SIGINT")
         self.requested = True
         self.signal_name = signal.Signals(signum).name

@@ -1,0 +1,312 @@
+"""Bad input, damaged files and a full or unwritable output location (issue 11, point 3 and `glue --out`): each is
+one line on stderr starting "error: ", exit code 2, no traceback, no advice to unpickle (`weights_only=False`), and
+nothing half-written.
+
+One real 8-step run (module fixture) provides a resume state and checkpoints to damage. Cases that fail before the
+model is built run in this process (`tinyelectra.cli.main`); the others, and every "full disk" (a per-process file
+size limit: writing past it fails with EFBIG, as a full disk fails with ENOSPC), run as subprocesses.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SMALL = ["--set", "model.num_layers=2", "--set", "train.batch_size=8", "--set", "train.eval_rows=32"]
+TRAIN = ["train", "--recipe", "tiny", "--budget", "8steps", "--device", "cpu", *SMALL]
+
+
+@pytest.fixture(scope="module")
+def done_run(cli_env, tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("done") / "run"
+    p = subprocess.run([sys.executable, "-m", "tinyelectra", *TRAIN, "--out", str(run)], env=cli_env,
+                       capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return run
+
+
+@pytest.fixture
+def resumable(done_run, tmp_path) -> Path:
+    """A copy of the run whose summary.json is gone: `--resume` loads its resume state."""
+    run = tmp_path / "run"
+    shutil.copytree(done_run, run)
+    (run / "summary.json").unlink()
+    return run
+
+
+def state_file(run: Path, name: str) -> Path:
+    return run / "state" / (run / "state" / "LATEST").read_text().strip() / name
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def flip_byte(path: Path, from_end: int = 100) -> None:
+    data = bytearray(path.read_bytes())
+    data[-from_end] ^= 0xFF  # inside the last tensor's data, past the header: still a well-formed file
+    path.write_bytes(bytes(data))
+
+
+def garbage(path: Path) -> None:
+    path.write_bytes(b"\x80\x02not a pickle at all" + bytes(range(256)))
+
+
+def in_process(args: list[str], env: dict, monkeypatch, capsys) -> tuple[int, str]:
+    from tinyelectra import cli
+
+    monkeypatch.setenv("TINYELECTRA_CACHE", env["TINYELECTRA_CACHE"])
+    monkeypatch.setattr(sys, "argv", ["tinyelectra", *args])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    return exc.value.code, capsys.readouterr().err
+
+
+def subprocess_run(args: list[str], env: dict, limit_file_bytes: int | None = None) -> tuple[int, str]:
+    def limit():
+        import resource
+        import signal
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit_file_bytes, limit_file_bytes))
+
+    p = subprocess.run([sys.executable, "-m", "tinyelectra", *args], env=env, capture_output=True, text=True,
+                       timeout=900, preexec_fn=limit if limit_file_bytes else None)
+    return p.returncode, p.stderr
+
+
+def assert_one_line(code: int, err: str, *needles: str) -> str:
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error: ")]
+    assert code == 2, (code, err[-3000:])
+    assert len(errors) == 1 and lines[-1] == errors[0], err[-3000:]
+    assert "Traceback" not in err and "weights_only" not in err, err[-3000:]
+    for n in needles:
+        assert n in errors[0], (n, errors[0])
+    return errors[0]
+
+
+def no_temporary_files(root: Path) -> None:
+    leftovers = [p for p in root.rglob("*") if ".tmp" in p.name or p.name.startswith(".write-test")]
+    assert not leftovers, leftovers
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# damaged resume states: `train --resume`
+
+DAMAGED_STATE = {  # case: (damage(run), what the error names)
+    "model.safetensors truncated": (lambda r: truncate(state_file(r, "model.safetensors")), ["model.safetensors"]),
+    "model.safetensors one byte flipped": (lambda r: flip_byte(state_file(r, "model.safetensors")),
+                                           ["model.safetensors", "sha256"]),
+    "optimizer.pt truncated": (lambda r: truncate(state_file(r, "optimizer.pt")), ["optimizer.pt"]),
+    "optimizer.pt corrupt": (lambda r: garbage(state_file(r, "optimizer.pt")), ["optimizer.pt"]),
+    "trainer.json corrupt": (lambda r: state_file(r, "trainer.json").write_text('{"step": 8, "form'), ["trainer.json"]),
+    "sha256.json corrupt": (lambda r: state_file(r, "sha256.json").write_text("[1, 2"), ["sha256.json"]),
+    "LATEST corrupt": (lambda r: (r / "state" / "LATEST").write_text("../../etc"), ["LATEST"]),
+    "plan.json corrupt": (lambda r: (r / "plan.json").write_text('{"budget": "8st'), ["plan.json", "damaged"]),
+    "recipe.json corrupt": (lambda r: (r / "recipe.json").write_bytes(b"\x00\xff\xfe"), ["recipe.json", "damaged"]),
+    "recipe.json missing": (lambda r: (r / "recipe.json").unlink(), ["recipe.json", "missing"]),
+}
+
+
+@pytest.mark.parametrize("case", list(DAMAGED_STATE))
+def test_damaged_resume_state(case, resumable, cli_env, monkeypatch, capsys):
+    damage, needles = DAMAGED_STATE[case]
+    damage(resumable)
+    code, err = in_process([*TRAIN, "--out", str(resumable), "--resume"], cli_env, monkeypatch, capsys)
+    assert_one_line(code, err, *needles)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["model.safetensors truncated", "optimizer.pt corrupt", "optimizer.pt truncated"])
+def test_damaged_resume_state_without_checksums(case, resumable, cli_env):
+    """A state written before checksums existed (no sha256.json): the loaders' own errors are one line too, and the
+    optimizer state's does not repeat torch's advice to load with weights_only=False."""
+    state_file(resumable, "sha256.json").unlink()
+    damage, needles = DAMAGED_STATE[case]
+    damage(resumable)
+    assert_one_line(*subprocess_run([*TRAIN, "--out", str(resumable), "--resume"], cli_env), needles[0])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# damaged checkpoints, export, glue
+
+
+def test_flipped_byte_in_a_checkpoint_is_named(done_run, tmp_path, cli_env, monkeypatch, capsys):
+    ckpt = tmp_path / "ckpt-10000"
+    shutil.copytree(done_run / "ckpt-10000", ckpt)
+    flip_byte(ckpt / "discriminator.safetensors")
+    code, err = in_process(["export", str(ckpt), "--out", str(tmp_path / "hf")], cli_env, monkeypatch, capsys)
+    assert_one_line(code, err, "discriminator.safetensors", "sha256")
+    assert not (tmp_path / "hf").exists()
+    glue_dir = sst2(tmp_path / "glue")
+    code, err = in_process(["glue", "--checkpoint", str(ckpt), "--glue-dir", str(glue_dir), "--tasks", "sst2",
+                            "--device", "cpu", "--out", str(tmp_path / "g")], cli_env, monkeypatch, capsys)
+    assert_one_line(code, err, "discriminator.safetensors", "sha256")
+
+
+def test_truncated_checkpoint_without_checksums(done_run, tmp_path, cli_env, monkeypatch, capsys):
+    ckpt = tmp_path / "ckpt-10000"
+    shutil.copytree(done_run / "ckpt-10000", ckpt)
+    (ckpt / "sha256.json").unlink()
+    truncate(ckpt / "generator.safetensors")
+    code, err = in_process(["export", str(ckpt), "--out", str(tmp_path / "hf")], cli_env, monkeypatch, capsys)
+    assert_one_line(code, err, "generator.safetensors")
+
+
+def test_export_without_a_tokenizer(done_run, tmp_path, cli_env, monkeypatch, capsys):
+    ckpt = tmp_path / "ckpt-10000"
+    shutil.copytree(done_run / "ckpt-10000", ckpt)
+    shutil.rmtree(ckpt / "tokenizer")
+    code, err = in_process(["export", str(ckpt), "--out", str(tmp_path / "hf")], cli_env, monkeypatch, capsys)
+    assert_one_line(code, err, "tokenizer")
+    assert not (tmp_path / "hf").exists()
+
+
+def test_unloadable_transformers_weights_do_not_advise_weights_only_false(tmp_path, cli_env, monkeypatch, capsys):
+    """A transformers directory whose pytorch_model.bin is not a weights file: torch's own error advises loading it
+    with weights_only=False (which would run whatever the file holds); ours names the directory and stops there."""
+    from transformers import ElectraConfig
+
+    d = tmp_path / "hf"
+    ElectraConfig(vocab_size=120, embedding_size=16, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                  intermediate_size=64).save_pretrained(d)
+    (d / "pytorch_model.bin").write_bytes(b"\x80\x02garbage" + bytes(300))
+    code, err = in_process(["glue", "--checkpoint", str(d), "--glue-dir", str(sst2(tmp_path / "glue")), "--tasks",
+                            "sst2", "--device", "cpu", "--out", str(tmp_path / "g")], cli_env, monkeypatch, capsys)
+    assert_one_line(code, err, str(d), "not a readable PyTorch weights file")
+
+
+def sst2(glue_dir: Path) -> Path:
+    folder = glue_dir / "SST-2"
+    folder.mkdir(parents=True)
+    rows = "".join(f"{'a good film' if i % 2 else 'a bad film'} number {i}\t{i % 2}\n" for i in range(16))
+    for name in ("train", "dev"):
+        (folder / f"{name}.tsv").write_text("sentence\tlabel\n" + rows, encoding="utf-8")
+    return glue_dir
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# output locations that cannot be written: a path through a regular file (unwritable even for root)
+
+
+def unwritable_cases(run: Path, tmp: Path) -> dict[str, list[str]]:
+    blocker = tmp / "a-file"
+    blocker.write_text("not a directory")
+    out = str(blocker / "out")
+    corpus = tmp / "c.txt"
+    corpus.write_text("\n\n".join(f"Document {i}.\nIts second line {i}." for i in range(40)), encoding="utf-8")
+    return {
+        "prepare": ["prepare", "--corpus", str(corpus), "--out", out, "--vocab-size", "300"],
+        "train": [*TRAIN, "--out", out],
+        "export": ["export", str(run / "ckpt-10000"), "--out", out],
+        "report": ["report", str(run), "--out", out],
+        "glue": ["glue", "--checkpoint", str(run / "ckpt-10000"), "--glue-dir", str(sst2(tmp / "glue")),
+                 "--tasks", "sst2", "--device", "cpu", "--out", out],
+    }
+
+
+@pytest.mark.parametrize("command", ["prepare", "train", "export", "report", "glue"])
+def test_unwritable_output(command, done_run, tmp_path, cli_env, monkeypatch, capsys):
+    args = unwritable_cases(done_run, tmp_path)[command]
+    code, err = in_process(args, cli_env, monkeypatch, capsys)
+    assert_one_line(code, err, "a-file")
+    assert "fine-tuning" not in capsys.readouterr().out  # glue: refused before any fine-tuning
+    no_temporary_files(tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["prepare", "train", "export", "report"])
+def test_full_output_location(command, done_run, tmp_path, cli_env):
+    """Every file write past 200 kB (train, export) or 2 kB (prepare, report) fails, as on a full disk."""
+    out = tmp_path / "out"
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n\n".join(f"Document {i} has a first sentence.\nAnd a second one about {i}." for i in range(300)),
+                      encoding="utf-8")
+    args = {"prepare": ["prepare", "--corpus", str(corpus), "--out", str(out), "--vocab-size", "300"],
+            "train": [*TRAIN, "--out", str(out)],
+            "export": ["export", str(done_run / "ckpt-10000"), "--out", str(out)],
+            "report": ["report", str(done_run), "--out", str(out)]}[command]
+    limit = 2_000 if command in ("prepare", "report") else 200_000
+    code, err = subprocess_run(args, cli_env, limit_file_bytes=limit)
+    line = assert_one_line(code, err)
+    assert "too large" in line.lower(), line
+    if command in ("prepare", "export"):  # all or nothing
+        assert not out.exists()
+    no_temporary_files(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# arguments
+
+
+@pytest.mark.parametrize("budget", ["1e400flops", "1e400steps", "inf flops", "nansteps"])
+def test_budget_that_is_not_a_finite_number(budget, tmp_path, cli_env, monkeypatch, capsys):
+    code, err = in_process(["train", "--recipe", "tiny", "--budget", budget, "--out", str(tmp_path / "r")], cli_env,
+                           monkeypatch, capsys)
+    assert_one_line(code, err, budget)
+    assert not (tmp_path / "r").exists()
+
+
+def test_bad_budget_is_refused_before_torch_is_imported(tmp_path):
+    script = ("import sys\nfrom tinyelectra.cli import main\nsys.argv = ['tinyelectra', 'train', '--budget', '4x']\n"
+              "try:\n    main()\nexcept SystemExit as e:\n    print(e.code, 'torch' in sys.modules)\n")
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert p.stdout.split() == ["2", "False"], p.stdout + p.stderr
+    assert p.stderr.startswith("error: budget '4x'")
+
+
+def test_binary_file_as_recipe(tmp_path, cli_env, monkeypatch, capsys):
+    binary = tmp_path / "model.bin"
+    binary.write_bytes(bytes(range(256)) * 4)
+    code, err = in_process(["train", "--recipe", str(binary), "--budget", "1steps", "--out", str(tmp_path / "r")],
+                           cli_env, monkeypatch, capsys)
+    assert_one_line(code, err, "model.bin")
+    toml_binary = tmp_path / "r.toml"
+    toml_binary.write_bytes(b"\xff\xfe\x00name = 1\x00")
+    code, err = in_process(["flops", "--recipe", str(toml_binary)], cli_env, monkeypatch, capsys)
+    assert_one_line(code, err, "r.toml")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_device_cuda_without_a_gpu_names_device(tmp_path, cli_env, monkeypatch, capsys):
+    code, err = in_process(["train", "--recipe", "tiny", "--budget", "1steps", "--device", "cuda", "--out",
+                            str(tmp_path / "r")], cli_env, monkeypatch, capsys)
+    line = assert_one_line(code, err, "--device cuda", "--device cpu")
+    assert "--gpu" not in line
+
+
+def test_resume_with_another_recipe_names_both(done_run, tmp_path, cli_env, monkeypatch, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(done_run, run)
+    code, err = in_process(["train", "--recipe", "electra-small", "--budget", "8steps", "--device", "cpu",
+                            "--out", str(run), "--resume"], cli_env, monkeypatch, capsys)
+    assert_one_line(code, err, "'tiny'", "'electra-small'")
+
+
+def test_damaged_data_shard_stops_the_set_up(done_run, tmp_path, cli_env, monkeypatch, capsys):
+    """A truncated shard in --data (the issue's "data file that crashes the loader"): one line naming it, before the
+    run directory is created, so the run can be started again once the data is prepared again."""
+    data = tmp_path / "data"
+    shutil.copytree(next(Path(cli_env["TINYELECTRA_CACHE"]).glob("builtin-v8192-*")), data)
+    shard = sorted(data.glob("validation*ids*.npy"))[0]
+    truncate(shard)
+    out = tmp_path / "run"
+    code, err = in_process([*TRAIN, "--data", str(data), "--out", str(out)], cli_env, monkeypatch, capsys)
+    assert_one_line(code, err, shard.name, "prepare the data again")
+    assert not out.exists()
+
+
+def test_bad_input_after_the_run_directory_check_leaves_no_out(done_run, tmp_path, cli_env, monkeypatch, capsys):
+    """--data of 128-token rows for a recipe set to 64 is found only after --out was checked: no empty --out is left."""
+    data = next(Path(cli_env["TINYELECTRA_CACHE"]).glob("builtin-v8192-*"))
+    out = tmp_path / "new" / "run"
+    code, err = in_process(["train", "--recipe", "tiny", "--budget", "1steps", "--device", "cpu", "--data", str(data),
+                            "--set", "train.seq_len=64", "--out", str(out)], cli_env, monkeypatch, capsys)
+    assert_one_line(code, err, "128-token", "train.seq_len = 64")
+    assert not (tmp_path / "new").exists()

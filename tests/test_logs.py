@@ -1,0 +1,61 @@
+"""What a person sees (issue 11, point 6): the progress display keeps its step counter and ETA in narrow terminals
+(80 and 110 columns), never shows a placeholder total, and logs written to a file are not wrapped mid-sentence."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from rich.console import Console
+
+from tinyelectra.budget import make_plan, parse_budget
+from tinyelectra.config import load_recipe
+from tinyelectra.logs import Log, Progress, make_console
+
+RECORD = {"gen_loss": 6.123, "disc_loss": 0.4567, "gen_acc": 0.123, "disc_acc": 0.876, "lr": 1.23e-4,
+          "tokens_per_second": 12345.0}
+
+
+def rendered(progress: Progress, width: int) -> list[str]:
+    console = Console(width=width, file=io.StringIO(), force_terminal=True, color_system=None, record=True)
+    console.print(progress.renderable())
+    return console.export_text().splitlines()
+
+
+@pytest.mark.parametrize("width", [80, 110])
+def test_step_counter_and_eta_survive_a_narrow_terminal(width):
+    plan = make_plan(parse_budget("123456steps"), load_recipe("tiny"))
+    clock = iter(float(t) for t in range(0, 10**6, 10)).__next__  # 10 s per reading
+    progress = Progress(plan, 0, main=True, clock=clock, console=Console(file=io.StringIO(), width=width))
+    progress.update(61_728, RECORD)
+    lines = rendered(progress, width)
+    assert all(len(line) <= width for line in lines), lines
+    bar = lines[0]
+    assert "train 61,728/123,456" in bar and "end " in bar and "next ckpt" in bar, lines
+    info = " ".join(lines[1:])  # the losses wrap onto the next lines, whole
+    for piece in ("loss g 6.123", "d 0.4567", "lr 1.23e-04", "12,345 tok/s"):
+        assert piece in info, (piece, lines)
+
+
+def test_no_placeholder_total_before_the_speed_is_measured():
+    plan = make_plan(parse_budget("2m"), load_recipe("tiny"))
+    progress = Progress(plan, 0, main=True, console=Console(file=io.StringIO(), width=80))
+    progress.update(3, RECORD)
+    text = "\n".join(rendered(progress, 80))
+    assert "train 3/?" in text and "measuring the speed" in text
+    assert "4611686018427387904" not in text and "4,611,686" not in text
+
+
+def test_file_logs_are_not_wrapped(tmp_path, capsys):
+    """stderr redirected to a file (here: captured): a long note and a plain progress line stay one line each."""
+    assert not make_console().is_terminal
+    long_note = "a note that goes on " * 20  # 400 characters
+    log = Log(tmp_path, main=True)
+    log.once(long_note)
+    plan = make_plan(parse_budget("1000steps"), load_recipe("tiny"))
+    Progress(plan, 0, main=True).update(10, RECORD)
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].rstrip() == ("· " + long_note).rstrip()
+    assert lines[1].startswith("step 10/1,000 | end ") and "12,345 tok/s" in lines[1]
+    assert not (tmp_path / "tensorboard").exists() and not (tmp_path / "metrics.jsonl").exists()  # nothing written yet
