@@ -275,12 +275,12 @@ class TimeBudgetPlanner:
     """A time budget's plan, kept true while the machine's speed changes.
 
     `record` takes (step, training seconds) after every step and gives the recent speed once `CALIBRATION_STEPS`
-    steps are timed (or 2 that took `CALIBRATION_SHARE` of the budget); `replan` then sets the end to the steps done plus those that fit in the remaining time at that
-    speed (at least one step for each checkpoint still to write), moves the unwritten checkpoints to their fractions
-    of the new end (written ones stay where they were), and keeps re-planning the warm-up until it is over, so one
-    noisy early measurement fixes nothing. It returns lines for the log: the first measurement, every change of speed
-    by `SPEED_CHANGE_FACTOR` or more, an end stretched for the checkpoints. No clock is read here: the trainer passes
-    its training time, which tests can simulate."""
+    steps are timed (or 2 that took `CALIBRATION_SHARE` of the budget); `replan` then sets the end to the steps done
+    plus those that fit in the remaining time at that speed (at least one step for each checkpoint still to write),
+    moves the unwritten checkpoints to their fractions of the new end (written ones stay where they were), and keeps
+    re-planning the warm-up until it is over, so one noisy early measurement fixes nothing. It returns lines for the
+    log: the first measurement, every change of speed by `SPEED_CHANGE_FACTOR` or more, an end stretched for the
+    checkpoints. No clock is read here: the trainer passes its training time, which tests can simulate."""
 
     def __init__(self, bud: Budget, recipe: Recipe, plan: Plan, step: int) -> None:
         self.bud, self.recipe, self.plan = bud, recipe, plan
