@@ -170,6 +170,16 @@ def rte_result(ckpt, tmp_path_factory) -> dict:
     return json.loads(paths[0].read_text())
 
 
+def test_checkpoint_meta_reads_train_seconds_and_the_older_wall_seconds(tmp_path):
+    """Checkpoints written before the rename call the training seconds wall_seconds; glue.json says train_seconds."""
+    from tinyelectra.glue import CheckpointRef, checkpoint_meta
+
+    ref = CheckpointRef(path=tmp_path, name="ckpt-10000", kind="tinyelectra", run_dir=None)
+    for key in ("train_seconds", "wall_seconds"):
+        (tmp_path / "meta.json").write_text(json.dumps({"step": 5, key: 2.5, "other": 1}))
+        assert checkpoint_meta(ref) == {"step": 5, "train_seconds": 2.5}
+
+
 @needs_glue
 @pytest.mark.slow
 def test_rte_slice_end_to_end_schema(rte_result, ckpt):

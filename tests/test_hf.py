@@ -274,6 +274,8 @@ def test_export_command_end_to_end(tmp_path, capsys):
         auto = AutoTokenizer.from_pretrained(out / part, local_files_only=True)
         assert auto(text)["input_ids"] == [101] + ours + [102]
         assert (out / part / "README.md").is_file()
+        # META is an old checkpoint's (wall_seconds): the card says what it always was, training seconds
+        assert "| train_seconds | 12.5 |" in (out / part / "README.md").read_text()
     # The exported discriminator is itself a valid backbone source, identical to the checkpoint's.
     a, b = hf.load_backbone(ck), hf.load_backbone(out / "discriminator")
     assert a.config == b.config and a.tokenizer_dir == ck / "tokenizer" and b.tokenizer_dir == out / "discriminator"

@@ -205,7 +205,9 @@ def checkpoint_meta(ref: CheckpointRef) -> dict[str, Any]:
         meta = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise UserError(f"{path}: cannot read the checkpoint's meta.json ({e})") from None
-    keep = ("name", "step", "fraction", "tokens_seen", "train_flops_paper", "train_flops_hardware", "wall_seconds",
+    if "wall_seconds" in meta and "train_seconds" not in meta:  # written before the key's rename: training time
+        meta["train_seconds"] = meta["wall_seconds"]
+    keep = ("name", "step", "fraction", "tokens_seen", "train_flops_paper", "train_flops_hardware", "train_seconds",
             "precision", "device", "budget", "recipe", "eval")
     return {k: meta[k] for k in keep if k in meta}
 

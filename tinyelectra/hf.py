@@ -466,7 +466,9 @@ def _model_card(kind: str, cls_name: str, recipe, meta: dict[str, Any], language
         f"Pre-trained with tinyelectra (objective {recipe.objective.kind!r}, recipe {recipe.name!r}).", "",
         "| field | value |", "|---|---|",
     ]
-    for key in ("step", "fraction", "tokens_seen", "train_flops_paper", "train_flops_hardware", "wall_seconds"):
+    if "wall_seconds" in meta and "train_seconds" not in meta:  # written before the key's rename: training time
+        meta = {**meta, "train_seconds": meta["wall_seconds"]}
+    for key in ("step", "fraction", "tokens_seen", "train_flops_paper", "train_flops_hardware", "train_seconds"):
         if key in meta:
             value = meta[key]
             lines.append(f"| {key} | {value:.4g} |" if isinstance(value, float) and "flops" in key else f"| {key} | {value} |")

@@ -6,7 +6,7 @@ What lives here: reading what a run wrote (plan.json, recipe.json, summary.json,
 
 report.json is built first and holds every number report.md shows; the markdown is rendered from it alone (and the
 tests check the two agree). Plots: glue_vs_compute.png (GLUE average and per task against pre-training FLOPs in
-the paper's convention, the fraction of the budget and wall time, with the paper's Table 1 rows) and
+the paper's convention, the fraction of the budget and training time, with the paper's Table 1 rows) and
 pretraining_curves.png (generator and discriminator loss and accuracy against steps, checkpoints marked).
 """
 
@@ -106,6 +106,12 @@ def read_metrics(path: Path) -> tuple[list[dict], list[dict]]:
     return records, events
 
 
+def train_seconds_of(meta: dict) -> float | None:
+    """The training seconds a checkpoint's meta (or its metrics.jsonl event) records: `train_seconds`, called
+    `wall_seconds` by checkpoints written before the rename (it was always training time, not wall time)."""
+    return meta.get("train_seconds", meta.get("wall_seconds"))
+
+
 def find_glue_results(run_dir: Path) -> list[Path]:
     """RUN/glue/*/glue.json (what `tinyelectra glue --checkpoint RUN` writes), or RUN/*/glue.json when RUN is
     itself a glue output directory."""
@@ -149,7 +155,7 @@ def _checkpoint_entry(path: Path, glue: dict) -> dict[str, Any]:
         "fraction_exact": meta.get("fraction"),
         "step": meta.get("step"), "tokens_seen": meta.get("tokens_seen"),
         "train_flops_paper": meta.get("train_flops_paper"), "train_flops_hardware": meta.get("train_flops_hardware"),
-        "wall_seconds": meta.get("wall_seconds"),
+        "train_seconds": train_seconds_of(meta),
         "tasks": tasks,
         "average_paper": averages.get("paper"), "average_glue": averages.get("glue"),
         "finetune": {"device": glue.get("device"), "precision": glue.get("precision"),
@@ -195,7 +201,7 @@ def build_report(run_dir: Path) -> dict[str, Any]:
         row = table1.get(c["fraction"]) if c["fraction"] is not None else None
         comparison.append({
             "checkpoint": c["name"], "fraction": c["fraction"], "train_flops_paper": c["train_flops_paper"],
-            "wall_seconds": c["wall_seconds"],
+            "train_seconds": c["train_seconds"],
             "average_paper": None if c["average_paper"] is None else c["average_paper"]["score"],
             "average_label": None if c["average_paper"] is None else c["average_paper"]["label"],
             "paper_train_flops": None if row is None else row.train_flops_paper,
@@ -213,7 +219,8 @@ def build_report(run_dir: Path) -> dict[str, Any]:
         "finished": summary is not None,
         "last_log": {k: last.get(k) for k in ("step", *CURVE_KEYS, "tokens_per_second") if k in last},
         "log_records": len(records),
-        "checkpoint_events": [{k: e.get(k) for k in ("name", "step", "fraction", "wall_seconds")} for e in events],
+        "checkpoint_events": [{**{k: e.get(k) for k in ("name", "step", "fraction")}, "train_seconds": train_seconds_of(e)}
+                              for e in events],
     }
     plan_facts = None
     if plan is not None:
@@ -362,12 +369,12 @@ def render_markdown(rep: dict[str, Any]) -> str:
     else:
         tasks = rep["tasks"]
         label = next((c["average_paper"]["label"] for c in cks if c["average_paper"]), "average")
-        header = ["checkpoint", "fraction", "step", "FLOPs (paper)", "wall time"] + [_title(t) for t in tasks] + \
+        header = ["checkpoint", "fraction", "step", "FLOPs (paper)", "training time"] + [_title(t) for t in tasks] + \
                  ["average (paper metrics)", "average (GLUE metrics)"]
         rows = []
         for c in cks:
             r = [c["name"], fmt_fraction(c["fraction"]), _v(c["step"]),
-                 fmt_flops(c["train_flops_paper"]), fmt_duration(c["wall_seconds"])]
+                 fmt_flops(c["train_flops_paper"]), fmt_duration(c["train_seconds"])]
             r += [fmt_score_std(c["tasks"][t]["median_paper"], c["tasks"][t]["std_paper"]) if t in c["tasks"] else "-"
                   for t in tasks]
             r.append(fmt_score(c["average_paper"]["score"]) if c["average_paper"] else "-")
@@ -404,10 +411,10 @@ def render_markdown(rep: dict[str, Any]) -> str:
         o = ours[0] if ours else None
         rows.append([fmt_fraction(row["fraction"]), fmt_flops(row["train_flops_paper"]), row["v100_time"],
                      fmt_score(row["glue_dev"]),
-                     fmt_flops(o["train_flops_paper"]) if o else "-", fmt_duration(o["wall_seconds"]) if o else "-",
+                     fmt_flops(o["train_flops_paper"]) if o else "-", fmt_duration(o["train_seconds"]) if o else "-",
                      fmt_score(o["average_paper"]) if o else "-", (o["average_label"] or "-") if o else "-"])
     L += _table(["fraction", "paper FLOPs", "paper V100 time", "paper GLUE (8 tasks)", "our FLOPs (paper conv.)",
-                 "our wall time", "our average", "our tasks"], rows)
+                 "our training time", "our average", "our tasks"], rows)
     L.append("")
     if rep["paper_average_over_our_tasks"]:
         L.append("The published per-task rows averaged over the tasks we cover (a like-for-like comparator):")
@@ -451,7 +458,7 @@ def _metric(rep: dict[str, Any], task: str) -> str:
 
 
 def plot_glue(rep: dict[str, Any], path: Path) -> bool:
-    """GLUE against FLOPs (log), fraction and wall time, ours beside the paper's Table 1. False when nothing to plot."""
+    """GLUE against FLOPs (log), fraction and training time, ours beside the paper's Table 1. False when nothing to plot."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -536,17 +543,17 @@ def plot_glue(rep: dict[str, Any], path: Path) -> bool:
     ax_frac.legend(fontsize=8, loc="best")
     ax_frac.grid(True, alpha=0.3)
 
-    # (d) vs wall time
+    # (d) vs training time (the paper's is its V100 run's time)
     ax_time.plot([r["v100_hours"] for r in t1], [r["glue_dev"] for r in t1], "s--", color="tab:gray",
                  label="paper: one V100, GLUE-8")
-    x, y = ours_xy("wall_seconds", 1 / 3600)
+    x, y = ours_xy("train_seconds", 1 / 3600)
     device = rep["hardware"]["pretraining_device"] or "this run"
     if x:
         ax_time.plot(x, y, "o-", color="tab:blue", label=f"ours: {device}, {label}")
     ax_time.set_xscale("log")
-    ax_time.set_xlabel("pre-training wall time (hours)")
+    ax_time.set_xlabel("pre-training time (hours; ours: training steps only)")
     ax_time.set_ylabel("GLUE dev score")
-    ax_time.set_title("vs. wall time")
+    ax_time.set_title("vs. pre-training time")
     ax_time.legend(fontsize=8, loc="lower right")
     ax_time.grid(True, which="both", alpha=0.3)
 
