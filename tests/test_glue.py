@@ -286,7 +286,7 @@ def test_regression_learns_with_swapped_pairs(ckpt, tmp_path):
     paths = run_glue(ckpt, glue_dir, tmp_path / "out", "stsb", seeds=1, overrides=["epochs=6"])
     r = json.loads(paths[0].read_text())
     t = r["tasks"]["stsb"]
-    assert t["train_rows"] == 600  # the swapped order added (REFERENCE §5)
+    assert t["train_rows"] == 600  # the swapped order added (official double_unordered)
     assert r["protocol"]["swapped_pairs"] == ["stsb"]
     assert t["paper_metric"] == "spearman" and t["glue_metric"] == "pearson_spearman_mean"
     m = t["seeds"][0]["metrics"]
@@ -311,7 +311,7 @@ def test_cpu_bf16_is_opt_in_and_still_learns(ckpt, tmp_path):
 def test_lr_and_decay_by_model_size():
     from tinyelectra.glue import FinetuneConfig, size_defaults
 
-    assert size_defaults(256) == ("small", 3e-4, 0.8)  # REFERENCE §5
+    assert size_defaults(256) == ("small", 3e-4, 0.8)  # the paper's fine-tuning appendix
     assert size_defaults(768) == ("base", 1e-4, 0.8)
     assert size_defaults(1024) == ("large", 5e-5, 0.9)
     fc = FinetuneConfig.from_overrides(["lr=2e-4", "layerwise=none"])

@@ -167,7 +167,7 @@ def test_paper_rows_are_shown_as_published_and_beside_ours(run_dir):
     header, rows = _md_table(md, "fraction")
     assert header[:4] == ["fraction", "paper FLOPs", "paper V100 time", "paper GLUE (8 tasks)"]
     published = [(0.0625, 8.9e16, "6h", 74.1), (0.125, 1.8e17, "12h", 76.0), (0.25, 3.6e17, "1d", 77.7),
-                 (0.5, 7.1e17, "2d", 79.0), (1.0, 1.4e18, "4d", 79.9)]  # REFERENCE §4, Table 1
+                 (0.5, 7.1e17, "2d", 79.0), (1.0, 1.4e18, "4d", 79.9)]  # the paper's Table 1
     by_fraction = {c["fraction"]: c for c in rep["comparison"]}
     for row, (f, flops, time_text, score) in zip(rows, published):
         assert float(row[1]) == flops and row[2] == time_text and float(row[3]) == score
@@ -202,7 +202,7 @@ def test_published_numbers_agree_with_their_printed_averages():
     for row in paper.PER_TASK:
         assert set(row.scores) == set(paper.PAPER_TASKS)
         assert sum(row.scores.values()) / 8 == pytest.approx(row.average, abs=0.05)
-    # Table 1's partial rows are 1.424e18 x 1/16 ... 1/2, rounded as printed (REFERENCE §4)
+    # Table 1's partial rows are 1.424e18 x 1/16 ... 1/2, rounded as printed (the paper's Table 1)
     for r in paper.TABLE1:
         assert float(f"{1.424e18 * r.fraction:.1e}") == r.train_flops_paper
         assert r.steps == round(1_000_000 * r.fraction)

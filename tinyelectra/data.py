@@ -6,7 +6,7 @@ is byte-identical for any --workers)  ->  rows are written as .npy shards in `OU
 then the directory is renamed into place  ->  `PretrainData` memory-maps the shards and `BatchLoader` yields
 shuffled, resumable (B, T) batches.
 
-Example builder: google-research/electra build_pretraining_dataset.py (REFERENCE.md §2), ported decision by decision:
+Example builder: google-research/electra build_pretraining_dataset.py, ported decision by decision:
 lines accumulate until their length reaches the target (never across documents); 10% of examples have one segment;
 after each example the next target is random in [5, T] with probability 0.05; [CLS] A [SEP] (B [SEP]) padded to T.
 A row stores its token ids; its A/B boundary (index where segment 1 starts, = length when single) and its length

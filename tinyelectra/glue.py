@@ -5,7 +5,7 @@ on the dev sets, seed medians, test-set submission files and OUT/<checkpoint>/gl
 What does not: reading GLUE files and encoding pairs (glue_data.py), metrics (metrics.py), the network
 (model.Classifier), loading weights (hf.load_backbone), the report across checkpoints (report.py).
 
-Protocol (REFERENCE §5; official configure_finetuning.py and model/optimization.py), each knob a `--set key=value`:
+Protocol (the paper's fine-tuning appendix; official configure_finetuning.py and model/optimization.py), each knob a `--set key=value`:
 - peak LR by model size, decided by the hidden size: <= 256 Small 3e-4, <= 768 Base 1e-4, larger Large 5e-5;
 - layer-wise LR decay 0.8 (Large 0.9): depth 0 = embeddings (and the E->H projection), layer j = depth j+1, the
   head on top. "intended" (default) puts the head at depth L+1, so the top layer gets lr * decay; "official" puts
@@ -71,7 +71,7 @@ FORMAT_VERSION = 1
 
 
 def size_defaults(hidden_size: int) -> tuple[str, float, float]:
-    """(size name, peak LR, layer-wise decay) by the encoder's hidden size (REFERENCE §5)."""
+    """(size name, peak LR, layer-wise decay) by the encoder's hidden size (the paper's fine-tuning appendix)."""
     if hidden_size <= 256:
         return "small", 3e-4, 0.8
     if hidden_size <= 768:
