@@ -8,7 +8,7 @@
   checked on load; a flipped byte or a truncated file is a one-line error naming the file.
 - `check_writable`: proves an output location can be written before any long work, and leaves nothing behind.
 - `os_error_line`: the one-line text for an OSError of the place written to (a full disk, a read-only location).
-Not here: what the files hold; whole directories renamed into place (checkpoint.py, data.py).
+Not here: what the files hold; whole directories renamed into place (checkpoint.py, prepare.py).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ the paper's uncased WordPiece only for text that is mostly Latin script and almo
 `save` lets transformers write its own files (a `PreTrainedTokenizerFast` around an exact `tokenizers` copy of the
 model, `save_pretrained`), so `AutoTokenizer` adds [CLS]/[SEP] and token types for pairs and decodes byte-fallback
 pieces, in transformers 4.44 ... 5.x alike.
-What does not live here: reading corpora and building examples (data.py, corpus.py).
+What does not live here: reading corpora and building examples (corpus.py, prepare.py).
 """
 
 from __future__ import annotations
