@@ -190,6 +190,13 @@ TASKS: dict[str, TaskSpec] = {
 GLUE_TASK_NAMES: tuple[str, ...] = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
 # The eight tasks of the paper's GLUE score (WNLI left out, as BERT and ELECTRA did).
 PAPER_TASK_NAMES: tuple[str, ...] = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte")
+TASK_TITLES = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "stsb": "STS-B", "qqp": "QQP", "mnli": "MNLI",
+               "qnli": "QNLI", "rte": "RTE", "wnli": "WNLI"}
+
+
+def task_title(task: str) -> str:
+    """How reports print a task: GLUE's own spelling; a task of your own (glue --task-file) goes by its name."""
+    return TASK_TITLES.get(task, task)
 
 
 def _norm(name: str) -> str:
