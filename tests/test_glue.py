@@ -309,7 +309,7 @@ def test_cpu_bf16_is_opt_in_and_still_learns(ckpt, tmp_path):
 
 
 def test_lr_and_decay_by_model_size():
-    from tinyelectra.glue import FinetuneConfig, size_defaults
+    from tinyelectra.finetune import FinetuneConfig, size_defaults
 
     assert size_defaults(256) == ("small", 3e-4, 0.8)  # the paper's fine-tuning appendix
     assert size_defaults(768) == ("base", 1e-4, 0.8)
@@ -328,7 +328,7 @@ def test_lr_and_decay_by_model_size():
 ])
 def test_layerwise_groups_give_each_parameter_its_depth_lr(form, expected):
     from tinyelectra.config import ModelConfig, OptimConfig
-    from tinyelectra.glue import FinetuneConfig, layerwise_groups
+    from tinyelectra.finetune import FinetuneConfig, layerwise_groups
     from tinyelectra.model import Classifier
     from tinyelectra.optim import build_optimizer
 
@@ -355,7 +355,7 @@ def test_layerwise_groups_give_each_parameter_its_depth_lr(form, expected):
 
 def test_weight_decay_groups_skip_layernorm_and_bias():
     from tinyelectra.config import ModelConfig
-    from tinyelectra.glue import FinetuneConfig, layerwise_groups
+    from tinyelectra.finetune import FinetuneConfig, layerwise_groups
     from tinyelectra.model import Classifier
 
     cfg = ModelConfig(vocab_size=300, embedding_size=32, hidden_size=64, num_layers=2, num_heads=2, ffn_size=128,
@@ -370,7 +370,7 @@ def test_weight_decay_groups_skip_layernorm_and_bias():
 
 
 def test_batches_random_as_numpy_permutations_and_length_grouped_with_less_padding():
-    from tinyelectra.glue import batch_indices
+    from tinyelectra.finetune import batch_indices
 
     n, bs = 1000, 32
     random_batches = list(batch_indices(n, bs, 64, seed=7))  # 2 epochs of ceil(1000 / 32) = 32 batches
