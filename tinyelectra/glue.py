@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from tinyelectra.errors import UserError
+from tinyelectra.files import write_json
 from tinyelectra.finetune import (
     MEGABATCH,
     EncodedTask,
@@ -299,12 +300,6 @@ def task_averages(tasks: dict[str, dict]) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _write_json_atomic(path: Path, obj: Any) -> None:
-    from tinyelectra.files import write_atomic
-
-    write_atomic(path, json.dumps(obj, indent=2) + "\n")
-
-
 def protocol_dict(fc: FinetuneConfig, hidden_size: int, tasks: list[str], max_train_rows: int | None) -> dict[str, Any]:
     """Every setting that decides the numbers (compared before reusing earlier results)."""
     size, _, _ = size_defaults(hidden_size)
@@ -431,7 +426,7 @@ def run_checkpoint(ref: CheckpointRef, data: dict[str, TaskData], fc: FinetuneCo
                 if data[task].test:
                     _save_seed_outputs(target, task, seed, test_outputs[-1])
                 result.setdefault("partial", {})[task] = {"seeds": list(seed_results), "data": data[task].describe()}
-                _write_json_atomic(target, result)
+                write_json(target, result)
         entry = {"epochs": fc.task_epochs(task), "train_rows": len(enc.train), "steps_per_epoch": per_epoch,
                  "steps": steps, "peak_lr": fc.peak_lr(cfg.hidden_size), "truncated_train_rows": enc.train.truncated,
                  "seeds": seed_results, **summarize_task(task, seed_results)}
@@ -447,7 +442,7 @@ def run_checkpoint(ref: CheckpointRef, data: dict[str, TaskData], fc: FinetuneCo
         (result.get("partial") or {}).pop(task, None)
         if not result.get("partial"):
             result.pop("partial", None)
-        _write_json_atomic(target, result)  # after every task: a long run keeps what it finished
+        write_json(target, result)  # after every task: a long run keeps what it finished
         for seed in seeds:
             _seed_outputs_path(target, task, seed).unlink(missing_ok=True)
         console.print(_task_line(ref.name, task, entry))
@@ -456,7 +451,7 @@ def run_checkpoint(ref: CheckpointRef, data: dict[str, TaskData], fc: FinetuneCo
     result["averages"] = task_averages(result["tasks"])
     result["seconds_total"] = time.perf_counter() - started
     result["complete"] = True
-    _write_json_atomic(target, result)
+    write_json(target, result)
     return result
 
 

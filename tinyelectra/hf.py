@@ -44,10 +44,10 @@ from tinyelectra.checkpoint import (
     load_checkpoint,
     read_checkpoint_config,
     read_tensors,
-    replace_dir,
 )
 from tinyelectra.config import ModelConfig
 from tinyelectra.errors import UserError
+from tinyelectra.files import replace_dir
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "tokenizer.model")
 

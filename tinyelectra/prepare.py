@@ -34,7 +34,7 @@ import numpy as np
 from tinyelectra.corpus import CorpusReader, Document, resolve_inputs
 from tinyelectra.data import FORMAT_VERSION, SPLITS, files_present
 from tinyelectra.errors import UserError
-from tinyelectra.files import check_writable, os_error_line
+from tinyelectra.files import check_writable, os_error_line, replace_dir
 from tinyelectra.tokenizer import CASINGS, CHARACTER_COVERAGE, PROFILE_FILE, TOKENIZER_TYPES, Tokenizer, choose_casing, text_profile
 
 BUILDER_VERSION = "electra-official-1"  # bump when the builder's output for the same input changes
@@ -466,7 +466,7 @@ def prepare(
             "python": platform.python_version(),
         }
         _write_json(tmp / "manifest.json", manifest)  # last: a directory without it is never taken as complete
-        _move_into_place(tmp, out_dir)
+        replace_dir(tmp, out_dir)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
@@ -620,17 +620,6 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def _move_into_place(tmp: Path, out_dir: Path) -> None:
-    """Atomically replace `out_dir` by `tmp` (an existing dataset is renamed away first, then deleted)."""
-    old = None
-    if out_dir.exists():
-        old = out_dir.parent / f"{out_dir.name}.old-{os.getpid()}"
-        os.replace(out_dir, old)
-    os.replace(tmp, out_dir)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def _write_json(path: Path, obj: dict) -> None:
