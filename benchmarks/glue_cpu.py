@@ -7,7 +7,7 @@ what dynamic padding saves against padding every batch to 128 tokens.
         -> benchmarks/results/glue_cpu.json   (glue.json files under --out, default runs/glue_cpu/)
 
 The estimate is exact about the work and measured about the speed:
-- work: for each task and seed, the batches fine-tuning will draw (glue.batch_indices, the same seeded order) and
+- work: for each task and seed, the batches fine-tuning will draw (finetune.batch_indices, the same seeded order) and
   each batch's padded width after tokenization with the checkpoint's tokenizer; plus dev/test inference;
 - speed: one full training step (forward, backward, clip, paper Adam) of the model timed at batch 32 and widths
   16 ... 128, and inference at batch 128; the time of every planned batch is interpolated from those.
@@ -39,7 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import alternate, paired_ratio, summarize, write_result  # noqa: E402
 
-from tinyelectra import glue  # noqa: E402
+from tinyelectra import finetune, glue  # noqa: E402
 from tinyelectra.config import ModelConfig  # noqa: E402
 from tinyelectra.glue_data import get_task  # noqa: E402
 
@@ -79,7 +79,7 @@ def synthetic_batch(enc, batch_size: int, width: int, rng: np.random.Generator):
 
 def time_steps(backbone, task: str, enc, fc, device, repeats: int, precision: str) -> dict[int, float]:
     """Median seconds of one training step at batch fc.batch_size for each width in WIDTHS."""
-    run = glue.Finetuner(backbone, task, fc, 0, device, precision)
+    run = finetune.Finetuner(backbone, task, fc, 0, device, precision)
     rng = np.random.default_rng(0)
     batches = {w: synthetic_batch(enc, fc.batch_size, w, rng) for w in WIDTHS}
     fns = {str(w): (lambda b=batches[w]: run.step(b, 1e-5)) for w in WIDTHS}
@@ -98,7 +98,7 @@ def time_inference(backbone, task: str, enc, fc, device, repeats: int, precision
 
     def forward(b):
         with torch.no_grad(), autocast_context(precision, device):
-            model(*glue._tensors(b, device))
+            model(*finetune._tensors(b, device))
 
     fns = {str(w): (lambda b=batches[w]: forward(b)) for w in WIDTHS}
     times = alternate(fns, warmup=1, repeats=repeats, device=device)
@@ -114,13 +114,13 @@ def interp(table: dict[int, float], width: float, rows: int, full: int) -> float
 def plan_task(task: str, enc, fc, seeds: list[int], step_s: dict, infer_s: dict) -> dict:
     """The exact batches of every seed and their predicted seconds; inference of dev and test sets."""
     n = len(enc.train)
-    per_epoch, total = glue.plan_steps(n, fc.batch_size, fc.task_epochs(task))
+    per_epoch, total = finetune.plan_steps(n, fc.batch_size, fc.task_epochs(task))
     lengths = enc.train.lengths
     real_tokens = padded_dynamic = 0
     seconds_dynamic = seconds_fixed = 0.0
     grouped = lengths if fc.batching == "length" else None
     for seed in seeds:
-        for idx in glue.batch_indices(n, fc.batch_size, total, seed, grouped):
+        for idx in finetune.batch_indices(n, fc.batch_size, total, seed, grouped):
             width = int(lengths[idx].max())
             real_tokens += int(lengths[idx].sum())
             padded_dynamic += width * len(idx)
@@ -128,7 +128,7 @@ def plan_task(task: str, enc, fc, seeds: list[int], step_s: dict, infer_s: dict)
             seconds_fixed += interp(step_s, fc.max_length, len(idx), fc.batch_size)
     eval_sets = [*enc.dev.values(), *enc.test]
     infer = 0.0
-    for e in eval_sets:  # sorted by length in glue.predict
+    for e in eval_sets:  # sorted by length in finetune.predict
         order = np.sort(e.lengths)
         for start in range(0, len(e), fc.eval_batch_size):
             chunk = order[start:start + fc.eval_batch_size]
@@ -147,9 +147,9 @@ def plan_task(task: str, enc, fc, seeds: list[int], step_s: dict, infer_s: dict)
 
 def padding_ab(backbone, task: str, enc, fc, device, rounds: int) -> dict:
     """Real training batches (seed 0's first ones) with dynamic padding vs padded to max_length, alternating."""
-    run = glue.Finetuner(backbone, task, fc, 0, device, "bf16" if fc.precision == "bf16" else "fp32")
+    run = finetune.Finetuner(backbone, task, fc, 0, device, "bf16" if fc.precision == "bf16" else "fp32")
     n = len(enc.train)
-    idxs = list(glue.batch_indices(n, fc.batch_size, min(8, math.ceil(n / fc.batch_size)), 0))
+    idxs = list(finetune.batch_indices(n, fc.batch_size, min(8, math.ceil(n / fc.batch_size)), 0))
     idxs = [i for i in idxs if len(i) == fc.batch_size] or idxs
     dyn = [enc.train.batch(i) for i in idxs]
     fixed = [enc.train.batch(i, pad_to=fc.max_length) for i in idxs]
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     allocator = tune_cpu()
     device = torch.device("cpu")
-    fc = glue.FinetuneConfig.from_overrides(args.overrides)
+    fc = finetune.FinetuneConfig.from_overrides(args.overrides)
     tasks = [get_task(t).name for t in args.tasks.split(",")]
     seeds = list(range(fc.seed, fc.seed + args.seeds))
     backbone = load_backbone(args.checkpoint)

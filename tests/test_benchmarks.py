@@ -195,7 +195,7 @@ def quality_data(tmp_path_factory) -> Path:
     """A prepared toy corpus (WordPiece of 256 entries, rows of 64 tokens) made of the synthetic tasks' words."""
     import quality
 
-    from tinyelectra.data import prepare
+    from tinyelectra.prepare import prepare
 
     root = tmp_path_factory.mktemp("quality-data")
     rng = random.Random(0)

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from tinyelectra import data as D
+from tinyelectra import prepare as P
 from tinyelectra.corpus import CorpusReader, resolve_inputs, text_documents, wiki_documents
 from tinyelectra.errors import UserError
 
@@ -99,8 +100,8 @@ def ours(docs: list[list[list[int]]], T: int, rng: random.Random):
     """tinyelectra's builder, rows padded and with the mask/segment ids derived from (boundary, length)."""
     out = []
     documents = ((doc, [len(x) for x in doc]) for doc in docs)
-    for _, a, b in D.build_examples(documents, T, rng, D.BuilderStats()):
-        row, boundary = D.example_row(a, b, T, CLS, SEP)
+    for _, a, b in P.build_examples(documents, T, rng, P.BuilderStats()):
+        row, boundary = P.example_row(a, b, T, CLS, SEP)
         length = len(row)
         out.append((row + [PAD] * (T - length), [1] * length + [0] * (T - length),
                     [0] * boundary + [1] * (length - boundary) + [0] * (T - length)))
@@ -154,11 +155,11 @@ def test_builder_random_decision_rates_over_a_large_sample():
     draw, and a row shorter than T is exactly a 5% random target t <= T - 3 (t lines give t + 3 tokens)."""
     T = 128
     doc = [[1000 + (i % 50)] for i in range(2_500_000)]  # one long document: only its last example ends a document
-    stats = D.BuilderStats()
+    stats = P.BuilderStats()
     single = short = total = 0
     short_lengths = []
-    for _, a, b in D.build_examples(iter([(doc, [1] * len(doc))]), T, random.Random(11), stats):
-        row, boundary = D.example_row(a, b, T, CLS, SEP)
+    for _, a, b in P.build_examples(iter([(doc, [1] * len(doc))]), T, random.Random(11), stats):
+        row, boundary = P.example_row(a, b, T, CLS, SEP)
         total += 1
         single += boundary == len(row)
         if len(row) < T:
@@ -247,7 +248,7 @@ def prepared(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("prepared")
     corpus = small_corpus(tmp)
     out = tmp / "data"
-    manifest = D.prepare([str(corpus)], out, vocab_size=2000, seq_len=64, workers=1, quiet=True,
+    manifest = P.prepare([str(corpus)], out, vocab_size=2000, seq_len=64, workers=1, quiet=True,
                          validation_fraction=0.1, seed=3)
     return corpus, out, manifest
 
@@ -260,7 +261,7 @@ def test_prepared_rows_equal_the_official_builder_on_the_tokenized_corpus(prepar
     token_docs = [tok.encode_batch(d) for d in docs]
     # one chunk (the corpus is under 1 MiB): the builder's seed is (seed 3, chunk 0); held-out documents are drawn
     # from their own stream, so the full row sequence is the official builder's over all documents, split after
-    assert len(corpus.read_text()) < D.CHUNK_CHARS
+    assert len(corpus.read_text()) < P.CHUNK_CHARS
     expected = official_rows(token_docs, 64, random.Random("builder:3:0"), with_doc=True)
     val_rng = random.Random("validation:3:0")
     held_out = [val_rng.random() < 0.1 for _ in docs]
@@ -285,7 +286,7 @@ def test_output_is_byte_identical_for_any_number_of_workers(tmp_path):
     outs = []
     for workers in (1, 2):
         out = tmp_path / f"w{workers}"
-        D.prepare([str(corpus)], out, vocab_size=1500, seq_len=32, workers=workers, quiet=True, chunk_chars=20_000,
+        P.prepare([str(corpus)], out, vocab_size=1500, seq_len=32, workers=workers, quiet=True, chunk_chars=20_000,
                   rows_per_shard=700)
         outs.append(out)
     names = sorted(p.name for p in outs[0].iterdir() if p.is_file() and p.name != "manifest.json")
@@ -301,13 +302,13 @@ def test_output_is_byte_identical_for_any_number_of_workers(tmp_path):
 def test_identical_request_is_a_cache_hit_and_a_different_one_needs_force(tmp_path):
     corpus = small_corpus(tmp_path, n_docs=30)
     out = tmp_path / "data"
-    first = D.prepare([str(corpus)], out, vocab_size=1000, seq_len=32, quiet=True)
+    first = P.prepare([str(corpus)], out, vocab_size=1000, seq_len=32, quiet=True)
     stamp = (out / "train-00000.ids.npy").stat().st_mtime_ns
-    again = D.prepare([str(corpus)], out, vocab_size=1000, seq_len=32, quiet=True)
+    again = P.prepare([str(corpus)], out, vocab_size=1000, seq_len=32, quiet=True)
     assert again == first and (out / "train-00000.ids.npy").stat().st_mtime_ns == stamp
     with pytest.raises(UserError, match="different dataset.*--force"):
-        D.prepare([str(corpus)], out, vocab_size=1000, seq_len=48, quiet=True)
-    replaced = D.prepare([str(corpus)], out, vocab_size=1000, seq_len=48, quiet=True, force=True)
+        P.prepare([str(corpus)], out, vocab_size=1000, seq_len=48, quiet=True)
+    replaced = P.prepare([str(corpus)], out, vocab_size=1000, seq_len=48, quiet=True, force=True)
     assert replaced["seq_len"] == 48 and D.PretrainData(out).seq_len == 48
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt", "data"]  # no temporary or old dirs left
 
@@ -407,7 +408,7 @@ def test_prepare_with_a_sentencepiece_model_on_korean_japanese_chinese(tmp_path)
     )
     corpus = tmp_path / "docs.txt"
     corpus.write_text("\n\n".join("\n".join(lines[i:] + lines[:i]) for i in range(6)) + "\n", encoding="utf-8")
-    m = D.prepare([str(corpus)], tmp_path / "data", tokenizer_path=str(tmp_path / "sp.model"), seq_len=16,
+    m = P.prepare([str(corpus)], tmp_path / "data", tokenizer_path=str(tmp_path / "sp.model"), seq_len=16,
                   validation_fraction=0.0, quiet=True)
     assert m["tokenizer"]["kind"] == "sentencepiece" and m["tokenizer"]["special_ids"]["pad"] == 3
     data = D.PretrainData(tmp_path / "data")
@@ -433,7 +434,7 @@ def test_hf_source_reads_the_text_field_of_each_record(tmp_path, monkeypatch):
         return [{"text": topics[t], "title": t} for t in sorted(topics)[:40]]
 
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
-    m = D.prepare(["hf:someone/corpus:clean"], tmp_path / "data", vocab_size=600, seq_len=32, quiet=True,
+    m = P.prepare(["hf:someone/corpus:clean"], tmp_path / "data", vocab_size=600, seq_len=32, quiet=True,
                   validation_fraction=0.0)
     assert calls[0] == ("someone/corpus", "clean", "train", True)
     assert m["documents"]["train"] == 40 and m["sources"][0]["kind"] == "hf"

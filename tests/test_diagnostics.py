@@ -15,7 +15,8 @@ import torch
 
 from tinyelectra import diagnostics
 from tinyelectra.config import ModelConfig, Recipe, recipe_from_dict
-from tinyelectra.data import PretrainData, prepare
+from tinyelectra.data import PretrainData
+from tinyelectra.prepare import prepare
 from tinyelectra.electra import SpecialIds
 from tinyelectra.model import Electra
 

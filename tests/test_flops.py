@@ -14,7 +14,7 @@ from tinyelectra import flops as F
 from tinyelectra.config import ModelConfig, ObjectiveConfig
 from tinyelectra.errors import UserError
 
-# The paper's shapes (REFERENCE §1), built here so the tests do not depend on recipe files.
+# The paper's shapes (Appendix A), built here so the tests do not depend on recipe files.
 SMALL = ModelConfig(embedding_size=128, hidden_size=256, num_layers=12, num_heads=4, ffn_size=1024, generator_fraction=0.25)
 SMALL_GEN128 = ModelConfig(embedding_size=128, hidden_size=256, num_layers=12, num_heads=4, ffn_size=1024, generator_fraction=0.5)
 BASE = ModelConfig(embedding_size=768, hidden_size=768, num_layers=12, num_heads=12, ffn_size=3072, generator_fraction=1 / 3)
@@ -29,7 +29,8 @@ def paper_total(model, objective, batch, seq_len, steps):
 
 
 # --- paper convention ----------------------------------------------------------------------------------------
-# "reference" values: REFERENCE §3 (what the acceptance asks, within 0.1%); "script" values: what
+# "reference" values: the official script's outputs rounded to 4 digits, as the project's shared reference notes
+# (outside this repository) record them (what the acceptance asks, within 0.1%); "script" values: what
 # google-research/electra flops_computation.py prints for the same models (MODEL_FLOPS, get_infer_flops).
 PAPER_CASES = [
     # name, model, objective, batch, seq_len, steps, reference, script
@@ -68,7 +69,7 @@ def test_paper_table1_rows_are_fractions_of_the_gen128_count():
 def test_paper_base_mlm_and_dense_lookup_share():
     # BERT-Base in the paper: 6.4e19 (script: 6.428e19, 1M steps of 256 x 512).
     assert paper_total(BASE, MLM, 256, 512, 1_000_000) == pytest.approx(6.428335104e19, rel=1e-9)
-    # REFERENCE §3: about 40% of Small's paper-convention FLOPs are the dense embedding look-ups.
+    # The paper convention: about 40% of Small's paper-convention FLOPs are the dense embedding look-ups.
     share = F.paper_dense_lookup_flops_per_step(SMALL, ELECTRA, 128, 128) / F.paper_train_flops_per_step(SMALL, ELECTRA, 128, 128)
     assert 0.38 < share < 0.42
 

@@ -170,6 +170,16 @@ def rte_result(ckpt, tmp_path_factory) -> dict:
     return json.loads(paths[0].read_text())
 
 
+def test_checkpoint_meta_reads_train_seconds_and_the_older_wall_seconds(tmp_path):
+    """Checkpoints written before the rename call the training seconds wall_seconds; glue.json says train_seconds."""
+    from tinyelectra.glue import CheckpointRef, checkpoint_meta
+
+    ref = CheckpointRef(path=tmp_path, name="ckpt-10000", kind="tinyelectra", run_dir=None)
+    for key in ("train_seconds", "wall_seconds"):
+        (tmp_path / "meta.json").write_text(json.dumps({"step": 5, key: 2.5, "other": 1}))
+        assert checkpoint_meta(ref) == {"step": 5, "train_seconds": 2.5}
+
+
 @needs_glue
 @pytest.mark.slow
 def test_rte_slice_end_to_end_schema(rte_result, ckpt):
@@ -276,7 +286,7 @@ def test_regression_learns_with_swapped_pairs(ckpt, tmp_path):
     paths = run_glue(ckpt, glue_dir, tmp_path / "out", "stsb", seeds=1, overrides=["epochs=6"])
     r = json.loads(paths[0].read_text())
     t = r["tasks"]["stsb"]
-    assert t["train_rows"] == 600  # the swapped order added (REFERENCE §5)
+    assert t["train_rows"] == 600  # the swapped order added (official double_unordered)
     assert r["protocol"]["swapped_pairs"] == ["stsb"]
     assert t["paper_metric"] == "spearman" and t["glue_metric"] == "pearson_spearman_mean"
     m = t["seeds"][0]["metrics"]
@@ -299,9 +309,9 @@ def test_cpu_bf16_is_opt_in_and_still_learns(ckpt, tmp_path):
 
 
 def test_lr_and_decay_by_model_size():
-    from tinyelectra.glue import FinetuneConfig, size_defaults
+    from tinyelectra.finetune import FinetuneConfig, size_defaults
 
-    assert size_defaults(256) == ("small", 3e-4, 0.8)  # REFERENCE §5
+    assert size_defaults(256) == ("small", 3e-4, 0.8)  # the paper's fine-tuning appendix
     assert size_defaults(768) == ("base", 1e-4, 0.8)
     assert size_defaults(1024) == ("large", 5e-5, 0.9)
     fc = FinetuneConfig.from_overrides(["lr=2e-4", "layerwise=none"])
@@ -318,7 +328,7 @@ def test_lr_and_decay_by_model_size():
 ])
 def test_layerwise_groups_give_each_parameter_its_depth_lr(form, expected):
     from tinyelectra.config import ModelConfig, OptimConfig
-    from tinyelectra.glue import FinetuneConfig, layerwise_groups
+    from tinyelectra.finetune import FinetuneConfig, layerwise_groups
     from tinyelectra.model import Classifier
     from tinyelectra.optim import build_optimizer
 
@@ -345,7 +355,7 @@ def test_layerwise_groups_give_each_parameter_its_depth_lr(form, expected):
 
 def test_weight_decay_groups_skip_layernorm_and_bias():
     from tinyelectra.config import ModelConfig
-    from tinyelectra.glue import FinetuneConfig, layerwise_groups
+    from tinyelectra.finetune import FinetuneConfig, layerwise_groups
     from tinyelectra.model import Classifier
 
     cfg = ModelConfig(vocab_size=300, embedding_size=32, hidden_size=64, num_layers=2, num_heads=2, ffn_size=128,
@@ -360,7 +370,7 @@ def test_weight_decay_groups_skip_layernorm_and_bias():
 
 
 def test_batches_random_as_numpy_permutations_and_length_grouped_with_less_padding():
-    from tinyelectra.glue import batch_indices
+    from tinyelectra.finetune import batch_indices
 
     n, bs = 1000, 32
     random_batches = list(batch_indices(n, bs, 64, seed=7))  # 2 epochs of ceil(1000 / 32) = 32 batches

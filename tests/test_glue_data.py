@@ -65,7 +65,7 @@ def test_task_table_submission_names_and_labels():
     assert TASKS["mrpc"].label_names == ("not_equivalent", "equivalent")
     assert TASKS["qqp"].label_names == ("not_duplicate", "duplicate")
     assert TASKS["wnli"].label_names == ("not_entailment", "entailment")
-    # Paper protocol (REFERENCE §5): 10 epochs for RTE and STS-B, swapped pairs for MRPC and STS-B.
+    # Paper protocol (its fine-tuning appendix): 10 epochs for RTE and STS-B, swapped pairs for MRPC and STS-B.
     assert {t.name for t in TASKS.values() if t.epochs == 10} == {"rte", "stsb"}
     assert {t.name for t in TASKS.values() if t.swap_pairs} == {"mrpc", "stsb"}
     assert {t.name: (t.paper_metric, t.glue_metric) for t in TASKS.values() if t.name in ("cola", "stsb", "mrpc", "qqp")} == {

@@ -37,7 +37,7 @@ from test_optim import one_thread  # noqa: E402, F401  (autouse: toy tensors run
 
 @pytest.fixture(scope="module")
 def toy_data(tmp_path_factory) -> Path:
-    from tinyelectra.data import prepare
+    from tinyelectra.prepare import prepare
 
     root = tmp_path_factory.mktemp("toy")
     rng = random.Random(0)

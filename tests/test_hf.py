@@ -146,7 +146,7 @@ def test_export_equals_transformers_small_shape():
     m = tiny_model(ModelConfig())  # the paper's Small: vocab 30522, 12 x 256, generator 1/4
     ids, types, mask = batch(30522, 2, 128, seed=3)
     d = hf.to_hf_discriminator(m)
-    assert d.num_parameters() == 13_549_057  # the paper's Small discriminator (REFERENCE §1)
+    assert d.num_parameters() == 13_549_057  # the paper's Small discriminator (Appendix A shape)
     assert max_diff_discriminator(m, d, ids, types, mask) <= TOL
     g = hf.to_hf_generator(m)
     assert g.config.hidden_size == 64 and g.config.num_attention_heads == 1 and g.config.intermediate_size == 256
@@ -274,6 +274,8 @@ def test_export_command_end_to_end(tmp_path, capsys):
         auto = AutoTokenizer.from_pretrained(out / part, local_files_only=True)
         assert auto(text)["input_ids"] == [101] + ours + [102]
         assert (out / part / "README.md").is_file()
+        # META is an old checkpoint's (wall_seconds): the card says what it always was, training seconds
+        assert "| train_seconds | 12.5 |" in (out / part / "README.md").read_text()
     # The exported discriminator is itself a valid backbone source, identical to the checkpoint's.
     a, b = hf.load_backbone(ck), hf.load_backbone(out / "discriminator")
     assert a.config == b.config and a.tokenizer_dir == ck / "tokenizer" and b.tokenizer_dir == out / "discriminator"

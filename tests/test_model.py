@@ -55,7 +55,7 @@ def test_small_parameter_counts():
     assert n_disc == 13_549_057
     n_total = count_parameters(m)
     assert n_total == 13_549_057 + generator_extra_params(30522, 128, 64, 256, 12)
-    assert round(n_total / 1e6, 1) == 14.2  # "about 14.2M trained" (REFERENCE §1)
+    assert round(n_total / 1e6, 1) == 14.2  # the paper's Small shape (Appendix A); Table 1 rounds it to 14M
     assert 0.6e6 < n_total - n_disc < 0.7e6  # "generator adds about 0.65M non-shared"
 
 

@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from tinyelectra import data as D
+from tinyelectra import prepare as P
 from tinyelectra.tokenizer import Tokenizer, choose_casing, read_sentencepiece, text_profile
 
 LOCALE_DIR = Path(os.environ.get("TINYELECTRA_LOCALE_DIR", "/usr/share/locale"))
@@ -110,7 +111,7 @@ def test_default_prepare_keeps_voicing_marks_hangul_syllables_and_accents(texts,
     every character (spaces aside); forcing --casing uncased is the negative control that loses them."""
     lines = texts[lang]
     corpus = write_corpus(tmp_path / f"{lang}.txt", lines)
-    m = D.prepare([str(corpus)], tmp_path / "data", vocab_size=6000, seq_len=64, validation_fraction=0.0, quiet=True)
+    m = P.prepare([str(corpus)], tmp_path / "data", vocab_size=6000, seq_len=64, validation_fraction=0.0, quiet=True)
     casing = m["tokenizer"]["casing"]
     assert casing["lowercase"] is False and casing["requested"] == "auto" and casing["reason"].startswith("auto: cased")
     assert m["tokenizer"]["alphabet"]["coverage"] >= 0.9999 and m["tokenizer"]["text"]["languages"] == ([] if lang == "pt" else [lang])
@@ -140,13 +141,13 @@ def test_fill_ratio_is_reported_and_packing_fills_short_paragraphs(texts, tmp_pa
     """Korean text with a blank line after every paragraph (the issue's legal text: 8% real tokens): prepare says
     how little of the examples is text and how to fix it; --pack-documents fills them, same tokens, same split."""
     corpus = write_corpus(tmp_path / "ko.txt", texts["ko"][:6000], lines_per_document=1)
-    m = D.prepare([str(corpus)], tmp_path / "one", vocab_size=3000, seq_len=128, validation_fraction=0.05)
+    m = P.prepare([str(corpus)], tmp_path / "one", vocab_size=3000, seq_len=128, validation_fraction=0.05)
     said = " ".join(capsys.readouterr().err.split())
     data = D.PretrainData(tmp_path / "one")
     lengths = data.rows("train", np.arange(data.num_rows("train")))[1][:, 1].astype(np.int64)  # real tokens per row
     assert m["fill_ratio"]["train"] == round(lengths.sum() / (len(lengths) * 128), 4) < 0.2  # from the rows themselves
     assert f"only {100 * m['fill_ratio']['train']:.0f}% of the token slots hold text" in said and "add --pack-documents" in said
-    packed = D.prepare([str(corpus)], tmp_path / "packed", vocab_size=3000, seq_len=128, validation_fraction=0.05,
+    packed = P.prepare([str(corpus)], tmp_path / "packed", vocab_size=3000, seq_len=128, validation_fraction=0.05,
                        pack_documents=True)
     assert "hold text" not in " ".join(capsys.readouterr().err.split())
     assert packed["fill_ratio"]["train"] > 0.8 and packed["pack_documents"] is True
@@ -154,9 +155,9 @@ def test_fill_ratio_is_reported_and_packing_fills_short_paragraphs(texts, tmp_pa
     assert packed["documents"] == m["documents"]  # the same held-out documents
     # (the builder cuts segments to fit T, as the official one: packing keeps most of the tokens too)
     assert packed["tokens"]["train"] >= 0.9 * m["tokens"]["train"]
-    again = D.prepare([str(corpus)], tmp_path / "again", vocab_size=3000, seq_len=128, validation_fraction=0.05,
+    again = P.prepare([str(corpus)], tmp_path / "again", vocab_size=3000, seq_len=128, validation_fraction=0.05,
                       pack_documents=True, quiet=True, workers=2, chunk_chars=50_000)
-    one = D.prepare([str(corpus)], tmp_path / "one-worker", vocab_size=3000, seq_len=128, validation_fraction=0.05,
+    one = P.prepare([str(corpus)], tmp_path / "one-worker", vocab_size=3000, seq_len=128, validation_fraction=0.05,
                     pack_documents=True, quiet=True, workers=1, chunk_chars=50_000)
     for split in ("train", "validation"):  # byte-identical for any number of workers
         assert (np.load(tmp_path / "again" / f"{split}-00000.ids.npy") == np.load(tmp_path / "one-worker" / f"{split}-00000.ids.npy")).all()
@@ -319,7 +320,7 @@ def test_wordpiece_export_of_korean_works_in_transformers(texts, tmp_path):
     from tinyelectra.hf import export_command
 
     corpus = write_corpus(tmp_path / "ko.txt", texts["ko"])
-    D.prepare([str(corpus)], tmp_path / "data", vocab_size=5000, seq_len=64, validation_fraction=0.0, quiet=True)
+    P.prepare([str(corpus)], tmp_path / "data", vocab_size=5000, seq_len=64, validation_fraction=0.0, quiet=True)
     tok = Tokenizer.load(tmp_path / "data" / "tokenizer")
     ckpt = tiny_checkpoint(tmp_path, tmp_path / "data" / "tokenizer", tok.vocab_size)
     export_command(ckpt, tmp_path / "export")

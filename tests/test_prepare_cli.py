@@ -14,6 +14,7 @@ import pytest
 
 from tinyelectra import cli
 from tinyelectra import data as D
+from tinyelectra import prepare as P
 
 
 def run_cli(args: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
@@ -126,7 +127,7 @@ def test_disk_full_while_writing_leaves_nothing(tmp_path, monkeypatch, capsys):
         calls.append(path)
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-    monkeypatch.setattr(D, "_write_npy", full_disk)
+    monkeypatch.setattr(P, "_write_npy", full_disk)
     code, _, err = run_cli(["prepare", "--corpus", str(text_file(tmp_path)), "--out", str(tmp_path / "out"),
                             "--vocab-size", "300"], monkeypatch, capsys)
     assert calls

@@ -29,6 +29,11 @@ def seed_scores(task: str, i: int) -> list[float]:
     return [b - 1.0, b + 0.5, b + 1.5]
 
 
+def seconds_key(i: int) -> str:
+    """Checkpoints written before the rename recorded their training seconds as wall_seconds: half the fixture's do."""
+    return "wall_seconds" if i % 2 else "train_seconds"
+
+
 def write_glue_json(out: Path, name: str, fraction: float, step: int, i: int) -> None:
     from tinyelectra.glue import summarize_task, task_averages
 
@@ -41,7 +46,7 @@ def write_glue_json(out: Path, name: str, fraction: float, step: int, i: int) ->
         "format": "tinyelectra-glue", "format_version": 1, "complete": True,
         "checkpoint": {"name": name, "path": f"/x/{name}", "kind": "tinyelectra", "run_dir": "/x"},
         "meta": {"step": step, "fraction": step / 1600, "tokens_seen": step * 4096, "train_flops_paper": step * 2.0e10,
-                 "train_flops_hardware": step * 1.5e10, "wall_seconds": step * 3.6},
+                 "train_flops_hardware": step * 1.5e10, seconds_key(i): step * 3.6},
         "seeds": [0, 1, 2], "tasks": tasks, "averages": task_averages(tasks),
         "protocol": {"max_train_rows": None, "peak_lr": 3e-4, "layerwise": "intended", "layerwise_decay": 0.8,
                      "epochs": {t: 3.0 for t in BASE}},
@@ -80,7 +85,7 @@ def run_dir(tmp_path_factory) -> Path:
         for i, f in enumerate(FRACTIONS):
             if step == round(1600 * f):
                 lines.append({"event": "checkpoint", "name": checkpoint_name(f), "step": step, "fraction": f,
-                              "wall_seconds": step * 3.6, "device": "cpu (test)", "precision": "fp32", "eval": heldout_eval(i)})
+                              seconds_key(i): step * 3.6, "device": "cpu (test)", "precision": "fp32", "eval": heldout_eval(i)})
     (run / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n{\"step\": 16")  # torn last line
     (run / "summary.json").write_text(json.dumps({"steps": 1600, "tokens_seen": 1600 * 4096, "train_flops_paper": 3.2e13,
                                                   "train_flops_hardware": 2.4e13, "train_seconds": 5760.0,
@@ -118,6 +123,7 @@ def test_glue_table_numbers_match_report_json(run_dir):
     md = (run_dir / "report.md").read_text()
     rep = json.loads((run_dir / "report.json").read_text())
     header, rows = _md_table(md, "checkpoint")
+    assert header[4] == "training time"
     assert header[5:11] == ["CoLA", "SST-2", "MRPC", "STS-B", "RTE", "WNLI"]
     assert [r[0] for r in rows] == [c["name"] for c in rep["checkpoints"]] == \
         ["ckpt-0625", "ckpt-1250", "ckpt-2500", "ckpt-5000", "ckpt-10000"]
@@ -126,7 +132,7 @@ def test_glue_table_numbers_match_report_json(run_dir):
         assert int(row[2]) == c["step"]
         assert float(row[3]) == pytest.approx(c["train_flops_paper"], rel=5e-3)
         value, unit = row[4].split()
-        assert float(value) * {"s": 1, "min": 60, "h": 3600}[unit] == pytest.approx(c["wall_seconds"], rel=0.01, abs=0.5)
+        assert float(value) * {"s": 1, "min": 60, "h": 3600}[unit] == pytest.approx(c["train_seconds"], rel=0.01, abs=0.5)
         for cell, task in zip(row[5:11], rep["tasks"]):
             median, std = (float(x) for x in cell.split(" ± "))
             assert median == pytest.approx(c["tasks"][task]["median_paper"], abs=0.05)
@@ -161,7 +167,7 @@ def test_paper_rows_are_shown_as_published_and_beside_ours(run_dir):
     header, rows = _md_table(md, "fraction")
     assert header[:4] == ["fraction", "paper FLOPs", "paper V100 time", "paper GLUE (8 tasks)"]
     published = [(0.0625, 8.9e16, "6h", 74.1), (0.125, 1.8e17, "12h", 76.0), (0.25, 3.6e17, "1d", 77.7),
-                 (0.5, 7.1e17, "2d", 79.0), (1.0, 1.4e18, "4d", 79.9)]  # REFERENCE §4, Table 1
+                 (0.5, 7.1e17, "2d", 79.0), (1.0, 1.4e18, "4d", 79.9)]  # the paper's Table 1
     by_fraction = {c["fraction"]: c for c in rep["comparison"]}
     for row, (f, flops, time_text, score) in zip(rows, published):
         assert float(row[1]) == flops and row[2] == time_text and float(row[3]) == score
@@ -188,14 +194,15 @@ def test_pretraining_facts_recipe_deviations_and_hardware(run_dir):
     assert "| training time | 1.60 h |" in md  # 5760 s
     assert rep["hardware"]["pretraining_device"] == "cpu (test)" and rep["hardware"]["finetuning_precisions"] == ["fp32"]
     assert rep["recipe"]["deviations"] and all(d in md for d in rep["recipe"]["deviations"])
-    assert len(pre["checkpoint_events"]) == 5
+    assert [e["train_seconds"] for e in pre["checkpoint_events"]] == [round(1600 * f) * 3.6 for f in FRACTIONS]
+    assert all(c["train_seconds"] is not None for c in rep["comparison"])
 
 
 def test_published_numbers_agree_with_their_printed_averages():
     for row in paper.PER_TASK:
         assert set(row.scores) == set(paper.PAPER_TASKS)
         assert sum(row.scores.values()) / 8 == pytest.approx(row.average, abs=0.05)
-    # Table 1's partial rows are 1.424e18 x 1/16 ... 1/2, rounded as printed (REFERENCE §4)
+    # Table 1's partial rows are 1.424e18 x 1/16 ... 1/2, rounded as printed (the paper's Table 1)
     for r in paper.TABLE1:
         assert float(f"{1.424e18 * r.fraction:.1e}") == r.train_flops_paper
         assert r.steps == round(1_000_000 * r.fraction)

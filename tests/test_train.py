@@ -53,7 +53,7 @@ def step_losses(run: Path) -> dict[int, tuple[float, float]]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# budgets and plans (numbers from outside: the official FLOP script's values, REFERENCE §3)
+# budgets and plans (numbers from outside: the official flops_computation.py's values)
 
 
 def test_budget_units():

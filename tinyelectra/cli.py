@@ -100,7 +100,7 @@ def prepare(
 
     The output directory appears only when complete; running the same request again reuses it.
     """
-    from tinyelectra.data import prepare as run_prepare
+    from tinyelectra.prepare import prepare as run_prepare
 
     run_prepare(
         sources=list(corpus), out_dir=out, tokenizer_path=tokenizer, vocab_size=vocab_size, seq_len=seq_len,

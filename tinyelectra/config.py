@@ -26,7 +26,7 @@ def _check(cond: bool, where: str, msg: str) -> None:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The discriminator's shape; the generator is derived from it (paper §3.2, REFERENCE §1)."""
+    """The discriminator's shape; the generator is derived from it (paper §3.2 and Appendix A)."""
 
     vocab_size: int = 30522
     embedding_size: int = 128  # E: token/position/type embedding width, projected to H when E != H
@@ -123,7 +123,8 @@ class OptimConfig:
     eps: float = 1e-6
     weight_decay: float = 0.01  # decoupled; never on LayerNorm weights or biases
     clip_norm: float = 1.0  # global gradient norm; 0 disables
-    warmup_steps: int = 10_000  # of the recipe's full schedule; shorter budgets: budget.warmup_for
+    warmup_steps: int = 10_000  # of the full schedule; not scaled with the budget: a shorter run keeps it, capped at
+    # 10% of the run and, with the paper's Adam, raised to min(1 / (1 - beta2), half the run) steps (budget.warmup_for)
 
     def __post_init__(self) -> None:
         w = "optim"

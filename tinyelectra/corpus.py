@@ -7,7 +7,7 @@ Lines are stripped; empty lines never become sentence units.
 
 Inputs that look binary or are not UTF-8 in their first 64 KiB are skipped, listed with the reason and counted;
 stray invalid bytes later in a text file are replaced by U+FFFD (which the BERT normalizer then drops) and counted.
-What does not live here: tokenization and example building (data.py).
+What does not live here: tokenization and example building (prepare.py).
 """
 
 from __future__ import annotations

@@ -107,7 +107,7 @@ def gumbel_sample(logits: Tensor, temperature: float, generator: torch.Generator
     CPU: inverse-CDF sampling, the same distribution with one random number per row instead of V: torch's CPU
     generator is serial (~4 ns a number), so V = 30522 numbers per masked slot cost more than the softmax and
     prefix sum this path needs (benchmarks/NOTES.md). The prefix sum is fp64, so its rounding is far below fp32's."""
-    logits = logits.float()  # fp16 Gumbel noise gives NaN/inf (REFERENCE §6): always fp32 here
+    logits = logits.float()  # fp16 Gumbel noise gives NaN/inf (the official code, fp32 only, never met it): always fp32 here
     if temperature != 1.0:
         logits = logits / temperature
     if logits.device.type == "cpu" and not torch.compiler.is_compiling():

@@ -8,7 +8,9 @@
   checked on load; a flipped byte or a truncated file is a one-line error naming the file.
 - `check_writable`: proves an output location can be written before any long work, and leaves nothing behind.
 - `os_error_line`: the one-line text for an OSError of the place written to (a full disk, a read-only location).
-Not here: what the files hold; whole directories renamed into place (checkpoint.py, data.py).
+- `replace_dir`: a finished temporary directory renamed onto its final name (a prepared dataset, an export), an
+  older one renamed away first, then deleted.
+Not here: what the files hold.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import errno
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -77,6 +80,19 @@ def write_atomic(path: str | Path, data: bytes | str) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def replace_dir(tmp: Path, final: Path) -> None:
+    """Move a finished temporary directory onto `final`, replacing an older one (rename, never copy)."""
+    fsync_dir(tmp)
+    old = None
+    if final.exists():
+        old = final.with_name(f"{final.name}.old-{os.getpid()}")
+        os.replace(final, old)
+    os.replace(tmp, final)
+    fsync_dir(final.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def write_json(path: str | Path, obj) -> Path:

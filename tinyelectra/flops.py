@@ -2,7 +2,7 @@
 
 1. The **paper convention** ("paper convention (Clark et al. 2020, official script)"): the counting rules of
    google-research/electra `flops_computation.py`, which produced every FLOP number in the paper
-   (REFERENCE §3). A (m×n)·(n×p) matmul is 2mnp; embedding look-ups are dense one-hot matmuls (2·E·V per
+   (the paper's FLOPs appendix). A (m×n)·(n×p) matmul is 2mnp; embedding look-ups are dense one-hot matmuls (2·E·V per
    token); element-wise costs: dropout 4, LayerNorm 5, GELU 8, softmax 5 per element; the backward pass costs
    the same as the forward pass (train = 2 × forward); the MLM output head is charged for a fixed share
    f = 0.15625 of positions, for every model (the official script passes no other value, not even for
@@ -31,7 +31,7 @@ from tinyelectra.errors import UserError
 PAPER_CONVENTION = "paper convention (Clark et al. 2020, official script)"
 HARDWARE_CONVENTION = "hardware convention (matmuls, sparse look-ups, bwd = 2 x fwd)"
 
-# The official script's constants (REFERENCE §3). FLOPs per element.
+# The official script's constants (flops_computation.py). FLOPs per element.
 DROPOUT_FLOPS = 4  # random number, compare, mask multiply, 1/(1-p) rescale
 LAYER_NORM_FLOPS = 5  # mean, variance, normalise, scale, shift
 GELU_FLOPS = 8  # tanh approximation

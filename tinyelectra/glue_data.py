@@ -49,7 +49,7 @@ PEARSON_SPEARMAN_MEAN = "pearson_spearman_mean"  # GLUE leaderboard for STS-B
 
 HF_DATASET = "nyu-mll/glue"
 SUBMISSION_HEADER = ("index", "prediction")
-DEFAULT_MAX_LENGTH = 128  # tokens, paper's fine-tuning length (REFERENCE §5)
+DEFAULT_MAX_LENGTH = 128  # tokens, the paper's fine-tuning length (official configure_finetuning.py)
 
 
 @dataclass(frozen=True)
@@ -71,8 +71,8 @@ class TaskSpec:
     hf_config: str  # Hugging Face `datasets` config name
     hf_text_columns: tuple[str, ...]  # Hugging Face column names of segment A (and B)
     headerless_columns: tuple[str, ...] | None = None  # column names of labelled files written without a header
-    epochs: int = 3  # fine-tuning epochs (REFERENCE §5: 3, 10 for RTE and STS-B)
-    swap_pairs: bool = False  # MRPC, STS-B: also train on (B, A) (REFERENCE §5)
+    epochs: int = 3  # fine-tuning epochs (the paper's fine-tuning appendix: 3, 10 for RTE and STS-B)
+    swap_pairs: bool = False  # MRPC, STS-B: also train on (B, A) (official configure_finetuning.py: double_unordered)
     score_range: tuple[float, float] | None = None  # regression targets' range (STS-B: 0 to 5)
 
     @property
@@ -190,6 +190,13 @@ TASKS: dict[str, TaskSpec] = {
 GLUE_TASK_NAMES: tuple[str, ...] = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
 # The eight tasks of the paper's GLUE score (WNLI left out, as BERT and ELECTRA did).
 PAPER_TASK_NAMES: tuple[str, ...] = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte")
+TASK_TITLES = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "stsb": "STS-B", "qqp": "QQP", "mnli": "MNLI",
+               "qnli": "QNLI", "rte": "RTE", "wnli": "WNLI"}
+
+
+def task_title(task: str) -> str:
+    """How reports print a task: GLUE's own spelling; a task of your own (glue --task-file) goes by its name."""
+    return TASK_TITLES.get(task, task)
 
 
 def _norm(name: str) -> str:

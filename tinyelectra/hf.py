@@ -44,10 +44,10 @@ from tinyelectra.checkpoint import (
     load_checkpoint,
     read_checkpoint_config,
     read_tensors,
-    replace_dir,
 )
 from tinyelectra.config import ModelConfig
 from tinyelectra.errors import UserError
+from tinyelectra.files import replace_dir
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "tokenizer.model")
 
@@ -466,7 +466,9 @@ def _model_card(kind: str, cls_name: str, recipe, meta: dict[str, Any], language
         f"Pre-trained with tinyelectra (objective {recipe.objective.kind!r}, recipe {recipe.name!r}).", "",
         "| field | value |", "|---|---|",
     ]
-    for key in ("step", "fraction", "tokens_seen", "train_flops_paper", "train_flops_hardware", "wall_seconds"):
+    if "wall_seconds" in meta and "train_seconds" not in meta:  # written before the key's rename: training time
+        meta = {**meta, "train_seconds": meta["wall_seconds"]}
+    for key in ("step", "fraction", "tokens_seen", "train_flops_paper", "train_flops_hardware", "train_seconds"):
         if key in meta:
             value = meta[key]
             lines.append(f"| {key} | {value:.4g} |" if isinstance(value, float) and "flops" in key else f"| {key} | {value} |")

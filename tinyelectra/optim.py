@@ -230,7 +230,7 @@ def build_optimizer(model_or_groups: nn.Module | list[dict], cfg: OptimConfig, d
 
 
 def layerwise_lr_scales(num_layers: int, decay: float, official_off_by_one: bool = False) -> dict[str, float]:
-    """Learning-rate multipliers by depth for fine-tuning (REFERENCE §5).
+    """Learning-rate multipliers by depth for fine-tuning (the paper's fine-tuning appendix; official model/optimization.py).
 
     Depth 0 is the embeddings (and the E->H projection), layer j is depth j+1, the task head is the top.
     The paper's intended form puts the head at depth L+1, so the top layer gets decay^1; the official code puts

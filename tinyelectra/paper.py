@@ -1,7 +1,7 @@
 """The published numbers tinyelectra compares itself with, as data, each with its source.
 
 What lives here: constants copied from the ELECTRA paper (Clark et al., ICLR 2020, arXiv 2003.10555), the official
-repository's README and the PyTorch reproduction's README, as gathered in ../shared/REFERENCE.md §4. Nothing here
+repository's README and the PyTorch reproduction's README (richarddwang/electra_pytorch). Nothing here
 is computed from our runs; report.py puts these beside ours and labels them as the paper's.
 
 Caveats that travel with the numbers (the report prints them):
@@ -86,7 +86,7 @@ PER_TASK: tuple[PerTaskRow, ...] = (
     ),
 )
 
-# Fine-tuning run-to-run standard deviation on the small tasks (REFERENCE §4), for reading our seed spreads.
+# Fine-tuning run-to-run standard deviation on the small tasks (the PyTorch reproduction's runs), for reading our seed spreads.
 FINETUNE_STD = {"rte": 1.9, "cola": 1.3}
 
 

@@ -2,12 +2,11 @@
 
 What lives here: reading what a run wrote (plan.json, recipe.json, summary.json, metrics.jsonl) and what
 `tinyelectra glue` wrote (RUN/glue/<checkpoint>/glue.json), putting it beside the paper's published numbers
-(paper.py), and rendering. What does not: any training, fine-tuning or metric arithmetic.
+(paper.py), and rendering report.md. What does not: the plots (plots.py); any training, fine-tuning or metric
+arithmetic.
 
 report.json is built first and holds every number report.md shows; the markdown is rendered from it alone (and the
-tests check the two agree). Plots: glue_vs_compute.png (GLUE average and per task against pre-training FLOPs in
-the paper's convention, the fraction of the budget and wall time, with the paper's Table 1 rows) and
-pretraining_curves.png (generator and discriminator loss and accuracy against steps, checkpoints marked).
+tests check the two agree). The PNG plots are drawn from the same report (plots.py).
 """
 
 from __future__ import annotations
@@ -22,17 +21,12 @@ from typing import Any
 from tinyelectra import paper
 from tinyelectra.errors import UserError
 from tinyelectra.files import write_atomic
-from tinyelectra.glue_data import PAPER_TASK_NAMES, get_task
+from tinyelectra.glue_data import PAPER_TASK_NAMES, get_task, task_title
+from tinyelectra.plots import fmt_fraction, plot_curves, plot_glue
 
 FORMAT = "tinyelectra-report"
 TASK_ORDER = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
-TASK_TITLES = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "stsb": "STS-B", "qqp": "QQP", "mnli": "MNLI",
-               "qnli": "QNLI", "rte": "RTE", "wnli": "WNLI"}
 CURVE_KEYS = ("gen_loss", "disc_loss", "gen_acc", "disc_acc")
-
-
-def _title(task: str) -> str:
-    return TASK_TITLES.get(task, task)  # a task of your own (glue --task-file) goes by its own name
 
 
 def _task_order(names) -> list[str]:
@@ -62,10 +56,6 @@ def fmt_duration(seconds: float | None) -> str:
     if seconds < 3600:
         return f"{seconds / 60:.1f} min"
     return f"{seconds / 3600:.2f} h"
-
-
-def fmt_fraction(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:g}%"
 
 
 def fmt_score_std(median: float | None, std: float | None) -> str:
@@ -104,6 +94,12 @@ def read_metrics(path: Path) -> tuple[list[dict], list[dict]]:
         elif rec.get("event") is None and "step" in rec:
             records.append(rec)
     return records, events
+
+
+def train_seconds_of(meta: dict) -> float | None:
+    """The training seconds a checkpoint's meta (or its metrics.jsonl event) records: `train_seconds`, called
+    `wall_seconds` by checkpoints written before the rename (it was always training time, not wall time)."""
+    return meta.get("train_seconds", meta.get("wall_seconds"))
 
 
 def find_glue_results(run_dir: Path) -> list[Path]:
@@ -149,7 +145,7 @@ def _checkpoint_entry(path: Path, glue: dict) -> dict[str, Any]:
         "fraction_exact": meta.get("fraction"),
         "step": meta.get("step"), "tokens_seen": meta.get("tokens_seen"),
         "train_flops_paper": meta.get("train_flops_paper"), "train_flops_hardware": meta.get("train_flops_hardware"),
-        "wall_seconds": meta.get("wall_seconds"),
+        "train_seconds": train_seconds_of(meta),
         "tasks": tasks,
         "average_paper": averages.get("paper"), "average_glue": averages.get("glue"),
         "finetune": {"device": glue.get("device"), "precision": glue.get("precision"),
@@ -195,7 +191,7 @@ def build_report(run_dir: Path) -> dict[str, Any]:
         row = table1.get(c["fraction"]) if c["fraction"] is not None else None
         comparison.append({
             "checkpoint": c["name"], "fraction": c["fraction"], "train_flops_paper": c["train_flops_paper"],
-            "wall_seconds": c["wall_seconds"],
+            "train_seconds": c["train_seconds"],
             "average_paper": None if c["average_paper"] is None else c["average_paper"]["score"],
             "average_label": None if c["average_paper"] is None else c["average_paper"]["label"],
             "paper_train_flops": None if row is None else row.train_flops_paper,
@@ -213,7 +209,8 @@ def build_report(run_dir: Path) -> dict[str, Any]:
         "finished": summary is not None,
         "last_log": {k: last.get(k) for k in ("step", *CURVE_KEYS, "tokens_per_second") if k in last},
         "log_records": len(records),
-        "checkpoint_events": [{k: e.get(k) for k in ("name", "step", "fraction", "wall_seconds")} for e in events],
+        "checkpoint_events": [{**{k: e.get(k) for k in ("name", "step", "fraction")}, "train_seconds": train_seconds_of(e)}
+                              for e in events],
     }
     plan_facts = None
     if plan is not None:
@@ -362,12 +359,12 @@ def render_markdown(rep: dict[str, Any]) -> str:
     else:
         tasks = rep["tasks"]
         label = next((c["average_paper"]["label"] for c in cks if c["average_paper"]), "average")
-        header = ["checkpoint", "fraction", "step", "FLOPs (paper)", "wall time"] + [_title(t) for t in tasks] + \
+        header = ["checkpoint", "fraction", "step", "FLOPs (paper)", "training time"] + [task_title(t) for t in tasks] + \
                  ["average (paper metrics)", "average (GLUE metrics)"]
         rows = []
         for c in cks:
             r = [c["name"], fmt_fraction(c["fraction"]), _v(c["step"]),
-                 fmt_flops(c["train_flops_paper"]), fmt_duration(c["wall_seconds"])]
+                 fmt_flops(c["train_flops_paper"]), fmt_duration(c["train_seconds"])]
             r += [fmt_score_std(c["tasks"][t]["median_paper"], c["tasks"][t]["std_paper"]) if t in c["tasks"] else "-"
                   for t in tasks]
             r.append(fmt_score(c["average_paper"]["score"]) if c["average_paper"] else "-")
@@ -390,7 +387,7 @@ def render_markdown(rep: dict[str, Any]) -> str:
                 if t in c["tasks"]:
                     e = c["tasks"][t]
                     scores = ", ".join(f"seed {s}: {fmt_score(v)}" for s, v in zip(e["seeds"], e["seed_paper_scores"]))
-                    L.append(f"- {c['name']} {_title(t)}: {scores}")
+                    L.append(f"- {c['name']} {task_title(t)}: {scores}")
         L.append("")
 
     L.append("## Beside the paper")
@@ -404,10 +401,10 @@ def render_markdown(rep: dict[str, Any]) -> str:
         o = ours[0] if ours else None
         rows.append([fmt_fraction(row["fraction"]), fmt_flops(row["train_flops_paper"]), row["v100_time"],
                      fmt_score(row["glue_dev"]),
-                     fmt_flops(o["train_flops_paper"]) if o else "-", fmt_duration(o["wall_seconds"]) if o else "-",
+                     fmt_flops(o["train_flops_paper"]) if o else "-", fmt_duration(o["train_seconds"]) if o else "-",
                      fmt_score(o["average_paper"]) if o else "-", (o["average_label"] or "-") if o else "-"])
     L += _table(["fraction", "paper FLOPs", "paper V100 time", "paper GLUE (8 tasks)", "our FLOPs (paper conv.)",
-                 "our wall time", "our average", "our tasks"], rows)
+                 "our training time", "our average", "our tasks"], rows)
     L.append("")
     if rep["paper_average_over_our_tasks"]:
         L.append("The published per-task rows averaged over the tasks we cover (a like-for-like comparator):")
@@ -421,7 +418,7 @@ def render_markdown(rep: dict[str, Any]) -> str:
         rows = []
         for t in (t for t in rep["tasks"] if t in TASK_ORDER):  # tasks the paper reports
             ours = final["tasks"].get(t)
-            rows.append([TASK_TITLES[t], get_task(t).paper_metric,
+            rows.append([task_title(t), get_task(t).paper_metric,
                          fmt_score_std(ours["median_paper"], ours["std_paper"]) if ours else "-"]
                         + [fmt_score(r["scores"].get(t)) for r in rep["paper"]["per_task"]])
         L += _table(header, rows)
@@ -441,178 +438,8 @@ def render_markdown(rep: dict[str, Any]) -> str:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Plots
+# The command
 # ----------------------------------------------------------------------------------------------------------------
-
-
-def _metric(rep: dict[str, Any], task: str) -> str:
-    """The paper metric of a task, as glue.json recorded it (custom tasks have no spec in this process)."""
-    return next(c["tasks"][task]["paper_metric"] for c in rep["checkpoints"] if task in c["tasks"])
-
-
-def plot_glue(rep: dict[str, Any], path: Path) -> bool:
-    """GLUE against FLOPs (log), fraction and wall time, ours beside the paper's Table 1. False when nothing to plot."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import LogLocator, NullFormatter, NullLocator
-
-    from tinyelectra.metrics import METRIC_TITLES
-
-    cks = [c for c in rep["checkpoints"] if c["average_paper"] is not None]
-    if not cks:
-        return False
-    t1 = rep["paper"]["table1"]
-    label = cks[0]["average_paper"]["label"].split(":")[0]
-    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
-    ax_avg, ax_task, ax_frac, ax_time = axes.flat
-
-    def ours_xy(key, scale=1.0):
-        pts = [(c[key] * scale, c["average_paper"]["score"]) for c in cks if c.get(key) is not None]
-        return [p[0] for p in pts], [p[1] for p in pts]
-
-    # (a) average vs FLOPs
-    x, y = ours_xy("train_flops_paper")
-    ax_avg.plot([r["train_flops_paper"] for r in t1], [r["glue_dev"] for r in t1], "s--", color="tab:gray",
-                label="paper: ELECTRA-Small, GLUE-8 (Table 1)")
-    ax_avg.plot([paper.BERT_SMALL["train_flops_paper"]], [paper.BERT_SMALL["glue_dev"]], "*", color="tab:red",
-                markersize=12, label="paper: BERT-Small, GLUE-8")
-    if x:
-        ax_avg.plot(x, y, "o-", color="tab:blue", label=f"ours: {label} average")
-        for k, (c, xi, yi) in enumerate(zip([c for c in cks if c.get("train_flops_paper") is not None], x, y)):
-            if c.get("fraction") is not None:  # alternate below/above: neighbouring labels do not collide
-                ax_avg.annotate(fmt_fraction(c["fraction"]), (xi, yi), textcoords="offset points",
-                                xytext=(2, -11 if k % 2 == 0 else 6), fontsize=7)
-    for r in t1:
-        ax_avg.annotate(fmt_fraction(r["fraction"]), (r["train_flops_paper"], r["glue_dev"]), textcoords="offset points",
-                        xytext=(-8, 6), fontsize=7, color="tab:gray")
-    ax_avg.set_xscale("log")
-    ax_avg.set_xlabel("pre-training FLOPs (paper convention)")
-    ax_avg.set_ylabel("GLUE dev score (paper metrics)")
-    ax_avg.set_title("GLUE average vs. pre-training compute")
-    ax_avg.legend(fontsize=8, loc="lower right")
-    ax_avg.grid(True, which="both", alpha=0.3)
-
-    # (b) per task vs FLOPs, with seed std as error bars
-    for t in rep["tasks"]:
-        pts = [(c["train_flops_paper"], c["tasks"][t]["median_paper"], c["tasks"][t]["std_paper"] or 0.0)
-               for c in rep["checkpoints"] if t in c["tasks"] and c["train_flops_paper"] is not None]
-        if pts:
-            ax_task.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o",
-                             capsize=3, label=f"{_title(t)} ({METRIC_TITLES.get(_metric(rep, t), _metric(rep, t))})")
-    ax_task.set_xscale("log")
-    ax_task.xaxis.set_minor_formatter(NullFormatter())  # minor labels collide; 1-2-5 majors instead
-    ax_task.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-    marks = [(c["train_flops_paper"], fmt_fraction(c["fraction"])) for c in rep["checkpoints"]
-             if c["train_flops_paper"] is not None and c["fraction"] is not None]
-    if marks:  # within one run FLOPs are proportional to the fraction: label the checkpoints on top
-        top = ax_task.secondary_xaxis("top")
-        top.set_xticks([m[0] for m in marks], [m[1] for m in marks])
-        top.xaxis.set_minor_locator(NullLocator())
-        top.tick_params(labelsize=8)
-    ax_task.set_xlabel("pre-training FLOPs (paper convention)")
-    ax_task.set_ylabel("dev score, median over seeds (± std)")
-    ax_task.set_title("ours, per task (top: fraction of the budget)")
-    if ax_task.get_legend_handles_labels()[0]:
-        ax_task.legend(fontsize=7, loc="best")
-    ax_task.grid(True, which="both", alpha=0.3)
-
-    # (c) vs fraction of the budget: averages (per task vs fraction: the top axis of (b))
-    ax_frac.plot([r["fraction"] for r in t1], [r["glue_dev"] for r in t1], "s--", color="tab:gray",
-                 label="paper: ELECTRA-Small, GLUE-8")
-    x, y = ours_xy("fraction")
-    if x:
-        ax_frac.plot(x, y, "o-", color="tab:blue", label=f"ours: {label} average (paper metrics)")
-    pts = [(c["fraction"], c["average_glue"]["score"]) for c in cks if c["fraction"] is not None and c["average_glue"]]
-    if pts:
-        ax_frac.plot([p[0] for p in pts], [p[1] for p in pts], "o:", color="tab:cyan",
-                     label=f"ours: {label} average (GLUE leaderboard metrics)")
-    ax_frac.set_xscale("log", base=2)
-    ax_frac.set_xticks([r["fraction"] for r in t1], [fmt_fraction(r["fraction"]) for r in t1])
-    ax_frac.set_xlabel("fraction of the pre-training budget")
-    ax_frac.set_ylabel("GLUE dev score")
-    ax_frac.set_title("vs. fraction of the budget (checkpoints of one run)")
-    ax_frac.legend(fontsize=8, loc="best")
-    ax_frac.grid(True, alpha=0.3)
-
-    # (d) vs wall time
-    ax_time.plot([r["v100_hours"] for r in t1], [r["glue_dev"] for r in t1], "s--", color="tab:gray",
-                 label="paper: one V100, GLUE-8")
-    x, y = ours_xy("wall_seconds", 1 / 3600)
-    device = rep["hardware"]["pretraining_device"] or "this run"
-    if x:
-        ax_time.plot(x, y, "o-", color="tab:blue", label=f"ours: {device}, {label}")
-    ax_time.set_xscale("log")
-    ax_time.set_xlabel("pre-training wall time (hours)")
-    ax_time.set_ylabel("GLUE dev score")
-    ax_time.set_title("vs. wall time")
-    ax_time.legend(fontsize=8, loc="lower right")
-    ax_time.grid(True, which="both", alpha=0.3)
-
-    fig.suptitle("tinyelectra: GLUE vs. pre-training (paper's numbers are published values, 8 tasks; ours cover "
-                 f"{label})", fontsize=11)
-    fig.tight_layout()
-    _save_fig(fig, path)
-    plt.close(fig)
-    return True
-
-
-def plot_curves(run_dir: Path, rep: dict[str, Any], path: Path) -> bool:
-    """Generator/discriminator loss and accuracy from metrics.jsonl against steps; checkpoint steps marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    records, events = read_metrics(Path(run_dir) / "metrics.jsonl")
-    if not records:
-        return False
-    steps = [r["step"] for r in records]
-    fig, (ax_g, ax_d, ax_acc) = plt.subplots(1, 3, figsize=(15, 4.2))
-
-    def series(key):
-        pts = [(r["step"], r[key]) for r in records if r.get(key) is not None]
-        return [p[0] for p in pts], [p[1] for p in pts]
-
-    for ax, key, title in ((ax_g, "gen_loss", "generator MLM loss"), (ax_d, "disc_loss", "discriminator loss (per token)")):
-        x, y = series(key)
-        if x:
-            ax.plot(x, y, color="tab:blue" if key == "gen_loss" else "tab:orange")
-        ax.set_title(title)
-        ax.set_xlabel("step")
-        ax.set_ylabel("loss")
-    for key, color, name in (("gen_acc", "tab:blue", "generator accuracy (masked)"),
-                             ("disc_acc", "tab:orange", "discriminator accuracy (all tokens)")):
-        x, y = series(key)
-        if x:
-            ax_acc.plot(x, y, color=color, label=name)
-    ax_acc.set_ylim(0, 1)
-    ax_acc.set_title("accuracies")
-    ax_acc.set_xlabel("step")
-    ax_acc.legend(fontsize=8)
-    for ax in (ax_g, ax_d, ax_acc):
-        ax.grid(True, alpha=0.3)
-        for e in events:
-            if e.get("step") is not None:
-                ax.axvline(e["step"], color="gray", linestyle=":", linewidth=1)
-        ax.set_xlim(0, max(steps) * 1.02)
-    if events:
-        ax_g.text(0.99, 0.98, "dotted: fraction checkpoints", transform=ax_g.transAxes, ha="right", va="top", fontsize=8)
-    recipe = (rep.get("recipe") or {}).get("name", "")
-    fig.suptitle(f"pre-training curves ({recipe}, {len(records)} log steps)", fontsize=11)
-    fig.tight_layout()
-    _save_fig(fig, path)
-    plt.close(fig)
-    return True
-
-
-def _save_fig(fig, path: Path) -> None:
-    import io
-
-    png = io.BytesIO()
-    fig.savefig(png, format="png", dpi=110)
-    write_atomic(path, png.getvalue())
 
 
 def report_command(run_dir: Path, out_dir: Path | None) -> dict[str, Any]:
@@ -626,7 +453,7 @@ def report_command(run_dir: Path, out_dir: Path | None) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     if plot_glue(rep, out / "glue_vs_compute.png"):
         rep["plots"].append("glue_vs_compute.png")
-    if plot_curves(run_dir, rep, out / "pretraining_curves.png"):
+    if plot_curves(*read_metrics(run_dir / "metrics.jsonl"), rep, out / "pretraining_curves.png"):
         rep["plots"].append("pretraining_curves.png")
     write_atomic(out / "report.json", json.dumps(_finite(rep), indent=2) + "\n")
     write_atomic(out / "report.md", render_markdown(rep))

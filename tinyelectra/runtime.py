@@ -1,6 +1,12 @@
 """Where and how a run executes: device, precision (with the reason for the choice), autocast, torch.compile with a
-fallback, CPU allocator tuning, TF32, seeding. Every fast path lives here, returns one note string saying what was
-chosen, and falls back to the plain path when it cannot be used.
+fallback, CPU allocator tuning, TF32, seeding, and the CPU kernels the model calls (oneDNN linear, numpy-drawn
+random numbers, dropout). Each choice returns a note string saying what was chosen, and each fast path falls back
+to the plain one when it cannot be used.
+
+Not every fast path lives here: others sit beside the code they speed up: model.py (the CPU attention used with
+attention dropout, the SDPA kernel report), electra.py (inverse-CDF sampling of the generator on the CPU),
+tokenizer.py (the per-piece cache of `encode_batch`), glue.py (length-bucketed batches, opt-in bf16 on CPUs with
+AVX512-BF16 or AMX).
 
 Nothing here knows about ELECTRA; the trainer, GLUE fine-tuning and the benchmarks all call these.
 """

@@ -1,0 +1,306 @@
+"""One fine-tuning run: a fresh classifier on a pre-trained backbone, trained on one task with one seed by the
+paper's protocol (`finetune`, `Finetuner`), its settings (`FinetuneConfig`, a `--set key=value` each) and its
+predictions (`predict`). The `glue` command around it (checkpoints, tasks, seeds, glue.json) is glue.py's; the
+protocol itself is described there.
+
+Shapes: B batch, T tokens (the batch's longest row), C classes (1 for regression), M examples.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tinyelectra.errors import UserError
+from tinyelectra.glue_data import EncodedSplit, get_task
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Settings
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def size_defaults(hidden_size: int) -> tuple[str, float, float]:
+    """(size name, peak LR, layer-wise decay) by the encoder's hidden size (the paper's fine-tuning appendix)."""
+    if hidden_size <= 256:
+        return "small", 3e-4, 0.8
+    if hidden_size <= 768:
+        return "base", 1e-4, 0.8
+    return "large", 5e-5, 0.9
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    """Fine-tuning settings; 0 means "the protocol's value" where a comment says so. Set with `--set key=value`."""
+
+    lr: float = 0.0  # peak learning rate; 0 = by model size (size_defaults)
+    layerwise: str = "intended"  # intended (paper) | official (released code's off-by-one) | none
+    layerwise_decay: float = 0.0  # 0 = by model size (0.8; 0.9 for Large)
+    weight_decay: float = 0.0  # decoupled, never on LayerNorm or biases
+    warmup_fraction: float = 0.1  # share of the steps with the LR warming up
+    clip_norm: float = 1.0  # global gradient norm; 0 disables
+    batch_size: int = 32  # sequences per step
+    batching: str = "random"  # random (paper) | length (length-grouped batches: ~2x less padding; not the paper's)
+    max_length: int = 128  # tokens, [CLS] and [SEP]s included
+    epochs: float = 0.0  # 0 = the task's (3; 10 for RTE and STS-B)
+    dropout: float = 0.1  # hidden dropout in the encoder and before the head
+    eval_batch_size: int = 128  # sequences per evaluation forward
+    precision: str = "auto"  # auto (CPU fp32; GPU bf16, or fp16 + loss scaling without bf16) | fp32 | bf16 | fp16
+    # (bf16 on a CPU is opt-in: about 1.8x faster steps where AVX512-BF16/AMX exist, but not the paper's fp32)
+    seed: int = 0  # first seed; seeds are seed, seed+1, ...
+    test_predictions: bool = True  # write GLUE submission files for test splits that exist
+
+    def __post_init__(self) -> None:
+        def check(ok: bool, key: str, msg: str) -> None:
+            if not ok:
+                raise UserError(f"--set {key}: {msg}")
+
+        check(self.lr >= 0, "lr", "must be >= 0 (0 = by model size)")
+        check(self.layerwise in ("intended", "official", "none"), "layerwise", "must be intended, official or none")
+        check(0 <= self.layerwise_decay <= 1, "layerwise_decay", "must be in [0, 1] (0 = by model size)")
+        check(self.weight_decay >= 0, "weight_decay", "must be >= 0")
+        check(0 <= self.warmup_fraction < 1, "warmup_fraction", "must be in [0, 1)")
+        check(self.clip_norm >= 0, "clip_norm", "must be >= 0")
+        check(self.batch_size > 0, "batch_size", "must be > 0")
+        check(self.batching in ("random", "length"), "batching", "must be random or length")
+        check(8 <= self.max_length <= 512, "max_length", "must be between 8 and 512")
+        check(self.epochs >= 0, "epochs", "must be >= 0 (0 = the task's)")
+        check(0 <= self.dropout < 1, "dropout", "must be in [0, 1)")
+        check(self.eval_batch_size > 0, "eval_batch_size", "must be > 0")
+        check(self.precision in ("auto", "fp32", "bf16", "fp16"), "precision", "must be auto, fp32, bf16 or fp16")
+
+    @classmethod
+    def from_overrides(cls, assignments: list[str]) -> "FinetuneConfig":
+        """`key=value` strings (the `--set` of `tinyelectra glue`), each parsed to its field's type."""
+        import typing
+
+        from tinyelectra.config import _parse_scalar
+
+        hints = typing.get_type_hints(cls)
+        values: dict[str, Any] = {}
+        for a in assignments:
+            if "=" not in a:
+                raise UserError(f"--set {a!r}: expected key=value (keys: {', '.join(hints)})")
+            key, value = (s.strip() for s in a.split("=", 1))
+            if key not in hints:
+                raise UserError(f"--set {key}: unknown fine-tuning key (keys: {', '.join(hints)})")
+            values[key] = _parse_scalar(value, hints[key], f"--set {key}")
+        return cls(**values)
+
+    def peak_lr(self, hidden_size: int) -> float:
+        return self.lr or size_defaults(hidden_size)[1]
+
+    def decay(self, hidden_size: int) -> float:
+        if self.layerwise == "none":
+            return 1.0
+        return self.layerwise_decay or size_defaults(hidden_size)[2]
+
+    def task_epochs(self, task: str) -> float:
+        return self.epochs or float(get_task(task).epochs)
+
+
+@dataclass
+class EncodedTask:
+    """A task's splits encoded for the model (glue.encode_task): train, dev by split name, test."""
+
+    train: EncodedSplit
+    dev: dict[str, EncodedSplit]
+    test: list[EncodedSplit]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# One fine-tuning run
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def depth_key(param_name: str) -> str:
+    """A Classifier parameter's key in `optim.layerwise_lr_scales`: embeddings (also the E->H projection),
+    layer.j, or head."""
+    if param_name.startswith(("embeddings.", "encoder.project.")):
+        return "embeddings"
+    if param_name.startswith("encoder.layers."):
+        return "layer." + param_name.split(".")[2]
+    if param_name.startswith("head."):
+        return "head"
+    raise ValueError(f"no depth for parameter {param_name}")
+
+
+def layerwise_groups(model, fc: FinetuneConfig) -> list[dict]:
+    """Parameter groups with their `lr_scale` (layer-wise decay) and weight decay (none on LayerNorm and biases)."""
+    from tinyelectra.optim import layerwise_lr_scales, no_decay
+
+    cfg = model.cfg
+    scales = layerwise_lr_scales(cfg.num_layers, fc.decay(cfg.hidden_size), official_off_by_one=fc.layerwise == "official")
+    groups: dict[tuple[str, bool], dict] = {}
+    for name, p in model.named_parameters():
+        key = depth_key(name)
+        decays = fc.weight_decay > 0 and not no_decay(name, p)
+        g = groups.setdefault((key, decays), {
+            "params": [], "lr_scale": scales[key], "weight_decay": fc.weight_decay if decays else 0.0, "depth": key,
+        })
+        g["params"].append(p)
+    return list(groups.values())
+
+
+def _tensors(batch, device):
+    import torch
+
+    ids = torch.from_numpy(batch.input_ids).to(device, non_blocking=True)  # (B, T)
+    types = torch.from_numpy(batch.token_type_ids).to(device, non_blocking=True)  # (B, T)
+    mask = torch.from_numpy(batch.attention_mask).to(device, non_blocking=True).bool()  # (B, T) True = token
+    return ids, types, mask
+
+
+def predict(model, enc: EncodedSplit, batch_size: int, device, precision: str) -> np.ndarray:
+    """Model outputs for every example of `enc`, in its order: (M, C) float32 (C = 1 for regression)."""
+    import torch
+
+    from tinyelectra.runtime import autocast_context
+
+    was_training = model.training
+    model.eval()
+    order = np.argsort(enc.lengths, kind="stable")  # similar lengths together: little padding
+    out: np.ndarray | None = None
+    with torch.no_grad():
+        for start in range(0, len(enc), batch_size):
+            idx = order[start:start + batch_size]
+            ids, types, mask = _tensors(enc.batch(idx), device)
+            with autocast_context(precision, device):
+                logits = model(ids, types, mask)  # (B, C)
+            values = logits.float().cpu().numpy()
+            if out is None:
+                out = np.empty((len(enc), values.shape[1]), dtype=np.float32)
+            out[idx] = values
+    model.train(was_training)
+    return out if out is not None else np.empty((0, 1), dtype=np.float32)
+
+
+def plan_steps(num_rows: int, batch_size: int, epochs: float) -> tuple[int, int]:
+    """(steps per epoch, total steps): every row once per epoch, the last batch of an epoch possibly smaller."""
+    per_epoch = math.ceil(num_rows / batch_size)
+    return per_epoch, max(1, math.ceil(epochs * per_epoch))
+
+
+MEGABATCH = 50  # batches per length-sorted group in "length" batching (as transformers' LengthGroupedSampler)
+
+
+def batch_indices(num_rows: int, batch_size: int, total_steps: int, seed: int,
+                  lengths: np.ndarray | None = None) -> Iterator[np.ndarray]:
+    """The rows of every training step: a fresh permutation per epoch (numpy, seeded), cut into batches.
+
+    With `lengths` (batching = "length"): each epoch's permutation is cut into groups of MEGABATCH batches, each
+    group sorted by length (longest first) and cut into batches, and the batches shuffled; every row still appears
+    once per epoch, batches hold rows of similar length, so dynamic padding wastes little. Not the paper's recipe."""
+    rng = np.random.default_rng(seed)
+    per_epoch = math.ceil(num_rows / batch_size)
+    step = 0
+    while step < total_steps:
+        order = rng.permutation(num_rows)
+        if lengths is None:
+            batches = [order[b * batch_size:(b + 1) * batch_size] for b in range(per_epoch)]
+        else:
+            group = batch_size * MEGABATCH
+            batches = []
+            for start in range(0, num_rows, group):
+                chunk = order[start:start + group]
+                chunk = chunk[np.argsort(-lengths[chunk], kind="stable")]
+                batches += [chunk[j:j + batch_size] for j in range(0, len(chunk), batch_size)]
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+        for idx in batches:
+            if step >= total_steps:
+                return
+            yield idx  # (B,)
+            step += 1
+
+
+class Finetuner:
+    """One (task, seed) run's state: a fresh Classifier on the backbone, the paper's Adam with layer-wise LR groups,
+    and the loss scaler (fp16 only). `step` is one optimizer update."""
+
+    def __init__(self, backbone, task: str, fc: FinetuneConfig, seed: int, device, precision: str) -> None:
+        import torch
+
+        from tinyelectra.config import OptimConfig
+        from tinyelectra.model import Classifier
+        from tinyelectra.optim import build_optimizer
+
+        self.spec = get_task(task)
+        self.device, self.precision, self.clip_norm = device, precision, fc.clip_norm
+        torch.manual_seed(seed)  # head initialisation and dropout
+        cfg = dataclasses.replace(backbone.config, dropout=fc.dropout)
+        self.model = Classifier(cfg, self.spec.num_labels)
+        self.model.load_backbone(backbone.embeddings, backbone.encoder)
+        self.model.to(device).train()
+        self.peak_lr = fc.peak_lr(cfg.hidden_size)
+        optim_cfg = OptimConfig(name="adam", lr=self.peak_lr, weight_decay=fc.weight_decay, clip_norm=fc.clip_norm,
+                                warmup_steps=0)
+        self.optimizer = build_optimizer(layerwise_groups(self.model, fc), optim_cfg, device.type)
+        self.params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")  # bf16 needs no scaling
+
+    def step(self, batch, lr: float):
+        """Forward, loss (cross-entropy, or MSE for regression, in fp32), backward, clip, update at `lr`.
+        Returns the loss tensor (no host sync)."""
+        import torch
+        import torch.nn.functional as F
+
+        from tinyelectra.runtime import autocast_context
+
+        ids, types, mask = _tensors(batch, self.device)
+        with autocast_context(self.precision, self.device):
+            out = self.model(ids, types, mask)  # (B, C)
+        if self.spec.is_regression:
+            target = torch.from_numpy(batch.labels.astype(np.float32)).to(self.device)
+            loss = F.mse_loss(out.float().squeeze(-1), target)
+        else:
+            target = torch.from_numpy(batch.labels.astype(np.int64)).to(self.device)
+            loss = F.cross_entropy(out.float(), target)
+        self.scaler.scale(loss).backward()
+        self.scaler.unscale_(self.optimizer)  # (no-op unless fp16) always: PaperAdam.step takes no scaler kwargs
+        if self.clip_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.params, self.clip_norm, foreach=True)
+        self.optimizer.set_lr(lr)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss
+
+
+def finetune(backbone, task: str, enc: EncodedTask, fc: FinetuneConfig, seed: int, device, precision: str,
+             on_step: Callable[[int, float | None], None] | None = None):
+    """Fine-tune a fresh Classifier from `backbone` on one task with one seed. Returns (model, facts dict)."""
+    import torch
+
+    from tinyelectra.optim import lr_at
+
+    run = Finetuner(backbone, task, fc, seed, device, precision)
+    n = len(enc.train)
+    per_epoch, total = plan_steps(n, fc.batch_size, fc.task_epochs(task))
+    warmup = fc.warmup_fraction * total  # official: num_train_steps * warmup_proportion (a float)
+    loss_sum, loss_count, last_loss = 0.0, 0, float("nan")
+    t0 = time.perf_counter()
+    lengths = enc.train.lengths if fc.batching == "length" else None
+    for step, idx in enumerate(batch_indices(n, fc.batch_size, total, seed, lengths)):
+        # padded to this batch's longest row; step 0 runs at lr 0, as the official schedule
+        loss = run.step(enc.train.batch(idx), lr_at(step, run.peak_lr, warmup, total))
+        done = step + 1
+        report_now = done % 10 == 0 or done == total
+        if report_now or device.type == "cpu":
+            loss_sum += loss.item()  # host sync: every step on CPU (free), every 10th on GPU
+            loss_count += 1
+        if report_now:
+            last_loss = loss_sum / max(loss_count, 1)
+            loss_sum, loss_count = 0.0, 0
+        if on_step is not None:
+            on_step(done, last_loss if report_now else None)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    facts = {"steps": total, "steps_per_epoch": per_epoch, "train_rows": n, "peak_lr": run.peak_lr,
+             "warmup_steps": warmup, "final_loss": last_loss, "train_seconds": time.perf_counter() - t0}
+    return run.model, facts

@@ -1,0 +1,644 @@
+"""Preparing pre-training data: `prepare` (text -> tokenizer -> shards) and the official example builder.
+
+The path:  corpus.py reads documents (lists of sentence lines)  ->  fixed-size chunks of documents are tokenized and
+built into examples in worker processes (each chunk's random choices seeded from (seed, chunk index), so the output
+is byte-identical for any --workers)  ->  rows are written as .npy shards in `OUT.tmp-<pid>`, manifest.json last,
+then the directory is renamed into place. Reading it back (`PretrainData`, `BatchLoader`) is data.py's.
+
+Example builder: google-research/electra build_pretraining_dataset.py, ported decision by decision:
+lines accumulate until their length reaches the target (never across documents); 10% of examples have one segment;
+after each example the next target is random in [5, T] with probability 0.05; [CLS] A [SEP] (B [SEP]) padded to T.
+A row stores its token ids; its A/B boundary (index where segment 1 starts, = length when single) and its length
+are stored beside it, so token_type_ids and attention_mask are derived at load time.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import platform
+import random
+import shutil
+import signal
+import time
+from collections import deque
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from itertools import chain
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from tinyelectra.corpus import CorpusReader, Document, resolve_inputs
+from tinyelectra.data import FORMAT_VERSION, SPLITS, files_present
+from tinyelectra.errors import UserError
+from tinyelectra.files import check_writable, os_error_line, replace_dir
+from tinyelectra.tokenizer import CASINGS, CHARACTER_COVERAGE, PROFILE_FILE, TOKENIZER_TYPES, Tokenizer, choose_casing, text_profile
+
+BUILDER_VERSION = "electra-official-1"  # bump when the builder's output for the same input changes
+MIN_SEQ_LEN, MAX_SEQ_LEN = 8, 512
+CHUNK_CHARS = 1 << 20  # documents are grouped into chunks of about this many characters (fixed: decides the seeds)
+ROWS_PER_SHARD = 1 << 19  # 128 MiB of uint16 rows at T = 128
+TOKENIZER_SAMPLE_MB = 32.0  # default: train the WordPiece on the first 32 MB of text (speed; see prepare --help)
+SINGLE_SEGMENT_TARGET = 100_000  # the official code's "unlimited" first-segment target
+LOW_FILL_RATIO = 0.5  # prepare warns when less than this share of the training examples' token slots holds text
+PROFILE_SAMPLE_MB = 4.0  # with a given tokenizer: MB of text read to describe it (scripts, casing warnings)
+
+
+# ---------------------------------------------------------------------------------------------------- builder
+@dataclass
+class BuilderStats:
+    examples: int = 0
+    single_segment_draws: int = 0  # the 10% draw: first segment unlimited
+    random_target_draws: int = 0  # the 5% draw: next target length random in [5, T]
+
+
+def build_examples(
+    documents: Iterator[tuple[list[list[int]], list[int]]], seq_len: int, rng: random.Random, stats: BuilderStats,
+    pack: bool = False,
+) -> Iterator[tuple[int, list[int], list[int]]]:
+    """The official ExampleBuilder. `documents` yields (line_ids, line_lengths) per document; yields
+    (document number of the example's first line, segment A ids, segment B ids) with A and B already cut to fit
+    [CLS] A [SEP] B [SEP] in T. With `pack`, a document's end does not end the example: short documents share
+    examples (`prepare --pack-documents`, for text whose documents are much shorter than T).
+    """
+    T = seq_len
+    target = T
+    lines: list[list[int]] = []
+    lengths_: list[int] = []
+    accumulated, first_doc = 0, 0
+    for doc_number, (line_ids, lengths) in enumerate(documents):
+        for ids, n in zip(line_ids, lengths):
+            if not lines:
+                first_doc = doc_number
+            lines.append(ids)
+            lengths_.append(n)
+            accumulated += n
+            if accumulated >= target:
+                a, b = _make_example(lines, lengths_, target, T, rng, stats)
+                yield first_doc, a, b
+                target = _next_target(T, rng, stats)
+                lines, lengths_, accumulated = [], [], 0
+        if pack:
+            continue
+        # Document end: the accumulated lines become an example. (Lines with zero tokens alone make none, and unlike
+        # the official code they are not carried into the next document: examples never cross documents.)
+        if accumulated > 0:
+            a, b = _make_example(lines, lengths_, target, T, rng, stats)
+            yield first_doc, a, b
+            target = _next_target(T, rng, stats)
+        lines, lengths_, accumulated = [], [], 0
+    if accumulated > 0:  # packing: the end of the stream
+        a, b = _make_example(lines, lengths_, target, T, rng, stats)
+        yield first_doc, a, b
+
+
+def _make_example(line_ids, lengths, target: int, T: int, rng: random.Random, stats: BuilderStats):
+    stats.examples += 1
+    if rng.random() < 0.1:  # small chance of a single segment, as in classification tasks
+        first_target = SINGLE_SEGMENT_TARGET
+        stats.single_segment_draws += 1
+    else:
+        first_target = (target - 3) // 2  # -3: [CLS] and two [SEP] are not in the text yet
+    a: list[int] = []
+    b: list[int] = []
+    len_a = len_b = 0
+    for ids, n in zip(line_ids, lengths):
+        # A line joins segment A if A is empty, if it keeps A under its target, or (B still empty, A under target)
+        # half of the time; otherwise B. (A later short line can still join A after B has started: official.)
+        if len_a == 0 or len_a + n < first_target or (len_b == 0 and len_a < first_target and rng.random() < 0.5):
+            a += ids
+            len_a += n
+        else:
+            b += ids
+            len_b += n
+    keep_a = min(len_a, T - 2)
+    keep_b = min(len_b, max(0, T - keep_a - 3))
+    return a[:keep_a], b[:keep_b]
+
+
+def _next_target(T: int, rng: random.Random, stats: BuilderStats) -> int:
+    if rng.random() < 0.05:  # small chance of a random-length example instead of a full-length one
+        stats.random_target_draws += 1
+        return rng.randint(5, T)
+    return T
+
+
+def example_row(a: list[int], b: list[int], seq_len: int, cls_id: int, sep_id: int) -> tuple[list[int], int]:
+    """[CLS] A [SEP] (B [SEP]) as a list of ids (unpadded) and the A/B boundary (= length when single-segment)."""
+    row = [cls_id, *a, sep_id]
+    boundary = len(row)  # segment 1 starts after [CLS] A [SEP]; with no B this is also the length
+    if b:
+        row += b
+        row.append(sep_id)
+    return row, boundary
+
+
+# ---------------------------------------------------------------------------------------------------- chunk workers
+_WORKER: dict = {}
+
+
+def _init_worker(tokenizer: Tokenizer, settings: dict, single_threaded: bool) -> None:
+    if single_threaded:  # a spawned worker process
+        # One tokenizer thread per worker process: the processes already fill the cores.
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        # Ctrl-C is the main process's to handle (it removes the temporary directory); no traceback per worker.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _WORKER.clear()
+    _WORKER.update(settings, tokenizer=tokenizer)
+
+
+def _process_chunk(chunk_index: int, docs: list[Document]) -> dict:
+    """Tokenize one chunk of documents and build its examples. Pure function of (chunk, seed, settings)."""
+    tok: Tokenizer = _WORKER["tokenizer"]
+    T: int = _WORKER["seq_len"]
+    seed: int = _WORKER["seed"]
+    lines = [line for d in docs for line in d]
+    ids = tok.encode_batch(lines)
+    lengths = [len(x) for x in ids]
+
+    # Which documents are held out: its own random stream, so the builder's draws do not depend on it.
+    val_rng = random.Random(f"validation:{seed}:{chunk_index}")
+    fraction = _WORKER["validation_fraction"]
+    doc_split = [1 if val_rng.random() < fraction else 0 for _ in docs]
+
+    def per_document():
+        at = 0
+        for d in docs:
+            yield ids[at : at + len(d)], lengths[at : at + len(d)]
+            at += len(d)
+
+    stats = BuilderStats()
+    rows: list[list[list[int]]] = [[], []]
+    bounds: list[list[int]] = [[], []]
+    if _WORKER.get("pack_documents"):
+        # packed examples span documents: each split's documents are packed apart (a held-out row never shares
+        # text with a training document), each with its own random stream
+        docs_ids = list(per_document())
+        for s in (0, 1):
+            rng = random.Random(f"builder:{seed}:{chunk_index}:packed:{s}")
+            mine = (d for d, split in zip(docs_ids, doc_split) if split == s)
+            for _, a, b in build_examples(mine, T, rng, stats, pack=True):
+                row, boundary = example_row(a, b, T, tok.cls_id, tok.sep_id)
+                rows[s].append(row)
+                bounds[s].append(boundary)
+    else:
+        rng = random.Random(f"builder:{seed}:{chunk_index}")
+        for doc_number, a, b in build_examples(per_document(), T, rng, stats):
+            row, boundary = example_row(a, b, T, tok.cls_id, tok.sep_id)
+            s = doc_split[doc_number]
+            rows[s].append(row)
+            bounds[s].append(boundary)
+
+    dtype = np.dtype(_WORKER["dtype"])
+    out = {"lines": len(lines), "line_tokens": sum(lengths), "documents": [doc_split.count(0), doc_split.count(1)],
+           "stats": stats.__dict__}
+    for s, split in enumerate(SPLITS):
+        n = len(rows[s])
+        meta = np.empty((n, 2), dtype=np.uint16)  # [boundary, length]
+        meta[:, 0] = bounds[s]
+        meta[:, 1] = [len(row) for row in rows[s]]
+        arr = np.full((n, T), tok.pad_id, dtype=dtype)  # (n, T)
+        # one conversion for the whole chunk, scattered row-major into the real (non-pad) positions
+        arr[np.arange(T)[None, :] < meta[:, 1:]] = np.fromiter(chain.from_iterable(rows[s]), dtype=dtype)
+        out[split] = (arr, meta)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- shards
+def _write_npy(path: Path, array: np.ndarray) -> None:
+    """Every byte of a dataset goes through here (tests simulate a full disk by replacing it)."""
+    with open(path, "wb") as f:
+        np.save(f, array, allow_pickle=False)
+
+
+class _ShardWriter:
+    """Buffers one split's rows and writes them as numbered .npy shards of `rows_per_shard` rows."""
+
+    def __init__(self, directory: Path, split: str, rows_per_shard: int) -> None:
+        self.directory, self.split, self.rows_per_shard = directory, split, rows_per_shard
+        self.ids: list[np.ndarray] = []
+        self.meta: list[np.ndarray] = []
+        self.buffered = 0
+        self.rows = 0
+        self.shards: list[dict] = []
+        self.bytes_written = 0
+
+    def add(self, ids: np.ndarray, meta: np.ndarray) -> None:
+        if len(ids):
+            self.ids.append(ids)
+            self.meta.append(meta)
+            self.buffered += len(ids)
+        while self.buffered >= self.rows_per_shard:
+            self._flush(self.rows_per_shard)
+
+    def close(self) -> None:
+        if self.buffered:
+            self._flush(self.buffered)
+
+    def _flush(self, n: int) -> None:
+        ids, meta = np.concatenate(self.ids), np.concatenate(self.meta)
+        name = f"{self.split}-{len(self.shards):05d}"
+        _write_npy(self.directory / f"{name}.ids.npy", ids[:n])
+        _write_npy(self.directory / f"{name}.meta.npy", meta[:n])
+        self.bytes_written += ids[:n].nbytes + meta[:n].nbytes
+        self.shards.append({"ids": f"{name}.ids.npy", "meta": f"{name}.meta.npy", "rows": n})
+        self.rows += n
+        self.ids, self.meta = ([ids[n:]], [meta[n:]]) if n < len(ids) else ([], [])
+        self.buffered -= n
+
+
+# ---------------------------------------------------------------------------------------------------- prepare
+def prepare(
+    sources: list[str],
+    out_dir,
+    tokenizer_path: str | None = None,
+    vocab_size: int = 30522,
+    seq_len: int = 128,
+    casing: str = "auto",
+    workers: int = 0,
+    force: bool = False,
+    seed: int = 0,
+    command: str = "",
+    validation_fraction: float = 0.01,
+    tokenizer_sample_mb: float = TOKENIZER_SAMPLE_MB,
+    quiet: bool = False,
+    chunk_chars: int = CHUNK_CHARS,
+    rows_per_shard: int = ROWS_PER_SHARD,
+    tokenizer_type: str = "wordpiece",
+    sentencepiece_model: str = "unigram",
+    byte_fallback: bool = True,
+    character_coverage: float = CHARACTER_COVERAGE,
+    pack_documents: bool = False,
+) -> dict:
+    """Text -> tokenizer -> packed examples in `out_dir`. Returns the manifest; reuses an identical existing dataset.
+
+    `casing` (auto | uncased | cased) decides a trained WordPiece's normalisation (tokenizer.choose_casing: auto
+    keeps the paper's uncased only for English-like text); `tokenizer_type` sentencepiece trains a SentencePiece
+    model (`sentencepiece_model` unigram or bpe, `byte_fallback`) instead; `character_coverage` is the share of
+    character occurrences the alphabet (WordPiece) or the model (SentencePiece) covers. `pack_documents` lets short
+    documents share examples. The manifest records each choice and its reason, and the fill ratio."""
+    started = time.perf_counter()
+    from tinyelectra.logs import make_console
+
+    console = make_console(quiet=quiet, highlight=False)
+    say = lambda msg: console.print(f"prepare: {msg}", markup=False)  # noqa: E731
+    if not MIN_SEQ_LEN <= seq_len <= MAX_SEQ_LEN:
+        raise UserError(f"--seq-len {seq_len}: must be between {MIN_SEQ_LEN} and {MAX_SEQ_LEN}")
+    if not 0.0 <= validation_fraction < 0.5:
+        raise UserError(f"--validation-fraction {validation_fraction}: must be in [0, 0.5)")
+    if workers < 0:
+        raise UserError(f"--workers {workers}: must be >= 0 (0 = one per CPU core)")
+    if tokenizer_sample_mb < 0:
+        raise UserError(f"--tokenizer-sample-mb {tokenizer_sample_mb}: must be >= 0 (0 = all the text)")
+    if seed < 0:
+        raise UserError(f"--seed {seed}: must be >= 0")
+    if casing not in CASINGS:
+        raise UserError(f"--casing {casing!r}: choose {', '.join(CASINGS)}")
+    if tokenizer_type not in TOKENIZER_TYPES:
+        raise UserError(f"--tokenizer-type {tokenizer_type!r}: choose {' or '.join(TOKENIZER_TYPES)}")
+    if tokenizer_type == "sentencepiece" and casing == "uncased" and not tokenizer_path:
+        raise UserError("--casing uncased: a SentencePiece model trained here keeps the text as written (cased); "
+                        "use --casing auto or cased, or --tokenizer-type wordpiece")
+    if not 0.0 < character_coverage <= 1.0:
+        raise UserError(f"--character-coverage {character_coverage}: must be in (0, 1]")
+    out_dir = Path(out_dir).expanduser()
+    inputs = resolve_inputs(list(sources))
+    given_lowercase = {"auto": None, "uncased": True, "cased": False}[casing]  # for a bare vocab.txt only
+    tokenizer = Tokenizer.load(tokenizer_path, lowercase=given_lowercase) if tokenizer_path else None
+    if tokenizer is None and not 200 <= vocab_size <= 2**31 - 1:
+        raise UserError(f"--vocab-size {vocab_size}: must be between 200 and {2**31 - 1}")
+    if tokenizer is not None:
+        tokenizer_request: dict = {"file_fingerprint": tokenizer.fingerprint()}
+    elif tokenizer_type == "sentencepiece":
+        tokenizer_request = {"type": "sentencepiece", "train_vocab_size": vocab_size, "model": sentencepiece_model,
+                             "byte_fallback": byte_fallback, "character_coverage": character_coverage,
+                             "sample_mb": tokenizer_sample_mb}
+    else:
+        tokenizer_request = {"train_vocab_size": vocab_size, "casing": casing, "character_coverage": character_coverage,
+                             "sample_mb": tokenizer_sample_mb}
+    request = {
+        "format_version": FORMAT_VERSION, "builder": BUILDER_VERSION,
+        "inputs": [i.identity() for i in inputs],
+        "tokenizer": tokenizer_request,
+        "seq_len": seq_len, "seed": seed, "validation_fraction": validation_fraction,
+        "chunk_chars": chunk_chars, "rows_per_shard": rows_per_shard,
+    }
+    if pack_documents:
+        request["pack_documents"] = True
+    cached = _check_out_dir(out_dir, request, force)
+    if cached is not None:
+        say(f"{out_dir} already holds this dataset (same sources and settings): reusing it")
+        return cached
+
+    check_writable(out_dir.parent, "--out")  # before any work; leaves nothing behind
+    tmp = out_dir.parent / f"{out_dir.name}.tmp-{os.getpid()}"
+    _remove_stale_tmp_dirs(out_dir)
+    writers: dict[str, _ShardWriter] = {}
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        reader = CorpusReader(inputs)
+        warn = lambda msg: say(f"warning: {msg}")  # noqa: E731
+
+        # 1. tokenizer: a sample of the text decides the casing (and trains the tokenizer)
+        t0 = time.perf_counter()
+        sample_mb = tokenizer_sample_mb if tokenizer is None else min(tokenizer_sample_mb or PROFILE_SAMPLE_MB, PROFILE_SAMPLE_MB)
+        sample = _sample_lines(reader, sample_mb)
+        sample_chars = sum(map(len, sample))
+        profile = text_profile(sample)
+        what = f"the first {tokenizer_sample_mb:g} MB" if tokenizer_sample_mb > 0 else "all"
+        if tokenizer is not None:
+            lowercase = tokenizer.lowercase
+            reason = f"from the given tokenizer ({'uncased' if lowercase else 'cased'})"
+            warning = choose_casing("uncased", profile)[2] if lowercase else None
+        elif tokenizer_type == "sentencepiece":
+            lowercase, reason, warning = False, "SentencePiece keeps the text as written (cased, normalization identity)", None
+            say(f"training a {vocab_size}-entry SentencePiece {sentencepiece_model} model on {what} of the text "
+                f"(character coverage {character_coverage:g}, byte fallback {'on' if byte_fallback else 'off'})")
+            threads = len(os.sched_getaffinity(0)) if workers == 0 else workers
+            tokenizer = Tokenizer.train_sentencepiece(sample, vocab_size, sentencepiece_model, character_coverage,
+                                                      byte_fallback, threads=threads)
+        else:
+            lowercase, reason, warning = choose_casing(casing, profile)
+            say(f"training a {vocab_size}-entry WordPiece on {what} of the text, "
+                f"{'uncased' if lowercase else 'cased'} ({reason})")
+            tokenizer = Tokenizer.train(sample, vocab_size, lowercase, character_coverage)
+            alphabet = tokenizer.alphabet
+            if alphabet["coverage"] < character_coverage and alphabet["characters"] == alphabet["limit_from_vocab_size"]:
+                warn(f"the {vocab_size}-entry vocabulary has room for {alphabet['characters']:,} of the text's "
+                     f"{alphabet['distinct_characters']:,} characters (covering {100 * alphabet['coverage']:.2f}% of "
+                     f"their occurrences; the rest become [UNK]); a larger --vocab-size covers more")
+        if warning:
+            warn(warning)
+        del sample
+        tokenizer_seconds = time.perf_counter() - t0
+        tokenizer.save(tmp / "tokenizer")
+        casing_record = {"lowercase": lowercase, "requested": casing if tokenizer_path is None else None, "reason": reason}
+        _write_json(tmp / "tokenizer" / PROFILE_FILE, {"casing": casing_record, "languages": profile["languages"],
+                                                        "scripts": profile["scripts"]})
+        dtype = "uint16" if tokenizer.vocab_size <= 2**16 else "uint32"
+
+        # 2. examples
+        t1 = time.perf_counter()
+        writers = {s: _ShardWriter(tmp, s, rows_per_shard) for s in SPLITS}
+        totals = {"documents": [0, 0], "lines": 0, "line_tokens": 0, "tokens": [0, 0], "examples": [0, 0],
+                  "single_segment_rows": [0, 0], "single_segment_draws": 0, "random_target_draws": 0, "filled": [0, 0]}
+        settings = {"seq_len": seq_len, "seed": seed, "validation_fraction": validation_fraction, "dtype": dtype,
+                    "pack_documents": pack_documents}
+        known_total = sum(i.size_bytes for i in inputs) if all(i.kind == "file" for i in inputs) else None
+        n_workers = workers or len(os.sched_getaffinity(0))
+        if workers == 0 and (all(i.kind == "builtin" for i in inputs) or (known_total or 1e18) < 4 * chunk_chars):
+            n_workers = 1  # a small corpus: starting worker processes would cost more than the work
+        with _progress(console, known_total) as progress:
+            for result in _run_chunks(reader.documents(warn), tokenizer, settings, n_workers, chunk_chars):
+                for s, split in enumerate(SPLITS):
+                    ids, meta = result[split]
+                    writers[split].add(ids, meta)
+                    totals["examples"][s] += len(ids)
+                    # text tokens: length minus [CLS] and one or two [SEP]
+                    two_segments = meta[:, 0] < meta[:, 1]
+                    totals["tokens"][s] += int(meta[:, 1].sum(dtype=np.int64)) - 2 * len(meta) - int(two_segments.sum())
+                    totals["single_segment_rows"][s] += int((~two_segments).sum())
+                    totals["filled"][s] += int(meta[:, 1].sum(dtype=np.int64))  # real tokens, specials included
+                    totals["documents"][s] += result["documents"][s]
+                totals["lines"] += result["lines"]
+                totals["line_tokens"] += result["line_tokens"]
+                totals["single_segment_draws"] += result["stats"]["single_segment_draws"]
+                totals["random_target_draws"] += result["stats"]["random_target_draws"]
+                progress(reader.stats.input_bytes_done, reader.stats.text_bytes)
+            for w in writers.values():
+                w.close()
+            progress(reader.stats.input_bytes_done, reader.stats.text_bytes)
+        build_seconds = time.perf_counter() - t1
+        if totals["examples"][0] == 0:
+            skipped = f"; {len(reader.stats.skipped)} input(s) skipped" if reader.stats.skipped else ""
+            raise UserError(f"--corpus: the text yielded no training examples ({sum(totals['documents'])} documents"
+                            f"{skipped}); is it empty?")
+
+        seconds = time.perf_counter() - started
+        fill = [totals["filled"][s] / max(totals["examples"][s] * seq_len, 1) for s in range(2)]
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            "created_by": f"tinyelectra {_version()}",
+            "request": request,
+            "command": command,
+            "sources": _summarize_sources(inputs),
+            "skipped_inputs": reader.stats.skipped,
+            "invalid_utf8_replaced": reader.stats.replaced_invalid_bytes,
+            "documents_cut": reader.stats.documents_cut,  # longer than corpus.MAX_DOCUMENT_CHARS: continued as new ones
+            "text_bytes": reader.stats.text_bytes,
+            "documents": dict(zip(SPLITS, totals["documents"])),
+            "lines": totals["lines"],
+            "examples": dict(zip(SPLITS, totals["examples"])),
+            "tokens": dict(zip(SPLITS, totals["tokens"])),  # text tokens stored in examples (no specials, no padding)
+            # all tokens of all lines: the official builder cuts each example's segments to fit T, so a corpus of long
+            # lines (paragraphs) keeps only part of its tokens
+            "line_tokens": totals["line_tokens"],
+            "single_segment_rows": dict(zip(SPLITS, totals["single_segment_rows"])),
+            # real tokens ([CLS], [SEP] and text) per token slot of the examples; the rest is padding
+            "fill_ratio": dict(zip(SPLITS, (round(f, 4) for f in fill))),
+            "pack_documents": pack_documents,
+            "builder_draws": {"single_segment": totals["single_segment_draws"], "random_target": totals["random_target_draws"]},
+            "seq_len": seq_len,
+            "dtype": dtype,
+            "seed": seed,
+            "validation_fraction": validation_fraction,
+            "tokenizer": {
+                "kind": tokenizer.kind, "fingerprint": tokenizer.fingerprint(), "vocab_size": tokenizer.vocab_size,
+                "lowercase": tokenizer.lowercase, "path": "tokenizer", "source": tokenizer_path or "trained",
+                "special_ids": {r: getattr(tokenizer, f"{r}_id") for r in ("pad", "unk", "cls", "sep", "mask")},
+                "training_sample_chars": sample_chars if tokenizer_path is None else 0,
+                "vocab_padding": tokenizer.vocab_padding, "casing": casing_record, "text": profile,
+                **({"alphabet": tokenizer.alphabet} if tokenizer.alphabet else {}),
+                **({"sentencepiece": {"model": sentencepiece_model, "byte_fallback": byte_fallback,
+                                      "character_coverage": character_coverage}}
+                   if tokenizer_path is None and tokenizer_type == "sentencepiece" else {}),
+            },
+            "splits": {s: {"rows": w.rows, "shards": w.shards} for s, w in writers.items()},
+            "seconds": {"tokenizer": round(tokenizer_seconds, 3), "examples": round(build_seconds, 3), "total": round(seconds, 3)},
+            "text_mb_per_second": round(reader.stats.text_bytes / 1e6 / seconds, 3),
+            "workers": n_workers,
+            "python": platform.python_version(),
+        }
+        _write_json(tmp / "manifest.json", manifest)  # last: a directory without it is never taken as complete
+        replace_dir(tmp, out_dir)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            written = sum(w.bytes_written for w in writers.values()) / 1e6
+            raise UserError(f"{(e.strerror or 'write failed').lower()} while writing {out_dir} ({written:.0f} MB of shards were written, "
+                            f"now removed); free some space or choose another --out") from None
+        raise UserError(f"--out {out_dir}: {os_error_line(e)} (nothing was left behind)") from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    ex = manifest["examples"]
+    kept = sum(manifest["tokens"].values())
+    say(
+        f"{sum(manifest['documents'].values()):,} documents, {kept:,} tokens "
+        f"({100 * kept / max(manifest['line_tokens'], 1):.0f}% of the text's; the builder cuts long lines) -> "
+        f"{ex['train']:,} train + {ex['validation']:,} validation examples of {seq_len}, "
+        f"{100 * fill[0]:.0f}% of their token slots filled, in {seconds:.1f} s "
+        f"({manifest['text_mb_per_second']:.2f} MB/s of text) -> {out_dir}"
+    )
+    if fill[0] < LOW_FILL_RATIO:
+        per_doc = sum(manifest["tokens"].values()) / max(sum(manifest["documents"].values()), 1)
+        advice = ("add --pack-documents so that short documents share examples" if not pack_documents else
+                  "the text itself is short; a smaller --seq-len fits it better")
+        say(f"warning: only {100 * fill[0]:.0f}% of the token slots hold text, {100 * (1 - fill[0]):.0f}% are padding: "
+            f"documents average {per_doc:.0f} tokens for examples of {seq_len} (a blank line ends a document); {advice}")
+    return manifest
+
+
+def _sample_lines(reader: CorpusReader, sample_mb: float) -> list[str]:
+    """The lines of the first `sample_mb` MB of text (0 = all of it), whole documents."""
+    limit = sample_mb * 1e6 if sample_mb > 0 else float("inf")
+    lines: list[str] = []
+    chars = 0
+    for doc in reader.documents():  # warnings come once, in the full pass
+        lines += doc
+        chars += sum(map(len, doc))
+        if chars >= limit:
+            break
+    return lines
+
+
+def _run_chunks(documents: Iterator[Document], tokenizer: Tokenizer, settings: dict, workers: int, chunk_chars: int):
+    """Group documents into chunks and yield each chunk's result, in order, from `workers` processes."""
+
+    def chunks():
+        docs: list[Document] = []
+        chars = 0
+        index = 0
+        for d in documents:
+            docs.append(d)
+            chars += sum(len(line) for line in d)
+            if chars >= chunk_chars:
+                yield index, docs
+                index, docs, chars = index + 1, [], 0
+        if docs:
+            yield index, docs
+
+    if workers <= 1:
+        _init_worker(tokenizer, settings, single_threaded=False)
+        for index, docs in chunks():
+            yield _process_chunk(index, docs)
+        return
+    import multiprocessing
+
+    # spawn: no forked copies of the tokenizer's thread pool (tokenizers warns and turns parallelism off after fork).
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker,
+                             initargs=(tokenizer, settings, True)) as pool:
+        pending: deque = deque()
+        for index, docs in chunks():
+            pending.append(pool.submit(_process_chunk, index, docs))
+            if len(pending) >= 2 * workers:  # bounded: never read the whole corpus ahead of the workers
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
+class _progress:
+    """A rich progress bar on stderr: on-disk bytes done (bar, ETA) and text MB/s."""
+
+    def __init__(self, console, total_bytes: int | None) -> None:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        self.start = time.perf_counter()
+        self.console = console
+        self.next_line_at = 15.0
+        columns = [TextColumn("prepare: examples", markup=False), BarColumn()]
+        if total_bytes is not None:  # unknown for hf: and builtin sources
+            columns += [TextColumn("{task.percentage:>3.0f}%  ETA"), TimeRemainingColumn()]
+        self.bar = Progress(*columns, TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), console=console)
+        self.task = self.bar.add_task("examples", total=total_bytes, rate="")
+
+    def __enter__(self):
+        self.bar.__enter__()
+        return self
+
+    def __call__(self, done_bytes: int, text_bytes: int) -> None:
+        elapsed = max(time.perf_counter() - self.start, 1e-9)
+        rate = f"{text_bytes / 1e6:,.0f} MB, {text_bytes / 1e6 / elapsed:.1f} MB/s"
+        self.bar.update(self.task, completed=done_bytes, rate=rate)
+        if not self.console.is_terminal and elapsed >= self.next_line_at:  # logs get a plain line every 15 s
+            self.next_line_at = elapsed + 15
+            total = self.bar.tasks[0].total
+            where = f", {100 * done_bytes / total:.0f}% of the input" if total else ""
+            self.console.print(f"prepare: {rate}{where}, {elapsed:.0f} s", markup=False)
+
+    def __exit__(self, *exc):
+        return self.bar.__exit__(*exc)
+
+
+def _check_out_dir(out_dir: Path, request: dict, force: bool) -> dict | None:
+    """The cached manifest if `out_dir` holds exactly this request; None to build; UserError if we must not touch it."""
+    if not out_dir.exists():
+        return None
+    if not out_dir.is_dir():
+        raise UserError(f"--out {out_dir}: exists and is not a directory")
+    manifest_path = out_dir / "manifest.json"
+    if not manifest_path.is_file():
+        if any(out_dir.iterdir()):
+            raise UserError(f"--out {out_dir}: a non-empty directory that is not a tinyelectra dataset; "
+                            f"choose a new or empty directory")
+        return None
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        manifest = {}
+    if manifest.get("request") == request and files_present(out_dir, manifest):
+        return manifest
+    if manifest.get("request") == request:
+        return None  # our own dataset with files missing: rebuild it in place
+    if not force:
+        raise UserError(f"--out {out_dir} already holds a different dataset (other sources or settings); "
+                        f"add --force to replace it, or choose another --out")
+    return None
+
+
+def _remove_stale_tmp_dirs(out_dir: Path) -> None:
+    """Remove `OUT.tmp-<pid>` directories left by prepare runs that were killed (their process is gone)."""
+    if not out_dir.parent.is_dir():
+        return
+    for p in out_dir.parent.glob(f"{out_dir.name}.tmp-*"):
+        pid = p.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    data = (json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def _summarize_sources(inputs) -> list[dict]:
+    by_spec: dict[str, dict] = {}
+    for i in inputs:
+        s = by_spec.setdefault(i.spec, {"spec": i.spec, "kind": i.kind, "files": 0, "bytes_on_disk": 0})
+        if i.kind == "file":
+            s["files"] += 1
+            s["bytes_on_disk"] += i.size_bytes
+    return list(by_spec.values())
+
+
+def _version() -> str:
+    from tinyelectra import __version__
+
+    return __version__
