@@ -111,7 +111,7 @@ def ours(docs: list[list[list[int]]], T: int, rng: random.Random):
 def random_docs(rng: random.Random, n_docs: int, T: int) -> list[list[list[int]]]:
     """Documents of lines with lengths from 1 to 3T tokens (long lines hit every truncation branch)."""
     docs = []
-    for d in range(n_docs):
+    for _ in range(n_docs):
         lines = []
         for _ in range(rng.randint(1, 30)):
             n = rng.choice([rng.randint(1, 12), rng.randint(1, T), rng.randint(T, 3 * T)])

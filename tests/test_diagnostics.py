@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tinyelectra import diagnostics
-from tinyelectra.config import ModelConfig, Recipe, recipe_from_dict
+from tinyelectra.config import Recipe, recipe_from_dict
 from tinyelectra.data import PretrainData
 from tinyelectra.prepare import prepare
 from tinyelectra.electra import SpecialIds

@@ -129,7 +129,7 @@ def test_csv_and_jsonl_tasks_pairs_regression_and_their_metrics(ckpt, tmp_path):
     f1 = task_file(tmp_path / "f1.toml", name="binario", train="f1.csv", dev="f1.csv", text_columns=["texto"],
                    label_column="classe", metric="f1")
     records = []
-    for i in range(64):
+    for _ in range(64):
         k = rng.randint(0, 4)
         records.append({"a": " ".join(["good"] * k + ["film"]), "b": "the plot", "nota": float(k), "tri": k % 3})
     (tmp_path / "pares.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + "{not json\n", encoding="utf-8")

@@ -9,7 +9,6 @@ The GPU itself is exercised by tests/test_gpu.py (marker `gpu`, skipped without 
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import random

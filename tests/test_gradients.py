@@ -117,7 +117,7 @@ def grads_as_hf(model: Electra) -> tuple[dict[str, torch.Tensor], dict[str, torc
     with the same mapping as the weights (fused qkv split, names renamed)."""
     shadow = Electra(model.cfg, model.objective)
     with torch.no_grad():
-        for (name, p), (_, q) in zip(model.named_parameters(), shadow.named_parameters()):
+        for (_, p), (_, q) in zip(model.named_parameters(), shadow.named_parameters()):
             q.copy_(p.grad if p.grad is not None else torch.zeros_like(p))
     return hf.discriminator_to_hf(shadow), hf.generator_to_hf(shadow)
 

@@ -24,7 +24,7 @@ from tinyelectra.errors import UserError
 from tinyelectra.model import Classifier, Electra
 
 transformers = pytest.importorskip("transformers")
-from transformers import AutoTokenizer, ElectraConfig, ElectraForMaskedLM, ElectraForPreTraining, ElectraModel  # noqa: E402
+from transformers import AutoTokenizer, ElectraConfig, ElectraForMaskedLM, ElectraForPreTraining  # noqa: E402
 
 TOL = 1e-5  # issue 3: max absolute difference in fp32, eval mode
 WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "hello", "world", "##s", "##ing", "a", "b", "c"]

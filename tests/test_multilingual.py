@@ -155,9 +155,9 @@ def test_fill_ratio_is_reported_and_packing_fills_short_paragraphs(texts, tmp_pa
     assert packed["documents"] == m["documents"]  # the same held-out documents
     # (the builder cuts segments to fit T, as the official one: packing keeps most of the tokens too)
     assert packed["tokens"]["train"] >= 0.9 * m["tokens"]["train"]
-    again = P.prepare([str(corpus)], tmp_path / "again", vocab_size=3000, seq_len=128, validation_fraction=0.05,
+    P.prepare([str(corpus)], tmp_path / "again", vocab_size=3000, seq_len=128, validation_fraction=0.05,
                       pack_documents=True, quiet=True, workers=2, chunk_chars=50_000)
-    one = P.prepare([str(corpus)], tmp_path / "one-worker", vocab_size=3000, seq_len=128, validation_fraction=0.05,
+    P.prepare([str(corpus)], tmp_path / "one-worker", vocab_size=3000, seq_len=128, validation_fraction=0.05,
                     pack_documents=True, quiet=True, workers=1, chunk_chars=50_000)
     for split in ("train", "validation"):  # byte-identical for any number of workers
         assert (np.load(tmp_path / "again" / f"{split}-00000.ids.npy") == np.load(tmp_path / "one-worker" / f"{split}-00000.ids.npy")).all()

@@ -311,7 +311,7 @@ def parquet_documents(path: Path) -> Iterator[Document]:
     if "text" not in names:
         raise UserError(f"{path}: parquet file has no 'text' column (columns: {', '.join(names)})")
     for batch in f.iter_batches(columns=["text"], batch_size=1024):
-        for i, text in enumerate(batch.column(0).to_pylist()):
+        for text in batch.column(0).to_pylist():
             if text is not None:
                 yield from _record_documents(text, str(path))
 

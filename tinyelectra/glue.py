@@ -398,10 +398,10 @@ def run_checkpoint(ref: CheckpointRef, data: dict[str, TaskData], fc: FinetuneCo
                     continue
                 what = f"{ref.name} {task} seed {k + 1}/{len(seeds)}"
 
-                def on_step(step: int, loss: float | None, _base=done_before, _what=what) -> None:
+                def on_step(step: int, loss: float | None, _base=done_before, _what=what, _bar=bar, _lines=lines) -> None:
                     fields = {} if loss is None else {"loss": f"{loss:.4f}"}
-                    progress.update(bar, completed=_base + step, **fields)
-                    lines(_what, step, loss)
+                    progress.update(_bar, completed=_base + step, **fields)
+                    _lines(_what, step, loss)
 
                 model, facts = finetune(backbone, task, enc, fc, seed, device, precision, on_step)
                 t_eval = time.perf_counter()
