@@ -390,7 +390,7 @@ def flops_command(
     from rich.markup import escape
     from rich.table import Table
 
-    from tinyelectra.logs import make_console
+    from tinyelectra.console import make_console
 
     recipe = recipe_for_flops(recipe_name, steps, batch, seq_len, overrides)
     m, obj, tr = recipe.model, recipe.objective, recipe.train

@@ -609,7 +609,7 @@ def glue_command(checkpoint: Path, glue_dir: Path | None, use_hf: bool, tasks: s
     from tinyelectra.errors import Interrupted
     from tinyelectra.files import check_writable
     from tinyelectra.glue_data import load_task_file
-    from tinyelectra.logs import make_console
+    from tinyelectra.console import make_console
     from tinyelectra.runtime import configure_matmul, pick_device, pick_precision
 
     console = make_console(stderr=False)

@@ -1,8 +1,7 @@
 """What a training run shows and records: one-line notes, the plan table, a progress display (or plain lines in logs),
 metrics.jsonl, TensorBoard when installed, and the closing FLOPs report. Nothing here changes what is trained.
 
-`make_console` is the one place that decides how text reaches a person: in a terminal rich wraps to its width; in a
-file (CI logs, `2> train.log`) nothing is wrapped, so every line stays whole for grep.
+How text reaches a person (wrapped in a terminal, whole lines in a file) is console.py's `make_console`.
 """
 
 from __future__ import annotations
@@ -15,19 +14,7 @@ from pathlib import Path
 
 from tinyelectra.budget import Plan
 from tinyelectra.config import Recipe
-
-FILE_LOG_WIDTH = 400  # columns a table may take when the output is a file; plain lines are never wrapped
-
-
-def make_console(stderr: bool = True, **options):
-    """A rich Console: as rich sets it up in a terminal; unwrapped (soft wrap, wide tables) when writing to a file."""
-    from rich.console import Console
-
-    console = Console(stderr=stderr, **options)
-    if not console.is_terminal:
-        console = Console(stderr=stderr, soft_wrap=True, width=FILE_LOG_WIDTH, **options)
-    return console
-
+from tinyelectra.console import make_console
 
 class Log:
     """metrics.jsonl (one JSON object per log step / event), TensorBoard when installed, one-line notes.

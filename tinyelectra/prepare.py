@@ -281,7 +281,7 @@ def prepare(
     character occurrences the alphabet (WordPiece) or the model (SentencePiece) covers. `pack_documents` lets short
     documents share examples. The manifest records each choice and its reason, and the fill ratio."""
     started = time.perf_counter()
-    from tinyelectra.logs import make_console
+    from tinyelectra.console import make_console
 
     console = make_console(quiet=quiet, highlight=False)
     say = lambda msg: console.print(f"prepare: {msg}", markup=False)  # noqa: E731
