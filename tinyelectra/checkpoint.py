@@ -4,7 +4,9 @@ A checkpoint directory (fraction x 10^4 in its name, e.g. ckpt-0625 = 6.25% of t
   discriminator.safetensors  `Electra.discriminator_state_dict()` (absent for objective "mlm")
   generator.safetensors      `Electra.generator_state_dict()`
   config.json                {"format": "tinyelectra-checkpoint", "format_version": 1, "recipe": {...}, "objective": ...}
-  meta.json                  step, fraction, tokens_seen, train_flops_paper, train_flops_hardware, wall_seconds, ...
+  meta.json                  step, fraction, tokens_seen, train_flops_paper, train_flops_hardware,
+                             train_seconds (training time: the budget's clock, without start-up, evaluation and
+                             writing; checkpoints before issue 13 called it wall_seconds), eval, ...
   tokenizer/                 written by `tinyelectra.tokenizer.Tokenizer.save()`
   sha256.json                the sha256 of the weights, config.json and meta.json, checked on load (files.verify_sha256)
 

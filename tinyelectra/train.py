@@ -8,7 +8,10 @@ accumulation and a DDP run draw the same masks, samples and dropout for the same
 
 Time budgets: the budget counts training time — steps, data loading and logging. Excluded (and reported apart):
 start-up (data preparation, building the model, compilation and the first step, which runs at learning rate 0),
-and the writing of checkpoints, their held-out evaluation and resume states.
+and the writing of checkpoints, their held-out evaluation and resume states. summary.json records them apart:
+`train_seconds` (the budget's clock, the whole run's; a checkpoint's meta.json holds it at its step),
+`excluded_seconds` (the whole run's), and `process_seconds` (this process's start-up, training, evaluation,
+checkpoint and resume-state writing, and its wall time in `train`, which they never exceed: `ProcessSeconds`).
 """
 
 from __future__ import annotations
@@ -62,6 +65,25 @@ class Dist:
     def from_env(cls) -> "Dist":
         """torchrun sets RANK / WORLD_SIZE / LOCAL_RANK; a plain process is rank 0 of 1."""
         return cls(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0)))
+
+
+@dataclass
+class ProcessSeconds:
+    """Where this process's time in `train` went, each second counted in one part at most (summary.json's
+    "process_seconds"): start-up (from `train`'s entry to the end of the first step, which runs at learning rate 0;
+    a resumed run: to the start of its loop), training (the budget's time: steps, data loading, logging), the
+    held-out evaluation of checkpoints, writing checkpoints (and plan.json), writing resume states, and `wall`, the
+    time from `train`'s entry to its summary. The parts add up to at most `wall`."""
+
+    startup: float | None = None
+    training: float = 0.0
+    evaluation: float = 0.0
+    checkpoints: float = 0.0
+    resume_states: float = 0.0
+    wall: float = 0.0
+
+    def rounded(self) -> dict[str, float | None]:
+        return {k: None if v is None else round(v, 3) for k, v in dataclasses.asdict(self).items()}
 
 
 def step_seed(seed: int, step: int, row: int, stream: int) -> int:
@@ -460,7 +482,8 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
 
     tr = recipe.train
     log = Log(run_dir, dist.main)
-    startup_t0 = clock()
+    startup_t0 = clock()  # train()'s entry: start-up and this process's wall time count from here
+    process_seconds = ProcessSeconds()
     continue_with = _continue_command(command, run_dir)
     step, state_saved = 0, None  # the last resume state written by this process (its step and directory)
     try:
@@ -574,6 +597,8 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
     last_state_save = clock()
     clock_started = step > 0  # the first step (compilation, allocator warm-up) is start-up, not budget
     clock_t0 = clock()
+    if clock_started:  # resumed: start-up ends here, the first step is training time
+        process_seconds.startup = clock_t0 - startup_t0
     train_seconds_at_clock = train_seconds
     window_t0, rate_step, window_tokens = clock(), step, seen()  # tokens/s of a log window: over the steps timed in it
     announced = False  # the stop message was printed
@@ -617,9 +642,10 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
             now = clock()
             if not clock_started:
                 clock_started, clock_t0 = True, now
+                process_seconds.startup = now - startup_t0
                 if planner is not None:
                     planner.step0 = step
-                log.once(f"start-up took {now - startup_t0:.1f} s (excluded from the budget)")
+                log.once(f"start-up took {process_seconds.startup:.1f} s (excluded from the budget)")
                 window_t0, rate_step, window_tokens = now, step, seen()
             train_seconds = train_seconds_at_clock + (now - clock_t0)
 
@@ -659,15 +685,18 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
             other_t0 = clock()
             for name in budgeting.due_checkpoints(plan, step, done_ckpts):
                 fraction = budgeting.FRACTIONS[_ckpt_order(name)]
+                eval_t0 = clock()
                 if unigram is None:  # counted once per process
                     unigram = unigram_distribution(data, special)
                 ev = evaluate(model, data, recipe, special, device, autocast, micro, unigram)
+                write_t0 = clock()
+                process_seconds.evaluation += write_t0 - eval_t0
                 meta = {"name": name, "step": step, "fraction": fraction, "fraction_of_steps": step / plan.total_steps,
                         "fraction_of_budget_seconds": train_seconds / bud.value if plan.budget_kind == "time" else None,
                         "tokens_seen": seen(),
                         "train_flops_paper": step * plan.train_flops_paper_per_step,
                         "train_flops_hardware": step * plan.train_flops_hardware_per_step,
-                        "wall_seconds": train_seconds, "eval": ev, "precision": precision, "device": device_name(device),
+                        "train_seconds": train_seconds, "eval": ev, "precision": precision, "device": device_name(device),
                         "budget": plan.budget, "recipe": recipe.name}
                 if dist.main:
                     save_checkpoint(run_dir / name, model, recipe, meta, data.path / "tokenizer")
@@ -677,11 +706,14 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
                 plan.checkpoint_steps[name] = step  # plan.json says where each checkpoint is
                 if dist.main:
                     plan.save(run_dir / "plan.json")
+                process_seconds.checkpoints += clock() - write_t0
                 last_state_save = -math.inf  # write a resume state right after a checkpoint
             # resume state: every few minutes, after checkpoints, at the end, and when asked to stop
-            if clock() - last_state_save >= tr.resume_every_seconds or stop.requested or plan.finished(step):
+            state_t0 = clock()
+            if state_t0 - last_state_save >= tr.resume_every_seconds or stop.requested or plan.finished(step):
                 save_state()
                 last_state_save = clock()
+                process_seconds.resume_states += last_state_save - state_t0
             spent = clock() - other_t0
             other_seconds += spent
             clock_t0 += spent  # checkpoint, evaluation and state writes are not training time
@@ -706,14 +738,17 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
 
     # --- finish -----------------------------------------------------------------------------------------------------
     progress.close()
+    process_seconds.training = train_seconds - train_seconds_at_clock
+    process_seconds.wall = clock() - startup_t0
     fractions_of_steps = {n: plan.checkpoint_steps[n] / step for n in sorted(done_ckpts, key=_ckpt_order)}
     summary = {
         "recipe": recipe.name, "budget": plan.budget, "steps": step, "tokens_seen": seen(),
         "train_flops_paper": step * plan.train_flops_paper_per_step,
         "train_flops_hardware": step * plan.train_flops_hardware_per_step,
         "train_seconds": train_seconds, "budget_seconds": plan.budget_seconds,
-        "excluded_seconds": {"startup_and_first_step": None if resume else round(clock_started and (clock_t0 - startup_t0) or 0, 3),
-                             "checkpoints_eval_state": round(other_seconds, 3)},
+        "excluded_seconds": {"startup_and_first_step": None if resume else round(process_seconds.startup or 0.0, 3),
+                             "checkpoints_eval_state": round(other_seconds, 3)},  # the whole run's, resumes included
+        "process_seconds": process_seconds.rounded(),  # this process's, from train()'s entry (ProcessSeconds)
         "precision": precision, "device": device_name(device), "parameters": count_parameters(model),
         "checkpoints": list(fractions_of_steps), "checkpoint_steps": {n: plan.checkpoint_steps[n] for n in fractions_of_steps},
         "checkpoint_fractions_of_steps": fractions_of_steps,
