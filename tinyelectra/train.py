@@ -533,7 +533,7 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
         if dist.main:  # what an interrupted write left behind (never renamed into place, so never loadable)
             for stale in [*run_dir.glob("*.tmp-*"), *(run_dir / "state").glob("*.tmp-*")]:
                 shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
-        sums = {k: torch.zeros((), device=device) for k in STAT_KEYS}  # the current log window's metric sums
+        sums = new_sums(device)  # the current log window's metric sums
         window_step = 0  # the step the current log window started after
         if resume:
             if tr.strategy == "deepspeed":
@@ -610,31 +610,11 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
     try:
         while not plan.finished(step):
             # one optimizer step: this process's rows of the global batch, split into micro-batches
-            batch = next(loader)
-            masked: list[Masked] = []
-            for i in range(accum):
-                rows = slice(i * micro, (i + 1) * micro)
-                torch.manual_seed(step_seed(tr.seed, step, dist.rank * rank_batch + i * micro, 0))
-                masked.append(mask_batch(batch.input_ids[rows], batch.token_type_ids[rows], batch.attention_mask[rows],
-                                         recipe.objective, special, recipe.model.vocab_size))
-            # the means of the paper's loss are over the whole global batch: count it before any backward
-            counts = torch.stack([sum(m.mlm_count for m in masked), sum(m.token_count for m in masked).float()])
-            if dist.enabled:
-                torch.distributed.all_reduce(counts)
+            masked, seeds = mask_step(next(loader), recipe, special, step, dist.rank * rank_batch, micro, accum)
+            counts = global_counts(masked, dist)
             lr = lr_at(step, recipe.optim.lr, plan.warmup_steps, plan.total_steps or math.inf)
             optimizer.set_lr(lr)
-            for i, m in enumerate(masked):
-                torch.manual_seed(step_seed(tr.seed, step, dist.rank * rank_batch + i * micro, 1))
-                with engine.accumulating(last=(i == accum - 1)):
-                    with autocast:
-                        mlm_sum, disc_sum, stats = engine.forward(m)
-                    loss = combine(LossTerms(mlm_sum, disc_sum, stats), recipe.objective, counts[0], counts[1])
-                    engine.backward(loss * dist.world)  # DDP averages over processes
-                sums["mlm_sum"] += mlm_sum.detach()
-                sums["disc_sum"] += disc_sum.detach()
-                for k, v in stats.items():
-                    sums[k] += v
-            engine.update()
+            train_step(engine, masked, seeds, counts, autocast, sums)
             step += 1
             real_tokens += counts[1].long()  # the global batch's real tokens (all-reduced above)
 
@@ -818,6 +798,65 @@ def initial_weights(path: Path, recipe: Recipe) -> Electra:
         raise UserError(f"--init {path}: its generator and discriminator embeddings are {'not ' if model.cfg.sharing == 'none' else ''}"
                         f"shared, the recipe says sharing = {recipe.model.sharing!r}")
     return model
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# one step (the loop's; benchmarks/throughput.py times the same functions)
+
+
+def mask_step(batch, recipe: Recipe, special: SpecialIds, step: int, first_row: int, micro: int,
+              accum: int) -> tuple[list[Masked], list[int]]:
+    """This process's rows of one step (`first_row`: their first row in the global batch), split into `accum`
+    micro-batches of `micro` rows and masked; with each micro-batch's seed for its sampling and dropout. Every seed
+    depends only on (seed, step, first global row of the micro-batch): see `step_seed`."""
+    masked: list[Masked] = []
+    seeds: list[int] = []
+    for i in range(accum):
+        rows = slice(i * micro, (i + 1) * micro)
+        torch.manual_seed(step_seed(recipe.train.seed, step, first_row + i * micro, 0))
+        masked.append(mask_batch(batch.input_ids[rows], batch.token_type_ids[rows], batch.attention_mask[rows],
+                                 recipe.objective, special, recipe.model.vocab_size))
+        seeds.append(step_seed(recipe.train.seed, step, first_row + i * micro, 1))
+    return masked, seeds
+
+
+def global_counts(masked: list[Masked], dist: Dist) -> Tensor:
+    """(masked positions, real tokens) of the whole global batch: the paper's loss is a mean over it, so it is
+    counted before any backward (all-reduced over processes)."""
+    counts = torch.stack([sum(m.mlm_count for m in masked), sum(m.token_count for m in masked).float()])
+    if dist.enabled:
+        torch.distributed.all_reduce(counts)
+    return counts
+
+
+def new_sums(device: torch.device) -> dict[str, Tensor]:
+    """Zeroed metric sums (`electra.STAT_KEYS`), on the device, for `train_step` to add to."""
+    return {k: torch.zeros((), device=device) for k in STAT_KEYS}
+
+
+def train_step(engine: "Engine", masked: list[Masked], seeds: list[int], counts: Tensor, autocast,
+               sums: dict[str, Tensor]) -> Tensor:
+    """One optimizer update over this process's micro-batches: for each, seeded, the forward under `autocast`, the
+    paper's loss over the global batch (`counts`, from `global_counts`) and its backward (DDP: gradients reduced
+    after the last one); then the update (unscale, clip, step; `Engine.update`). The learning rate was set before.
+    Adds the step's loss and metric sums to `sums` (`new_sums`; on the device, no host sync) and returns the loss
+    this process minimised (the sum over its micro-batches, detached)."""
+    world = engine.dist.world
+    total = None
+    for i, (m, seed) in enumerate(zip(masked, seeds)):
+        torch.manual_seed(seed)
+        with engine.accumulating(last=(i == len(masked) - 1)):
+            with autocast:
+                mlm_sum, disc_sum, stats = engine.forward(m)
+            loss = combine(LossTerms(mlm_sum, disc_sum, stats), engine.recipe.objective, counts[0], counts[1])
+            engine.backward(loss * world)  # DDP averages over processes
+        sums["mlm_sum"] += mlm_sum.detach()
+        sums["disc_sum"] += disc_sum.detach()
+        for k, v in stats.items():
+            sums[k] += v
+        total = loss.detach() if total is None else total + loss.detach()
+    engine.update()
+    return total
 
 
 def apply_update(params: list[Tensor], optimizer, scaler: torch.amp.GradScaler, clip_norm: float) -> Tensor:
