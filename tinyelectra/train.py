@@ -1,7 +1,10 @@
 """Pre-training within a budget: the loop, visible in one function (`train`), and the command around it.
 
-Sections of `train`: set-up -> plan -> resume -> loop (mask, forward/backward per micro-batch, update, log,
-fraction checkpoints, resume state, time budget) -> finish. Everything the loop needs to continue exactly after an
+Sections of `train`: set-up -> plan -> resume -> loop -> finish. The loop, one step at a time: `mask_step` (this
+process's rows in micro-batches, masked), `global_counts`, the learning rate, `train_step` (forward and backward per
+micro-batch, one update; benchmarks/throughput.py times the same), the clocks, the time budget's re-plan
+(budget.TimeBudgetPlanner.after_step), a log line, the fraction checkpoints and resume states that are due
+(checkpoint.due_checkpoints, checkpoint.resume_state_due). Everything the loop needs to continue exactly after an
 interruption is in the resume state (weights, optimizer, scaler, data cursor, step, clocks); all randomness of a
 step is derived from (seed, step, first global row of the micro-batch), so a resumed run, a run with gradient
 accumulation and a DDP run draw the same masks, samples and dropout for the same rows.
@@ -475,7 +478,9 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
     command line's `--set` changes: they are written into recipe.json's deviations, so reports show them. `clock`
     measures training time (tests pass a simulated one to change the speed at will)."""
     from tinyelectra import runtime
-    from tinyelectra.checkpoint import latest_state, load_resume_state, save_checkpoint, save_resume_state
+    from tinyelectra.checkpoint import (
+        due_checkpoints, latest_state, load_resume_state, resume_state_due, save_checkpoint, save_resume_state,
+    )
     from tinyelectra.data import BatchLoader, PretrainData
     from tinyelectra.diagnostics import checkpoint_line, evaluate, unigram_distribution
     from tinyelectra.files import os_error_line, write_json
@@ -603,9 +608,62 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
     window_t0, rate_step, window_tokens = clock(), step, seen()  # tokens/s of a log window: over the steps timed in it
     announced = False  # the stop message was printed
     planner = budgeting.TimeBudgetPlanner(bud, recipe, plan, step) if plan.budget_kind == "time" else None
+    share = (lambda rate, seconds: _from_rank0((rate, seconds), device)) if dist.enabled else None
     autocast = runtime.autocast_context(precision, device)
     unigram = None  # the training rows' word frequencies, for the held-out evaluation's baselines
     progress = Progress(plan, step, dist.main, clock=clock)
+
+    def adopt(new_plan: Plan, lines: list[str]) -> Plan:
+        """A time budget's re-plan: its lines to the log; plan.json follows the first measurement and speed changes."""
+        for line in lines:
+            progress.note(line)
+        if lines and dist.main:
+            new_plan.save(run_dir / "plan.json")
+        progress.replan(new_plan)
+        return new_plan
+
+    def log_window(lr: float) -> None:
+        """One metrics.jsonl line for the steps since the last (host sync only here); a new window starts."""
+        nonlocal window_t0, window_step, rate_step, window_tokens
+        host = reduce_sums(sums, dist)
+        window_seconds = max(clock() - window_t0, 1e-9)
+        tokens_seen = seen()
+        tok_s = (tokens_seen - window_tokens) / window_seconds  # real tokens
+        positions_s = (step - rate_step) * tr.tokens_per_step / window_seconds  # padding included: MFU
+        rec = log_record(step, host, lr, tok_s, tokens_seen, train_seconds, plan, precision, device, positions_s)
+        log.metrics(rec)
+        progress.update(step, rec)
+        for k in sums:
+            sums[k].zero_()
+        window_t0, window_step, rate_step, window_tokens = clock(), step, step, tokens_seen
+
+    def write_checkpoint(name: str) -> None:
+        """The fraction checkpoint `name` at this step: its held-out evaluation, its directory (rank 0), plan.json."""
+        nonlocal unigram
+        eval_t0 = clock()
+        if unigram is None:  # counted once per process
+            unigram = unigram_distribution(data, special)
+        ev = evaluate(model, data, recipe, special, device, autocast, micro, unigram)
+        write_t0 = clock()
+        process_seconds.evaluation += write_t0 - eval_t0
+        meta = {"name": name, "step": step, "fraction": budgeting.FRACTIONS[_ckpt_order(name)],
+                "fraction_of_steps": step / plan.total_steps,
+                "fraction_of_budget_seconds": train_seconds / bud.value if plan.budget_kind == "time" else None,
+                "tokens_seen": seen(),
+                "train_flops_paper": step * plan.train_flops_paper_per_step,
+                "train_flops_hardware": step * plan.train_flops_hardware_per_step,
+                "train_seconds": train_seconds, "eval": ev, "precision": precision, "device": device_name(device),
+                "budget": plan.budget, "recipe": recipe.name}
+        if dist.main:
+            save_checkpoint(run_dir / name, model, recipe, meta, data.path / "tokenizer")
+        log.metrics({"event": "checkpoint", **meta})
+        progress.note(checkpoint_line(name, ev))
+        done_ckpts.add(name)
+        plan.checkpoint_steps[name] = step  # plan.json says where each checkpoint is
+        if dist.main:
+            plan.save(run_dir / "plan.json")
+        process_seconds.checkpoints += clock() - write_t0
+
     model.train()
     try:
         while not plan.finished(step):
@@ -629,74 +687,29 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
                 window_t0, rate_step, window_tokens = now, step, seen()
             train_seconds = train_seconds_at_clock + (now - clock_t0)
 
-            # a time budget: re-planned from the recent speed (every step; DDP: on log steps, with rank 0's clock
-            # broadcast so that every process keeps the same plan and learning rate)
-            if planner is not None and clock_started:
-                rate = planner.record(step, train_seconds)
-                if rate is not None and (not dist.enabled or step % tr.log_every_steps == 0):
-                    seconds = train_seconds
-                    if dist.enabled:
-                        shared = torch.tensor([rate, seconds], dtype=torch.float64, device=device)
-                        torch.distributed.broadcast(shared, 0)
-                        rate, seconds = shared.tolist()
-                    lines = planner.replan(step, seconds, rate, done_ckpts)
-                    for line in lines:
-                        progress.note(line)
-                    plan = planner.plan
-                    if lines and dist.main:  # the first measurement, a change of speed: plan.json follows
-                        plan.save(run_dir / "plan.json")
-                    progress.replan(plan)
-
-            # logging (host sync only here)
+            # a time budget: re-planned from the recent speed (every step; DDP: on log steps, from rank 0's clock)
+            if planner is not None:
+                lines = planner.after_step(step, train_seconds, done_ckpts, share=share,
+                                           replan_now=not dist.enabled or step % tr.log_every_steps == 0)
+                if lines is not None:
+                    plan = adopt(planner.plan, lines)
             if step % tr.log_every_steps == 0 or plan.finished(step) or stop.requested:
-                host = reduce_sums(sums, dist)
-                window_seconds = max(clock() - window_t0, 1e-9)
-                tokens_seen = seen()
-                tok_s = (tokens_seen - window_tokens) / window_seconds  # real tokens
-                positions_s = (step - rate_step) * tr.tokens_per_step / window_seconds  # padding included: MFU
-                rec = log_record(step, host, lr, tok_s, tokens_seen, train_seconds, plan, precision, device, positions_s)
-                log.metrics(rec)
-                progress.update(step, rec)
-                for k in sums:
-                    sums[k].zero_()
-                window_t0, window_step, rate_step, window_tokens = clock(), step, step, tokens_seen
+                log_window(lr)
 
-            # fraction checkpoints: each on its own step (budget.due_checkpoints)
+            # fraction checkpoints, each on its own step, and resume states (checkpoint.py says when): not training time
             other_t0 = clock()
-            for name in budgeting.due_checkpoints(plan, step, done_ckpts):
-                fraction = budgeting.FRACTIONS[_ckpt_order(name)]
-                eval_t0 = clock()
-                if unigram is None:  # counted once per process
-                    unigram = unigram_distribution(data, special)
-                ev = evaluate(model, data, recipe, special, device, autocast, micro, unigram)
-                write_t0 = clock()
-                process_seconds.evaluation += write_t0 - eval_t0
-                meta = {"name": name, "step": step, "fraction": fraction, "fraction_of_steps": step / plan.total_steps,
-                        "fraction_of_budget_seconds": train_seconds / bud.value if plan.budget_kind == "time" else None,
-                        "tokens_seen": seen(),
-                        "train_flops_paper": step * plan.train_flops_paper_per_step,
-                        "train_flops_hardware": step * plan.train_flops_hardware_per_step,
-                        "train_seconds": train_seconds, "eval": ev, "precision": precision, "device": device_name(device),
-                        "budget": plan.budget, "recipe": recipe.name}
-                if dist.main:
-                    save_checkpoint(run_dir / name, model, recipe, meta, data.path / "tokenizer")
-                log.metrics({"event": "checkpoint", **meta})
-                progress.note(checkpoint_line(name, ev))
-                done_ckpts.add(name)
-                plan.checkpoint_steps[name] = step  # plan.json says where each checkpoint is
-                if dist.main:
-                    plan.save(run_dir / "plan.json")
-                process_seconds.checkpoints += clock() - write_t0
-                last_state_save = -math.inf  # write a resume state right after a checkpoint
-            # resume state: every few minutes, after checkpoints, at the end, and when asked to stop
+            due = due_checkpoints(plan, step, done_ckpts)
+            for name in due:
+                write_checkpoint(name)
             state_t0 = clock()
-            if state_t0 - last_state_save >= tr.resume_every_seconds or stop.requested or plan.finished(step):
+            if resume_state_due(state_t0 - last_state_save, tr.resume_every_seconds, bool(due), stop.requested,
+                                plan.finished(step)):
                 save_state()
                 last_state_save = clock()
                 process_seconds.resume_states += last_state_save - state_t0
             spent = clock() - other_t0
             other_seconds += spent
-            clock_t0 += spent  # checkpoint, evaluation and state writes are not training time
+            clock_t0 += spent
             if stop.requested:
                 progress.close()
                 log.once(f"stopped by {stop.signal_name} at step {step}: {_saved_text(state_saved, done_ckpts)}; "
@@ -868,6 +881,13 @@ def apply_update(params: list[Tensor], optimizer, scaler: torch.amp.GradScaler, 
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
     return norm
+
+
+def _from_rank0(values: tuple[float, ...], device: torch.device) -> tuple[float, ...]:
+    """DDP: rank 0's values on every process (a broadcast)."""
+    shared = torch.tensor(values, dtype=torch.float64, device=device)
+    torch.distributed.broadcast(shared, 0)
+    return tuple(shared.tolist())
 
 
 def reduce_sums(sums: dict[str, Tensor], dist: Dist) -> dict[str, float]:
