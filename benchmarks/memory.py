@@ -44,6 +44,7 @@ from tinyelectra.config import ModelConfig, ObjectiveConfig, OptimConfig, load_r
 from tinyelectra.electra import SpecialIds, combine, loss_terms, mask_batch  # noqa: E402
 from tinyelectra.model import Electra, count_parameters  # noqa: E402
 from tinyelectra.optim import build_optimizer  # noqa: E402
+from tinyelectra.train import apply_update  # noqa: E402
 
 GIB = 2**30
 CARDS_GIB = (8, 12, 16, 24)
@@ -147,11 +148,7 @@ def measure(cfg: ModelConfig, objective: ObjectiveConfig, micro: int, seq_len: i
         with runtime.autocast_context(precision, device):
             terms = loss_terms(model, m, objective)
         scaler.scale(combine(terms, objective, m.mlm_count, m.token_count)).backward()
-        scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
+        apply_update(params, optimizer, scaler, 1.0)  # the trainer's update: unscale, clip, step, zero the grads
 
     t0 = time.perf_counter()
     out: dict = {}

@@ -56,8 +56,9 @@ def main() -> None:
         "summary": summary,
         "process_wall_seconds": wall,
         "median_tokens_per_second": statistics.median(r["tokens_per_second"] for r in steps[1:]) if len(steps) > 1 else None,
-        "checkpoints": [{k: c.get(k) for k in ("name", "step", "fraction", "tokens_seen", "train_flops_paper",
-                                                 "train_flops_hardware", "wall_seconds", "eval")} for c in ckpts],
+        "checkpoints": [{**{k: c.get(k) for k in ("name", "step", "fraction", "tokens_seen", "train_flops_paper",
+                                                   "train_flops_hardware", "eval")},
+                         "train_seconds": c.get("train_seconds", c.get("wall_seconds"))} for c in ckpts],  # older: wall_seconds
         "curves": [{k: r.get(k) for k in curve_keys} for r in steps],
     }
     path = write_result(args.name, payload, command=command_line())

@@ -7,11 +7,11 @@ warm-up. Reports medians, the paired speed-up, peak memory, and on a GPU the har
     python benchmarks/throughput.py --device cuda --precision bf16 --batch 128 --compile on [--sides tinyelectra]
       -> benchmarks/results/throughput_<device>_<precision>[_compile|_cudagraphs].json  (or --name)
 
-tinyelectra's side is the body of `tinyelectra.train.train`'s loop, built from the trainer's own parts: the next
-batch from a `BatchLoader` (or the next synthetic batch), per-step seeds, `mask_batch`, the global counts, the
-learning rate, `Engine.forward` (PretrainStep, compiled when asked) under autocast, the scaled backward of
-`electra.combine`, and `Engine.update` (unscale, clip 1.0, paper Adam, zero grads; with --compile reduce-overhead the
-graph-safe update), with `runtime.tune_cpu()` on the CPU as the trainer does. Its first call is the trainer's compile
+tinyelectra's side is the body of `tinyelectra.train.train`'s loop, the trainer's own functions: the next
+batch from a `BatchLoader` (or the next synthetic batch), `mask_step` (per-step seeds, `mask_batch`),
+`global_counts`, the learning rate, and `train_step`: `Engine.forward` (PretrainStep, compiled when asked) under
+autocast, the scaled backward of `electra.combine`, and `Engine.update` (unscale, clip 1.0, paper Adam, zero grads;
+with --compile reduce-overhead the graph-safe update), with `runtime.tune_cpu()` on the CPU as the trainer does. Its first call is the trainer's compile
 check: a compilation failing in the forward, backward or update falls back to eager, and `compile_note` says so.
 The baseline (benchmarks/common.py, `HFStep`) draws its batches from an identical loader, uses the same masking
 function, autocast and precision, torch AdamW, and `torch.compile` on both models when asked.
@@ -62,7 +62,7 @@ from common import (  # noqa: E402
 
 from tinyelectra import flops, runtime  # noqa: E402
 from tinyelectra.config import load_recipe  # noqa: E402
-from tinyelectra.electra import SpecialIds, mask_batch  # noqa: E402
+from tinyelectra.electra import SpecialIds  # noqa: E402
 from tinyelectra.errors import UserError  # noqa: E402
 
 # Targets (issue 10; benchmarks, not tests). CPU: issue 6's. CUDA: ELECTRA-Small 128 x 128 in bf16 on an H100.
@@ -113,7 +113,7 @@ class TrainerStep:
     def __init__(self, recipe, device: torch.device, precision: str, batches: Batches) -> None:
         from tinyelectra.model import Electra  # noqa: PLC0415
         from tinyelectra.optim import build_optimizer, lr_at  # noqa: PLC0415
-        from tinyelectra.train import Dist, Engine  # noqa: PLC0415
+        from tinyelectra.train import Dist, Engine, new_sums  # noqa: PLC0415
 
         self.recipe, self.device, self.batches = recipe, device, batches
         torch.manual_seed(recipe.train.seed)
@@ -124,7 +124,7 @@ class TrainerStep:
         self.engine = Engine(self.model, recipe, self.optimizer, scaler, Dist(), device, precision, micro=B, accum=1)
         self.autocast = runtime.autocast_context(precision, device)
         self.lr = lambda step: lr_at(step, recipe.optim.lr, recipe.optim.warmup_steps, recipe.train.steps)
-        self.sums = {k: torch.zeros((), device=device) for k in ("mlm_sum", "disc_sum")}
+        self.sums = new_sums(device)
         self.last_loss: torch.Tensor | None = None
         self.step = 1  # past step 0, whose learning rate is 0
 
@@ -143,25 +143,14 @@ class TrainerStep:
         self()
 
     def __call__(self) -> None:
-        from tinyelectra.electra import LossTerms, combine  # noqa: PLC0415
-        from tinyelectra.train import step_seed  # noqa: PLC0415
+        from tinyelectra.data import Batch  # noqa: PLC0415
+        from tinyelectra.train import global_counts, mask_step, train_step  # noqa: PLC0415
 
-        r, seed = self.recipe, self.recipe.train.seed
-        ids, types, mask = self.batches()
-        torch.manual_seed(step_seed(seed, self.step, 0, 0))
-        m = mask_batch(ids, types, mask, r.objective, self.batches.special, r.model.vocab_size)
-        counts = torch.stack([m.mlm_count, m.token_count.float()])
+        batch = Batch(*self.batches())
+        masked, seeds = mask_step(batch, self.recipe, self.batches.special, self.step, 0, len(batch.input_ids), 1)
+        counts = global_counts(masked, self.engine.dist)
         self.optimizer.set_lr(self.lr(self.step))
-        torch.manual_seed(step_seed(seed, self.step, 0, 1))
-        with self.engine.accumulating(last=True):
-            with self.autocast:
-                mlm_sum, disc_sum, stats = self.engine.forward(m)
-            loss = combine(LossTerms(mlm_sum, disc_sum, stats), r.objective, counts[0], counts[1])
-            self.engine.backward(loss)
-        self.sums["mlm_sum"] += mlm_sum.detach()
-        self.sums["disc_sum"] += disc_sum.detach()
-        self.last_loss = loss.detach()
-        self.engine.update()
+        self.last_loss = train_step(self.engine, masked, seeds, counts, self.autocast, self.sums)
         self.step += 1
 
 

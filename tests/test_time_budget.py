@@ -15,9 +15,9 @@ import sys
 import pytest
 
 from tinyelectra.budget import (
-    FRACTIONS, TimeBudgetPlanner, checkpoint_name, checkpoint_schedule, due_checkpoints, make_plan, parse_budget,
-    warmup_for,
+    FRACTIONS, TimeBudgetPlanner, checkpoint_name, checkpoint_schedule, make_plan, parse_budget, warmup_for,
 )
+from tinyelectra.checkpoint import due_checkpoints
 from tinyelectra.config import load_recipe
 
 CKPTS = [checkpoint_name(f) for f in FRACTIONS]
@@ -36,9 +36,9 @@ def simulate(seconds_per_step, budget: str = "40s", recipe: str = "tiny"):
     while not plan.finished(step):
         step += 1
         seconds += seconds_per_step(step)
-        rate = planner.record(step, seconds)
-        if rate is not None:
-            lines += planner.replan(step, seconds, rate, set(done))
+        replanned = planner.after_step(step, seconds, set(done))
+        if replanned is not None:
+            lines += replanned
             plan = planner.plan
             first_warmup = plan.warmup_steps if first_warmup is None else first_warmup
         for name in due_checkpoints(plan, step, set(done)):

@@ -20,6 +20,7 @@ import json
 import math
 import re
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -250,17 +251,6 @@ def make_plan(budget: Budget, recipe: Recipe, steps_per_second: float | None = N
     )
 
 
-def due_checkpoints(plan: Plan, step: int, done: set[str]) -> list[str]:
-    """The fraction checkpoints to write after `step`: the next one once its step is reached (one per step, so a
-    plan that shrank never writes two at once), and at the run's end whatever is left."""
-    if plan.total_steps is None:
-        return []
-    pending = [n for n in plan.checkpoint_steps if n not in done]
-    if step >= plan.total_steps:
-        return pending
-    return pending[:1] if pending and plan.checkpoint_steps[pending[0]] <= step else []
-
-
 # ------------------------------------------------------------------------------------------------------------------
 # a time budget as the run goes
 
@@ -274,7 +264,7 @@ MAX_PLAN_EVENTS = 20  # speed changes recorded in plan.json's notes (the log has
 class TimeBudgetPlanner:
     """A time budget's plan, kept true while the machine's speed changes.
 
-    `record` takes (step, training seconds) after every step and gives the recent speed once `CALIBRATION_STEPS`
+    `after_step` is the trainer's one call: `record` takes (step, training seconds) after every step and gives the recent speed once `CALIBRATION_STEPS`
     steps are timed (or 2 that took `CALIBRATION_SHARE` of the budget); `replan` then sets the end to the steps done
     plus those that fit in the remaining time at that speed (at least one step for each checkpoint still to write),
     moves the unwritten checkpoints to their fractions of the new end (written ones stay where they were), and keeps
@@ -291,6 +281,19 @@ class TimeBudgetPlanner:
         self.stretched = any(n.startswith("the budget's time") for n in self.events)
         self.first_warmup: int | None = None  # the warm-up the first measurement planned
         self.seconds0: float | None = None  # training seconds at the first recorded step
+
+    def after_step(self, step: int, train_seconds: float, done: set[str], replan_now: bool = True,
+                   share: Callable[[float, float], tuple[float, float]] | None = None) -> list[str] | None:
+        """The trainer's call after every timed step: `record` it and, once the speed is known and `replan_now`
+        (DDP re-plans on log steps only), `replan`. `share` turns this process's (speed, training seconds) into
+        rank 0's (DDP's broadcast), so that every process keeps the same plan and learning rate. Returns the
+        re-plan's log lines (the new plan is `self.plan`), or None when it did not re-plan."""
+        rate = self.record(step, train_seconds)
+        if rate is None or not replan_now:
+            return None
+        if share is not None:
+            rate, train_seconds = share(rate, train_seconds)
+        return self.replan(step, train_seconds, rate, done)
 
     def record(self, step: int, train_seconds: float) -> float | None:
         """The recent speed in steps per second, or None while fewer than CALIBRATION_STEPS steps are timed."""

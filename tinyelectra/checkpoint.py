@@ -1,10 +1,13 @@
-"""Fraction checkpoints: atomic save and validated load of `RUN/ckpt-XXXX/` directories.
+"""Fraction checkpoints: when one is due (`due_checkpoints`, and `resume_state_due` for resume states), and the
+atomic save and validated load of `RUN/ckpt-XXXX/` directories.
 
 A checkpoint directory (fraction x 10^4 in its name, e.g. ckpt-0625 = 6.25% of the budget) holds:
   discriminator.safetensors  `Electra.discriminator_state_dict()` (absent for objective "mlm")
   generator.safetensors      `Electra.generator_state_dict()`
   config.json                {"format": "tinyelectra-checkpoint", "format_version": 1, "recipe": {...}, "objective": ...}
-  meta.json                  step, fraction, tokens_seen, train_flops_paper, train_flops_hardware, wall_seconds, ...
+  meta.json                  step, fraction, tokens_seen, train_flops_paper, train_flops_hardware,
+                             train_seconds (training time: the budget's clock, without start-up, evaluation and
+                             writing; checkpoints before issue 13 called it wall_seconds), eval, ...
   tokenizer/                 written by `tinyelectra.tokenizer.Tokenizer.save()`
   sha256.json                the sha256 of the weights, config.json and meta.json, checked on load (files.verify_sha256)
 
@@ -28,6 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from tinyelectra.budget import Plan
 from tinyelectra.budget import checkpoint_name  # noqa: F401  (the names live with the plan that schedules them)
 from tinyelectra.config import Recipe, recipe_from_dict
 from tinyelectra.errors import UserError
@@ -38,6 +42,24 @@ from tinyelectra.files import verify_sha256, write_sha256
 FORMAT = "tinyelectra-checkpoint"
 FORMAT_VERSION = 1
 CKPT_NAME = re.compile(r"^ckpt-(\d{4,5})$")  # ckpt-0625 ... ckpt-10000
+
+
+def due_checkpoints(plan: Plan, step: int, done: set[str]) -> list[str]:
+    """The fraction checkpoints to write after `step`: the next one once its step is reached (one per step, so a
+    plan that shrank never writes two at once), and at the run's end whatever is left."""
+    if plan.total_steps is None:
+        return []
+    pending = [n for n in plan.checkpoint_steps if n not in done]
+    if step >= plan.total_steps:
+        return pending
+    return pending[:1] if pending and plan.checkpoint_steps[pending[0]] <= step else []
+
+
+def resume_state_due(seconds_since_last: float, every_seconds: float, wrote_checkpoint: bool, stopping: bool,
+                     finished: bool) -> bool:
+    """Whether to write a resume state after this step: every `every_seconds` (train.resume_every_seconds), right
+    after a fraction checkpoint, when asked to stop, and at the end."""
+    return seconds_since_last >= every_seconds or wrote_checkpoint or stopping or finished
 
 
 def is_checkpoint(path: Path) -> bool:

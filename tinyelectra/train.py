@@ -1,14 +1,20 @@
 """Pre-training within a budget: the loop, visible in one function (`train`), and the command around it.
 
-Sections of `train`: set-up -> plan -> resume -> loop (mask, forward/backward per micro-batch, update, log,
-fraction checkpoints, resume state, time budget) -> finish. Everything the loop needs to continue exactly after an
+Sections of `train`: set-up -> plan -> resume -> loop -> finish. The loop, one step at a time: `mask_step` (this
+process's rows in micro-batches, masked), `global_counts`, the learning rate, `train_step` (forward and backward per
+micro-batch, one update; benchmarks/throughput.py times the same), the clocks, the time budget's re-plan
+(budget.TimeBudgetPlanner.after_step), a log line, the fraction checkpoints and resume states that are due
+(checkpoint.due_checkpoints, checkpoint.resume_state_due). Everything the loop needs to continue exactly after an
 interruption is in the resume state (weights, optimizer, scaler, data cursor, step, clocks); all randomness of a
 step is derived from (seed, step, first global row of the micro-batch), so a resumed run, a run with gradient
 accumulation and a DDP run draw the same masks, samples and dropout for the same rows.
 
 Time budgets: the budget counts training time — steps, data loading and logging. Excluded (and reported apart):
 start-up (data preparation, building the model, compilation and the first step, which runs at learning rate 0),
-and the writing of checkpoints, their held-out evaluation and resume states.
+and the writing of checkpoints, their held-out evaluation and resume states. summary.json records them apart:
+`train_seconds` (the budget's clock, the whole run's; a checkpoint's meta.json holds it at its step),
+`excluded_seconds` (the whole run's), and `process_seconds` (this process's start-up, training, evaluation,
+checkpoint and resume-state writing, and its wall time in `train`, which they never exceed: `ProcessSeconds`).
 """
 
 from __future__ import annotations
@@ -62,6 +68,25 @@ class Dist:
     def from_env(cls) -> "Dist":
         """torchrun sets RANK / WORLD_SIZE / LOCAL_RANK; a plain process is rank 0 of 1."""
         return cls(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0)))
+
+
+@dataclass
+class ProcessSeconds:
+    """Where this process's time in `train` went, each second counted in one part at most (summary.json's
+    "process_seconds"): start-up (from `train`'s entry to the end of the first step, which runs at learning rate 0;
+    a resumed run: to the start of its loop), training (the budget's time: steps, data loading, logging), the
+    held-out evaluation of checkpoints, writing checkpoints (and plan.json), writing resume states, and `wall`, the
+    time from `train`'s entry to its summary. The parts add up to at most `wall`."""
+
+    startup: float | None = None
+    training: float = 0.0
+    evaluation: float = 0.0
+    checkpoints: float = 0.0
+    resume_states: float = 0.0
+    wall: float = 0.0
+
+    def rounded(self) -> dict[str, float | None]:
+        return {k: None if v is None else round(v, 3) for k, v in dataclasses.asdict(self).items()}
 
 
 def step_seed(seed: int, step: int, row: int, stream: int) -> int:
@@ -453,14 +478,17 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
     command line's `--set` changes: they are written into recipe.json's deviations, so reports show them. `clock`
     measures training time (tests pass a simulated one to change the speed at will)."""
     from tinyelectra import runtime
-    from tinyelectra.checkpoint import latest_state, load_resume_state, save_checkpoint, save_resume_state
+    from tinyelectra.checkpoint import (
+        due_checkpoints, latest_state, load_resume_state, resume_state_due, save_checkpoint, save_resume_state,
+    )
     from tinyelectra.data import BatchLoader, PretrainData
     from tinyelectra.diagnostics import checkpoint_line, evaluate, unigram_distribution
     from tinyelectra.files import os_error_line, write_json
 
     tr = recipe.train
     log = Log(run_dir, dist.main)
-    startup_t0 = clock()
+    startup_t0 = clock()  # train()'s entry: start-up and this process's wall time count from here
+    process_seconds = ProcessSeconds()
     continue_with = _continue_command(command, run_dir)
     step, state_saved = 0, None  # the last resume state written by this process (its step and directory)
     try:
@@ -510,7 +538,7 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
         if dist.main:  # what an interrupted write left behind (never renamed into place, so never loadable)
             for stale in [*run_dir.glob("*.tmp-*"), *(run_dir / "state").glob("*.tmp-*")]:
                 shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
-        sums = {k: torch.zeros((), device=device) for k in STAT_KEYS}  # the current log window's metric sums
+        sums = new_sums(device)  # the current log window's metric sums
         window_step = 0  # the step the current log window started after
         if resume:
             if tr.strategy == "deepspeed":
@@ -574,42 +602,77 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
     last_state_save = clock()
     clock_started = step > 0  # the first step (compilation, allocator warm-up) is start-up, not budget
     clock_t0 = clock()
+    if clock_started:  # resumed: start-up ends here, the first step is training time
+        process_seconds.startup = clock_t0 - startup_t0
     train_seconds_at_clock = train_seconds
     window_t0, rate_step, window_tokens = clock(), step, seen()  # tokens/s of a log window: over the steps timed in it
     announced = False  # the stop message was printed
     planner = budgeting.TimeBudgetPlanner(bud, recipe, plan, step) if plan.budget_kind == "time" else None
+    share = (lambda rate, seconds: _from_rank0((rate, seconds), device)) if dist.enabled else None
     autocast = runtime.autocast_context(precision, device)
     unigram = None  # the training rows' word frequencies, for the held-out evaluation's baselines
     progress = Progress(plan, step, dist.main, clock=clock)
+
+    def adopt(new_plan: Plan, lines: list[str]) -> Plan:
+        """A time budget's re-plan: its lines to the log; plan.json follows the first measurement and speed changes."""
+        for line in lines:
+            progress.note(line)
+        if lines and dist.main:
+            new_plan.save(run_dir / "plan.json")
+        progress.replan(new_plan)
+        return new_plan
+
+    def log_window(lr: float) -> None:
+        """One metrics.jsonl line for the steps since the last (host sync only here); a new window starts."""
+        nonlocal window_t0, window_step, rate_step, window_tokens
+        host = reduce_sums(sums, dist)
+        window_seconds = max(clock() - window_t0, 1e-9)
+        tokens_seen = seen()
+        tok_s = (tokens_seen - window_tokens) / window_seconds  # real tokens
+        positions_s = (step - rate_step) * tr.tokens_per_step / window_seconds  # padding included: MFU
+        rec = log_record(step, host, lr, tok_s, tokens_seen, train_seconds, plan, precision, device, positions_s)
+        log.metrics(rec)
+        progress.update(step, rec)
+        for k in sums:
+            sums[k].zero_()
+        window_t0, window_step, rate_step, window_tokens = clock(), step, step, tokens_seen
+
+    def write_checkpoint(name: str) -> None:
+        """The fraction checkpoint `name` at this step: its held-out evaluation, its directory (rank 0), plan.json."""
+        nonlocal unigram
+        eval_t0 = clock()
+        if unigram is None:  # counted once per process
+            unigram = unigram_distribution(data, special)
+        ev = evaluate(model, data, recipe, special, device, autocast, micro, unigram)
+        write_t0 = clock()
+        process_seconds.evaluation += write_t0 - eval_t0
+        meta = {"name": name, "step": step, "fraction": budgeting.FRACTIONS[_ckpt_order(name)],
+                "fraction_of_steps": step / plan.total_steps,
+                "fraction_of_budget_seconds": train_seconds / bud.value if plan.budget_kind == "time" else None,
+                "tokens_seen": seen(),
+                "train_flops_paper": step * plan.train_flops_paper_per_step,
+                "train_flops_hardware": step * plan.train_flops_hardware_per_step,
+                "train_seconds": train_seconds, "eval": ev, "precision": precision, "device": device_name(device),
+                "budget": plan.budget, "recipe": recipe.name}
+        if dist.main:
+            save_checkpoint(run_dir / name, model, recipe, meta, data.path / "tokenizer")
+        log.metrics({"event": "checkpoint", **meta})
+        progress.note(checkpoint_line(name, ev))
+        done_ckpts.add(name)
+        plan.checkpoint_steps[name] = step  # plan.json says where each checkpoint is
+        if dist.main:
+            plan.save(run_dir / "plan.json")
+        process_seconds.checkpoints += clock() - write_t0
+
     model.train()
     try:
         while not plan.finished(step):
             # one optimizer step: this process's rows of the global batch, split into micro-batches
-            batch = next(loader)
-            masked: list[Masked] = []
-            for i in range(accum):
-                rows = slice(i * micro, (i + 1) * micro)
-                torch.manual_seed(step_seed(tr.seed, step, dist.rank * rank_batch + i * micro, 0))
-                masked.append(mask_batch(batch.input_ids[rows], batch.token_type_ids[rows], batch.attention_mask[rows],
-                                         recipe.objective, special, recipe.model.vocab_size))
-            # the means of the paper's loss are over the whole global batch: count it before any backward
-            counts = torch.stack([sum(m.mlm_count for m in masked), sum(m.token_count for m in masked).float()])
-            if dist.enabled:
-                torch.distributed.all_reduce(counts)
+            masked, seeds = mask_step(next(loader), recipe, special, step, dist.rank * rank_batch, micro, accum)
+            counts = global_counts(masked, dist)
             lr = lr_at(step, recipe.optim.lr, plan.warmup_steps, plan.total_steps or math.inf)
             optimizer.set_lr(lr)
-            for i, m in enumerate(masked):
-                torch.manual_seed(step_seed(tr.seed, step, dist.rank * rank_batch + i * micro, 1))
-                with engine.accumulating(last=(i == accum - 1)):
-                    with autocast:
-                        mlm_sum, disc_sum, stats = engine.forward(m)
-                    loss = combine(LossTerms(mlm_sum, disc_sum, stats), recipe.objective, counts[0], counts[1])
-                    engine.backward(loss * dist.world)  # DDP averages over processes
-                sums["mlm_sum"] += mlm_sum.detach()
-                sums["disc_sum"] += disc_sum.detach()
-                for k, v in stats.items():
-                    sums[k] += v
-            engine.update()
+            train_step(engine, masked, seeds, counts, autocast, sums)
             step += 1
             real_tokens += counts[1].long()  # the global batch's real tokens (all-reduced above)
 
@@ -617,74 +680,36 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
             now = clock()
             if not clock_started:
                 clock_started, clock_t0 = True, now
+                process_seconds.startup = now - startup_t0
                 if planner is not None:
                     planner.step0 = step
-                log.once(f"start-up took {now - startup_t0:.1f} s (excluded from the budget)")
+                log.once(f"start-up took {process_seconds.startup:.1f} s (excluded from the budget)")
                 window_t0, rate_step, window_tokens = now, step, seen()
             train_seconds = train_seconds_at_clock + (now - clock_t0)
 
-            # a time budget: re-planned from the recent speed (every step; DDP: on log steps, with rank 0's clock
-            # broadcast so that every process keeps the same plan and learning rate)
-            if planner is not None and clock_started:
-                rate = planner.record(step, train_seconds)
-                if rate is not None and (not dist.enabled or step % tr.log_every_steps == 0):
-                    seconds = train_seconds
-                    if dist.enabled:
-                        shared = torch.tensor([rate, seconds], dtype=torch.float64, device=device)
-                        torch.distributed.broadcast(shared, 0)
-                        rate, seconds = shared.tolist()
-                    lines = planner.replan(step, seconds, rate, done_ckpts)
-                    for line in lines:
-                        progress.note(line)
-                    plan = planner.plan
-                    if lines and dist.main:  # the first measurement, a change of speed: plan.json follows
-                        plan.save(run_dir / "plan.json")
-                    progress.replan(plan)
-
-            # logging (host sync only here)
+            # a time budget: re-planned from the recent speed (every step; DDP: on log steps, from rank 0's clock)
+            if planner is not None:
+                lines = planner.after_step(step, train_seconds, done_ckpts, share=share,
+                                           replan_now=not dist.enabled or step % tr.log_every_steps == 0)
+                if lines is not None:
+                    plan = adopt(planner.plan, lines)
             if step % tr.log_every_steps == 0 or plan.finished(step) or stop.requested:
-                host = reduce_sums(sums, dist)
-                window_seconds = max(clock() - window_t0, 1e-9)
-                tokens_seen = seen()
-                tok_s = (tokens_seen - window_tokens) / window_seconds  # real tokens
-                positions_s = (step - rate_step) * tr.tokens_per_step / window_seconds  # padding included: MFU
-                rec = log_record(step, host, lr, tok_s, tokens_seen, train_seconds, plan, precision, device, positions_s)
-                log.metrics(rec)
-                progress.update(step, rec)
-                for k in sums:
-                    sums[k].zero_()
-                window_t0, window_step, rate_step, window_tokens = clock(), step, step, tokens_seen
+                log_window(lr)
 
-            # fraction checkpoints: each on its own step (budget.due_checkpoints)
+            # fraction checkpoints, each on its own step, and resume states (checkpoint.py says when): not training time
             other_t0 = clock()
-            for name in budgeting.due_checkpoints(plan, step, done_ckpts):
-                fraction = budgeting.FRACTIONS[_ckpt_order(name)]
-                if unigram is None:  # counted once per process
-                    unigram = unigram_distribution(data, special)
-                ev = evaluate(model, data, recipe, special, device, autocast, micro, unigram)
-                meta = {"name": name, "step": step, "fraction": fraction, "fraction_of_steps": step / plan.total_steps,
-                        "fraction_of_budget_seconds": train_seconds / bud.value if plan.budget_kind == "time" else None,
-                        "tokens_seen": seen(),
-                        "train_flops_paper": step * plan.train_flops_paper_per_step,
-                        "train_flops_hardware": step * plan.train_flops_hardware_per_step,
-                        "wall_seconds": train_seconds, "eval": ev, "precision": precision, "device": device_name(device),
-                        "budget": plan.budget, "recipe": recipe.name}
-                if dist.main:
-                    save_checkpoint(run_dir / name, model, recipe, meta, data.path / "tokenizer")
-                log.metrics({"event": "checkpoint", **meta})
-                progress.note(checkpoint_line(name, ev))
-                done_ckpts.add(name)
-                plan.checkpoint_steps[name] = step  # plan.json says where each checkpoint is
-                if dist.main:
-                    plan.save(run_dir / "plan.json")
-                last_state_save = -math.inf  # write a resume state right after a checkpoint
-            # resume state: every few minutes, after checkpoints, at the end, and when asked to stop
-            if clock() - last_state_save >= tr.resume_every_seconds or stop.requested or plan.finished(step):
+            due = due_checkpoints(plan, step, done_ckpts)
+            for name in due:
+                write_checkpoint(name)
+            state_t0 = clock()
+            if resume_state_due(state_t0 - last_state_save, tr.resume_every_seconds, bool(due), stop.requested,
+                                plan.finished(step)):
                 save_state()
                 last_state_save = clock()
+                process_seconds.resume_states += last_state_save - state_t0
             spent = clock() - other_t0
             other_seconds += spent
-            clock_t0 += spent  # checkpoint, evaluation and state writes are not training time
+            clock_t0 += spent
             if stop.requested:
                 progress.close()
                 log.once(f"stopped by {stop.signal_name} at step {step}: {_saved_text(state_saved, done_ckpts)}; "
@@ -706,14 +731,17 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
 
     # --- finish -----------------------------------------------------------------------------------------------------
     progress.close()
+    process_seconds.training = train_seconds - train_seconds_at_clock
+    process_seconds.wall = clock() - startup_t0
     fractions_of_steps = {n: plan.checkpoint_steps[n] / step for n in sorted(done_ckpts, key=_ckpt_order)}
     summary = {
         "recipe": recipe.name, "budget": plan.budget, "steps": step, "tokens_seen": seen(),
         "train_flops_paper": step * plan.train_flops_paper_per_step,
         "train_flops_hardware": step * plan.train_flops_hardware_per_step,
         "train_seconds": train_seconds, "budget_seconds": plan.budget_seconds,
-        "excluded_seconds": {"startup_and_first_step": None if resume else round(clock_started and (clock_t0 - startup_t0) or 0, 3),
-                             "checkpoints_eval_state": round(other_seconds, 3)},
+        "excluded_seconds": {"startup_and_first_step": None if resume else round(process_seconds.startup or 0.0, 3),
+                             "checkpoints_eval_state": round(other_seconds, 3)},  # the whole run's, resumes included
+        "process_seconds": process_seconds.rounded(),  # this process's, from train()'s entry (ProcessSeconds)
         "precision": precision, "device": device_name(device), "parameters": count_parameters(model),
         "checkpoints": list(fractions_of_steps), "checkpoint_steps": {n: plan.checkpoint_steps[n] for n in fractions_of_steps},
         "checkpoint_fractions_of_steps": fractions_of_steps,
@@ -785,6 +813,65 @@ def initial_weights(path: Path, recipe: Recipe) -> Electra:
     return model
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# one step (the loop's; benchmarks/throughput.py times the same functions)
+
+
+def mask_step(batch, recipe: Recipe, special: SpecialIds, step: int, first_row: int, micro: int,
+              accum: int) -> tuple[list[Masked], list[int]]:
+    """This process's rows of one step (`first_row`: their first row in the global batch), split into `accum`
+    micro-batches of `micro` rows and masked; with each micro-batch's seed for its sampling and dropout. Every seed
+    depends only on (seed, step, first global row of the micro-batch): see `step_seed`."""
+    masked: list[Masked] = []
+    seeds: list[int] = []
+    for i in range(accum):
+        rows = slice(i * micro, (i + 1) * micro)
+        torch.manual_seed(step_seed(recipe.train.seed, step, first_row + i * micro, 0))
+        masked.append(mask_batch(batch.input_ids[rows], batch.token_type_ids[rows], batch.attention_mask[rows],
+                                 recipe.objective, special, recipe.model.vocab_size))
+        seeds.append(step_seed(recipe.train.seed, step, first_row + i * micro, 1))
+    return masked, seeds
+
+
+def global_counts(masked: list[Masked], dist: Dist) -> Tensor:
+    """(masked positions, real tokens) of the whole global batch: the paper's loss is a mean over it, so it is
+    counted before any backward (all-reduced over processes)."""
+    counts = torch.stack([sum(m.mlm_count for m in masked), sum(m.token_count for m in masked).float()])
+    if dist.enabled:
+        torch.distributed.all_reduce(counts)
+    return counts
+
+
+def new_sums(device: torch.device) -> dict[str, Tensor]:
+    """Zeroed metric sums (`electra.STAT_KEYS`), on the device, for `train_step` to add to."""
+    return {k: torch.zeros((), device=device) for k in STAT_KEYS}
+
+
+def train_step(engine: "Engine", masked: list[Masked], seeds: list[int], counts: Tensor, autocast,
+               sums: dict[str, Tensor]) -> Tensor:
+    """One optimizer update over this process's micro-batches: for each, seeded, the forward under `autocast`, the
+    paper's loss over the global batch (`counts`, from `global_counts`) and its backward (DDP: gradients reduced
+    after the last one); then the update (unscale, clip, step; `Engine.update`). The learning rate was set before.
+    Adds the step's loss and metric sums to `sums` (`new_sums`; on the device, no host sync) and returns the loss
+    this process minimised (the sum over its micro-batches, detached)."""
+    world = engine.dist.world
+    total = None
+    for i, (m, seed) in enumerate(zip(masked, seeds)):
+        torch.manual_seed(seed)
+        with engine.accumulating(last=(i == len(masked) - 1)):
+            with autocast:
+                mlm_sum, disc_sum, stats = engine.forward(m)
+            loss = combine(LossTerms(mlm_sum, disc_sum, stats), engine.recipe.objective, counts[0], counts[1])
+            engine.backward(loss * world)  # DDP averages over processes
+        sums["mlm_sum"] += mlm_sum.detach()
+        sums["disc_sum"] += disc_sum.detach()
+        for k, v in stats.items():
+            sums[k] += v
+        total = loss.detach() if total is None else total + loss.detach()
+    engine.update()
+    return total
+
+
 def apply_update(params: list[Tensor], optimizer, scaler: torch.amp.GradScaler, clip_norm: float) -> Tensor:
     """Unscale, clip the global norm, step (skipped by the scaler on inf/NaN), update the scale, zero the grads.
     The learning rate was set before (`optimizer.set_lr`)."""
@@ -794,6 +881,13 @@ def apply_update(params: list[Tensor], optimizer, scaler: torch.amp.GradScaler, 
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
     return norm
+
+
+def _from_rank0(values: tuple[float, ...], device: torch.device) -> tuple[float, ...]:
+    """DDP: rank 0's values on every process (a broadcast)."""
+    shared = torch.tensor(values, dtype=torch.float64, device=device)
+    torch.distributed.broadcast(shared, 0)
+    return tuple(shared.tolist())
 
 
 def reduce_sums(sums: dict[str, Tensor], dist: Dist) -> dict[str, float]:
