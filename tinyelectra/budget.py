@@ -1,5 +1,5 @@
 """A budget ("4d", "90m", "1.4e18flops", "62500steps", "paper") becomes one Plan: total steps, warm-up,
-checkpoint steps at 1/16 .. 1 of the run, expected tokens, FLOPs in both conventions and wall time; and a time
+checkpoint steps at 1/16 .. 1 of the run, expected tokens, FLOPs in both conventions and training time; and a time
 budget's plan is kept true as the run goes (`TimeBudgetPlanner`).
 
 The five checkpoints are snapshots of ONE run (the paper's Table 1 "partial training" rows): the learning-rate
@@ -96,7 +96,7 @@ class Plan:
     train_flops_hardware: float | None
     budget_seconds: float | None = None  # wall-clock budgets only
     steps_per_second: float | None = None  # measured (time budgets) or last known
-    expected_wall_seconds: float | None = None
+    expected_train_seconds: float | None = None  # training time only: start-up, checkpoints and evaluation not counted
     status: str = "final"  # provisional (time budget before its throughput is measured) | final
     conventions: dict[str, str] = field(default_factory=lambda: {
         "paper": flops.PAPER_CONVENTION, "hardware": flops.HARDWARE_CONVENTION})
@@ -246,7 +246,7 @@ def make_plan(budget: Budget, recipe: Recipe, steps_per_second: float | None = N
         expected_tokens=total * tr.tokens_per_step, train_flops_paper_per_step=paper_step,
         train_flops_hardware_per_step=hw_step, train_flops_paper=paper_step * total,
         train_flops_hardware=hw_step * total, budget_seconds=budget.value if budget.kind == "time" else None,
-        steps_per_second=steps_per_second, expected_wall_seconds=total / steps_per_second if steps_per_second else None,
+        steps_per_second=steps_per_second, expected_train_seconds=total / steps_per_second if steps_per_second else None,
         notes=notes,
     )
 
@@ -329,7 +329,7 @@ class TimeBudgetPlanner:
                 note += f" (re-planned while it lasted; the first measurement planned {self.first_warmup})"
             warmup_notes = [note]
         new.checkpoint_steps = checkpoint_schedule(total, written)
-        new.expected_wall_seconds = self.bud.value
+        new.expected_train_seconds = self.bud.value
         where = f"at step {step} ({train_seconds:.0f} s of {self.bud.value:.0f} s)"
         if self.announced_rate is None:
             lines.append(f"time budget: measured {rate:.3g} steps/s -> about {total:,} steps, warm-up {new.warmup_steps:,}, "

@@ -35,9 +35,8 @@ from tinyelectra.budget import Plan
 from tinyelectra.budget import checkpoint_name  # noqa: F401  (the names live with the plan that schedules them)
 from tinyelectra.config import Recipe, recipe_from_dict
 from tinyelectra.errors import UserError
-from tinyelectra.files import fsync_dir as _fsync_dir
 from tinyelectra.files import fsync_file as _fsync_file
-from tinyelectra.files import verify_sha256, write_sha256
+from tinyelectra.files import replace_dir, verify_sha256, write_sha256
 
 FORMAT = "tinyelectra-checkpoint"
 FORMAT_VERSION = 1
@@ -100,19 +99,6 @@ def _save_torch(obj, path: Path) -> None:
     buffer = io.BytesIO()
     torch.save(obj, buffer)
     path.write_bytes(buffer.getbuffer())
-
-
-def replace_dir(tmp: Path, final: Path) -> None:
-    """Move a finished temporary directory onto `final`, replacing an older one (rename, never copy)."""
-    _fsync_dir(tmp)
-    old = None
-    if final.exists():
-        old = final.with_name(f"{final.name}.old-{os.getpid()}")
-        os.replace(final, old)
-    os.replace(tmp, final)
-    _fsync_dir(final.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def save_checkpoint(directory: Path, model, recipe: Recipe, meta: dict[str, Any], tokenizer_dir: Path | None) -> Path:

@@ -28,16 +28,6 @@ FORMAT_VERSION = 1
 SPLITS = ("train", "validation")
 
 
-def __getattr__(name: str):
-    """`prepare` moved to tinyelectra.prepare; train.py (another branch's file) still imports it from here. Remove
-    this once it says `from tinyelectra.prepare import prepare`."""
-    if name == "prepare":
-        from tinyelectra.prepare import prepare
-
-        return prepare
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def files_present(out_dir: Path, manifest: dict) -> bool:
     """Every shard and the tokenizer directory that `manifest` lists exist under `out_dir`."""
     try:

@@ -294,7 +294,7 @@ def _first_difference(a, b, path: str = "") -> str:
 def resolve_data(data_dir: Path | None, corpus: list[str] | None, recipe: Recipe, run_dir: Path, dist: Dist,
                  force: bool = False) -> Path:
     """--data as given; --corpus prepared into RUN/data; neither: the built-in corpus, prepared once and cached."""
-    from tinyelectra.data import prepare
+    from tinyelectra.prepare import prepare
 
     if data_dir is not None and corpus:
         raise UserError("give either --data or --corpus, not both")
