@@ -28,7 +28,7 @@ from tinyelectra import flops
 from tinyelectra.config import Recipe
 from tinyelectra.errors import UserError
 
-FRACTIONS = (0.0625, 0.125, 0.25, 0.5, 1.0)
+FRACTIONS = flops.TABLE1_FRACTIONS  # the five checkpoints are the paper's Table 1 fractions (1/16 .. 1)
 _TIME_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _STEP_SUFFIX = {"": 1, "k": 1_000, "K": 1_000, "M": 1_000_000}
 _EXAMPLES = "e.g. 4d, 36h, 90m, 45s, 1.4e18flops, 62500steps, 1Msteps or paper"

@@ -34,7 +34,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import platform
 import statistics
 import time
@@ -332,6 +331,7 @@ def run_checkpoint(ref: CheckpointRef, data: dict[str, TaskData], fc: FinetuneCo
 
     from tinyelectra.hf import load_backbone
     from tinyelectra.metrics import score_task
+    from tinyelectra.runtime import device_name
     from tinyelectra.tokenizer import Tokenizer
 
     backbone = load_backbone(ref.path)
@@ -355,7 +355,7 @@ def run_checkpoint(ref: CheckpointRef, data: dict[str, TaskData], fc: FinetuneCo
         "model": {"hidden_size": cfg.hidden_size, "num_layers": cfg.num_layers, "embedding_size": cfg.embedding_size,
                   "vocab_size": cfg.vocab_size, "size": size_defaults(cfg.hidden_size)[0]},
         "seeds": seeds, "tasks": {}, "averages": {}, "skipped_tasks": dict(skipped), "data": {},
-        "protocol": protocol, "device": _device_name(device), "precision": precision,
+        "protocol": protocol, "device": device_name(device, threads=True), "precision": precision,
         "precision_reason": precision_reason, "torch": torch.__version__, "threads": torch.get_num_threads(),
         "platform": platform.platform(), "command": command, "complete": False,
     }
@@ -553,20 +553,6 @@ def _kept(path: Path) -> str:
     return f"kept {' and '.join(parts) or 'nothing finished yet'} in {path}"
 
 
-def _device_name(device) -> str:
-    import torch
-
-    if device.type == "cuda":
-        return f"{torch.cuda.get_device_name(device)} ({device})"
-    cpu = platform.processor() or platform.machine()
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-        cpu = next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"cpu ({cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} threads)"
-
-
 def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.1f}"
 
@@ -610,7 +596,7 @@ def glue_command(checkpoint: Path, glue_dir: Path | None, use_hf: bool, tasks: s
     from tinyelectra.files import check_writable
     from tinyelectra.glue_data import load_task_file
     from tinyelectra.console import make_console
-    from tinyelectra.runtime import configure_matmul, pick_device, pick_precision
+    from tinyelectra.runtime import configure_matmul, device_name, pick_device, pick_precision
 
     console = make_console(stderr=False)
     fc = FinetuneConfig.from_overrides(overrides)
@@ -636,7 +622,7 @@ def glue_command(checkpoint: Path, glue_dir: Path | None, use_hf: bool, tasks: s
                 console.print(s.summary())
     seed_list = list(range(fc.seed, fc.seed + seeds))
     console.print(f"fine-tuning {len(refs)} checkpoint(s) x {len(task_names)} task(s) ({', '.join(task_names)}) x "
-                  f"{seeds} seed(s) on {_device_name(dev)}, {precision} ({reason}); results in {out_dir}")
+                  f"{seeds} seed(s) on {device_name(dev, threads=True)}, {precision} ({reason}); results in {out_dir}")
     cache: dict = {}
     written = []
     for ref in refs:

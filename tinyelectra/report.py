@@ -21,11 +21,11 @@ from typing import Any
 from tinyelectra import paper
 from tinyelectra.errors import UserError
 from tinyelectra.files import write_atomic
-from tinyelectra.glue_data import PAPER_TASK_NAMES, get_task, task_title
+from tinyelectra.glue_data import GLUE_TASK_NAMES, PAPER_TASK_NAMES, get_task, task_title
 from tinyelectra.plots import fmt_fraction, plot_curves, plot_glue
 
 FORMAT = "tinyelectra-report"
-TASK_ORDER = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
+TASK_ORDER = GLUE_TASK_NAMES
 CURVE_KEYS = ("gen_loss", "disc_loss", "gen_acc", "disc_acc")
 
 

@@ -28,8 +28,9 @@ import torch.nn.functional as F
 from tinyelectra.errors import UserError
 
 
-def device_name(device: torch.device) -> str:
-    """The GPU's name, or the CPU model and core count, for logs, plans and checkpoint metadata."""
+def device_name(device: torch.device, threads: bool = False) -> str:
+    """The GPU's name, or the CPU model and core count (and torch's thread count when `threads`: fine-tuning runs
+    several processes with one thread each), for logs, plans, checkpoint metadata and glue.json."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     import platform
@@ -37,7 +38,7 @@ def device_name(device: torch.device) -> str:
     cpuinfo = Path("/proc/cpuinfo")
     lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
     model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), platform.processor())
-    return f"CPU ({model}, {os.cpu_count()} cores)"
+    return f"CPU ({model}, {os.cpu_count()} cores{f', {torch.get_num_threads()} threads' if threads else ''})"
 
 
 def pick_device(gpu: int | None = None, device: str | None = None) -> torch.device:
