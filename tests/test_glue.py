@@ -187,7 +187,7 @@ def test_rte_slice_end_to_end_schema(rte_result, ckpt):
     assert r["format"] == "tinyelectra-glue" and r["complete"] is True
     assert r["checkpoint"]["name"] == "ckpt-10000" and r["checkpoint"]["kind"] == "tinyelectra"
     assert r["meta"]["step"] == 100 and r["meta"]["fraction"] == 1.0 and r["meta"]["train_flops_paper"] == 1.0e11
-    assert r["device"].startswith("cpu") and r["precision"] == "fp32" and r["command"] == "pytest"
+    assert r["device"].startswith("CPU (") and r["device"].endswith(" threads)") and r["precision"] == "fp32" and r["command"] == "pytest"
     assert r["seeds"] == [0, 1]
     p = r["protocol"]
     assert p["peak_lr"] == 3e-4 and p["layerwise"] == "intended" and p["layerwise_decay"] == 0.8
