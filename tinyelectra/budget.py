@@ -264,9 +264,10 @@ MAX_PLAN_EVENTS = 20  # speed changes recorded in plan.json's notes (the log has
 class TimeBudgetPlanner:
     """A time budget's plan, kept true while the machine's speed changes.
 
-    `after_step` is the trainer's one call: `record` takes (step, training seconds) after every step and gives the recent speed once `CALIBRATION_STEPS`
-    steps are timed (or 2 that took `CALIBRATION_SHARE` of the budget); `replan` then sets the end to the steps done
-    plus those that fit in the remaining time at that speed (at least one step for each checkpoint still to write),
+    `after_step` is the trainer's one call. `record` takes (step, training seconds) after every step and gives the
+    recent speed once `CALIBRATION_STEPS` steps are timed (or 2 that took `CALIBRATION_SHARE` of the budget);
+    `replan` then sets the end to the steps done plus those that fit in the remaining time at that speed (at least
+    one step for each checkpoint still to write),
     moves the unwritten checkpoints to their fractions of the new end (written ones stay where they were), and keeps
     re-planning the warm-up until it is over, so one noisy early measurement fixes nothing. It returns lines for the
     log: the first measurement, every change of speed by `SPEED_CHANGE_FACTOR` or more, an end stretched for the
