@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from tinyelectra.checkpoint import read_meta
 from tinyelectra.errors import UserError
 from tinyelectra.files import write_json
 from tinyelectra.finetune import (
@@ -123,13 +124,7 @@ def checkpoint_meta(ref: CheckpointRef) -> dict[str, Any]:
     """The pre-training facts of a tinyelectra checkpoint (meta.json), or {} for a transformers directory."""
     if ref.kind != "tinyelectra":
         return {}
-    path = ref.path / "meta.json"
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise UserError(f"{path}: cannot read the checkpoint's meta.json ({e})") from None
-    if "wall_seconds" in meta and "train_seconds" not in meta:  # written before the key's rename: training time
-        meta["train_seconds"] = meta["wall_seconds"]
+    meta = read_meta(ref.path)
     keep = ("name", "step", "fraction", "tokens_seen", "train_flops_paper", "train_flops_hardware", "train_seconds",
             "precision", "device", "budget", "recipe", "eval")
     return {k: meta[k] for k in keep if k in meta}
@@ -340,8 +335,6 @@ def run_checkpoint(ref: CheckpointRef, data: dict[str, TaskData], fc: FinetuneCo
                         "fine-tuning needs the pre-training tokenizer")
     tokenizer = Tokenizer.load(backbone.tokenizer_dir)
     cfg = backbone.config
-    if tokenizer.vocab_size != cfg.vocab_size:  # hf.load_backbone checks too; this guards the pairing used here
-        raise UserError(f"{ref.path}: tokenizer has {tokenizer.vocab_size} tokens but the model {cfg.vocab_size} word embeddings")
     if fc.max_length > cfg.max_positions:
         raise UserError(f"--set max_length={fc.max_length} exceeds the model's {cfg.max_positions} positions")
     tasks = list(data)
