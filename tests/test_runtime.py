@@ -58,6 +58,15 @@ def test_pick_precision_cpu():
         runtime.pick_precision("fp8", cpu)
 
 
+@pytest.mark.parametrize("units", [True, False])
+def test_cpu_bf16_is_one_policy_that_says_whether_it_is_fast(monkeypatch, units):
+    """Pre-training and fine-tuning share this policy (glue had a second one that refused): bf16 on the CPU runs when
+    asked, and the reason says whether the CPU has the units that make it fast."""
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: units)
+    precision, reason = runtime.pick_precision("bf16", torch.device("cpu"))
+    assert precision == "bf16" and ("slower than fp32" in reason) is not units
+
+
 @pytest.mark.parametrize("name,bf16,expected", [
     ("Tesla V100-SXM2-16GB", False, "fp16"),
     ("Tesla T4", False, "fp16"),

@@ -568,18 +568,6 @@ def _task_line(name: str, task: str, entry: dict) -> str:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _precision(requested: str, device, pick_precision) -> tuple[str, str]:
-    """runtime.pick_precision, plus bf16 autocast on a CPU when asked for and supported: fine-tuning steps of
-    ELECTRA-Small measured about 1.8x faster than fp32 on an AVX512-BF16 CPU (benchmarks/glue_cpu.py's step tables)."""
-    import torch
-
-    if requested == "bf16" and device.type == "cpu":
-        if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-            raise UserError("--set precision=bf16: this CPU has no fast bf16 (AVX512-BF16 or AMX); use fp32")
-        return "bf16", "bf16 autocast on the CPU, as asked (not the paper's fp32; weights and optimizer stay fp32)"
-    return pick_precision(requested, device)
-
-
 def glue_command(checkpoint: Path, glue_dir: Path | None, use_hf: bool, tasks: str, seeds: int, out_dir: Path | None,
                  gpu: int | None, device: str | None, max_train_rows: int | None, overrides: list[str],
                  command: str, task_files: list[Path] | None = None) -> list[Path]:
@@ -599,7 +587,7 @@ def glue_command(checkpoint: Path, glue_dir: Path | None, use_hf: bool, tasks: s
     custom = [load_task_file(f).name for f in task_files or []]
     task_names, skipped = choose_tasks(tasks, glue_dir, use_hf, custom)
     dev = pick_device(gpu, device)
-    precision, reason = _precision(fc.precision, dev, pick_precision)
+    precision, reason = pick_precision(fc.precision, dev)
     configure_matmul(precision, dev)
     if out_dir is None:
         out_dir = (refs[0].run_dir if refs[0].run_dir is not None else Path(checkpoint)) / "glue"
