@@ -16,6 +16,7 @@ import importlib.util
 import json
 import os
 import random
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -318,6 +319,26 @@ def test_lr_and_decay_by_model_size():
     assert fc.peak_lr(256) == 2e-4 and fc.decay(256) == 1.0
     assert FinetuneConfig().task_epochs("rte") == 10 and FinetuneConfig().task_epochs("stsb") == 10
     assert FinetuneConfig().task_epochs("cola") == 3 and FinetuneConfig(epochs=0.5).task_epochs("rte") == 0.5
+
+
+def test_fine_tuning_set_is_trainings_grammar():
+    """One --set grammar (issue 13): `finetune.key=value` as train's `section.key=value`, the section optional; the
+    same errors for a wrong section, key or value as the recipe's --set."""
+    from tinyelectra.config import load_recipe
+    from tinyelectra.errors import UserError
+    from tinyelectra.finetune import FinetuneConfig
+
+    assert FinetuneConfig.from_overrides(["finetune.lr=2e-4", "batch_size=16", "finetune.batching = length"]) == \
+        FinetuneConfig(lr=2e-4, batch_size=16, batching="length")
+    for bad, says in [("optim.lr=1e-4", "unknown section 'optim' (sections: finetune)"),
+                      ("finetune.learning_rate=1", "unknown key 'learning_rate' in [finetune]"),
+                      ("finetune.batch_size=many", "'many' is not a valid int"), ("lr", "expected section.key=value")]:
+        with pytest.raises(UserError, match=re.escape(says)):
+            FinetuneConfig.from_overrides([bad])
+    with pytest.raises(UserError, match=re.escape("unknown key 'learning_rate' in [optim]")):
+        load_recipe("tiny", ["optim.learning_rate=1"])
+    with pytest.raises(UserError, match=re.escape("'many' is not a valid int")):
+        load_recipe("tiny", ["train.batch_size=many"])
 
 
 @pytest.mark.parametrize("form, expected", [

@@ -224,7 +224,7 @@ def glue(
     device: Optional[str] = typer.Option(None, "--device", help="'cpu' (or a torch device string)."),
     max_train_rows: Optional[int] = typer.Option(None, "--max-train-rows", help="Use only the first N training rows per task (quick checks)."),
     set_: Optional[list[str]] = typer.Option(
-        None, "--set", help="Override a fine-tuning setting, key=value: lr, layerwise (intended|official|none), "
+        None, "--set", help="Override a fine-tuning setting, finetune.key=value as train's section.key=value (the section may be left out): lr, layerwise (intended|official|none), "
         "layerwise_decay, weight_decay, warmup_fraction, clip_norm, batch_size, batching (random|length), max_length, "
         "epochs, dropout, eval_batch_size, precision, seed, test_predictions."
     ),

@@ -213,22 +213,33 @@ class Recipe:
         return d
 
     def with_overrides(self, assignments: list[str]) -> "Recipe":
-        """Apply `section.key=value` strings, each parsed to the field's type."""
+        """Apply `section.key=value` strings (`parse_assignment`), each parsed to the field's type."""
         raw = self.to_dict()
         for a in assignments:
-            if "=" not in a:
-                raise UserError(f"--set {a!r}: expected section.key=value")
-            key, value = a.split("=", 1)
-            if "." not in key:
-                raise UserError(f"--set {a!r}: expected section.key=value (sections: {', '.join(SECTIONS)})")
-            section, name = key.strip().split(".", 1)
-            if section not in SECTIONS:
-                raise UserError(f"--set {key}: unknown section {section!r} (sections: {', '.join(SECTIONS)})")
-            fields = {f.name: f for f in dataclasses.fields(SECTIONS[section])}
-            if name not in fields:
-                raise UserError(f"--set {key}: unknown key {name!r} in [{section}] (keys: {', '.join(fields)})")
-            raw[section][name] = _parse_scalar(value.strip(), _field_type(SECTIONS[section], name), f"--set {key}")
+            section, name, value = parse_assignment(a, SECTIONS)
+            raw[section][name] = value
         return recipe_from_dict(raw, where="--set")
+
+
+def parse_assignment(text: str, sections: dict[str, type], default_section: str | None = None) -> tuple[str, str, Any]:
+    """One `--set` for every command: `section.key=value` -> (section, key, value parsed to the field's type).
+    Training's sections are a recipe's ([model], [optim], ...); fine-tuning's one is [finetune] (`default_section`,
+    so a bare `key=value` means finetune.key)."""
+    if "=" not in text:
+        raise UserError(f"--set {text!r}: expected section.key=value")
+    key, value = (part.strip() for part in text.split("=", 1))
+    if "." in key:
+        section, name = key.split(".", 1)
+    elif default_section is not None:
+        section, name = default_section, key
+    else:
+        raise UserError(f"--set {text!r}: expected section.key=value (sections: {', '.join(sections)})")
+    if section not in sections:
+        raise UserError(f"--set {key}: unknown section {section!r} (sections: {', '.join(sections)})")
+    fields = [f.name for f in dataclasses.fields(sections[section])]
+    if name not in fields:
+        raise UserError(f"--set {key}: unknown key {name!r} in [{section}] (keys: {', '.join(fields)})")
+    return section, name, _parse_scalar(value, _field_type(sections[section], name), f"--set {key}")
 
 
 def _field_type(cls: type, name: str) -> type:

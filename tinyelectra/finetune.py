@@ -37,7 +37,8 @@ def size_defaults(hidden_size: int) -> tuple[str, float, float]:
 
 @dataclass(frozen=True)
 class FinetuneConfig:
-    """Fine-tuning settings; 0 means "the protocol's value" where a comment says so. Set with `--set key=value`."""
+    """Fine-tuning settings; 0 means "the protocol's value" where a comment says so. Set with `--set finetune.key=value`
+    (or `--set key=value`)."""
 
     lr: float = 0.0  # peak learning rate; 0 = by model size (size_defaults)
     layerwise: str = "intended"  # intended (paper) | official (released code's off-by-one) | none
@@ -77,20 +78,14 @@ class FinetuneConfig:
 
     @classmethod
     def from_overrides(cls, assignments: list[str]) -> "FinetuneConfig":
-        """`key=value` strings (the `--set` of `tinyelectra glue`), each parsed to its field's type."""
-        import typing
+        """The `--set` of `tinyelectra glue`: training's grammar (config.parse_assignment) with one section,
+        `finetune.key=value`; the section may be left out (`key=value`)."""
+        from tinyelectra.config import parse_assignment
 
-        from tinyelectra.config import _parse_scalar
-
-        hints = typing.get_type_hints(cls)
         values: dict[str, Any] = {}
         for a in assignments:
-            if "=" not in a:
-                raise UserError(f"--set {a!r}: expected key=value (keys: {', '.join(hints)})")
-            key, value = (s.strip() for s in a.split("=", 1))
-            if key not in hints:
-                raise UserError(f"--set {key}: unknown fine-tuning key (keys: {', '.join(hints)})")
-            values[key] = _parse_scalar(value, hints[key], f"--set {key}")
+            _, name, value = parse_assignment(a, {"finetune": cls}, default_section="finetune")
+            values[name] = value
         return cls(**values)
 
     def peak_lr(self, hidden_size: int) -> float:
