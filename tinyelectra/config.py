@@ -286,7 +286,8 @@ def _coerce(value: Any, typ: type, where: str) -> Any:
     return value
 
 
-def _section_from_dict(cls: type, values: Any, where: str) -> Any:
+def section_values(cls: type, values: Any, where: str) -> dict[str, Any]:
+    """A TOML table's values for dataclass `cls`, each checked against its field's type; unknown keys are errors."""
     if not isinstance(values, dict):
         raise UserError(f"{where}: expected a table")
     hints = typing.get_type_hints(cls)
@@ -294,8 +295,11 @@ def _section_from_dict(cls: type, values: Any, where: str) -> Any:
     for key in values:
         if key not in known:
             raise UserError(f"{where}.{key}: unknown key (known: {', '.join(sorted(known))})")
-    kwargs = {k: _coerce(v, hints[k], f"{where}.{k}") for k, v in values.items()}
-    return cls(**kwargs)
+    return {k: _coerce(v, hints[k], f"{where}.{k}") for k, v in values.items()}
+
+
+def _section_from_dict(cls: type, values: Any, where: str) -> Any:
+    return cls(**section_values(cls, values, where))
 
 
 def recipe_from_dict(raw: dict[str, Any], where: str = "recipe") -> Recipe:
@@ -304,7 +308,7 @@ def recipe_from_dict(raw: dict[str, Any], where: str = "recipe") -> Recipe:
         # recipes and checkpoints written before data.casing existed said data.lowercase = true | false
         raw = {**raw, "data": {**{k: v for k, v in data.items() if k != "lowercase"},
                                "casing": "uncased" if data["lowercase"] else "cased"}}
-    known_top = {"name", "description", "deviations", *SECTIONS}
+    known_top = {"name", "description", "deviations", "finetune", *SECTIONS}  # [finetune]: `tinyelectra glue --config`
     for key in raw:
         if key not in known_top:
             raise UserError(f"{where}: unknown key {key!r} (known: {', '.join(sorted(known_top))})")
@@ -346,16 +350,22 @@ def recipe_path(name_or_path: str):
 def load_recipe(name_or_path: str, overrides: list[str] | None = None) -> Recipe:
     """Load a shipped recipe by name (or a .toml path), then apply `--set` overrides."""
     path = recipe_path(name_or_path)
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as e:
-        raise UserError(f"{path}: not valid TOML ({e})") from None
-    except UnicodeDecodeError:
-        raise UserError(f"{path}: not a text file (a recipe is TOML, UTF-8)") from None
-    except OSError as e:
-        raise UserError(f"{path}: cannot be read ({e.strerror or e})") from None
-    recipe = recipe_from_dict(raw, where=str(path))
+    recipe = recipe_from_dict(read_toml(path), where=str(path))
     return recipe.with_overrides(overrides or [])
+
+
+def read_toml(path: Path, label: str = "") -> dict[str, Any]:
+    """A TOML file (recipe, [finetune] settings, custom task) as a dict; unreadable or invalid: one UserError, its
+    message starting with `label` (e.g. "--task-file ") and the path."""
+    where = f"{label}{path}"
+    try:
+        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"{where}: not valid TOML ({e})") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{where}: not a text file (TOML is UTF-8)") from None
+    except OSError as e:
+        raise UserError(f"{where}: cannot be read ({e.strerror or e})") from None
 
 
 

@@ -13,6 +13,7 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -60,7 +61,7 @@ class FinetuneConfig:
     def __post_init__(self) -> None:
         def check(ok: bool, key: str, msg: str) -> None:
             if not ok:
-                raise UserError(f"--set {key}: {msg}")
+                raise UserError(f"finetune.{key}: {msg}")
 
         check(self.lr >= 0, "lr", "must be >= 0 (0 = by model size)")
         check(self.layerwise in ("intended", "official", "none"), "layerwise", "must be intended, official or none")
@@ -77,12 +78,18 @@ class FinetuneConfig:
         check(self.precision in ("auto", "fp32", "bf16", "fp16"), "precision", "must be auto, fp32, bf16 or fp16")
 
     @classmethod
-    def from_overrides(cls, assignments: list[str]) -> "FinetuneConfig":
-        """The `--set` of `tinyelectra glue`: training's grammar (config.parse_assignment) with one section,
-        `finetune.key=value`; the section may be left out (`key=value`)."""
-        from tinyelectra.config import parse_assignment
+    def from_overrides(cls, assignments: list[str], config: Path | None = None) -> "FinetuneConfig":
+        """The `[finetune]` table of a TOML file (`tinyelectra glue --config`: a file of its own, or a recipe TOML
+        that carries one), then the `--set` assignments on top: training's grammar (config.parse_assignment) with one
+        section, `finetune.key=value`; the section may be left out (`key=value`)."""
+        from tinyelectra.config import parse_assignment, read_toml, section_values
 
         values: dict[str, Any] = {}
+        if config is not None:
+            table = read_toml(config).get("finetune")
+            if table is None:
+                raise UserError(f"{config}: no [finetune] table")
+            values = section_values(cls, table, f"{config}: [finetune]")
         for a in assignments:
             _, name, value = parse_assignment(a, {"finetune": cls}, default_section="finetune")
             values[name] = value

@@ -570,7 +570,7 @@ def _task_line(name: str, task: str, entry: dict) -> str:
 
 def glue_command(checkpoint: Path, glue_dir: Path | None, use_hf: bool, tasks: str, seeds: int, out_dir: Path | None,
                  gpu: int | None, device: str | None, max_train_rows: int | None, overrides: list[str],
-                 command: str, task_files: list[Path] | None = None) -> list[Path]:
+                 command: str, task_files: list[Path] | None = None, config: Path | None = None) -> list[Path]:
     """`tinyelectra glue`: fine-tune every selected checkpoint on every selected task (GLUE's, and those of
     --task-file); returns the glue.json paths."""
     from tinyelectra.errors import Interrupted
@@ -580,7 +580,7 @@ def glue_command(checkpoint: Path, glue_dir: Path | None, use_hf: bool, tasks: s
     from tinyelectra.runtime import configure_matmul, device_name, pick_device, pick_precision
 
     console = make_console(stderr=False)
-    fc = FinetuneConfig.from_overrides(overrides)
+    fc = FinetuneConfig.from_overrides(overrides, config)
     if seeds < 1:
         raise UserError("--seeds must be at least 1")
     refs = find_checkpoints(checkpoint)
