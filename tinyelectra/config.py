@@ -61,10 +61,6 @@ class ModelConfig:
         g = self.generator()
         _check(g.hidden_size % g.num_heads == 0, f"{w}.generator_fraction", "gives a generator hidden size not divisible by its heads")
 
-    @property
-    def head_size(self) -> int:
-        return self.hidden_size // self.num_heads
-
     def generator(self) -> "ModelConfig":
         """The generator's shape, by the official code's rule (run_pretraining.get_generator_config): hidden =
         round(fraction x H), FFN = 4 x that hidden, heads = max(1, hidden // 64), same depth. Its embeddings are the

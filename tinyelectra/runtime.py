@@ -17,7 +17,6 @@ import contextlib
 import ctypes
 import ctypes.util
 import os
-import random
 import sys
 from pathlib import Path
 
@@ -321,20 +320,6 @@ def tune_cpu() -> str:
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     ok = mallopt(_M_MMAP_THRESHOLD, 1 << 30) == 1 and mallopt(_M_TRIM_THRESHOLD, -1) == 1  # -1: "never trim"
     return "CPU allocator: glibc mmap threshold 1 GiB, no trimming" if ok else "CPU allocator: mallopt refused; unchanged"
-
-
-def set_seed(seed: int) -> torch.Generator:
-    """Seed Python, NumPy and torch (all devices); returns a CPU torch.Generator seeded the same, for data order."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-    os.environ.setdefault("PYTHONHASHSEED", str(seed))  # only affects child processes (e.g. data workers)
-    return torch.Generator().manual_seed(seed)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# CPU fast path: fp32 linear layers through oneDNN.
-# ----------------------------------------------------------------------------------------------------------
 
 
 def _onednn_mm(a: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
