@@ -1,6 +1,6 @@
 """Where and how a run executes: device, precision (with the reason for the choice), autocast, torch.compile with a
-fallback, CPU allocator tuning, TF32, seeding, and the CPU kernels the model calls (oneDNN linear, numpy-drawn
-random numbers, dropout). Each choice returns a note string saying what was chosen, and each fast path falls back
+fallback, CPU allocator tuning, TF32, and the CPU kernels the model is built from (`Linear`: nn.Linear whose
+forward takes oneDNN for fp32 on the CPU; numpy-drawn random numbers for dropout). Each choice returns a note string saying what was chosen, and each fast path falls back
 to the plain one when it cannot be used.
 
 Not every fast path lives here: others sit beside the code they speed up: model.py (the CPU attention used with
@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from tinyelectra.errors import UserError
 
@@ -389,6 +390,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if _ONEDNN_LINEAR is None:
         _ONEDNN_LINEAR = _onednn_linear_works()
     return _OneDNNLinear.apply(x, weight, bias) if _ONEDNN_LINEAR else F.linear(x, weight, bias)
+
+
+class Linear(nn.Linear):
+    """nn.Linear (same parameters, same state dict) whose forward is `linear`: the model's layers are built from it,
+    so model.py reads `self.qkv(x)` while fp32 on the CPU takes oneDNN and everything else F.linear."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
 
 
 # ----------------------------------------------------------------------------------------------------------
