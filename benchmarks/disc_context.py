@@ -139,6 +139,31 @@ def train_arm(args) -> list[dict]:
     return evals
 
 
+def auc_gain_ratio(ours: float, theirs: float) -> float | None:
+    """(AUC - 0.5) of ours over theirs; None while either is within 0.01 of chance (a ratio of noise)."""
+    return round((ours - 0.5) / (theirs - 0.5), 3) if min(ours, theirs) > 0.51 else None
+
+
+def write_markdown(json_path: Path) -> Path:
+    """NAME.md beside NAME.json: the two implementations' held-out curves side by side."""
+    r = json.loads(Path(json_path).read_text())
+    te, hf_ = r["evals"]["tinyelectra"], r["evals"]["transformers"]
+    lines = [f"# Does the discriminator learn context? ({r['recipe']}, {r['steps']} steps of {r['batch_size']} rows)", "",
+             f"{r['what']}. Optimizer: {r['optimizer']}, peak lr {r['lr']}. Held-out: {r['evaluation']} "
+             f"({te[0]['tokens']:,} tokens, all-original prior {te[0]['prior']:.4f}). Machine: {r['machine']['cpu']}, "
+             f"commit {r['git_commit'][:7]}, `{r['command']}`.", "",
+             "| step | AUC tinyelectra | AUC transformers | acc − prior tinyelectra | acc − prior transformers |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {a['step']} | {a['auc']:.4f} | {b['auc']:.4f} | {a['acc_minus_prior']:+.4f} | {b['acc_minus_prior']:+.4f} |"
+              for a, b in zip(te, hf_)]
+    ratio = r["final_auc_gain_ratio_tinyelectra_over_transformers"]
+    lines += ["", f"At the end: AUC tinyelectra − transformers {r['final_auc_difference_tinyelectra_minus_transformers']:+.4f}; "
+              f"AUC gain over chance, tinyelectra / transformers: {'-' if ratio is None else f'{ratio:.3f}'}.", ""]
+    out = Path(json_path).with_suffix(".md")
+    out.write_text("\n".join(lines), encoding="utf-8")
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict | None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", required=True, help="a prepared data directory (tinyelectra prepare)")
@@ -176,10 +201,11 @@ def main(argv: list[str] | None = None) -> dict | None:
         "evaluation": f"up to {EVAL_BATCHES} x {args.batch_size} validation rows (the same on both sides), every real token",
         "recipe_overrides": args.set,
         "evals": evals,
-        "final_auc_gain_ratio_tinyelectra_over_transformers": round(
-            (last["tinyelectra"]["auc"] - 0.5) / max(last["transformers"]["auc"] - 0.5, 1e-9), 3),
+        "final_auc_difference_tinyelectra_minus_transformers": round(last["tinyelectra"]["auc"] - last["transformers"]["auc"], 4),
+        "final_auc_gain_ratio_tinyelectra_over_transformers": auc_gain_ratio(last["tinyelectra"]["auc"], last["transformers"]["auc"]),
     }
     path = write_result(args.name, payload, out_dir=args.out_dir, command=command_line("benchmarks/disc_context.py", argv))
+    write_markdown(path)
     print(f"{path}: final AUC tinyelectra {last['tinyelectra']['auc']}, transformers {last['transformers']['auc']}")
     return payload
 

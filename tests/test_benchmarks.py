@@ -516,6 +516,9 @@ def test_disc_context_trains_both_implementations_on_the_same_rows(quality_data,
     for a, b in zip(te, hf):
         assert a["tokens"] == b["tokens"] > 0 and a["prior"] == b["prior"] and 0.5 < a["prior"] < 1
         assert 0.0 <= a["auc"] <= 1.0 and 0.0 <= b["auc"] <= 1.0
-    gain = (te[-1]["auc"] - 0.5) / max(hf[-1]["auc"] - 0.5, 1e-9)
-    assert r["final_auc_gain_ratio_tinyelectra_over_transformers"] == pytest.approx(gain, abs=1e-3)
+    assert r["final_auc_difference_tinyelectra_minus_transformers"] == pytest.approx(te[-1]["auc"] - hf[-1]["auc"], abs=1e-4)
+    assert disc_context.auc_gain_ratio(0.6, 0.7) == pytest.approx(0.5) and disc_context.auc_gain_ratio(0.6, 0.505) is None
     assert r["machine"]["cpu"] and r["command"].startswith("python benchmarks/disc_context.py")
+    table = [line for line in (tmp_path / "dc.md").read_text().splitlines() if line.startswith("| 2 |")]
+    assert table == [f"| 2 | {te[2]['auc']:.4f} | {hf[2]['auc']:.4f} | {te[2]['acc_minus_prior']:+.4f} | "
+                     f"{hf[2]['acc_minus_prior']:+.4f} |"]
