@@ -150,7 +150,7 @@ def write_markdown(json_path: Path) -> Path:
     te, hf_ = r["evals"]["tinyelectra"], r["evals"]["transformers"]
     lines = [f"# Does the discriminator learn context? ({r['recipe']}, {r['steps']} steps of {r['batch_size']} rows)", "",
              f"{r['what']}. Optimizer: {r['optimizer']}, peak lr {r['lr']}. Held-out: {r['evaluation']} "
-             f"({te[0]['tokens']:,} tokens, all-original prior {te[0]['prior']:.4f}). Machine: {r['machine']['cpu']}, "
+             f"({te[0].get('tokens', '?')} tokens, all-original prior {te[0]['prior']:.4f}). Machine: {r['machine']['cpu']}, "
              f"commit {r['git_commit'][:7]}, `{r['command']}`.", "",
              "| step | AUC tinyelectra | AUC transformers | acc − prior tinyelectra | acc − prior transformers |",
              "|---|---|---|---|---|"]
