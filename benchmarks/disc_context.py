@@ -80,7 +80,7 @@ def build(arm: str, cfg):
 def train_arm(args) -> list[dict]:
     """One implementation's run; returns its evaluations."""
     torch.set_num_threads(args.threads)
-    recipe = load_recipe(args.recipe)
+    recipe = load_recipe(args.recipe, args.set)
     data = PretrainData(args.data)
     tok = data.tokenizer
     special = SpecialIds.from_tokenizer(tok)
@@ -94,7 +94,10 @@ def train_arm(args) -> list[dict]:
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01)
     B = args.batch_size
-    val = [data.batch("validation", np.arange(i * B, (i + 1) * B)) for i in range(EVAL_BATCHES)]
+    eval_batches = min(EVAL_BATCHES, data.num_rows("validation") // B)
+    if eval_batches == 0:
+        raise UserError(f"{args.data}: fewer held-out rows than one batch of {B}")
+    val = [data.batch("validation", np.arange(i * B, (i + 1) * B)) for i in range(eval_batches)]
     g_val = torch.Generator().manual_seed(args.seed + 2)
     val_fake = [corrupt(b, recipe.objective, special, freqs, g_val) for b in val]
     g_train = torch.Generator().manual_seed(args.seed + 1)
@@ -114,7 +117,7 @@ def train_arm(args) -> list[dict]:
         prior = float(1.0 - y.mean())
         acc = float(((s > 0).float() == y).float().mean())
         return {"step": step, "auc": round(roc_auc(s.tolist(), y.tolist()), 4), "acc_minus_prior": round(acc - prior, 4),
-                "prior": round(prior, 4), "seconds": round(seconds, 1)}
+                "prior": round(prior, 4), "tokens": len(y), "seconds": round(seconds, 1)}
 
     evals, t0 = [], time.perf_counter()
     for step in range(args.steps + 1):
@@ -136,10 +139,36 @@ def train_arm(args) -> list[dict]:
     return evals
 
 
+def auc_gain_ratio(ours: float, theirs: float) -> float | None:
+    """(AUC - 0.5) of ours over theirs; None while either is within 0.01 of chance (a ratio of noise)."""
+    return round((ours - 0.5) / (theirs - 0.5), 3) if min(ours, theirs) > 0.51 else None
+
+
+def write_markdown(json_path: Path) -> Path:
+    """NAME.md beside NAME.json: the two implementations' held-out curves side by side."""
+    r = json.loads(Path(json_path).read_text())
+    te, hf_ = r["evals"]["tinyelectra"], r["evals"]["transformers"]
+    lines = [f"# Does the discriminator learn context? ({r['recipe']}, {r['steps']} steps of {r['batch_size']} rows)", "",
+             f"{r['what']}. Optimizer: {r['optimizer']}, peak lr {r['lr']}. Held-out: {r['evaluation']} "
+             f"({te[0].get('tokens', '?')} tokens, all-original prior {te[0]['prior']:.4f}). Machine: {r['machine']['cpu']}, "
+             f"commit {r['git_commit'][:7]}, `{r['command']}`.", "",
+             "| step | AUC tinyelectra | AUC transformers | acc − prior tinyelectra | acc − prior transformers |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {a['step']} | {a['auc']:.4f} | {b['auc']:.4f} | {a['acc_minus_prior']:+.4f} | {b['acc_minus_prior']:+.4f} |"
+              for a, b in zip(te, hf_)]
+    ratio = auc_gain_ratio(te[-1]["auc"], hf_[-1]["auc"])  # from the curves: result files of every version have them
+    lines += ["", f"At the end: AUC tinyelectra − transformers {te[-1]['auc'] - hf_[-1]['auc']:+.4f}; "
+              f"AUC gain over chance, tinyelectra / transformers: {'-' if ratio is None else f'{ratio:.3f}'}.", ""]
+    out = Path(json_path).with_suffix(".md")
+    out.write_text("\n".join(lines), encoding="utf-8")
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict | None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", required=True, help="a prepared data directory (tinyelectra prepare)")
     ap.add_argument("--recipe", default="mini", help="whose model shape (default mini)")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a recipe field")
     ap.add_argument("--steps", type=int, default=800)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--lr", type=float, default=5e-4)
@@ -147,6 +176,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1, help="torch threads per implementation (each runs in its own process)")
     ap.add_argument("--name", default="disc_context_cpu")
+    ap.add_argument("--out-dir", type=Path, default=None, help="where NAME.json goes (default benchmarks/results)")
     ap.add_argument("--arm-only", choices=ARMS, help=argparse.SUPPRESS)  # internal: one implementation, JSON on stdout
     args = ap.parse_args(argv)
     if args.arm_only:
@@ -168,12 +198,14 @@ def main(argv: list[str] | None = None) -> dict | None:
         "recipe": args.recipe, "data": args.data, "steps": args.steps, "batch_size": args.batch_size, "lr": args.lr,
         "torch_threads_per_implementation": args.threads, "seed": args.seed,
         "optimizer": f"torch AdamW (bias-corrected), weight decay 0.01, {WARMUP_STEPS}-step warm-up then constant, clip 1.0",
-        "evaluation": f"{EVAL_BATCHES} x {args.batch_size} validation rows, every real token",
+        "evaluation": f"up to {EVAL_BATCHES} x {args.batch_size} validation rows (the same on both sides), every real token",
+        "recipe_overrides": args.set,
         "evals": evals,
-        "final_auc_gain_ratio_tinyelectra_over_transformers": round(
-            (last["tinyelectra"]["auc"] - 0.5) / max(last["transformers"]["auc"] - 0.5, 1e-9), 3),
+        "final_auc_difference_tinyelectra_minus_transformers": round(last["tinyelectra"]["auc"] - last["transformers"]["auc"], 4),
+        "final_auc_gain_ratio_tinyelectra_over_transformers": auc_gain_ratio(last["tinyelectra"]["auc"], last["transformers"]["auc"]),
     }
-    path = write_result(args.name, payload, command=command_line("benchmarks/disc_context.py", argv))
+    path = write_result(args.name, payload, out_dir=args.out_dir, command=command_line("benchmarks/disc_context.py", argv))
+    write_markdown(path)
     print(f"{path}: final AUC tinyelectra {last['tinyelectra']['auc']}, transformers {last['transformers']['auc']}")
     return payload
 

@@ -499,3 +499,26 @@ def test_checkpoint_eval_scores_what_the_trainer_scored(quality_data, tmp_path, 
         assert 0.0 <= r["disc_auc_context"] <= 1.0
     md = checkpoint_eval.markdown("t", rows)
     assert md.count("\n| ckpt-") == 5 and "context AUC" in md
+
+
+def test_disc_context_trains_both_implementations_on_the_same_rows(quality_data, tmp_path):
+    """benchmarks/disc_context.py on a toy corpus: tinyelectra's discriminator and transformers' ElectraForPreTraining
+    each train in their own process and are scored on the same corrupted held-out rows (same token count, same
+    all-original prior at every evaluation); the result names both and the ratio of their AUC gains, by hand."""
+    import disc_context
+
+    disc_context.main(["--data", str(quality_data), "--recipe", "tiny", "--set", "model.num_layers=1",
+                       "--set", "model.vocab_size=256", "--steps", "2", "--eval-every", "1", "--batch-size", "4",
+                       "--name", "dc", "--out-dir", str(tmp_path)])
+    r = json.loads((tmp_path / "dc.json").read_text())
+    te, hf = r["evals"]["tinyelectra"], r["evals"]["transformers"]
+    assert [e["step"] for e in te] == [e["step"] for e in hf] == [0, 1, 2]
+    for a, b in zip(te, hf):
+        assert a["tokens"] == b["tokens"] > 0 and a["prior"] == b["prior"] and 0.5 < a["prior"] < 1
+        assert 0.0 <= a["auc"] <= 1.0 and 0.0 <= b["auc"] <= 1.0
+    assert r["final_auc_difference_tinyelectra_minus_transformers"] == pytest.approx(te[-1]["auc"] - hf[-1]["auc"], abs=1e-4)
+    assert disc_context.auc_gain_ratio(0.6, 0.7) == pytest.approx(0.5) and disc_context.auc_gain_ratio(0.6, 0.505) is None
+    assert r["machine"]["cpu"] and r["command"].startswith("python benchmarks/disc_context.py")
+    table = [line for line in (tmp_path / "dc.md").read_text().splitlines() if line.startswith("| 2 |")]
+    assert table == [f"| 2 | {te[2]['auc']:.4f} | {hf[2]['auc']:.4f} | {te[2]['acc_minus_prior']:+.4f} | "
+                     f"{hf[2]['acc_minus_prior']:+.4f} |"]

@@ -16,6 +16,7 @@ import importlib.util
 import json
 import os
 import random
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -320,6 +321,52 @@ def test_lr_and_decay_by_model_size():
     assert FinetuneConfig().task_epochs("cola") == 3 and FinetuneConfig(epochs=0.5).task_epochs("rte") == 0.5
 
 
+def test_fine_tuning_set_is_trainings_grammar():
+    """One --set grammar (issue 13): `finetune.key=value` as train's `section.key=value`, the section optional; the
+    same errors for a wrong section, key or value as the recipe's --set."""
+    from tinyelectra.config import load_recipe
+    from tinyelectra.errors import UserError
+    from tinyelectra.finetune import FinetuneConfig
+
+    assert FinetuneConfig.from_overrides(["finetune.lr=2e-4", "batch_size=16", "finetune.batching = length"]) == \
+        FinetuneConfig(lr=2e-4, batch_size=16, batching="length")
+    for bad, says in [("optim.lr=1e-4", "unknown section 'optim' (sections: finetune)"),
+                      ("finetune.learning_rate=1", "unknown key 'learning_rate' in [finetune]"),
+                      ("finetune.batch_size=many", "'many' is not a valid int"), ("lr", "expected section.key=value")]:
+        with pytest.raises(UserError, match=re.escape(says)):
+            FinetuneConfig.from_overrides([bad])
+    with pytest.raises(UserError, match=re.escape("unknown key 'learning_rate' in [optim]")):
+        load_recipe("tiny", ["optim.learning_rate=1"])
+
+
+def test_fine_tuning_settings_from_a_finetune_table(tmp_path):
+    """`tinyelectra glue --config F.toml`: the [finetune] table of a file of its own or of a recipe TOML (which still
+    loads as a recipe), --set on top; wrong keys, types and values are the same one-line errors."""
+    from tinyelectra.config import load_recipe, recipe_toml
+    from tinyelectra.errors import UserError
+    from tinyelectra.finetune import FinetuneConfig
+
+    own = tmp_path / "ft.toml"
+    own.write_text('[finetune]\nlr = 2e-4\nbatching = "length"\nepochs = 2\n')
+    assert FinetuneConfig.from_overrides([], own) == FinetuneConfig(lr=2e-4, batching="length", epochs=2.0)
+    assert FinetuneConfig.from_overrides(["finetune.lr=1e-4"], own) == FinetuneConfig(lr=1e-4, batching="length", epochs=2.0)
+    recipe = tmp_path / "with-finetune.toml"
+    recipe.write_text(recipe_toml(load_recipe("tiny")) + '\n[finetune]\nlayerwise = "official"\n')
+    assert load_recipe(str(recipe)).model == load_recipe("tiny").model
+    assert FinetuneConfig.from_overrides([], recipe).layerwise == "official"
+    for text, says in [("[finetune]\nlearning_rate = 1\n", "[finetune].learning_rate: unknown key"),
+                       ("[finetune]\nbatch_size = \"many\"\n", "[finetune].batch_size: expected int"),
+                       ("[finetune]\nlayerwise = \"sideways\"\n", "finetune.layerwise: must be intended, official or none"),
+                       ("[model]\nhidden_size = 1\n", "no [finetune] table"), ("lr = ", "not valid TOML")]:
+        own.write_text(text)
+        with pytest.raises(UserError, match=re.escape(says)):
+            FinetuneConfig.from_overrides([], own)
+    with pytest.raises(UserError, match="cannot be read"):
+        FinetuneConfig.from_overrides([], tmp_path / "missing.toml")
+    with pytest.raises(UserError, match=re.escape("'many' is not a valid int")):
+        load_recipe("tiny", ["train.batch_size=many"])
+
+
 @pytest.mark.parametrize("form, expected", [
     # 2 layers, decay 0.8. Intended: head depth 3 -> top layer 0.8, layer 0 0.64, embeddings 0.512.
     ("intended", {"head": 1.0, "layer.1": 0.8, "layer.0": 0.64, "embeddings": 0.512}),
@@ -610,3 +657,6 @@ def test_glue_data_source_is_required_and_set_keys_are_checked(ckpt, tmp_path, c
     err = _cli_error(["glue", "--checkpoint", str(ckpt), "--glue-dir", str(tmp_path), "--device", "cpu",
                       "--set", "layerwise=sideways"], capsys)
     assert "intended, official or none" in err
+    err = _cli_error(["glue", "--checkpoint", str(ckpt), "--glue-dir", str(tmp_path), "--device", "cpu",
+                      "--config", str(tmp_path / "nope.toml")], capsys)
+    assert "nope.toml: cannot be read" in err

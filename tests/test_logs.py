@@ -18,7 +18,7 @@ RECORD = {"gen_loss": 6.123, "disc_loss": 0.4567, "gen_acc": 0.123, "disc_acc": 
 
 def rendered(progress: Progress, width: int) -> list[str]:
     console = Console(width=width, file=io.StringIO(), force_terminal=True, color_system=None, record=True)
-    console.print(progress.renderable())
+    console.print(progress.bar.get_renderable())
     return console.export_text().splitlines()
 
 

@@ -26,10 +26,7 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING, Any
 
 from tinyelectra.budget import Plan
 from tinyelectra.budget import checkpoint_name  # noqa: F401  (the names live with the plan that schedules them)
@@ -41,6 +38,10 @@ from tinyelectra.files import replace_dir, verify_sha256, write_sha256
 FORMAT = "tinyelectra-checkpoint"
 FORMAT_VERSION = 1
 CKPT_NAME = re.compile(r"^ckpt-(\d{4,5})$")  # ckpt-0625 ... ckpt-10000
+
+if TYPE_CHECKING:  # torch is imported where tensors are read or written: glue and report read meta.json without it
+    import torch
+    from torch import Tensor
 
 
 def due_checkpoints(plan: Plan, step: int, done: set[str]) -> list[str]:
@@ -95,6 +96,8 @@ def _save_tensors(tensors: dict[str, Tensor], path: Path, metadata: dict[str, st
 def _save_torch(obj, path: Path) -> None:
     """torch.save through memory, for the same reason as `_save_tensors`."""
     import io
+
+    import torch
 
     buffer = io.BytesIO()
     torch.save(obj, buffer)
@@ -188,13 +191,18 @@ def read_tensors(path: Path) -> dict[str, Tensor]:
         raise UserError(f"{path}: not a readable safetensors file ({str(e).splitlines()[0][:200]})") from None
 
 
-def check_vocab(tensors: dict[str, Tensor], key: str, vocab_size: int, where: Path) -> None:
-    """The word-embedding rows in the weights must equal the vocabulary size in the config."""
-    if key not in tensors:
-        raise UserError(f"{where}: no {key} tensor: not an ELECTRA checkpoint file")
-    rows = tensors[key].shape[0]
+def check_vocab_rows(rows: int, vocab_size: int, where: Path) -> None:
+    """The word-embedding rows in the weights must equal the vocabulary size in the config (the one check, for our
+    checkpoints and transformers' directories alike; the tokenizer's side is `check_tokenizer`)."""
     if rows != vocab_size:
         raise UserError(f"{where}: vocabulary size mismatch: weights have {rows} word embeddings, config says vocab_size {vocab_size}")
+
+
+def check_vocab(tensors: dict[str, Tensor], key: str, vocab_size: int, where: Path) -> None:
+    """`check_vocab_rows` for the `key` tensor of a checkpoint file, which must be there."""
+    if key not in tensors:
+        raise UserError(f"{where}: no {key} tensor: not an ELECTRA checkpoint file")
+    check_vocab_rows(tensors[key].shape[0], vocab_size, where)
 
 
 def check_tokenizer(tokenizer_dir: Path, vocab_size: int) -> None:
@@ -208,6 +216,29 @@ def check_tokenizer(tokenizer_dir: Path, vocab_size: int) -> None:
         )
 
 
+def train_seconds_of(meta: dict) -> float | None:
+    """The training seconds a checkpoint's meta (or its metrics.jsonl event) records: `train_seconds`, called
+    `wall_seconds` by checkpoints written before issue 13's rename (it was always training time, not wall time)."""
+    return meta.get("train_seconds", meta.get("wall_seconds"))
+
+
+def read_meta(directory: Path) -> dict[str, Any]:
+    """A checkpoint's meta.json, with the training seconds under `train_seconds` whichever name it was written with.
+    Missing or unreadable: one UserError."""
+    path = Path(directory) / "meta.json"
+    if not path.is_file():
+        raise UserError(f"{directory}: checkpoint is missing meta.json")
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError, OSError) as e:
+        raise UserError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(meta, dict):
+        raise UserError(f"{path}: not a JSON object")
+    if "train_seconds" not in meta and "wall_seconds" in meta:
+        meta["train_seconds"] = meta.pop("wall_seconds")
+    return meta
+
+
 def load_checkpoint(directory: Path, check_tokenizer_files: bool = True):
     """Read a checkpoint back: (Electra in eval mode on the CPU, Recipe, meta dict). Every problem is one UserError."""
     from tinyelectra.model import Electra
@@ -215,13 +246,7 @@ def load_checkpoint(directory: Path, check_tokenizer_files: bool = True):
     d = Path(directory)
     recipe, objective = read_checkpoint_config(d)
     verify_sha256(d, "the checkpoint")
-    meta_path = d / "meta.json"
-    if not meta_path.is_file():
-        raise UserError(f"{d}: checkpoint is missing meta.json")
-    try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise UserError(f"{meta_path}: not valid JSON ({e})") from None
+    meta = read_meta(d)
     vocab = recipe.model.vocab_size
     disc = None
     if objective == "electra":
@@ -250,6 +275,8 @@ RESUME_FORMAT = 1
 def save_resume_state(run_dir: Path, model, optimizer, scaler, loader, **info) -> Path:
     """Write state/step-N/ completely (with its sha256.json), then point state/LATEST at it (atomic rename), then drop
     older states. An error or interrupt part-way leaves the previous state as it was. Returns the state's directory."""
+    import torch
+
     root = run_dir / "state"
     root.mkdir(exist_ok=True)
     name = f"step-{info['step']:09d}"
@@ -324,6 +351,7 @@ def load_resume_state(d: Path, model, optimizer, scaler, loader, device: torch.d
     """Load the resume state in `d` into the model, optimizer, scaler and data loader; returns trainer.json."""
     import pickle
 
+    import torch
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 

@@ -223,8 +223,11 @@ def glue(
     gpu: Optional[int] = typer.Option(None, "--gpu", help="CUDA device index."),
     device: Optional[str] = typer.Option(None, "--device", help="'cpu' (or a torch device string)."),
     max_train_rows: Optional[int] = typer.Option(None, "--max-train-rows", help="Use only the first N training rows per task (quick checks)."),
+    config: Optional[Path] = typer.Option(
+        None, "--config", help="A TOML file whose [finetune] table sets the keys below (a file of its own, or a recipe "
+        "TOML that carries one); --set applies on top."),
     set_: Optional[list[str]] = typer.Option(
-        None, "--set", help="Override a fine-tuning setting, key=value: lr, layerwise (intended|official|none), "
+        None, "--set", help="Override a fine-tuning setting, finetune.key=value as train's section.key=value (the section may be left out): lr, layerwise (intended|official|none), "
         "layerwise_decay, weight_decay, warmup_fraction, clip_norm, batch_size, batching (random|length), max_length, "
         "epochs, dropout, eval_batch_size, precision, seed, test_predictions."
     ),
@@ -240,7 +243,7 @@ def glue(
     glue_command(
         checkpoint=checkpoint, glue_dir=glue_dir, use_hf=hf, tasks=tasks, seeds=seeds, out_dir=out, gpu=gpu,
         device=device, max_train_rows=max_train_rows, overrides=list(set_ or []), command=_command_line(),
-        task_files=list(task_file or []),
+        task_files=list(task_file or []), config=config,
     )
 
 

@@ -61,10 +61,6 @@ class ModelConfig:
         g = self.generator()
         _check(g.hidden_size % g.num_heads == 0, f"{w}.generator_fraction", "gives a generator hidden size not divisible by its heads")
 
-    @property
-    def head_size(self) -> int:
-        return self.hidden_size // self.num_heads
-
     def generator(self) -> "ModelConfig":
         """The generator's shape, by the official code's rule (run_pretraining.get_generator_config): hidden =
         round(fraction x H), FFN = 4 x that hidden, heads = max(1, hidden // 64), same depth. Its embeddings are the
@@ -213,22 +209,33 @@ class Recipe:
         return d
 
     def with_overrides(self, assignments: list[str]) -> "Recipe":
-        """Apply `section.key=value` strings, each parsed to the field's type."""
+        """Apply `section.key=value` strings (`parse_assignment`), each parsed to the field's type."""
         raw = self.to_dict()
         for a in assignments:
-            if "=" not in a:
-                raise UserError(f"--set {a!r}: expected section.key=value")
-            key, value = a.split("=", 1)
-            if "." not in key:
-                raise UserError(f"--set {a!r}: expected section.key=value (sections: {', '.join(SECTIONS)})")
-            section, name = key.strip().split(".", 1)
-            if section not in SECTIONS:
-                raise UserError(f"--set {key}: unknown section {section!r} (sections: {', '.join(SECTIONS)})")
-            fields = {f.name: f for f in dataclasses.fields(SECTIONS[section])}
-            if name not in fields:
-                raise UserError(f"--set {key}: unknown key {name!r} in [{section}] (keys: {', '.join(fields)})")
-            raw[section][name] = _parse_scalar(value.strip(), _field_type(SECTIONS[section], name), f"--set {key}")
+            section, name, value = parse_assignment(a, SECTIONS)
+            raw[section][name] = value
         return recipe_from_dict(raw, where="--set")
+
+
+def parse_assignment(text: str, sections: dict[str, type], default_section: str | None = None) -> tuple[str, str, Any]:
+    """One `--set` for every command: `section.key=value` -> (section, key, value parsed to the field's type).
+    Training's sections are a recipe's ([model], [optim], ...); fine-tuning's one is [finetune] (`default_section`,
+    so a bare `key=value` means finetune.key)."""
+    if "=" not in text:
+        raise UserError(f"--set {text!r}: expected section.key=value")
+    key, value = (part.strip() for part in text.split("=", 1))
+    if "." in key:
+        section, name = key.split(".", 1)
+    elif default_section is not None:
+        section, name = default_section, key
+    else:
+        raise UserError(f"--set {text!r}: expected section.key=value (sections: {', '.join(sections)})")
+    if section not in sections:
+        raise UserError(f"--set {key}: unknown section {section!r} (sections: {', '.join(sections)})")
+    fields = [f.name for f in dataclasses.fields(sections[section])]
+    if name not in fields:
+        raise UserError(f"--set {key}: unknown key {name!r} in [{section}] (keys: {', '.join(fields)})")
+    return section, name, _parse_scalar(value, _field_type(sections[section], name), f"--set {key}")
 
 
 def _field_type(cls: type, name: str) -> type:
@@ -275,7 +282,8 @@ def _coerce(value: Any, typ: type, where: str) -> Any:
     return value
 
 
-def _section_from_dict(cls: type, values: Any, where: str) -> Any:
+def section_values(cls: type, values: Any, where: str) -> dict[str, Any]:
+    """A TOML table's values for dataclass `cls`, each checked against its field's type; unknown keys are errors."""
     if not isinstance(values, dict):
         raise UserError(f"{where}: expected a table")
     hints = typing.get_type_hints(cls)
@@ -283,8 +291,11 @@ def _section_from_dict(cls: type, values: Any, where: str) -> Any:
     for key in values:
         if key not in known:
             raise UserError(f"{where}.{key}: unknown key (known: {', '.join(sorted(known))})")
-    kwargs = {k: _coerce(v, hints[k], f"{where}.{k}") for k, v in values.items()}
-    return cls(**kwargs)
+    return {k: _coerce(v, hints[k], f"{where}.{k}") for k, v in values.items()}
+
+
+def _section_from_dict(cls: type, values: Any, where: str) -> Any:
+    return cls(**section_values(cls, values, where))
 
 
 def recipe_from_dict(raw: dict[str, Any], where: str = "recipe") -> Recipe:
@@ -293,7 +304,7 @@ def recipe_from_dict(raw: dict[str, Any], where: str = "recipe") -> Recipe:
         # recipes and checkpoints written before data.casing existed said data.lowercase = true | false
         raw = {**raw, "data": {**{k: v for k, v in data.items() if k != "lowercase"},
                                "casing": "uncased" if data["lowercase"] else "cased"}}
-    known_top = {"name", "description", "deviations", *SECTIONS}
+    known_top = {"name", "description", "deviations", "finetune", *SECTIONS}  # [finetune]: `tinyelectra glue --config`
     for key in raw:
         if key not in known_top:
             raise UserError(f"{where}: unknown key {key!r} (known: {', '.join(sorted(known_top))})")
@@ -335,16 +346,22 @@ def recipe_path(name_or_path: str):
 def load_recipe(name_or_path: str, overrides: list[str] | None = None) -> Recipe:
     """Load a shipped recipe by name (or a .toml path), then apply `--set` overrides."""
     path = recipe_path(name_or_path)
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as e:
-        raise UserError(f"{path}: not valid TOML ({e})") from None
-    except UnicodeDecodeError:
-        raise UserError(f"{path}: not a text file (a recipe is TOML, UTF-8)") from None
-    except OSError as e:
-        raise UserError(f"{path}: cannot be read ({e.strerror or e})") from None
-    recipe = recipe_from_dict(raw, where=str(path))
+    recipe = recipe_from_dict(read_toml(path), where=str(path))
     return recipe.with_overrides(overrides or [])
+
+
+def read_toml(path: Path, label: str = "") -> dict[str, Any]:
+    """A TOML file (recipe, [finetune] settings, custom task) as a dict; unreadable or invalid: one UserError, its
+    message starting with `label` (e.g. "--task-file ") and the path."""
+    where = f"{label}{path}"
+    try:
+        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"{where}: not valid TOML ({e})") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{where}: not a text file (TOML is UTF-8)") from None
+    except OSError as e:
+        raise UserError(f"{where}: cannot be read ({e.strerror or e})") from None
 
 
 

@@ -40,11 +40,6 @@ def unigram_distribution(data, special: SpecialIds, rows: int = UNIGRAM_SAMPLE_R
     return torch.from_numpy(counts / counts.sum()).float()
 
 
-def most_frequent_token(data, special: SpecialIds, rows: int = UNIGRAM_SAMPLE_ROWS) -> int:
-    """The most frequent word in the first `rows` training rows ([CLS], [SEP], [MASK] and padding excluded)."""
-    return int(unigram_distribution(data, special, rows).argmax())
-
-
 @torch.no_grad()
 def evaluate(model, data, recipe: Recipe, special: SpecialIds, device: torch.device, autocast, micro: int,
              unigram: torch.Tensor | None = None) -> dict:

@@ -96,7 +96,8 @@ def replace_dir(tmp: Path, final: Path) -> None:
 
 
 def write_json(path: str | Path, obj) -> Path:
-    return write_atomic(path, json.dumps(obj, indent=2) + "\n")
+    """`obj` as indented JSON, atomically; text outside ASCII (a Korean path, a Japanese task name) stays readable."""
+    return write_atomic(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
 
 
 def sha256_of(path: Path) -> str:

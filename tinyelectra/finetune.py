@@ -13,6 +13,7 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -37,7 +38,8 @@ def size_defaults(hidden_size: int) -> tuple[str, float, float]:
 
 @dataclass(frozen=True)
 class FinetuneConfig:
-    """Fine-tuning settings; 0 means "the protocol's value" where a comment says so. Set with `--set key=value`."""
+    """Fine-tuning settings; 0 means "the protocol's value" where a comment says so. Set with `--set finetune.key=value`
+    (or `--set key=value`)."""
 
     lr: float = 0.0  # peak learning rate; 0 = by model size (size_defaults)
     layerwise: str = "intended"  # intended (paper) | official (released code's off-by-one) | none
@@ -59,7 +61,7 @@ class FinetuneConfig:
     def __post_init__(self) -> None:
         def check(ok: bool, key: str, msg: str) -> None:
             if not ok:
-                raise UserError(f"--set {key}: {msg}")
+                raise UserError(f"finetune.{key}: {msg}")
 
         check(self.lr >= 0, "lr", "must be >= 0 (0 = by model size)")
         check(self.layerwise in ("intended", "official", "none"), "layerwise", "must be intended, official or none")
@@ -76,21 +78,21 @@ class FinetuneConfig:
         check(self.precision in ("auto", "fp32", "bf16", "fp16"), "precision", "must be auto, fp32, bf16 or fp16")
 
     @classmethod
-    def from_overrides(cls, assignments: list[str]) -> "FinetuneConfig":
-        """`key=value` strings (the `--set` of `tinyelectra glue`), each parsed to its field's type."""
-        import typing
+    def from_overrides(cls, assignments: list[str], config: Path | None = None) -> "FinetuneConfig":
+        """The `[finetune]` table of a TOML file (`tinyelectra glue --config`: a file of its own, or a recipe TOML
+        that carries one), then the `--set` assignments on top: training's grammar (config.parse_assignment) with one
+        section, `finetune.key=value`; the section may be left out (`key=value`)."""
+        from tinyelectra.config import parse_assignment, read_toml, section_values
 
-        from tinyelectra.config import _parse_scalar
-
-        hints = typing.get_type_hints(cls)
         values: dict[str, Any] = {}
+        if config is not None:
+            table = read_toml(config).get("finetune")
+            if table is None:
+                raise UserError(f"{config}: no [finetune] table")
+            values = section_values(cls, table, f"{config}: [finetune]")
         for a in assignments:
-            if "=" not in a:
-                raise UserError(f"--set {a!r}: expected key=value (keys: {', '.join(hints)})")
-            key, value = (s.strip() for s in a.split("=", 1))
-            if key not in hints:
-                raise UserError(f"--set {key}: unknown fine-tuning key (keys: {', '.join(hints)})")
-            values[key] = _parse_scalar(value, hints[key], f"--set {key}")
+            _, name, value = parse_assignment(a, {"finetune": cls}, default_section="finetune")
+            values[name] = value
         return cls(**values)
 
     def peak_lr(self, hidden_size: int) -> float:

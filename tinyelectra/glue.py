@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from tinyelectra.checkpoint import read_meta
 from tinyelectra.errors import UserError
 from tinyelectra.files import write_json
 from tinyelectra.finetune import (
@@ -123,13 +124,7 @@ def checkpoint_meta(ref: CheckpointRef) -> dict[str, Any]:
     """The pre-training facts of a tinyelectra checkpoint (meta.json), or {} for a transformers directory."""
     if ref.kind != "tinyelectra":
         return {}
-    path = ref.path / "meta.json"
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise UserError(f"{path}: cannot read the checkpoint's meta.json ({e})") from None
-    if "wall_seconds" in meta and "train_seconds" not in meta:  # written before the key's rename: training time
-        meta["train_seconds"] = meta["wall_seconds"]
+    meta = read_meta(ref.path)
     keep = ("name", "step", "fraction", "tokens_seen", "train_flops_paper", "train_flops_hardware", "train_seconds",
             "precision", "device", "budget", "recipe", "eval")
     return {k: meta[k] for k in keep if k in meta}
@@ -340,8 +335,6 @@ def run_checkpoint(ref: CheckpointRef, data: dict[str, TaskData], fc: FinetuneCo
                         "fine-tuning needs the pre-training tokenizer")
     tokenizer = Tokenizer.load(backbone.tokenizer_dir)
     cfg = backbone.config
-    if tokenizer.vocab_size != cfg.vocab_size:  # hf.load_backbone checks too; this guards the pairing used here
-        raise UserError(f"{ref.path}: tokenizer has {tokenizer.vocab_size} tokens but the model {cfg.vocab_size} word embeddings")
     if fc.max_length > cfg.max_positions:
         raise UserError(f"--set max_length={fc.max_length} exceeds the model's {cfg.max_positions} positions")
     tasks = list(data)
@@ -575,21 +568,9 @@ def _task_line(name: str, task: str, entry: dict) -> str:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _precision(requested: str, device, pick_precision) -> tuple[str, str]:
-    """runtime.pick_precision, plus bf16 autocast on a CPU when asked for and supported: fine-tuning steps of
-    ELECTRA-Small measured about 1.8x faster than fp32 on an AVX512-BF16 CPU (benchmarks/glue_cpu.py's step tables)."""
-    import torch
-
-    if requested == "bf16" and device.type == "cpu":
-        if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-            raise UserError("--set precision=bf16: this CPU has no fast bf16 (AVX512-BF16 or AMX); use fp32")
-        return "bf16", "bf16 autocast on the CPU, as asked (not the paper's fp32; weights and optimizer stay fp32)"
-    return pick_precision(requested, device)
-
-
 def glue_command(checkpoint: Path, glue_dir: Path | None, use_hf: bool, tasks: str, seeds: int, out_dir: Path | None,
                  gpu: int | None, device: str | None, max_train_rows: int | None, overrides: list[str],
-                 command: str, task_files: list[Path] | None = None) -> list[Path]:
+                 command: str, task_files: list[Path] | None = None, config: Path | None = None) -> list[Path]:
     """`tinyelectra glue`: fine-tune every selected checkpoint on every selected task (GLUE's, and those of
     --task-file); returns the glue.json paths."""
     from tinyelectra.errors import Interrupted
@@ -599,14 +580,14 @@ def glue_command(checkpoint: Path, glue_dir: Path | None, use_hf: bool, tasks: s
     from tinyelectra.runtime import configure_matmul, device_name, pick_device, pick_precision
 
     console = make_console(stderr=False)
-    fc = FinetuneConfig.from_overrides(overrides)
+    fc = FinetuneConfig.from_overrides(overrides, config)
     if seeds < 1:
         raise UserError("--seeds must be at least 1")
     refs = find_checkpoints(checkpoint)
     custom = [load_task_file(f).name for f in task_files or []]
     task_names, skipped = choose_tasks(tasks, glue_dir, use_hf, custom)
     dev = pick_device(gpu, device)
-    precision, reason = _precision(fc.precision, dev, pick_precision)
+    precision, reason = pick_precision(fc.precision, dev)
     configure_matmul(precision, dev)
     if out_dir is None:
         out_dir = (refs[0].run_dir if refs[0].run_dir is not None else Path(checkpoint)) / "glue"

@@ -230,15 +230,10 @@ index_column = "id"                   # optional: the test file's ids for the pr
 def load_task_file(path: str | Path) -> TaskSpec:
     """Read a custom task's TOML description (see TASK_FILE_EXAMPLE), check its files and columns, and register it
     beside the GLUE tasks so that reading, fine-tuning, metrics and glue.json treat it the same way."""
-    import tomllib
+    from tinyelectra.config import read_toml
 
     path = Path(path)
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise UserError(f"--task-file {path}: cannot read it ({e.strerror or e})") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"--task-file {path}: not valid TOML ({e})") from None
+    raw = read_toml(path, "--task-file ")
     where = f"--task-file {path}"
     unknown = sorted(set(raw) - TASK_FILE_KEYS)
     if unknown:

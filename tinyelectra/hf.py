@@ -40,6 +40,8 @@ from torch import Tensor
 
 from tinyelectra.checkpoint import (
     check_tokenizer,
+    check_vocab,
+    check_vocab_rows,
     is_checkpoint,
     load_checkpoint,
     read_checkpoint_config,
@@ -274,8 +276,8 @@ def _load_hf(cls, d: Path, raw: dict[str, Any]):
     from safetensors import SafetensorError
 
     rows = _weights_vocab_rows(d)
-    if rows is not None and rows != raw.get("vocab_size"):
-        raise UserError(f"{d}: vocabulary size mismatch: weights have {rows} word embeddings, config.json says vocab_size {raw.get('vocab_size')}")
+    if rows is not None:
+        check_vocab_rows(rows, raw.get("vocab_size"), d)
     try:
         with quiet_transformers():
             model, info = cls.from_pretrained(str(d), output_loading_info=True)
@@ -333,9 +335,7 @@ def load_backbone(path: Path) -> Backbone:
         cfg = recipe.model
         name, enc_prefix = ("discriminator", "discriminator.") if objective == "electra" else ("generator", "generator.")
         sd = read_tensors(p / f"{name}.safetensors")
-        if sd.get("embeddings.word.weight") is None or sd["embeddings.word.weight"].shape[0] != cfg.vocab_size:
-            rows = None if "embeddings.word.weight" not in sd else sd["embeddings.word.weight"].shape[0]
-            raise UserError(f"{p}: vocabulary size mismatch: weights have {rows} word embeddings, config says {cfg.vocab_size}")
+        check_vocab(sd, "embeddings.word.weight", cfg.vocab_size, p / f"{name}.safetensors")
         tok = p / "tokenizer"
         tokenizer_dir = None
         if tok.is_dir():
@@ -466,8 +466,6 @@ def _model_card(kind: str, cls_name: str, recipe, meta: dict[str, Any], language
         f"Pre-trained with tinyelectra (objective {recipe.objective.kind!r}, recipe {recipe.name!r}).", "",
         "| field | value |", "|---|---|",
     ]
-    if "wall_seconds" in meta and "train_seconds" not in meta:  # written before the key's rename: training time
-        meta = {**meta, "train_seconds": meta["wall_seconds"]}
     for key in ("step", "fraction", "tokens_seen", "train_flops_paper", "train_flops_hardware", "train_seconds"):
         if key in meta:
             value = meta[key]

@@ -204,10 +204,6 @@ class Progress:
         if not self.live:
             self.console.print(f"step {self._counter(step)} | {self._eta(step)} | {info}", highlight=False)
 
-    def renderable(self):
-        """What the live display shows now (tests render it at a given width)."""
-        return self.bar.get_renderable()
-
     def note(self, text: str) -> None:
         if self.main:
             from rich.markup import escape

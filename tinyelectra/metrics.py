@@ -30,7 +30,6 @@ from tinyelectra.glue_data import (
     GLUE_TASK_NAMES,
     MACRO_F1,
     MATTHEWS,
-    PAPER_TASK_NAMES,
     PEARSON,
     PEARSON_SPEARMAN_MEAN,
     SPEARMAN,
@@ -221,11 +220,6 @@ class TaskAverage:
     @property
     def label(self) -> str:
         return f"GLUE-{len(self.tasks)}: {', '.join(self.tasks)}"
-
-    @property
-    def covers_paper_tasks(self) -> bool:
-        """True when it is the paper's GLUE score: exactly its eight tasks (no WNLI)."""
-        return set(self.tasks) == set(PAPER_TASK_NAMES)
 
     def to_dict(self) -> dict:
         return {"score": self.score, "tasks": list(self.tasks), "label": self.label}

@@ -25,7 +25,7 @@ from torch.utils.checkpoint import checkpoint
 
 from tinyelectra.config import ModelConfig
 from tinyelectra.errors import UserError
-from tinyelectra.runtime import dropout, linear
+from tinyelectra.runtime import Linear, dropout, linear
 
 
 class Embeddings(nn.Module):
@@ -51,11 +51,11 @@ class Block(nn.Module):
         super().__init__()
         H = cfg.hidden_size
         self.num_heads = cfg.num_heads
-        self.qkv = nn.Linear(H, 3 * H)  # fused query/key/value: one matmul instead of three
-        self.attn_out = nn.Linear(H, H)
+        self.qkv = Linear(H, 3 * H)  # fused query/key/value: one matmul instead of three
+        self.attn_out = Linear(H, H)
         self.norm1 = nn.LayerNorm(H, eps=cfg.layer_norm_eps)
-        self.ffn_in = nn.Linear(H, cfg.ffn_size)
-        self.ffn_out = nn.Linear(cfg.ffn_size, H)
+        self.ffn_in = Linear(H, cfg.ffn_size)
+        self.ffn_out = Linear(cfg.ffn_size, H)
         self.norm2 = nn.LayerNorm(H, eps=cfg.layer_norm_eps)
         self.dropout_p = cfg.dropout
         self.attention_dropout_p = cfg.attention_dropout
@@ -63,14 +63,14 @@ class Block(nn.Module):
     def forward(self, x: Tensor, attn_mask: Tensor | None) -> Tensor:
         B, T, H = x.shape
         nh = self.num_heads
-        q, k, v = _apply(self.qkv, x).view(B, T, 3, nh, H // nh).permute(2, 0, 3, 1, 4)  # each (B, nh, T, hd)
+        q, k, v = self.qkv(x).view(B, T, 3, nh, H // nh).permute(2, 0, 3, 1, 4)  # each (B, nh, T, hd)
         p_attn = self.attention_dropout_p if self.training else 0.0
         a = _attention(q, k, v, attn_mask, p_attn)  # (B, nh, T, hd)
         a = a.transpose(1, 2).reshape(B, T, H)
         p = self.dropout_p if self.training else 0.0
-        x = self.norm1(x + dropout(_apply(self.attn_out, a), p, self.training))
-        h = F.gelu(_apply(self.ffn_in, x))  # exact (erf) GELU, as BERT/ELECTRA and transformers' "gelu"
-        return self.norm2(x + dropout(_apply(self.ffn_out, h), p, self.training))
+        x = self.norm1(x + dropout(self.attn_out(a), p, self.training))
+        h = F.gelu(self.ffn_in(x))  # exact (erf) GELU, as BERT/ELECTRA and transformers' "gelu"
+        return self.norm2(x + dropout(self.ffn_out(h), p, self.training))
 
 
 class Encoder(nn.Module):
@@ -80,12 +80,12 @@ class Encoder(nn.Module):
         super().__init__()
         self.cfg = cfg
         E, H = cfg.embedding_size, cfg.hidden_size
-        self.project = nn.Linear(E, H) if E != H else None
+        self.project = Linear(E, H) if E != H else None
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
         self.grad_checkpointing = False
 
     def forward(self, embedded: Tensor, attention_mask: Tensor | None) -> Tensor:
-        x = _apply(self.project, embedded) if self.project is not None else embedded  # (B, T, H)
+        x = self.project(embedded) if self.project is not None else embedded  # (B, T, H)
         attn_mask = None if attention_mask is None else attention_mask[:, None, None, :]  # (B, 1, 1, T) True = attend
         for layer in self.layers:
             if self.grad_checkpointing and self.training:
@@ -100,11 +100,11 @@ class DiscriminatorHead(nn.Module):
 
     def __init__(self, hidden_size: int) -> None:
         super().__init__()
-        self.dense = nn.Linear(hidden_size, hidden_size)
-        self.out = nn.Linear(hidden_size, 1)
+        self.dense = Linear(hidden_size, hidden_size)
+        self.out = Linear(hidden_size, 1)
 
     def forward(self, h: Tensor) -> Tensor:
-        return _apply(self.out, F.gelu(_apply(self.dense, h))).squeeze(-1)  # (B, T)
+        return self.out(F.gelu(self.dense(h))).squeeze(-1)  # (B, T)
 
 
 class GeneratorHead(nn.Module):
@@ -112,12 +112,12 @@ class GeneratorHead(nn.Module):
 
     def __init__(self, hidden_size: int, embedding_size: int, vocab_size: int, eps: float) -> None:
         super().__init__()
-        self.dense = nn.Linear(hidden_size, embedding_size)
+        self.dense = Linear(hidden_size, embedding_size)
         self.norm = nn.LayerNorm(embedding_size, eps=eps)
         self.bias = nn.Parameter(torch.zeros(vocab_size))
 
     def forward(self, h: Tensor, word_embeddings: Tensor) -> Tensor:
-        x = self.norm(F.gelu(_apply(self.dense, h)))  # (..., E)
+        x = self.norm(F.gelu(self.dense(h)))  # (..., E)
         return linear(x, word_embeddings, self.bias)  # (..., V)
 
 
@@ -274,11 +274,6 @@ def attention_kernel(cfg: ModelConfig, batch: int, seq_len: int, device: torch.d
     where = " on the CPU" if device.type == "cpu" else ""
     out["summary"] = f"attention{where}: {disc['kernel']}" + ("" if same else f" (generator: {gen['kernel']})")
     return out
-
-
-def _apply(layer: nn.Linear, x: Tensor) -> Tensor:
-    """layer(x), through runtime.linear (oneDNN matmuls for fp32 on the CPU, F.linear elsewhere)."""
-    return linear(x, layer.weight, layer.bias)
 
 
 def init_weights(module: nn.Module) -> None:

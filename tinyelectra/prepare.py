@@ -34,7 +34,7 @@ import numpy as np
 from tinyelectra.corpus import CorpusReader, Document, resolve_inputs
 from tinyelectra.data import FORMAT_VERSION, SPLITS, files_present
 from tinyelectra.errors import UserError
-from tinyelectra.files import check_writable, os_error_line, replace_dir
+from tinyelectra.files import check_writable, os_error_line, replace_dir, write_json
 from tinyelectra.tokenizer import CASINGS, CHARACTER_COVERAGE, PROFILE_FILE, TOKENIZER_TYPES, Tokenizer, choose_casing, text_profile
 
 BUILDER_VERSION = "electra-official-1"  # bump when the builder's output for the same input changes
@@ -379,7 +379,7 @@ def prepare(
         tokenizer_seconds = time.perf_counter() - t0
         tokenizer.save(tmp / "tokenizer")
         casing_record = {"lowercase": lowercase, "requested": casing if tokenizer_path is None else None, "reason": reason}
-        _write_json(tmp / "tokenizer" / PROFILE_FILE, {"casing": casing_record, "languages": profile["languages"],
+        write_json(tmp / "tokenizer" / PROFILE_FILE, {"casing": casing_record, "languages": profile["languages"],
                                                         "scripts": profile["scripts"]})
         dtype = "uint16" if tokenizer.vocab_size <= 2**16 else "uint32"
 
@@ -465,7 +465,7 @@ def prepare(
             "workers": n_workers,
             "python": platform.python_version(),
         }
-        _write_json(tmp / "manifest.json", manifest)  # last: a directory without it is never taken as complete
+        write_json(tmp / "manifest.json", manifest)  # last: a directory without it is never taken as complete
         replace_dir(tmp, out_dir)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -620,12 +620,6 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def _write_json(path: Path, obj: dict) -> None:
-    data = (json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
-    with open(path, "wb") as f:
-        f.write(data)
 
 
 def _summarize_sources(inputs) -> list[dict]:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tinyelectra import paper
+from tinyelectra.checkpoint import train_seconds_of
 from tinyelectra.errors import UserError
 from tinyelectra.files import write_atomic
 from tinyelectra.glue_data import GLUE_TASK_NAMES, PAPER_TASK_NAMES, get_task, task_title
@@ -94,12 +95,6 @@ def read_metrics(path: Path) -> tuple[list[dict], list[dict]]:
         elif rec.get("event") is None and "step" in rec:
             records.append(rec)
     return records, events
-
-
-def train_seconds_of(meta: dict) -> float | None:
-    """The training seconds a checkpoint's meta (or its metrics.jsonl event) records: `train_seconds`, called
-    `wall_seconds` by checkpoints written before the rename (it was always training time, not wall time)."""
-    return meta.get("train_seconds", meta.get("wall_seconds"))
 
 
 def find_glue_results(run_dir: Path) -> list[Path]:

@@ -1,12 +1,12 @@
 """Where and how a run executes: device, precision (with the reason for the choice), autocast, torch.compile with a
-fallback, CPU allocator tuning, TF32, seeding, and the CPU kernels the model calls (oneDNN linear, numpy-drawn
-random numbers, dropout). Each choice returns a note string saying what was chosen, and each fast path falls back
+fallback, CPU allocator tuning, TF32, and the CPU kernels the model is built from (`Linear`: nn.Linear whose
+forward takes oneDNN for fp32 on the CPU; numpy-drawn random numbers for dropout). Each choice returns a note string saying what was chosen, and each fast path falls back
 to the plain one when it cannot be used.
 
 Not every fast path lives here: others sit beside the code they speed up: model.py (the CPU attention used with
 attention dropout, the SDPA kernel report), electra.py (inverse-CDF sampling of the generator on the CPU),
-tokenizer.py (the per-piece cache of `encode_batch`), glue.py (length-bucketed batches, opt-in bf16 on CPUs with
-AVX512-BF16 or AMX).
+tokenizer.py (the per-piece cache of `encode_batch`), glue.py (length-bucketed batches). Opt-in bf16 on the CPU is
+`pick_precision`'s, for pre-training and fine-tuning alike.
 
 Nothing here knows about ELECTRA; the trainer, GLUE fine-tuning and the benchmarks all call these.
 """
@@ -17,13 +17,13 @@ import contextlib
 import ctypes
 import ctypes.util
 import os
-import random
 import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from tinyelectra.errors import UserError
 
@@ -112,8 +112,11 @@ def pick_precision(requested: str, device: torch.device) -> tuple[str, str]:
     if device.type != "cuda":
         if requested == "fp16":
             raise UserError("precision fp16 is for CUDA GPUs; on the CPU use fp32 (auto) or bf16")
-        if requested == "bf16":
-            return "bf16", "bf16 autocast on the CPU, as requested (fast only on CPUs with bf16 units)"
+        if requested == "bf16":  # opt-in: ~1.8x faster fine-tuning steps with bf16 units (benchmarks/glue_cpu.py)
+            if torch.ops.mkldnn._is_mkldnn_bf16_supported():
+                return "bf16", "bf16 autocast on the CPU, as requested (not the paper's fp32; weights and optimizer stay fp32)"
+            return "bf16", ("bf16 autocast on the CPU, as requested, but this CPU has no bf16 units (AVX512-BF16 or AMX): "
+                            "expect it slower than fp32")
         return "fp32", "CPU: fp32, the paper's precision (matmuls through oneDNN where available)"
     name = torch.cuda.get_device_name(device)
     bf16_ok = torch.cuda.is_bf16_supported(including_emulation=False)
@@ -320,20 +323,6 @@ def tune_cpu() -> str:
     return "CPU allocator: glibc mmap threshold 1 GiB, no trimming" if ok else "CPU allocator: mallopt refused; unchanged"
 
 
-def set_seed(seed: int) -> torch.Generator:
-    """Seed Python, NumPy and torch (all devices); returns a CPU torch.Generator seeded the same, for data order."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-    os.environ.setdefault("PYTHONHASHSEED", str(seed))  # only affects child processes (e.g. data workers)
-    return torch.Generator().manual_seed(seed)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# CPU fast path: fp32 linear layers through oneDNN.
-# ----------------------------------------------------------------------------------------------------------
-
-
 def _onednn_mm(a: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
     """a (M, K) @ b_t (N, K)^T -> (M, N) in fp32 through oneDNN (strided inputs accepted, no copies)."""
     return torch.ops.mkldnn._linear_pointwise(a, b_t, None, "none", [], "")
@@ -401,6 +390,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if _ONEDNN_LINEAR is None:
         _ONEDNN_LINEAR = _onednn_linear_works()
     return _OneDNNLinear.apply(x, weight, bias) if _ONEDNN_LINEAR else F.linear(x, weight, bias)
+
+
+class Linear(nn.Linear):
+    """nn.Linear (same parameters, same state dict) whose forward is `linear`: the model's layers are built from it,
+    so model.py reads `self.qkv(x)` while fp32 on the CPU takes oneDNN and everything else F.linear."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
 
 
 # ----------------------------------------------------------------------------------------------------------
