@@ -148,9 +148,10 @@ def write_markdown(json_path: Path) -> Path:
     """NAME.md beside NAME.json: the two implementations' held-out curves side by side."""
     r = json.loads(Path(json_path).read_text())
     te, hf_ = r["evals"]["tinyelectra"], r["evals"]["transformers"]
+    tokens = f"{te[0]['tokens']:,} tokens, " if "tokens" in te[0] else ""
     lines = [f"# Does the discriminator learn context? ({r['recipe']}, {r['steps']} steps of {r['batch_size']} rows)", "",
              f"{r['what']}. Optimizer: {r['optimizer']}, peak lr {r['lr']}. Held-out: {r['evaluation']} "
-             f"({te[0].get('tokens', '?')} tokens, all-original prior {te[0]['prior']:.4f}). Machine: {r['machine']['cpu']}, "
+             f"({tokens}all-original prior {te[0]['prior']:.4f}). Machine: {r['machine']['cpu']}, "
              f"commit {r['git_commit'][:7]}, `{r['command']}`.", "",
              "| step | AUC tinyelectra | AUC transformers | acc − prior tinyelectra | acc − prior transformers |",
              "|---|---|---|---|---|"]
