@@ -37,13 +37,21 @@ import torch
 from torch import Tensor, nn
 
 from tinyelectra import budget as budgeting
+from tinyelectra import flops, runtime
 from tinyelectra.budget import Plan, make_plan, parse_budget
+from tinyelectra.checkpoint import (
+    CKPT_NAME, due_checkpoints, is_checkpoint, latest_state, load_checkpoint, load_resume_state, read_state_info,
+    resume_state_due, save_checkpoint, save_resume_state,
+)
 from tinyelectra.config import Recipe, load_recipe, recipe_from_dict
+from tinyelectra.data import BatchLoader, PretrainData
+from tinyelectra.diagnostics import checkpoint_line, evaluate, unigram_distribution
 from tinyelectra.electra import STAT_KEYS, LossTerms, Masked, SpecialIds, combine, loss_terms, mask_batch, summarize
 from tinyelectra.errors import Interrupted, UserError
-from tinyelectra.logs import Log, Progress
+from tinyelectra.files import check_writable, os_error_line, write_json
+from tinyelectra.logs import Log, Progress, make_console
 from tinyelectra.model import Electra, attention_kernel, count_parameters
-from tinyelectra.optim import build_optimizer, lr_at
+from tinyelectra.optim import GraphSafeUpdate, PaperAdam, build_optimizer, lr_at
 from tinyelectra.runtime import device_name
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -103,8 +111,6 @@ def train_command(
     device: str | None, out_dir: Path | None, resume: bool, overrides: list[str], command: str,
     init: Path | None = None, force: bool = False,
 ) -> dict | None:
-    from tinyelectra import runtime
-    from tinyelectra.logs import make_console
 
     dist = Dist.from_env()
     bud = parse_budget(budget)
@@ -154,7 +160,6 @@ def adopt_data_vocab(recipe: Recipe, data_dir: Path, overrides: list[str], notes
     """The prepared data's vocabulary size becomes the model's, so a custom tokenizer needs no
     `--set model.vocab_size=N`; a size given with --set stays (and a mismatch is an error, _check_data). Appends
     the change to `notes` (recipe.json's deviations)."""
-    from tinyelectra.data import PretrainData
 
     size = PretrainData(data_dir).vocab_size
     if size == recipe.model.vocab_size or any(o.split("=", 1)[0].strip() == "model.vocab_size" for o in overrides):
@@ -181,8 +186,6 @@ def open_run_dir(run_dir: Path, resume: bool, force: bool, recipe: Recipe, bud: 
     finished run: nothing to do). A run that stopped before its first resume state starts again from step 0, with or
     without --resume, keeping the checkpoints it wrote until the new run writes them again. --force deletes the earlier
     run first; nothing else here deletes anything. Raises UserError when --out holds another run or cannot be written."""
-    from tinyelectra.checkpoint import CKPT_NAME, latest_state, read_state_info
-    from tinyelectra.files import check_writable
 
     say = lambda text: console.print(f"[dim]·[/dim] {text}", highlight=False)  # noqa: E731
     if resume and not run_dir.exists():
@@ -351,9 +354,7 @@ class Engine:
 
     def __init__(self, model: Electra, recipe: Recipe, optimizer, scaler, dist: Dist, device: torch.device,
                  precision: str, micro: int, accum: int) -> None:
-        from tinyelectra import runtime
 
-        from tinyelectra.optim import GraphSafeUpdate, PaperAdam
 
         tr = recipe.train
         self.model, self.optimizer, self.scaler, self.dist = model, optimizer, scaler, dist
@@ -422,7 +423,6 @@ class Engine:
     @property
     def compile_note(self) -> str:
         """What runs, as it stands now: a compilation that failed and fell back to eager says so."""
-        from tinyelectra import runtime
 
         note = runtime.compile_note(self.forward, self._compile_note)
         update = self.graph_update.note if self.graph_update is not None else self._update_note
@@ -437,7 +437,6 @@ class Engine:
         step, and the compiled update once at learning rate 0 with the optimizer state put back, so a backend that
         fails in the forward, the backward or the update falls back to eager here, with a note, instead of ending
         the run. Gradients are discarded; nothing that training computes changes (every step reseeds its RNG)."""
-        from tinyelectra import runtime
 
         if self.ds is not None:
             return
@@ -477,13 +476,6 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
     """Pre-train `recipe` within `bud` on the prepared data; see the module docstring. `overridden` notes the
     command line's `--set` changes: they are written into recipe.json's deviations, so reports show them. `clock`
     measures training time (tests pass a simulated one to change the speed at will)."""
-    from tinyelectra import runtime
-    from tinyelectra.checkpoint import (
-        due_checkpoints, latest_state, load_resume_state, resume_state_due, save_checkpoint, save_resume_state,
-    )
-    from tinyelectra.data import BatchLoader, PretrainData
-    from tinyelectra.diagnostics import checkpoint_line, evaluate, unigram_distribution
-    from tinyelectra.files import os_error_line, write_json
 
     tr = recipe.train
     log = Log(run_dir, dist.main)
@@ -789,7 +781,6 @@ def _saved_text(state_saved: tuple[int, Path] | None, done: set[str]) -> str:
 
 def initial_weights(path: Path, recipe: Recipe) -> Electra:
     """Weights to continue pre-training from: our checkpoint, an export directory, or a transformers directory."""
-    from tinyelectra.checkpoint import is_checkpoint, load_checkpoint
     from tinyelectra.hf import electra_from_hf
 
     path = Path(path)
@@ -903,7 +894,6 @@ def log_record(step: int, s: dict[str, float], lr: float, tokens_per_second: flo
                positions_per_second: float | None = None) -> dict:
     """One metrics.jsonl line. tokens_seen / tokens_per_second count real tokens (padding excluded);
     positions_per_second counts every position of the (B, T) batches, padding included, which is what MFU needs."""
-    from tinyelectra import flops
 
     positions_per_second = tokens_per_second if positions_per_second is None else positions_per_second
     rec: dict = {"step": step, "lr": lr, "tokens_seen": tokens_seen, "train_seconds": round(train_seconds, 3),
@@ -942,7 +932,6 @@ def fit_micro_batch(requested: int, rank_batch: int, device: torch.device, probe
 def _probe(forward, model: Electra, special, recipe: Recipe, mb: int, device: torch.device, precision: str,
            keep_grads: bool = False) -> None:
     """One forward + backward at micro-batch `mb` on dummy rows; gradients are discarded (unless `keep_grads`)."""
-    from tinyelectra import runtime
 
     T = recipe.train.seq_len
     ids = torch.full((mb, T), special.cls, device=device)
