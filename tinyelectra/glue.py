@@ -43,9 +43,10 @@ from typing import Any
 
 import numpy as np
 
-from tinyelectra.checkpoint import read_meta
-from tinyelectra.errors import UserError
-from tinyelectra.files import write_json
+from tinyelectra.checkpoint import CKPT_NAME, checkpoint_dirs, is_checkpoint, read_meta
+from tinyelectra.console import make_console
+from tinyelectra.errors import Interrupted, UserError
+from tinyelectra.files import check_writable, write_atomic, write_json
 from tinyelectra.finetune import (
     MEGABATCH,
     EncodedTask,
@@ -63,11 +64,14 @@ from tinyelectra.glue_data import (
     find_split_file,
     get_task,
     load_hf_split,
+    load_task_file,
     read_split,
     resolve_tasks,
     with_swapped_pairs,
     write_submission,
 )
+from tinyelectra.metrics import METRIC_TITLES, average_score, score_task
+from tinyelectra.tokenizer import Tokenizer
 
 FORMAT = "tinyelectra-glue"
 FORMAT_VERSION = 1
@@ -91,7 +95,6 @@ class CheckpointRef:
 def find_checkpoints(path: Path) -> list[CheckpointRef]:
     """`--checkpoint` -> the models to fine-tune: every ckpt-* of a run directory, one checkpoint, a transformers
     ELECTRA directory, or the output of `tinyelectra export` (its discriminator/)."""
-    from tinyelectra.checkpoint import CKPT_NAME, checkpoint_dirs, is_checkpoint
     from tinyelectra.hf import read_hf_config
 
     p = Path(path)
@@ -275,7 +278,6 @@ def summarize_task(task: str, seeds: list[dict]) -> dict[str, Any]:
 
 def task_averages(tasks: dict[str, dict]) -> dict[str, Any]:
     """Means of the per-task medians over the paper's tasks present (WNLI never counts), named by coverage."""
-    from tinyelectra.metrics import average_score
 
     counted = {t: v for t, v in tasks.items() if t in PAPER_TASK_NAMES}
     out: dict[str, Any] = {}
@@ -325,9 +327,7 @@ def run_checkpoint(ref: CheckpointRef, data: dict[str, TaskData], fc: FinetuneCo
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from tinyelectra.hf import load_backbone
-    from tinyelectra.metrics import score_task
     from tinyelectra.runtime import device_name
-    from tinyelectra.tokenizer import Tokenizer
 
     backbone = load_backbone(ref.path)
     if backbone.tokenizer_dir is None:
@@ -520,8 +520,6 @@ def _seed_outputs_path(target: Path, task: str, seed: int) -> Path:
 def _save_seed_outputs(target: Path, task: str, seed: int, outputs: list[np.ndarray]) -> None:
     import io
 
-    from tinyelectra.files import write_atomic
-
     buffer = io.BytesIO()
     np.savez(buffer, *outputs)
     write_atomic(_seed_outputs_path(target, task, seed), buffer.getvalue())
@@ -553,7 +551,6 @@ def _fmt(x: float | None) -> str:
 def _task_line(name: str, task: str, entry: dict) -> str:
     scores = ", ".join(f"{s['paper_score']:.1f}" for s in entry["seeds"])
     seconds = sum(s["train_seconds"] + s["eval_seconds"] for s in entry["seeds"])
-    from tinyelectra.metrics import METRIC_TITLES
 
     line = (f"{name} {task}: {METRIC_TITLES[entry['paper_metric']]} median {_fmt(entry['median_paper'])} ± "
             f"{_fmt(entry['std_paper'])} (seeds {scores}); leaderboard {METRIC_TITLES[entry['glue_metric']]} "
@@ -573,10 +570,6 @@ def glue_command(checkpoint: Path, glue_dir: Path | None, use_hf: bool, tasks: s
                  command: str, task_files: list[Path] | None = None, config: Path | None = None) -> list[Path]:
     """`tinyelectra glue`: fine-tune every selected checkpoint on every selected task (GLUE's, and those of
     --task-file); returns the glue.json paths."""
-    from tinyelectra.errors import Interrupted
-    from tinyelectra.files import check_writable
-    from tinyelectra.glue_data import load_task_file
-    from tinyelectra.console import make_console
     from tinyelectra.runtime import configure_matmul, device_name, pick_device, pick_precision
 
     console = make_console(stderr=False)
