@@ -27,6 +27,7 @@ from pathlib import Path
 from tinyelectra import flops
 from tinyelectra.config import Recipe
 from tinyelectra.errors import UserError
+from tinyelectra.files import write_atomic
 
 FRACTIONS = flops.TABLE1_FRACTIONS  # the five checkpoints are the paper's Table 1 fractions (1/16 .. 1)
 _TIME_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -109,8 +110,6 @@ class Plan:
         return json.dumps(self.to_dict(), indent=2)
 
     def save(self, path: Path) -> None:
-        from tinyelectra.files import write_atomic
-
         write_atomic(path, self.to_json() + "\n")
 
     @classmethod

@@ -34,6 +34,7 @@ from tinyelectra.config import Recipe, recipe_from_dict
 from tinyelectra.errors import UserError
 from tinyelectra.files import fsync_file as _fsync_file
 from tinyelectra.files import replace_dir, verify_sha256, write_sha256
+from tinyelectra.tokenizer import Tokenizer
 
 FORMAT = "tinyelectra-checkpoint"
 FORMAT_VERSION = 1
@@ -207,8 +208,6 @@ def check_vocab(tensors: dict[str, Tensor], key: str, vocab_size: int, where: Pa
 
 def check_tokenizer(tokenizer_dir: Path, vocab_size: int) -> None:
     """The tokenizer saved beside the weights must have exactly the model's vocabulary size."""
-    from tinyelectra.tokenizer import Tokenizer
-
     tok = Tokenizer.load(tokenizer_dir)
     if tok.vocab_size != vocab_size:
         raise UserError(

@@ -25,8 +25,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from tinyelectra.config import ModelConfig, ObjectiveConfig, Recipe
+from tinyelectra.config import load_recipe, ModelConfig, ObjectiveConfig, Recipe
 from tinyelectra.errors import UserError
+from tinyelectra.console import make_console
 
 PAPER_CONVENTION = "paper convention (Clark et al. 2020, official script)"
 HARDWARE_CONVENTION = "hardware convention (matmuls, sparse look-ups, bwd = 2 x fwd)"
@@ -368,8 +369,6 @@ def recipe_for_flops(
     recipe_name: str, steps: int | None, batch: int | None, seq_len: int | None, overrides: list[str],
 ) -> Recipe:
     """Load the recipe and apply --steps/--batch/--seq-len on top of the --set overrides (validated there)."""
-    from tinyelectra.config import load_recipe
-
     _positive(steps, "--steps")
     _positive(batch, "--batch")
     _positive(seq_len, "--seq-len")
@@ -389,8 +388,6 @@ def flops_command(
     """`tinyelectra flops`: both conventions per step, per token and in total, inference FLOPs, Table 1 fractions."""
     from rich.markup import escape
     from rich.table import Table
-
-    from tinyelectra.console import make_console
 
     recipe = recipe_for_flops(recipe_name, steps, batch, seq_len, overrides)
     m, obj, tr = recipe.model, recipe.objective, recipe.train

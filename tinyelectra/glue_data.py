@@ -34,6 +34,8 @@ import numpy as np
 
 from tinyelectra.errors import UserError
 from tinyelectra.paper import PAPER_TASKS
+from tinyelectra.config import read_toml
+from tinyelectra.files import write_atomic
 
 # ----------------------------------------------------------------------------------------------------------------
 # The task table
@@ -230,8 +232,6 @@ index_column = "id"                   # optional: the test file's ids for the pr
 def load_task_file(path: str | Path) -> TaskSpec:
     """Read a custom task's TOML description (see TASK_FILE_EXAMPLE), check its files and columns, and register it
     beside the GLUE tasks so that reading, fine-tuning, metrics and glue.json treat it the same way."""
-    from tinyelectra.config import read_toml
-
     path = Path(path)
     raw = read_toml(path, "--task-file ")
     where = f"--task-file {path}"
@@ -928,6 +928,4 @@ def write_submission(out_dir: str | Path, test_split: GlueSplit, predictions: np
             raise ValueError(f"{spec.name} class ids must be in 0..{spec.num_labels - 1}")
         cells = [spec.file_labels[v] for v in values.tolist()]
     lines = ["\t".join(SUBMISSION_HEADER)] + [f"{i}\t{c}" for i, c in zip(test_split.ids, cells)]
-    from tinyelectra.files import write_atomic
-
     return write_atomic(Path(out_dir) / name, "\n".join(lines) + "\n")

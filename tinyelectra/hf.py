@@ -49,7 +49,9 @@ from tinyelectra.checkpoint import (
 )
 from tinyelectra.config import ModelConfig
 from tinyelectra.errors import UserError
-from tinyelectra.files import replace_dir
+from tinyelectra.files import check_writable, replace_dir, verify_sha256
+from tinyelectra.model import Electra
+from tinyelectra.tokenizer import PROFILE_FILE, Tokenizer
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "tokenizer.model")
 
@@ -328,8 +330,6 @@ def load_backbone(path: Path) -> Backbone:
     """A tinyelectra checkpoint (its discriminator, or the MLM encoder) or a transformers ELECTRA directory."""
     p = Path(path)
     if is_checkpoint(p):
-        from tinyelectra.files import verify_sha256
-
         recipe, objective = read_checkpoint_config(p)
         verify_sha256(p, "the checkpoint")
         cfg = recipe.model
@@ -356,8 +356,6 @@ def electra_from_hf(discriminator_dir: Path, generator_dir: Path | None = None, 
     Returns (model in eval mode, the ModelConfig it was built with).
     """
     from transformers import ElectraForMaskedLM, ElectraForPreTraining
-
-    from tinyelectra.model import Electra
 
     dd = Path(discriminator_dir)
     raw_d = read_hf_config(dd)
@@ -507,8 +505,6 @@ def export(model, recipe, meta: dict[str, Any], tokenizer_dir: Path | None, out_
            languages: list[str] | None = None, license_id: str | None = None) -> list[Path]:
     """Write `model` as transformers directories under `out_dir` (atomically); returns the directories written.
     The model card's languages are `languages`, else those `prepare` recorded beside the tokenizer."""
-    from tinyelectra.tokenizer import PROFILE_FILE, Tokenizer
-
     out_dir = Path(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise UserError(f"--out {out_dir}: already exists and is not empty; choose a new directory")
@@ -547,8 +543,6 @@ def export_command(checkpoint: Path, out_dir: Path, languages: list[str] | None 
     tokenizer (an export that cannot encode text is not usable) and an output location it cannot write, before any
     work."""
     from safetensors import SafetensorError
-
-    from tinyelectra.files import check_writable
 
     model, recipe, meta = load_checkpoint(Path(checkpoint))
     tokenizer_dir = Path(checkpoint) / "tokenizer"

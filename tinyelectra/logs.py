@@ -15,6 +15,9 @@ from pathlib import Path
 from tinyelectra.budget import Plan
 from tinyelectra.config import Recipe
 from tinyelectra.console import make_console
+from tinyelectra.files import write_atomic
+from tinyelectra.flops import format_flops
+
 
 class Log:
     """metrics.jsonl (one JSON object per log step / event), TensorBoard when installed, one-line notes.
@@ -69,8 +72,6 @@ class Log:
 
     def truncate_after(self, step: int) -> None:
         """After a resume, drop log lines of steps that will be run again (and a last line cut short by a crash)."""
-        from tinyelectra.files import write_atomic
-
         if not self.main or not self.path.exists():
             return
         keep = []
@@ -88,7 +89,6 @@ class Log:
             return
         from rich.table import Table
 
-        from tinyelectra.flops import format_flops
         from tinyelectra.model import count_parameters
         from tinyelectra.runtime import device_name
 

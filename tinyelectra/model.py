@@ -25,7 +25,7 @@ from torch.utils.checkpoint import checkpoint
 
 from tinyelectra.config import ModelConfig
 from tinyelectra.errors import UserError
-from tinyelectra.runtime import Linear, dropout, linear
+from tinyelectra.runtime import dropout, linear, Linear, sdpa_kernel
 
 
 class Embeddings(nn.Module):
@@ -252,8 +252,6 @@ def attention_kernel(cfg: ModelConfig, batch: int, seq_len: int, device: torch.d
 
     FlashAttention takes no attention mask, so it never runs here while batches carry a padding mask: on a GPU the
     choice is between the memory-efficient, cuDNN and math kernels (benchmarks/NOTES.md, "attention")."""
-    from tinyelectra.runtime import sdpa_kernel
-
     def one(c: ModelConfig) -> dict:
         p = c.attention_dropout if training else 0.0
         if device.type == "cpu" and p > 0.0 and not compiled:

@@ -19,6 +19,7 @@ from torch import nn
 
 from tinyelectra.config import OptimConfig
 from tinyelectra.errors import UserError
+from tinyelectra.runtime import compile_note, maybe_compile
 
 
 def lr_at(step: int, peak_lr: float, warmup_steps: int, total_steps: int) -> float:
@@ -116,8 +117,6 @@ class GraphSafeUpdate:
 
     def __init__(self, optimizer: PaperAdam, clip_norm: float, compile_setting: str = "off",
                  device: torch.device | None = None) -> None:
-        from tinyelectra.runtime import maybe_compile  # noqa: PLC0415
-
         if not isinstance(optimizer, PaperAdam):
             raise UserError(f"a graph-safe update needs the paper's Adam (optim.name = adam), not {type(optimizer).__name__}")
         self.optimizer = optimizer
@@ -134,8 +133,6 @@ class GraphSafeUpdate:
 
     @property
     def note(self) -> str:
-        from tinyelectra.runtime import compile_note  # noqa: PLC0415
-
         return "update: clip + paper Adam as one graph-safe function, " + compile_note(self.fn, self._note).replace("compile: ", "", 1)
 
     def _step(self, params, grads, exp_avgs, exp_avg_sqs, steps, lrs) -> None:

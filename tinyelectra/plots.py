@@ -14,6 +14,7 @@ from typing import Any
 from tinyelectra import paper
 from tinyelectra.files import write_atomic
 from tinyelectra.glue_data import task_title
+from tinyelectra.metrics import METRIC_TITLES
 
 
 def fmt_fraction(x: float | None) -> str:
@@ -32,8 +33,6 @@ def plot_glue(rep: dict[str, Any], path: Path) -> bool:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import LogLocator, NullFormatter, NullLocator
-
-    from tinyelectra.metrics import METRIC_TITLES
 
     cks = [c for c in rep["checkpoints"] if c["average_paper"] is not None]
     if not cks:

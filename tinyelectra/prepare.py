@@ -36,6 +36,8 @@ from tinyelectra.data import FORMAT_VERSION, SPLITS, files_present
 from tinyelectra.errors import UserError
 from tinyelectra.files import check_writable, os_error_line, replace_dir, write_json
 from tinyelectra.tokenizer import CASINGS, CHARACTER_COVERAGE, PROFILE_FILE, TOKENIZER_TYPES, Tokenizer, choose_casing, text_profile
+from tinyelectra import __version__
+from tinyelectra.console import make_console
 
 BUILDER_VERSION = "electra-official-1"  # bump when the builder's output for the same input changes
 MIN_SEQ_LEN, MAX_SEQ_LEN = 8, 512
@@ -281,8 +283,6 @@ def prepare(
     character occurrences the alphabet (WordPiece) or the model (SentencePiece) covers. `pack_documents` lets short
     documents share examples. The manifest records each choice and its reason, and the fill ratio."""
     started = time.perf_counter()
-    from tinyelectra.console import make_console
-
     console = make_console(quiet=quiet, highlight=False)
     say = lambda msg: console.print(f"prepare: {msg}", markup=False)  # noqa: E731
     if not MIN_SEQ_LEN <= seq_len <= MAX_SEQ_LEN:
@@ -633,6 +633,5 @@ def _summarize_sources(inputs) -> list[dict]:
 
 
 def _version() -> str:
-    from tinyelectra import __version__
 
     return __version__

@@ -21,7 +21,7 @@ from typing import Any
 from tinyelectra import paper
 from tinyelectra.checkpoint import train_seconds_of
 from tinyelectra.errors import UserError
-from tinyelectra.files import write_atomic
+from tinyelectra.files import check_writable, write_atomic
 from tinyelectra.glue_data import GLUE_TASK_NAMES, PAPER_TASK_NAMES, get_task, task_title
 from tinyelectra.plots import fmt_fraction, plot_curves, plot_glue
 
@@ -439,8 +439,6 @@ def render_markdown(rep: dict[str, Any]) -> str:
 
 def report_command(run_dir: Path, out_dir: Path | None) -> dict[str, Any]:
     """`tinyelectra report RUN_DIR`: write report.json, report.md and the plots (default: into RUN_DIR)."""
-    from tinyelectra.files import check_writable
-
     run_dir = Path(run_dir)
     rep = build_report(run_dir)
     out = Path(out_dir) if out_dir is not None else run_dir
