@@ -38,6 +38,7 @@ from common import command_line, run_main, write_result  # noqa: E402
 from tinyelectra import hf  # noqa: E402
 from tinyelectra.config import load_recipe  # noqa: E402
 from tinyelectra.data import PretrainData  # noqa: E402
+from tinyelectra.diagnostics import unigram_distribution  # noqa: E402
 from tinyelectra.electra import SpecialIds, mask_batch  # noqa: E402
 from tinyelectra.errors import UserError  # noqa: E402
 from tinyelectra.metrics import roc_auc  # noqa: E402
@@ -46,14 +47,7 @@ from tinyelectra.model import Electra  # noqa: E402
 ARMS = ("tinyelectra", "transformers")
 WARMUP_STEPS = 100
 EVAL_BATCHES = 16  # of --batch-size validation rows
-
-
-def unigram(data: PretrainData, special: SpecialIds, vocab_size: int, rows: int = 5000) -> torch.Tensor:
-    """Token frequencies over the first `rows` training rows, special tokens excluded."""
-    ids = data.batch("train", np.arange(min(rows, data.num_rows("train")))).input_ids.flatten()
-    counts = torch.bincount(ids, minlength=vocab_size).double()
-    counts[[special.pad, special.cls, special.sep, special.mask]] = 0
-    return (counts / counts.sum()).float()
+UNIGRAM_ROWS = 5000  # training rows whose word frequencies the replacements are drawn from
 
 
 def corrupt(batch, objective, special, freqs: torch.Tensor, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,7 +81,7 @@ def train_arm(args) -> list[dict]:
     cfg = recipe.model
     if tok.vocab_size > cfg.vocab_size:
         raise UserError(f"{args.data}: vocabulary {tok.vocab_size} > the recipe's {cfg.vocab_size}")
-    freqs = unigram(data, special, cfg.vocab_size)
+    freqs = unigram_distribution(data, special, rows=UNIGRAM_ROWS)
     torch.manual_seed(args.seed)
     model, forward = build(args.arm_only, cfg)
     model.train()

@@ -229,7 +229,9 @@ def read_meta(directory: Path) -> dict[str, Any]:
         raise UserError(f"{directory}: checkpoint is missing meta.json")
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError, OSError) as e:
+    except OSError as e:
+        raise UserError(f"{path}: cannot be read ({e.strerror or e})") from None
+    except (ValueError, UnicodeDecodeError) as e:
         raise UserError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(meta, dict):
         raise UserError(f"{path}: not a JSON object")

@@ -25,9 +25,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from tinyelectra.config import load_recipe, ModelConfig, ObjectiveConfig, Recipe
-from tinyelectra.errors import UserError
+from tinyelectra.config import ModelConfig, ObjectiveConfig, Recipe, load_recipe
 from tinyelectra.console import make_console
+from tinyelectra.errors import UserError
 
 PAPER_CONVENTION = "paper convention (Clark et al. 2020, official script)"
 HARDWARE_CONVENTION = "hardware convention (matmuls, sparse look-ups, bwd = 2 x fwd)"

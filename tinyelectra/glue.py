@@ -278,7 +278,6 @@ def summarize_task(task: str, seeds: list[dict]) -> dict[str, Any]:
 
 def task_averages(tasks: dict[str, dict]) -> dict[str, Any]:
     """Means of the per-task medians over the paper's tasks present (WNLI never counts), named by coverage."""
-
     counted = {t: v for t, v in tasks.items() if t in PAPER_TASK_NAMES}
     out: dict[str, Any] = {}
     if counted:
@@ -551,7 +550,6 @@ def _fmt(x: float | None) -> str:
 def _task_line(name: str, task: str, entry: dict) -> str:
     scores = ", ".join(f"{s['paper_score']:.1f}" for s in entry["seeds"])
     seconds = sum(s["train_seconds"] + s["eval_seconds"] for s in entry["seeds"])
-
     line = (f"{name} {task}: {METRIC_TITLES[entry['paper_metric']]} median {_fmt(entry['median_paper'])} ± "
             f"{_fmt(entry['std_paper'])} (seeds {scores}); leaderboard {METRIC_TITLES[entry['glue_metric']]} "
             f"{_fmt(entry['median_glue'])}; {seconds:.0f} s")

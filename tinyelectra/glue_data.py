@@ -32,10 +32,10 @@ from typing import Protocol
 
 import numpy as np
 
-from tinyelectra.errors import UserError
-from tinyelectra.paper import PAPER_TASKS
 from tinyelectra.config import read_toml
+from tinyelectra.errors import UserError
 from tinyelectra.files import write_atomic
+from tinyelectra.paper import PAPER_TASKS
 
 # ----------------------------------------------------------------------------------------------------------------
 # The task table

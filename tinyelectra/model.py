@@ -25,7 +25,7 @@ from torch.utils.checkpoint import checkpoint
 
 from tinyelectra.config import ModelConfig
 from tinyelectra.errors import UserError
-from tinyelectra.runtime import dropout, linear, Linear, sdpa_kernel
+from tinyelectra.runtime import Linear, dropout, linear, sdpa_kernel
 
 
 class Embeddings(nn.Module):

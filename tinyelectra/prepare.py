@@ -31,13 +31,13 @@ from typing import Iterator
 
 import numpy as np
 
+from tinyelectra import __version__
+from tinyelectra.console import make_console
 from tinyelectra.corpus import CorpusReader, Document, resolve_inputs
 from tinyelectra.data import FORMAT_VERSION, SPLITS, files_present
 from tinyelectra.errors import UserError
 from tinyelectra.files import check_writable, os_error_line, replace_dir, write_json
 from tinyelectra.tokenizer import CASINGS, CHARACTER_COVERAGE, PROFILE_FILE, TOKENIZER_TYPES, Tokenizer, choose_casing, text_profile
-from tinyelectra import __version__
-from tinyelectra.console import make_console
 
 BUILDER_VERSION = "electra-official-1"  # bump when the builder's output for the same input changes
 MIN_SEQ_LEN, MAX_SEQ_LEN = 8, 512
@@ -424,7 +424,7 @@ def prepare(
         fill = [totals["filled"][s] / max(totals["examples"][s] * seq_len, 1) for s in range(2)]
         manifest = {
             "format_version": FORMAT_VERSION,
-            "created_by": f"tinyelectra {_version()}",
+            "created_by": f"tinyelectra {__version__}",
             "request": request,
             "command": command,
             "sources": _summarize_sources(inputs),
@@ -632,6 +632,3 @@ def _summarize_sources(inputs) -> list[dict]:
     return list(by_spec.values())
 
 
-def _version() -> str:
-
-    return __version__

@@ -1,7 +1,7 @@
 """Where and how a run executes: device, precision (with the reason for the choice), autocast, torch.compile with a
 fallback, CPU allocator tuning, TF32, and the CPU kernels the model is built from (`Linear`: nn.Linear whose
-forward takes oneDNN for fp32 on the CPU; numpy-drawn random numbers for dropout). Each choice returns a note string saying what was chosen, and each fast path falls back
-to the plain one when it cannot be used.
+forward takes oneDNN for fp32 on the CPU; numpy-drawn random numbers for dropout). Each choice returns a note string
+saying what was chosen, and each fast path falls back to the plain one when it cannot be used.
 
 Not every fast path lives here: others sit beside the code they speed up: model.py (the CPU attention used with
 attention dropout, the SDPA kernel report), electra.py (inverse-CDF sampling of the generator on the CPU),

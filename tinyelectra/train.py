@@ -111,7 +111,6 @@ def train_command(
     device: str | None, out_dir: Path | None, resume: bool, overrides: list[str], command: str,
     init: Path | None = None, force: bool = False,
 ) -> dict | None:
-
     dist = Dist.from_env()
     bud = parse_budget(budget)
     recipe = load_recipe(recipe_name, overrides)
@@ -160,7 +159,6 @@ def adopt_data_vocab(recipe: Recipe, data_dir: Path, overrides: list[str], notes
     """The prepared data's vocabulary size becomes the model's, so a custom tokenizer needs no
     `--set model.vocab_size=N`; a size given with --set stays (and a mismatch is an error, _check_data). Appends
     the change to `notes` (recipe.json's deviations)."""
-
     size = PretrainData(data_dir).vocab_size
     if size == recipe.model.vocab_size or any(o.split("=", 1)[0].strip() == "model.vocab_size" for o in overrides):
         return recipe
@@ -186,7 +184,6 @@ def open_run_dir(run_dir: Path, resume: bool, force: bool, recipe: Recipe, bud: 
     finished run: nothing to do). A run that stopped before its first resume state starts again from step 0, with or
     without --resume, keeping the checkpoints it wrote until the new run writes them again. --force deletes the earlier
     run first; nothing else here deletes anything. Raises UserError when --out holds another run or cannot be written."""
-
     say = lambda text: console.print(f"[dim]·[/dim] {text}", highlight=False)  # noqa: E731
     if resume and not run_dir.exists():
         raise UserError(f"--resume: {run_dir} does not exist (nothing to continue; drop --resume to start a new run)")
@@ -354,8 +351,6 @@ class Engine:
 
     def __init__(self, model: Electra, recipe: Recipe, optimizer, scaler, dist: Dist, device: torch.device,
                  precision: str, micro: int, accum: int) -> None:
-
-
         tr = recipe.train
         self.model, self.optimizer, self.scaler, self.dist = model, optimizer, scaler, dist
         self.recipe, self.device, self.precision, self.micro = recipe, device, precision, micro
@@ -423,7 +418,6 @@ class Engine:
     @property
     def compile_note(self) -> str:
         """What runs, as it stands now: a compilation that failed and fell back to eager says so."""
-
         note = runtime.compile_note(self.forward, self._compile_note)
         update = self.graph_update.note if self.graph_update is not None else self._update_note
         return f"{note}; {update}" if update else note
@@ -437,7 +431,6 @@ class Engine:
         step, and the compiled update once at learning rate 0 with the optimizer state put back, so a backend that
         fails in the forward, the backward or the update falls back to eager here, with a note, instead of ending
         the run. Gradients are discarded; nothing that training computes changes (every step reseeds its RNG)."""
-
         if self.ds is not None:
             return
         objs = [self.forward] + ([self.graph_update.fn] if self.graph_update is not None else [])
@@ -476,7 +469,6 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
     """Pre-train `recipe` within `bud` on the prepared data; see the module docstring. `overridden` notes the
     command line's `--set` changes: they are written into recipe.json's deviations, so reports show them. `clock`
     measures training time (tests pass a simulated one to change the speed at will)."""
-
     tr = recipe.train
     log = Log(run_dir, dist.main)
     startup_t0 = clock()  # train()'s entry: start-up and this process's wall time count from here
@@ -894,7 +886,6 @@ def log_record(step: int, s: dict[str, float], lr: float, tokens_per_second: flo
                positions_per_second: float | None = None) -> dict:
     """One metrics.jsonl line. tokens_seen / tokens_per_second count real tokens (padding excluded);
     positions_per_second counts every position of the (B, T) batches, padding included, which is what MFU needs."""
-
     positions_per_second = tokens_per_second if positions_per_second is None else positions_per_second
     rec: dict = {"step": step, "lr": lr, "tokens_seen": tokens_seen, "train_seconds": round(train_seconds, 3),
                  "tokens_per_second": round(tokens_per_second, 1), "positions_per_second": round(positions_per_second, 1),
@@ -932,7 +923,6 @@ def fit_micro_batch(requested: int, rank_batch: int, device: torch.device, probe
 def _probe(forward, model: Electra, special, recipe: Recipe, mb: int, device: torch.device, precision: str,
            keep_grads: bool = False) -> None:
     """One forward + backward at micro-batch `mb` on dummy rows; gradients are discarded (unless `keep_grads`)."""
-
     T = recipe.train.seq_len
     ids = torch.full((mb, T), special.cls, device=device)
     ids[:, 1:-1] = torch.randint(1000 % recipe.model.vocab_size, recipe.model.vocab_size, (mb, T - 2), device=device)
