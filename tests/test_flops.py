@@ -268,3 +268,11 @@ def test_cli_bad_input_is_one_line_exit_2(args, needle):
     assert proc.returncode == 2
     assert needle in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("args,flag", [((0, None, None), "--steps"), ((None, -2, None), "--batch"),
+                                       ((None, None, 0), "--seq-len")])
+def test_flops_options_must_be_positive(args, flag):
+    with pytest.raises(UserError, match=f"^{flag} must be a positive integer"):
+        F.recipe_for_flops("tiny", *args, [])
+    assert F.recipe_for_flops("tiny", 7, 3, 32, []).train.steps == 7

@@ -175,3 +175,21 @@ def test_generator_shape_follows_the_official_rule(hidden, heads, ffn, fraction,
     assert g.embedding_size == 128  # shared embeddings keep the discriminator's width (projected)
     untied = ModelConfig(hidden_size=hidden, num_heads=heads, ffn_size=ffn, generator_fraction=fraction, sharing="none")
     assert untied.generator().embedding_size == want[0]  # official untied generator: its own width, no projection
+
+
+def test_cpu_training_attention_is_sdpa_mathematics(monkeypatch):
+    """model._attention's CPU branch (taken when training with attention dropout) computes what SDPA computes: with
+    its dropout made the identity, equal to F.scaled_dot_product_attention without dropout, with and without a
+    padding mask."""
+    import torch.nn.functional as F
+
+    from tinyelectra import model as model_module
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 6, 8, generator=g) for _ in range(3))
+    mask = torch.ones(2, 1, 1, 6, dtype=torch.bool)
+    mask[1, ..., 4:] = False
+    monkeypatch.setattr(model_module, "dropout", lambda x, p, training: x)
+    for m in (None, mask):
+        ours = model_module._attention(q, k, v, m, dropout_p=0.1)
+        torch.testing.assert_close(ours, F.scaled_dot_product_attention(q, k, v, attn_mask=m), rtol=1e-5, atol=1e-6)

@@ -123,10 +123,7 @@ def electra_terms(model: Electra, m: Masked, cfg: ObjectiveConfig, generator: to
                   capture: dict | None = None) -> LossTerms:
     """Generator MLM at the masked slots, Gumbel-max replacements, then replaced-token detection on every token.
     `capture` (held-out diagnostics only) receives the discriminator's logits and labels, (B, T) each."""
-    logits = model.generator_logits(m.masked_ids, m.token_type_ids, m.attention_mask, m.positions).float()  # (B, N, V)
-    ce = F.cross_entropy(logits.flatten(0, 1), m.targets.flatten(), reduction="none").view_as(m.weights)  # (B, N)
-    mlm_sum = (ce * m.weights).sum()
-
+    logits, mlm = mlm_terms(model, m)
     sampled = gumbel_sample(logits.detach(), cfg.temperature, generator)  # (B, N)
     sampled = torch.where(m.weights > 0, sampled, m.targets)
     fake_ids = m.input_ids.scatter(1, m.positions, sampled)  # (B, T)
@@ -141,33 +138,29 @@ def electra_terms(model: Electra, m: Masked, cfg: ObjectiveConfig, generator: to
     with torch.no_grad():
         pred = (disc_logits > 0).float()
         stats = {
-            "mlm_correct": ((logits.argmax(-1) == m.targets).float() * m.weights).sum(),
-            "mlm_count": m.weights.sum(),
+            **mlm.stats,
             "disc_correct": ((pred == labels).float() * tok_w).sum(),
             "disc_count": tok_w.sum(),
             "replaced": (labels * tok_w).sum(),
             "predicted": (pred * tok_w).sum(),
             "true_positive": (pred * labels * tok_w).sum(),
         }
-    return LossTerms(mlm_sum=mlm_sum, disc_sum=disc_sum, stats=stats)
+    return LossTerms(mlm_sum=mlm.mlm_sum, disc_sum=disc_sum, stats=stats)
 
 
-def mlm_terms(model: Electra, m: Masked) -> LossTerms:
-    """BERT's objective: cross-entropy of the (full-size) encoder's MLM head at the masked slots."""
+def mlm_terms(model: Electra, m: Masked) -> tuple[Tensor, LossTerms]:
+    """The (B, N, V) logits and BERT's objective: cross-entropy of the MLM head at the masked slots (the generator's
+    in ELECTRA, the full-size encoder's in the MLM baseline)."""
     logits = model.generator_logits(m.masked_ids, m.token_type_ids, m.attention_mask, m.positions).float()  # (B, N, V)
-    ce = F.cross_entropy(logits.flatten(0, 1), m.targets.flatten(), reduction="none").view_as(m.weights)
-    zero = ce.new_zeros(())
+    ce = F.cross_entropy(logits.flatten(0, 1), m.targets.flatten(), reduction="none").view_as(m.weights)  # (B, N)
     with torch.no_grad():
-        stats = {
-            "mlm_correct": ((logits.argmax(-1) == m.targets).float() * m.weights).sum(),
-            "mlm_count": m.weights.sum(),
-        }
-    return LossTerms(mlm_sum=(ce * m.weights).sum(), disc_sum=zero, stats=stats)
+        stats = {"mlm_correct": ((logits.argmax(-1) == m.targets).float() * m.weights).sum(), "mlm_count": m.weights.sum()}
+    return logits, LossTerms(mlm_sum=(ce * m.weights).sum(), disc_sum=ce.new_zeros(()), stats=stats)
 
 
 def loss_terms(model: Electra, m: Masked, cfg: ObjectiveConfig, generator: torch.Generator | None = None,
                capture: dict | None = None) -> LossTerms:
-    return electra_terms(model, m, cfg, generator, capture) if cfg.kind == "electra" else mlm_terms(model, m)
+    return electra_terms(model, m, cfg, generator, capture) if cfg.kind == "electra" else mlm_terms(model, m)[1]
 
 
 def combine(terms: LossTerms, cfg: ObjectiveConfig, mlm_count: Tensor, token_count: Tensor) -> Tensor:

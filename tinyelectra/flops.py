@@ -360,25 +360,16 @@ def format_flops(value: float) -> str:
     return f"{mantissa}e{int(exponent)}"
 
 
-def _positive(value: int | None, flag: str) -> None:
-    if value is not None and value <= 0:
-        raise UserError(f"{flag} must be a positive integer, got {value}")
-
-
 def recipe_for_flops(
     recipe_name: str, steps: int | None, batch: int | None, seq_len: int | None, overrides: list[str],
 ) -> Recipe:
     """Load the recipe and apply --steps/--batch/--seq-len on top of the --set overrides (validated there)."""
-    _positive(steps, "--steps")
-    _positive(batch, "--batch")
-    _positive(seq_len, "--seq-len")
     extra = []
-    if steps is not None:
-        extra.append(f"train.steps={steps}")
-    if batch is not None:
-        extra.append(f"train.batch_size={batch}")
-    if seq_len is not None:
-        extra.append(f"train.seq_len={seq_len}")
+    for value, flag, key in ((steps, "--steps", "steps"), (batch, "--batch", "batch_size"), (seq_len, "--seq-len", "seq_len")):
+        if value is not None and value <= 0:
+            raise UserError(f"{flag} must be a positive integer, got {value}")
+        if value is not None:
+            extra.append(f"train.{key}={value}")
     return load_recipe(recipe_name, list(overrides) + extra)
 
 
