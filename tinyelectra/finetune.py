@@ -153,10 +153,9 @@ def layerwise_groups(model, fc: FinetuneConfig) -> list[dict]:
 def _tensors(batch, device):
     import torch
 
-    ids = torch.from_numpy(batch.input_ids).to(device, non_blocking=True)  # (B, T)
-    types = torch.from_numpy(batch.token_type_ids).to(device, non_blocking=True)  # (B, T)
-    mask = torch.from_numpy(batch.attention_mask).to(device, non_blocking=True).bool()  # (B, T) True = token
-    return ids, types, mask
+    ids, types, mask = (torch.from_numpy(a).to(device, non_blocking=True)  # (B, T) each
+                        for a in (batch.input_ids, batch.token_type_ids, batch.attention_mask))
+    return ids, types, mask.bool()  # mask: True = token
 
 
 def predict(model, enc: EncodedSplit, batch_size: int, device, precision: str) -> np.ndarray:

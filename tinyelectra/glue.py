@@ -112,10 +112,8 @@ def find_checkpoints(path: Path) -> list[CheckpointRef]:
         return [CheckpointRef(p / "discriminator", p.name, "transformers", None)]
     if (p / "plan.json").is_file():
         raise UserError(f"--checkpoint {p}: a run without fraction checkpoints yet (ckpt-0625 appears at 6.25% of the budget)")
-    raise UserError(
-        f"--checkpoint {p}: not a run directory (with ckpt-* inside), a tinyelectra checkpoint or a transformers "
-        "ELECTRA directory (config.json with model_type \"electra\")"
-    )
+    raise UserError(f"--checkpoint {p}: not a run directory (with ckpt-* inside), a tinyelectra checkpoint or a "
+                    "transformers ELECTRA directory (config.json with model_type \"electra\")")
 
 
 def checkpoint_meta(ref: CheckpointRef) -> dict[str, Any]:
@@ -467,11 +465,9 @@ def _reusable(target: Path, fresh: dict[str, Any]) -> tuple[dict[str, tuple[dict
     """What an earlier glue.json for the same checkpoint, protocol and seeds holds (else nothing): its finished tasks,
     each with the description of the data it used, {task: (task entry, data description)}; and the finished seeds of
     tasks it did not finish (interrupted), {task: {"seeds": [records], "data": description}}."""
-    if not target.is_file():
-        return {}, {}
     try:
         old = json.loads(target.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # none yet, or unreadable
         return {}, {}
     old_protocol = old.get("protocol") or {}
     same = (old.get("format") == FORMAT and old.get("checkpoint", {}).get("path") == fresh["checkpoint"]["path"]

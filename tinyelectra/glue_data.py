@@ -195,22 +195,11 @@ CUSTOM_FILES: dict[str, dict[str, Path]] = {}  # custom task -> split -> its fil
 CUSTOM_FORMATS = (".tsv", ".csv", ".jsonl")
 TASK_FILE_KEYS = {"name", "train", "dev", "test", "text_columns", "label_column", "labels", "metric", "epochs",
                   "index_column"}
-TASK_FILE_EXAMPLE = """name = "klue-nli"                    # a name of your own
-train = "klue-nli/train.tsv"          # .tsv (tabs, no quoting), .csv or .jsonl; relative to this file
-dev = "klue-nli/dev.tsv"
-test = "klue-nli/test.tsv"            # optional: predictions are written as klue-nli.tsv
-text_columns = ["premise", "hypothesis"]   # one column (single texts) or two (pairs)
-label_column = "label"
-labels = ["entailment", "neutral", "contradiction"]   # optional: default, the train file's labels, sorted
-metric = "accuracy"                   # accuracy, f1 (binary; the second label is positive), macro_f1,
-                                      # matthews_corr, or pearson / spearman for numeric labels (regression)
-epochs = 3                            # optional (default 3)
-index_column = "id"                   # optional: the test file's ids for the predictions"""
 
 
 def load_task_file(path: str | Path) -> TaskSpec:
-    """Read a custom task's TOML description (see TASK_FILE_EXAMPLE), check its files and columns, and register it
-    beside the GLUE tasks so that reading, fine-tuning, metrics and glue.json treat it the same way."""
+    """Read a custom task's TOML description (README: "Tasks of your own"), check its files and columns, and register
+    it beside the GLUE tasks so that reading, fine-tuning, metrics and glue.json treat it the same way."""
     path = Path(path)
     raw = read_toml(path, "--task-file ")
     where = f"--task-file {path}"
@@ -613,19 +602,16 @@ def load_hf_split(task: str, split: str, dataset_name: str = HF_DATASET) -> Glue
     try:
         import datasets
     except ImportError:
-        raise UserError(
-            "reading GLUE from Hugging Face needs the `datasets` package (pip install 'tinyelectra[data]'); "
-            "or use --glue-dir with the classic glue_data folders"
-        ) from None
+        raise UserError("reading GLUE from Hugging Face needs the `datasets` package (pip install "
+                        "'tinyelectra[data]'); or use --glue-dir with the classic glue_data folders") from None
     hf_split = _HF_SPLITS[split]
     try:
         ds = datasets.load_dataset(dataset_name, spec.name, split=hf_split)
     except Exception as e:  # network, offline mode, missing config: all mean "not available from here"
         reason = (str(e).strip().splitlines() or [""])[0][:200]
-        raise UserError(
-            f"could not load {dataset_name} '{spec.name}' split '{hf_split}' from the Hugging Face hub "
-            f"({type(e).__name__}: {reason}); use --glue-dir with the classic glue_data folders instead"
-        ) from None
+        raise UserError(f"could not load {dataset_name} '{spec.name}' split '{hf_split}' from the Hugging Face hub "
+                        f"({type(e).__name__}: {reason}); use --glue-dir with the classic glue_data folders "
+                        "instead") from None
     return from_hf_dataset(ds, spec.name, split, source=f"hf:{dataset_name}/{spec.name}/{hf_split}")
 
 
@@ -819,9 +805,8 @@ def prediction_vector(task: str, predictions: np.ndarray | Sequence) -> np.ndarr
         return p.argmax(axis=1).astype(np.int64)
     if p.ndim != 1:
         raise ValueError(f"{spec.name} predictions must be (M,) class ids or (M, C) scores, got shape {p.shape}")
-    if p.size and not np.issubdtype(p.dtype, np.integer):
-        if not np.all(np.equal(np.mod(p, 1), 0)):
-            raise ValueError(f"{spec.name} class predictions must be whole numbers")
+    if p.size and not np.issubdtype(p.dtype, np.integer) and not np.all(np.equal(np.mod(p, 1), 0)):
+        raise ValueError(f"{spec.name} class predictions must be whole numbers")
     return p.astype(np.int64)
 
 
@@ -834,10 +819,8 @@ def write_submission(out_dir: str | Path, test_split: GlueSplit, predictions: np
     if name is None:
         raise ValueError(f"{spec.name} {test_split.split} is not a test split; submissions are for test splits")
     if test_split.malformed:
-        raise UserError(
-            f"cannot write a complete {name}: {len(test_split.malformed)} test lines were malformed "
-            f"(first: {test_split.malformed[0]}); GLUE needs a prediction for every test example"
-        )
+        raise UserError(f"cannot write a complete {name}: {len(test_split.malformed)} test lines were malformed "
+                        f"(first: {test_split.malformed[0]}); GLUE needs a prediction for every test example")
     values = prediction_vector(spec.name, predictions)
     if len(values) != len(test_split):
         raise ValueError(f"{len(values)} predictions for {len(test_split)} {spec.name} {test_split.split} examples")
