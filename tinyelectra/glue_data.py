@@ -679,17 +679,14 @@ class PairTokenizer(Protocol):
 def truncate_pair_lengths(len_a: np.ndarray, len_b: np.ndarray, budget: int) -> tuple[np.ndarray, np.ndarray]:
     """Segment lengths after BERT's rule: while A + B > budget, drop the last token of the longer segment
     (of B when they are equal). Closed form of that loop, for all examples at once."""
-    a = np.asarray(len_a, dtype=np.int64)
-    b = np.asarray(len_b, dtype=np.int64)
+    a, b = np.asarray(len_a, dtype=np.int64), np.asarray(len_b, dtype=np.int64)
     short = np.minimum(a, b)
     over = a + b > budget
     # Cutting only the longer one suffices when it can end at budget - short without passing the shorter.
     longer_only = over & (budget - short >= short)
     both = over & ~longer_only  # then the loop alternates: A ends at ceil(budget / 2), B at floor(budget / 2)
-    keep_a = np.where(longer_only & (a > b), budget - b, a)
-    keep_b = np.where(longer_only & (a <= b), budget - a, b)
-    keep_a = np.where(both, (budget + 1) // 2, keep_a)
-    keep_b = np.where(both, budget // 2, keep_b)
+    keep_a = np.where(both, (budget + 1) // 2, np.where(longer_only & (a > b), budget - b, a))
+    keep_b = np.where(both, budget // 2, np.where(longer_only & (a <= b), budget - a, b))
     return keep_a, keep_b
 
 
