@@ -153,10 +153,9 @@ def layerwise_groups(model, fc: FinetuneConfig) -> list[dict]:
 def _tensors(batch, device):
     import torch
 
-    ids = torch.from_numpy(batch.input_ids).to(device, non_blocking=True)  # (B, T)
-    types = torch.from_numpy(batch.token_type_ids).to(device, non_blocking=True)  # (B, T)
-    mask = torch.from_numpy(batch.attention_mask).to(device, non_blocking=True).bool()  # (B, T) True = token
-    return ids, types, mask
+    ids, types, mask = (torch.from_numpy(a).to(device, non_blocking=True)  # (B, T) each
+                        for a in (batch.input_ids, batch.token_type_ids, batch.attention_mask))
+    return ids, types, mask.bool()  # mask: True = token
 
 
 def predict(model, enc: EncodedSplit, batch_size: int, device, precision: str) -> np.ndarray:
@@ -194,23 +193,19 @@ MEGABATCH = 50  # batches per length-sorted group in "length" batching (as trans
 
 def batch_indices(num_rows: int, batch_size: int, total_steps: int, seed: int,
                   lengths: np.ndarray | None = None) -> Iterator[np.ndarray]:
-    """The rows of every training step: a fresh permutation per epoch (numpy, seeded), cut into batches.
-
-    With `lengths` (batching = "length"): each epoch's permutation is cut into groups of MEGABATCH batches, each
-    group sorted by length (longest first) and cut into batches, and the batches shuffled; every row still appears
-    once per epoch, batches hold rows of similar length, so dynamic padding wastes little. Not the paper's recipe."""
+    """The rows of every training step: a fresh permutation per epoch (numpy, seeded), cut into batches. With
+    `lengths` (batching = "length", not the paper's): each group of MEGABATCH batches' rows is sorted by length
+    (longest first) before the cut, and the batches shuffled: every row once per epoch, similar lengths together."""
     rng = np.random.default_rng(seed)
-    per_epoch = math.ceil(num_rows / batch_size)
     step = 0
     while step < total_steps:
         order = rng.permutation(num_rows)
         if lengths is None:
-            batches = [order[b * batch_size:(b + 1) * batch_size] for b in range(per_epoch)]
+            batches = [order[j:j + batch_size] for j in range(0, num_rows, batch_size)]
         else:
-            group = batch_size * MEGABATCH
             batches = []
-            for start in range(0, num_rows, group):
-                chunk = order[start:start + group]
+            for start in range(0, num_rows, batch_size * MEGABATCH):
+                chunk = order[start:start + batch_size * MEGABATCH]
                 chunk = chunk[np.argsort(-lengths[chunk], kind="stable")]
                 batches += [chunk[j:j + batch_size] for j in range(0, len(chunk), batch_size)]
             batches = [batches[i] for i in rng.permutation(len(batches))]

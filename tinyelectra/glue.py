@@ -1,10 +1,7 @@
-"""GLUE fine-tuning with the paper's protocol: `tinyelectra glue`.
-
-What lives here: choosing checkpoints and tasks, running every (checkpoint, task, seed), evaluation on the dev
-sets, seed medians, test-set submission files and OUT/<checkpoint>/glue.json.
-What does not: one fine-tuning run and its settings (finetune.py), reading GLUE files and encoding pairs
-(glue_data.py), metrics (metrics.py), the network (model.Classifier), loading weights (hf.load_backbone), the
-report across checkpoints (report.py).
+"""GLUE fine-tuning with the paper's protocol, `tinyelectra glue`: choosing checkpoints and tasks, running every
+(checkpoint, task, seed), dev-set evaluation, seed medians, test-set submission files and OUT/<checkpoint>/glue.json.
+Not here: one fine-tuning run and its settings (finetune.py), GLUE files and pair encoding (glue_data.py), metrics
+(metrics.py), the network (model.Classifier), loading weights (hf.load_backbone), the report (report.py).
 
 Protocol (the paper's fine-tuning appendix; official configure_finetuning.py and model/optimization.py), each knob a `--set key=value`:
 - peak LR by model size, decided by the hidden size: <= 256 Small 3e-4, <= 768 Base 1e-4, larger Large 5e-5;
@@ -25,8 +22,6 @@ Dynamic padding: each batch is padded to its longest row, not to 128. With the a
 absolute positions and per-token LayerNorm, the [CLS] output is the same function of the real tokens either way
 (tests/test_glue.py checks it to 1e-5); only the wasted work on padding goes away. Evaluation batches are formed
 from length-sorted rows for the same reason, and the predictions put back in file order.
-
-Shapes: B batch, T tokens (the batch's longest row), C classes (1 for regression), M examples.
 """
 
 from __future__ import annotations
@@ -117,10 +112,8 @@ def find_checkpoints(path: Path) -> list[CheckpointRef]:
         return [CheckpointRef(p / "discriminator", p.name, "transformers", None)]
     if (p / "plan.json").is_file():
         raise UserError(f"--checkpoint {p}: a run without fraction checkpoints yet (ckpt-0625 appears at 6.25% of the budget)")
-    raise UserError(
-        f"--checkpoint {p}: not a run directory (with ckpt-* inside), a tinyelectra checkpoint or a transformers "
-        "ELECTRA directory (config.json with model_type \"electra\")"
-    )
+    raise UserError(f"--checkpoint {p}: not a run directory (with ckpt-* inside), a tinyelectra checkpoint or a "
+                    "transformers ELECTRA directory (config.json with model_type \"electra\")")
 
 
 def checkpoint_meta(ref: CheckpointRef) -> dict[str, Any]:
@@ -177,20 +170,14 @@ def choose_tasks(spec: str, glue_dir: Path | None, use_hf: bool, custom: list[st
         if named:
             raise UserError(f"--tasks {', '.join(named)}: GLUE tasks need --glue-dir or --hf")
         return custom, {}
-    names, skipped = _choose_glue_tasks(",".join(glue_parts), glue_dir, use_hf)
-    return names + custom, skipped
-
-
-def _choose_glue_tasks(spec: str, glue_dir: Path | None, use_hf: bool) -> tuple[list[str], dict[str, str]]:
     if glue_dir is None and not use_hf:
         raise UserError("GLUE data: give --glue-dir DIR (the classic glue_data folders: CoLA/, SST-2/, ...) or --hf "
                         "(Hugging Face `datasets`, needs the hub), or a task of your own with --task-file")
     if glue_dir is not None and use_hf:
         raise UserError("give either --glue-dir or --hf, not both")
-    names = resolve_tasks(spec)
-    explicit_all = any(p.strip().lower() == "all" for p in spec.split(","))
-    if use_hf or not explicit_all:
-        return names, {}
+    names = resolve_tasks(",".join(glue_parts))
+    if use_hf or not any(p.lower() == "all" for p in glue_parts):
+        return names + custom, {}
     if not Path(glue_dir).is_dir():
         raise UserError(f"--glue-dir {glue_dir}: no such directory (expected the classic glue_data layout)")
     chosen, skipped = [], {}
@@ -203,7 +190,7 @@ def _choose_glue_tasks(spec: str, glue_dir: Path | None, use_hf: bool) -> tuple[
             chosen.append(name)
     if not chosen:
         raise UserError(f"--glue-dir {glue_dir}: no task has both train and dev files ({'; '.join(skipped.values())})")
-    return chosen, skipped
+    return chosen + custom, skipped
 
 
 def read_task(task: str, glue_dir: Path | None, max_train_rows: int | None, with_test: bool) -> TaskData:
@@ -223,13 +210,9 @@ def read_task(task: str, glue_dir: Path | None, max_train_rows: int | None, with
     if spec.swap_pairs:
         train = with_swapped_pairs(train)
     dev = {s: read(s) for s in spec.dev_splits}
-    test: list[GlueSplit] = []
-    if with_test:
-        for s in spec.test_splits:
-            if not local or find_split_file(glue_dir, task, s) is not None:
-                test.append(read(s))
-        if task == "mnli" and (glue_dir is None or find_split_file(glue_dir, "ax", "test") is not None):
-            test.append(read("test", "ax"))  # the diagnostic set is predicted by the MNLI model
+    test = [read(s) for s in spec.test_splits if with_test and (not local or find_split_file(glue_dir, task, s))]
+    if with_test and task == "mnli" and (glue_dir is None or find_split_file(glue_dir, "ax", "test") is not None):
+        test.append(read("test", "ax"))  # the diagnostic set is predicted by the MNLI model
     return TaskData(task=spec.name, train=train, dev=dev, test=test, original_train_rows=original)
 
 
@@ -246,9 +229,14 @@ def encode_task(tokenizer, data: TaskData, max_length: int) -> EncodedTask:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _median_std(values: list[float]) -> tuple[float, float | None]:
-    """Median, and the sample standard deviation (None for a single seed)."""
-    return float(statistics.median(values)), (float(statistics.stdev(values)) if len(values) > 1 else None)
+def _spread(records: list[dict]) -> dict[str, float | None]:
+    """Median and sample standard deviation (None for a single seed) of the records' paper and leaderboard scores."""
+    out: dict[str, float | None] = {}
+    for kind in ("paper", "glue"):
+        values = [r[f"{kind}_score"] for r in records]
+        out[f"median_{kind}"] = float(statistics.median(values))
+        out[f"std_{kind}"] = float(statistics.stdev(values)) if len(values) > 1 else None
+    return out
 
 
 def median_seed_index(scores: list[float]) -> int:
@@ -260,17 +248,8 @@ def median_seed_index(scores: list[float]) -> int:
 def summarize_task(task: str, seeds: list[dict]) -> dict[str, Any]:
     """Median and standard deviation over seeds, of the paper's and the leaderboard's score, per dev split."""
     spec = get_task(task)
-    summary: dict[str, Any] = {"paper_metric": spec.paper_metric, "glue_metric": spec.glue_metric}
-    for kind in ("paper", "glue"):
-        median, std = _median_std([s[f"{kind}_score"] for s in seeds])
-        summary[f"median_{kind}"], summary[f"std_{kind}"] = median, std
-    extra = {}
-    for split in spec.dev_splits[1:]:  # MNLI mismatched
-        entry = {}
-        for kind in ("paper", "glue"):
-            median, std = _median_std([s["splits"][split][f"{kind}_score"] for s in seeds])
-            entry[f"median_{kind}"], entry[f"std_{kind}"] = median, std
-        extra[split] = entry
+    summary: dict[str, Any] = {"paper_metric": spec.paper_metric, "glue_metric": spec.glue_metric, **_spread(seeds)}
+    extra = {split: _spread([s["splits"][split] for s in seeds]) for split in spec.dev_splits[1:]}  # MNLI mismatched
     if extra:
         summary["splits"] = extra
     return summary
@@ -356,14 +335,13 @@ def run_checkpoint(ref: CheckpointRef, data: dict[str, TaskData], fc: FinetuneCo
         result["partial"] = dict(previous_seeds)
     started = time.perf_counter()
     for task in tasks:
-        if task in previous and previous[task][1] == data[task].describe():  # same rows from the same files
-            previous_entry = previous[task][0]
+        described = data[task].describe()
+        if task in previous and previous[task][1] == described:  # same rows from the same files
             console.print(f"[dim]{ref.name} {task}: reusing the results in {target} (same checkpoint, protocol and seeds)[/]")
-            result["tasks"][task] = previous_entry
-            result["data"][task] = data[task].describe()
+            result["tasks"][task], result["data"][task] = previous[task][0], described
             continue
         finished = {}  # seed -> its record, kept from an interrupted run of the same task on the same rows
-        if task in previous_seeds and previous_seeds[task]["data"] == data[task].describe():
+        if task in previous_seeds and previous_seeds[task]["data"] == described:
             finished = {r["seed"]: r for r in previous_seeds[task]["seeds"] if r["seed"] in seeds}
             if data[task].test:  # a reused seed's test predictions are needed if it is the median one
                 finished = {k: r for k, r in finished.items() if _seed_outputs_path(target, task, k).is_file()}
@@ -381,14 +359,13 @@ def run_checkpoint(ref: CheckpointRef, data: dict[str, TaskData], fc: FinetuneCo
             bar = progress.add_task(f"{ref.name} {task}", total=steps * len(seeds), loss="-")
             lines = _PlainProgress(console, steps)  # a log file (nohup, CI) gets plain lines instead of the bar
             for k, seed in enumerate(seeds):
-                progress.update(bar, description=f"{ref.name} {task} seed {k + 1}/{len(seeds)}")
-                done_before = k * steps
+                what, done_before = f"{ref.name} {task} seed {k + 1}/{len(seeds)}", k * steps
+                progress.update(bar, description=what)
                 if seed in finished:
                     seed_results.append(finished[seed])
                     test_outputs.append(_load_seed_outputs(target, task, seed, len(data[task].test)))
                     progress.update(bar, completed=done_before + steps)
                     continue
-                what = f"{ref.name} {task} seed {k + 1}/{len(seeds)}"
 
                 def on_step(step: int, loss: float | None, _base=done_before, _what=what, _bar=bar, _lines=lines) -> None:
                     fields = {} if loss is None else {"loss": f"{loss:.4f}"}
@@ -397,7 +374,6 @@ def run_checkpoint(ref: CheckpointRef, data: dict[str, TaskData], fc: FinetuneCo
 
                 model, facts = finetune(backbone, task, enc, fc, seed, device, precision, on_step)
                 t_eval = time.perf_counter()
-                record: dict[str, Any] = {"seed": seed}
                 splits = {}
                 for split, dev_enc in enc.dev.items():
                     score = score_task(task, predict(model, dev_enc, fc.eval_batch_size, device, precision),
@@ -405,8 +381,7 @@ def run_checkpoint(ref: CheckpointRef, data: dict[str, TaskData], fc: FinetuneCo
                     splits[split] = {"paper_score": score.paper_score, "glue_score": score.glue_score,
                                      "metrics": score.metrics, "examples": score.num_examples}
                 primary = splits[get_task(task).primary_dev_split]
-                record.update(paper_score=primary["paper_score"], glue_score=primary["glue_score"],
-                              metrics=primary["metrics"])
+                record = {"seed": seed, **{k: primary[k] for k in ("paper_score", "glue_score", "metrics")}}
                 if len(splits) > 1:
                     record["splits"] = splits
                 test_outputs.append([predict(model, t, fc.eval_batch_size, device, precision) for t in enc.test])
@@ -417,7 +392,7 @@ def run_checkpoint(ref: CheckpointRef, data: dict[str, TaskData], fc: FinetuneCo
                 # every finished seed is on disk at once: an interrupt loses at most the seed being trained
                 if data[task].test:
                     _save_seed_outputs(target, task, seed, test_outputs[-1])
-                result.setdefault("partial", {})[task] = {"seeds": list(seed_results), "data": data[task].describe()}
+                result.setdefault("partial", {})[task] = {"seeds": list(seed_results), "data": described}
                 write_json(target, result)
         entry = {"epochs": fc.task_epochs(task), "train_rows": len(enc.train), "steps_per_epoch": per_epoch,
                  "steps": steps, "peak_lr": fc.peak_lr(cfg.hidden_size), "truncated_train_rows": enc.train.truncated,
@@ -428,8 +403,7 @@ def run_checkpoint(ref: CheckpointRef, data: dict[str, TaskData], fc: FinetuneCo
             files = [str(write_submission(sub_dir, split, outputs))
                      for split, outputs in zip(data[task].test, test_outputs[chosen])]
             entry["test_predictions"] = {"seed": seeds[chosen], "files": files}
-        result["tasks"][task] = entry
-        result["data"][task] = data[task].describe()
+        result["tasks"][task], result["data"][task] = entry, described
         result["averages"] = task_averages(result["tasks"])
         (result.get("partial") or {}).pop(task, None)
         if not result.get("partial"):
@@ -491,19 +465,15 @@ def _reusable(target: Path, fresh: dict[str, Any]) -> tuple[dict[str, tuple[dict
     """What an earlier glue.json for the same checkpoint, protocol and seeds holds (else nothing): its finished tasks,
     each with the description of the data it used, {task: (task entry, data description)}; and the finished seeds of
     tasks it did not finish (interrupted), {task: {"seeds": [records], "data": description}}."""
-    if not target.is_file():
-        return {}, {}
     try:
         old = json.loads(target.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # none yet, or unreadable
         return {}, {}
+    old_protocol = old.get("protocol") or {}
     same = (old.get("format") == FORMAT and old.get("checkpoint", {}).get("path") == fresh["checkpoint"]["path"]
-            and old.get("seeds") == fresh["seeds"] and old.get("meta") == fresh["meta"]
-            and old.get("device") == fresh["device"] and old.get("precision") == fresh["precision"])
+            and all(old.get(k) == fresh[k] for k in ("seeds", "meta", "device", "precision"))
+            and all(old_protocol.get(k) == fresh["protocol"][k] for k in ("settings", "max_train_rows")))
     if not same:
-        return {}, {}
-    old_settings = (old.get("protocol") or {}).get("settings")
-    if old_settings != fresh["protocol"]["settings"] or old["protocol"].get("max_train_rows") != fresh["protocol"]["max_train_rows"]:
         return {}, {}
     tasks = {t: (v, (old.get("data") or {}).get(t)) for t, v in (old.get("tasks") or {}).items()
              if t in fresh["protocol"]["epochs"]}
@@ -600,16 +570,14 @@ def glue_command(checkpoint: Path, glue_dir: Path | None, use_hf: bool, tasks: s
     for ref in refs:
         path = Path(out_dir) / ref.name / "glue.json"
         try:
-            run_checkpoint(ref, data, fc, seed_list, Path(out_dir), dev, precision, reason, max_train_rows, skipped,
-                           command, console, cache)
+            result = run_checkpoint(ref, data, fc, seed_list, Path(out_dir), dev, precision, reason, max_train_rows,
+                                    skipped, command, console, cache)
         except Interrupted as e:
             console.print(f"interrupted ({e.signal_name}): {_kept(path)}; run the same command again to continue "
                           "(finished tasks and seeds are reused)", highlight=False)
             raise
-        result = json.loads(path.read_text(encoding="utf-8"))
         for kind in ("paper", "glue"):
-            avg = result["averages"].get(kind)
-            if avg:
+            if avg := result["averages"].get(kind):
                 console.print(f"{ref.name}: {kind} average {avg['score']:.1f} ({avg['label']})")
         console.print(f"wrote {path}")
         written.append(path)

@@ -1,8 +1,6 @@
 """GLUE data: the task table, readers (classic `glue_data` folders and Hugging Face `datasets`), pair encoding
-for fine-tuning, and the writer of GLUE test-set submission files.
-
-What lives here: facts about the nine GLUE tasks and the AX diagnostic, and turning their files into arrays.
-What does not: metrics (metrics.py), the model, the fine-tuning loop and the report (glue.py, report.py).
+for fine-tuning, and the writer of GLUE test-set submission files: facts about the nine GLUE tasks and the AX
+diagnostic, and turning their files into arrays (metrics are metrics.py's; the fine-tuning loop glue.py's).
 
 Facts were checked against the classic `download_glue_data.py` layout, the Hugging Face GLUE builder
 (column names, label order), the official ELECTRA fine-tuning code (column positions, BERT's truncation rule,
@@ -60,19 +58,19 @@ class TaskSpec:
     """Everything tinyelectra knows about one GLUE task. Class id i is `file_labels[i]` in the files and
     `label_names[i]` in Hugging Face's ClassLabel, so both readers give the same ids."""
 
-    name: str  # our key: "sst2"
+    name: str  # our key: "sst2"; also the Hugging Face `datasets` config name
     dir_name: str  # folder in glue_data: "SST-2"
-    files: Mapping[str, str]  # split -> file name in that folder ("train", "dev", "test", MNLI's dev_matched ...)
     text_columns: tuple[str, ...]  # header names of segment A (and B)
-    label_column: str | None  # header name of the label in labelled files (None: AX has no labels)
     file_labels: tuple[str, ...]  # label strings as written in the files, in class-id order; () = regression
     label_names: tuple[str, ...]  # readable names in the same order (= Hugging Face ClassLabel names)
-    index_column: str | None  # header name of the example id in test files (QQP: "id")
-    paper_metric: str  # the ELECTRA paper's number for this task
-    glue_metric: str  # the GLUE leaderboard's number for this task
     submission_files: Mapping[str, str]  # test split -> file name in a GLUE submission
-    hf_config: str  # Hugging Face `datasets` config name
-    hf_text_columns: tuple[str, ...]  # Hugging Face column names of segment A (and B)
+    # split -> file name in the task's folder ("train", "dev", "test", MNLI's dev_matched ...)
+    files: Mapping[str, str] = field(default_factory=lambda: {s: f"{s}.tsv" for s in ("train", "dev", "test")})
+    label_column: str | None = "label"  # header name of the label in labelled files (None: AX has no labels)
+    index_column: str | None = "index"  # header name of the example id in test files (QQP: "id")
+    paper_metric: str = ACCURACY  # the ELECTRA paper's number for this task
+    glue_metric: str = ACCURACY  # the GLUE leaderboard's number for this task
+    hf_text_columns: tuple[str, ...] = ()  # Hugging Face column names of segment A (and B); () = text_columns
     headerless_columns: tuple[str, ...] | None = None  # column names of labelled files written without a header
     epochs: int = 3  # fine-tuning epochs (the paper's fine-tuning appendix: 3, 10 for RTE and STS-B)
     swap_pairs: bool = False  # MRPC, STS-B: also train on (B, A) (official configure_finetuning.py: double_unordered)
@@ -105,46 +103,34 @@ class TaskSpec:
         return self.dev_splits[0]
 
 
-def _files() -> dict[str, str]:
-    return {"train": "train.tsv", "dev": "dev.tsv", "test": "test.tsv"}
-
-
 TASKS: dict[str, TaskSpec] = {
     t.name: t
     for t in (
         TaskSpec(
-            name="cola", dir_name="CoLA", files=_files(), text_columns=("sentence",), label_column="label",
-            file_labels=("0", "1"), label_names=("unacceptable", "acceptable"), index_column="index",
-            paper_metric=MATTHEWS, glue_metric=MATTHEWS, submission_files={"test": "CoLA.tsv"},
-            hf_config="cola", hf_text_columns=("sentence",),
+            name="cola", dir_name="CoLA", text_columns=("sentence",), file_labels=("0", "1"),
+            label_names=("unacceptable", "acceptable"), paper_metric=MATTHEWS, glue_metric=MATTHEWS,
+            submission_files={"test": "CoLA.tsv"},
             # train/dev: source code, label, the original author's mark ("*"), sentence; no header.
             headerless_columns=("source", "label", "label_notes", "sentence"),
         ),
         TaskSpec(
-            name="sst2", dir_name="SST-2", files=_files(), text_columns=("sentence",), label_column="label",
-            file_labels=("0", "1"), label_names=("negative", "positive"), index_column="index",
-            paper_metric=ACCURACY, glue_metric=ACCURACY, submission_files={"test": "SST-2.tsv"},
-            hf_config="sst2", hf_text_columns=("sentence",),
+            name="sst2", dir_name="SST-2", text_columns=("sentence",), file_labels=("0", "1"),
+            label_names=("negative", "positive"), submission_files={"test": "SST-2.tsv"},
         ),
         TaskSpec(
-            name="mrpc", dir_name="MRPC", files=_files(), text_columns=("#1 String", "#2 String"),
-            label_column="Quality", file_labels=("0", "1"), label_names=("not_equivalent", "equivalent"),
-            index_column="index", paper_metric=ACCURACY, glue_metric=F1_ACCURACY_MEAN,
-            submission_files={"test": "MRPC.tsv"}, hf_config="mrpc", hf_text_columns=("sentence1", "sentence2"),
-            swap_pairs=True,
+            name="mrpc", dir_name="MRPC", text_columns=("#1 String", "#2 String"), label_column="Quality",
+            file_labels=("0", "1"), label_names=("not_equivalent", "equivalent"), glue_metric=F1_ACCURACY_MEAN,
+            submission_files={"test": "MRPC.tsv"}, hf_text_columns=("sentence1", "sentence2"), swap_pairs=True,
         ),
         TaskSpec(
-            name="stsb", dir_name="STS-B", files=_files(), text_columns=("sentence1", "sentence2"),
-            label_column="score", file_labels=(), label_names=(), index_column="index",
-            paper_metric=SPEARMAN, glue_metric=PEARSON_SPEARMAN_MEAN, submission_files={"test": "STS-B.tsv"},
-            hf_config="stsb", hf_text_columns=("sentence1", "sentence2"), epochs=10, swap_pairs=True,
-            score_range=(0.0, 5.0),
+            name="stsb", dir_name="STS-B", text_columns=("sentence1", "sentence2"), label_column="score",
+            file_labels=(), label_names=(), paper_metric=SPEARMAN, glue_metric=PEARSON_SPEARMAN_MEAN,
+            submission_files={"test": "STS-B.tsv"}, epochs=10, swap_pairs=True, score_range=(0.0, 5.0),
         ),
         TaskSpec(
-            name="qqp", dir_name="QQP", files=_files(), text_columns=("question1", "question2"),
-            label_column="is_duplicate", file_labels=("0", "1"), label_names=("not_duplicate", "duplicate"),
-            index_column="id", paper_metric=ACCURACY, glue_metric=F1_ACCURACY_MEAN,
-            submission_files={"test": "QQP.tsv"}, hf_config="qqp", hf_text_columns=("question1", "question2"),
+            name="qqp", dir_name="QQP", text_columns=("question1", "question2"), label_column="is_duplicate",
+            file_labels=("0", "1"), label_names=("not_duplicate", "duplicate"), index_column="id",
+            glue_metric=F1_ACCURACY_MEAN, submission_files={"test": "QQP.tsv"},
             headerless_columns=("id", "qid1", "qid2", "question1", "question2", "is_duplicate"),
         ),
         TaskSpec(
@@ -155,36 +141,30 @@ TASKS: dict[str, TaskSpec] = {
             },
             text_columns=("sentence1", "sentence2"), label_column="gold_label",
             file_labels=("entailment", "neutral", "contradiction"),
-            label_names=("entailment", "neutral", "contradiction"), index_column="index",
-            paper_metric=ACCURACY, glue_metric=ACCURACY,
+            label_names=("entailment", "neutral", "contradiction"),
             submission_files={"test_matched": "MNLI-m.tsv", "test_mismatched": "MNLI-mm.tsv"},
-            hf_config="mnli", hf_text_columns=("premise", "hypothesis"),
+            hf_text_columns=("premise", "hypothesis"),
         ),
         TaskSpec(
-            name="qnli", dir_name="QNLI", files=_files(), text_columns=("question", "sentence"), label_column="label",
+            name="qnli", dir_name="QNLI", text_columns=("question", "sentence"),
             file_labels=("entailment", "not_entailment"), label_names=("entailment", "not_entailment"),
-            index_column="index", paper_metric=ACCURACY, glue_metric=ACCURACY, submission_files={"test": "QNLI.tsv"},
-            hf_config="qnli", hf_text_columns=("question", "sentence"),
+            submission_files={"test": "QNLI.tsv"},
         ),
         TaskSpec(
-            name="rte", dir_name="RTE", files=_files(), text_columns=("sentence1", "sentence2"), label_column="label",
+            name="rte", dir_name="RTE", text_columns=("sentence1", "sentence2"),
             file_labels=("entailment", "not_entailment"), label_names=("entailment", "not_entailment"),
-            index_column="index", paper_metric=ACCURACY, glue_metric=ACCURACY, submission_files={"test": "RTE.tsv"},
-            hf_config="rte", hf_text_columns=("sentence1", "sentence2"), epochs=10,
+            submission_files={"test": "RTE.tsv"}, epochs=10,
         ),
         TaskSpec(
-            name="wnli", dir_name="WNLI", files=_files(), text_columns=("sentence1", "sentence2"), label_column="label",
-            file_labels=("0", "1"), label_names=("not_entailment", "entailment"), index_column="index",
-            paper_metric=ACCURACY, glue_metric=ACCURACY, submission_files={"test": "WNLI.tsv"},
-            hf_config="wnli", hf_text_columns=("sentence1", "sentence2"),
+            name="wnli", dir_name="WNLI", text_columns=("sentence1", "sentence2"), file_labels=("0", "1"),
+            label_names=("not_entailment", "entailment"), submission_files={"test": "WNLI.tsv"},
         ),
         # The diagnostic set: test only, predicted by the MNLI model, submitted as AX.tsv.
         TaskSpec(
             name="ax", dir_name="diagnostic", files={"test": "diagnostic.tsv"}, text_columns=("sentence1", "sentence2"),
             label_column=None, file_labels=("entailment", "neutral", "contradiction"),
-            label_names=("entailment", "neutral", "contradiction"), index_column="index",
-            paper_metric=ACCURACY, glue_metric=ACCURACY, submission_files={"test": "AX.tsv"},
-            hf_config="ax", hf_text_columns=("premise", "hypothesis"),
+            label_names=("entailment", "neutral", "contradiction"), submission_files={"test": "AX.tsv"},
+            hf_text_columns=("premise", "hypothesis"),
         ),
     )
 }
@@ -193,13 +173,12 @@ TASKS: dict[str, TaskSpec] = {
 GLUE_TASK_NAMES: tuple[str, ...] = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
 # The eight tasks of the paper's GLUE score (WNLI left out, as BERT and ELECTRA did): paper.py's.
 PAPER_TASK_NAMES: tuple[str, ...] = PAPER_TASKS
-TASK_TITLES = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "stsb": "STS-B", "qqp": "QQP", "mnli": "MNLI",
-               "qnli": "QNLI", "rte": "RTE", "wnli": "WNLI"}
 
 
 def task_title(task: str) -> str:
-    """How reports print a task: GLUE's own spelling; a task of your own (glue --task-file) goes by its name."""
-    return TASK_TITLES.get(task, task)
+    """How reports print a task: GLUE's own spelling (its folder's name, "SST-2"); a task of your own
+    (glue --task-file) goes by its name."""
+    return TASKS[task].dir_name if task in GLUE_TASK_NAMES else task
 
 
 def _norm(name: str) -> str:
@@ -216,22 +195,11 @@ CUSTOM_FILES: dict[str, dict[str, Path]] = {}  # custom task -> split -> its fil
 CUSTOM_FORMATS = (".tsv", ".csv", ".jsonl")
 TASK_FILE_KEYS = {"name", "train", "dev", "test", "text_columns", "label_column", "labels", "metric", "epochs",
                   "index_column"}
-TASK_FILE_EXAMPLE = """name = "klue-nli"                    # a name of your own
-train = "klue-nli/train.tsv"          # .tsv (tabs, no quoting), .csv or .jsonl; relative to this file
-dev = "klue-nli/dev.tsv"
-test = "klue-nli/test.tsv"            # optional: predictions are written as klue-nli.tsv
-text_columns = ["premise", "hypothesis"]   # one column (single texts) or two (pairs)
-label_column = "label"
-labels = ["entailment", "neutral", "contradiction"]   # optional: default, the train file's labels, sorted
-metric = "accuracy"                   # accuracy, f1 (binary; the second label is positive), macro_f1,
-                                      # matthews_corr, or pearson / spearman for numeric labels (regression)
-epochs = 3                            # optional (default 3)
-index_column = "id"                   # optional: the test file's ids for the predictions"""
 
 
 def load_task_file(path: str | Path) -> TaskSpec:
-    """Read a custom task's TOML description (see TASK_FILE_EXAMPLE), check its files and columns, and register it
-    beside the GLUE tasks so that reading, fine-tuning, metrics and glue.json treat it the same way."""
+    """Read a custom task's TOML description (README: "Tasks of your own"), check its files and columns, and register
+    it beside the GLUE tasks so that reading, fine-tuning, metrics and glue.json treat it the same way."""
     path = Path(path)
     raw = read_toml(path, "--task-file ")
     where = f"--task-file {path}"
@@ -281,7 +249,7 @@ def load_task_file(path: str | Path) -> TaskSpec:
         name=name, dir_name=name, files={split: split for split in files}, text_columns=tuple(columns),
         label_column=str(raw["label_column"]), file_labels=tuple(labels), label_names=tuple(labels),
         index_column=raw.get("index_column"), paper_metric=metric, glue_metric=metric,
-        submission_files={"test": f"{name}.tsv"}, hf_config="", hf_text_columns=(), epochs=epochs,
+        submission_files={"test": f"{name}.tsv"}, epochs=epochs,
     )
     TASKS[name] = spec
     _ALIASES[_norm(name)] = name
@@ -303,23 +271,19 @@ def _custom_rows(path: Path, required: list[str], where: str) -> tuple[list[dict
         raise UserError(f"{where}: {path} is not UTF-8 text (byte {e.start})") from None
     if suffix == ".jsonl":
         rows: list[dict[str, str] | None] = []
-        for line in text.split("\n"):
-            if not line.strip():
-                continue
+        for line in (x for x in text.split("\n") if x.strip()):
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:
-                rows.append(None)
-                continue
-            rows.append({k: v if isinstance(v, str) else json.dumps(v) for k, v in record.items()} if isinstance(record, dict) else None)
+                record = None  # listed as malformed, as a record that is not an object
+            rows.append({k: v if isinstance(v, str) else json.dumps(v) for k, v in record.items()}
+                        if isinstance(record, dict) else None)
         present = set().union(*(r for r in rows if r)) if rows else set()
         first = 1
     else:
         lines = text.split("\n")
-        if suffix == ".tsv":
-            table = [line.rstrip("\r").split("\t") for line in lines if line.strip()]
-        else:
-            table = [r for r in csv.reader(lines) if r]
+        table = ([line.rstrip("\r").split("\t") for line in lines if line.strip()] if suffix == ".tsv"
+                 else [r for r in csv.reader(lines) if r])
         if not table:
             raise UserError(f"{where}: {path} has no rows")
         header = [c.strip() for c in table[0]]
@@ -344,13 +308,13 @@ def read_custom_split(task: str, split: str) -> GlueSplit:
     for n, row in enumerate(rows):
         where = first + n  # the row's line (JSONL: its record number)
         if row is None or any(row.get(c) is None for c in required):
-            malformed.append(MalformedLine(str(path), where, "unreadable line or missing fields"))
+            problem = "unreadable line or missing fields"
+        else:
+            problem = _label_problem(spec, row[spec.label_column].strip()) if labelled else None
+        if problem:
+            malformed.append(MalformedLine(str(path), where, problem))
             continue
         if labelled:
-            problem = _label_problem(spec, row[spec.label_column].strip())
-            if problem:
-                malformed.append(MalformedLine(str(path), where, problem))
-                continue
             raw_labels.append(row[spec.label_column].strip())
         for column_texts, c in zip(texts, spec.text_columns):
             column_texts.append(row[c])
@@ -434,10 +398,6 @@ class GlueSplit:
     def __len__(self) -> int:
         return len(self.text_a)
 
-    @property
-    def spec(self) -> TaskSpec:
-        return TASKS[self.task]
-
     def summary(self) -> str:
         """One line for the caller to print: rows read, and every skipped line (up to three shown)."""
         line = f"{self.task} {self.split}: {len(self):,} rows from {self.source}"
@@ -485,25 +445,19 @@ def _task_dir(glue_dir: Path, spec: TaskSpec) -> Path | None:
     exact = glue_dir / spec.dir_name
     if exact.is_dir():
         return exact
-    # Accept "sst2", "sts-b", "Cola" ...: users rename folders.
-    wanted = {_norm(spec.dir_name), _norm(spec.name)}
-    for entry in sorted(glue_dir.iterdir()):
-        if entry.is_dir() and _norm(entry.name) in wanted:
-            return entry
-    return None
+    wanted = {_norm(spec.dir_name), _norm(spec.name)}  # accept "sst2", "sts-b", "Cola" ...: users rename folders
+    return next((e for e in sorted(glue_dir.iterdir()) if e.is_dir() and _norm(e.name) in wanted), None)
 
 
 def find_split_file(glue_dir: str | Path | None, task: str, split: str) -> Path | None:
     """The file of one split if it exists, else None (no error): for choosing the tasks that have data."""
     if get_task(task).name in CUSTOM_FILES:
         return CUSTOM_FILES[get_task(task).name].get(split)
-    spec = _spec_and_split(task, split)
-    glue_dir = Path(glue_dir)
-    if not glue_dir.is_dir():
+    _spec_and_split(task, split)  # an unknown split stays an error
+    try:
+        return split_file(glue_dir, task, split)
+    except UserError:
         return None
-    folder = _task_dir(glue_dir, spec)
-    path = None if folder is None else folder / spec.files[split]
-    return path if path is not None and path.is_file() else None
 
 
 def split_file(glue_dir: str | Path, task: str, split: str) -> Path:
@@ -515,10 +469,8 @@ def split_file(glue_dir: str | Path, task: str, split: str) -> Path:
     folder = _task_dir(glue_dir, spec)
     expected = ", ".join(f"{spec.dir_name}/{f}" for f in spec.files.values())
     if folder is None:
-        raise UserError(
-            f"GLUE task '{spec.name}': no folder {spec.dir_name} in {glue_dir} (expected {expected}, "
-            "the classic glue_data layout)"
-        )
+        raise UserError(f"GLUE task '{spec.name}': no folder {spec.dir_name} in {glue_dir} (expected {expected}, "
+                        "the classic glue_data layout)")
     path = folder / spec.files[split]
     if not path.is_file():
         present = ", ".join(sorted(p.name for p in folder.iterdir() if p.is_file())) or "nothing"
@@ -538,26 +490,17 @@ _BOM = b"\xef\xbb\xbf"
 
 
 def read_tsv(path: str | Path, task: str, split: str) -> GlueSplit:
-    """Read one GLUE TSV file as `split` of `task` (any file name: e.g. QQP's `dev.partial.tsv`).
-
-    Tabs separate fields and nothing is quoted. Bad rows are skipped and listed in `.malformed`.
-    """
+    """Read one GLUE TSV file as `split` of `task` (any file name: e.g. QQP's `dev.partial.tsv`). Tabs separate
+    fields and nothing is quoted. Bad rows are skipped and listed in `.malformed`."""
     spec = _spec_and_split(task, split)
     path = Path(path)
     labelled = not split.startswith("test") and spec.label_column is not None
     required = list(spec.text_columns) + ([spec.label_column] if labelled else [])
     where = f"{path} ({spec.name} {split})"
 
-    ids: list[str] = []
-    texts: list[list[str]] = [[] for _ in spec.text_columns]
-    raw_labels: list[str] = []
-    malformed: list[MalformedLine] = []
-    blank_lines = 0
+    ids, texts, raw_labels, malformed = [], [[] for _ in spec.text_columns], [], []
+    blank_lines = data_rows = 0
     columns: list[str] | None = None
-    positions: list[int] = []
-    index_position: int | None = None
-    data_rows = 0
-
     try:
         handle = open(path, "rb")
     except OSError as e:
@@ -586,10 +529,8 @@ def read_tsv(path: str | Path, task: str, split: str) -> GlueSplit:
                 else:
                     missing = ", ".join(c for c in required if c not in header)
                     found = ", ".join(header[:8]) + (" ..." if len(header) > 8 else "")
-                    raise UserError(
-                        f"{where}: expected a header with columns {', '.join(required)}; "
-                        f"line {line_number} has ({found}), missing {missing}"
-                    )
+                    raise UserError(f"{where}: expected a header with columns {', '.join(required)}; "
+                                    f"line {line_number} has ({found}), missing {missing}")
                 positions = [columns.index(c) for c in required]
                 index_position = columns.index(spec.index_column) if spec.index_column in columns else None
                 if is_header:
@@ -598,42 +539,30 @@ def read_tsv(path: str | Path, task: str, split: str) -> GlueSplit:
             ordinal = data_rows
             data_rows += 1
             if fields is None:
-                malformed.append(MalformedLine(str(path), line_number, "not valid UTF-8"))
-                continue
-            if len(fields) != len(columns):
-                malformed.append(
-                    MalformedLine(str(path), line_number, f"{_plural(len(fields), 'field')}, expected {len(columns)}")
-                )
+                problem = "not valid UTF-8"
+            elif len(fields) != len(columns):
+                problem = f"{len(fields)} field{'' if len(fields) == 1 else 's'}, expected {len(columns)}"
+            else:
+                problem = _label_problem(spec, fields[positions[-1]].strip()) if labelled else None
+            if problem:
+                malformed.append(MalformedLine(str(path), line_number, problem))
                 continue
             if labelled:
-                value = fields[positions[-1]].strip()
-                problem = _label_problem(spec, value)
-                if problem:
-                    malformed.append(MalformedLine(str(path), line_number, problem))
-                    continue
-                raw_labels.append(value)
+                raw_labels.append(fields[positions[-1]].strip())
             for column_texts, pos in zip(texts, positions):
                 column_texts.append(fields[pos])
             ids.append(fields[index_position].strip() if index_position is not None else str(ordinal))
 
-    good = len(ids)
     if columns is None or data_rows == 0:
         raise UserError(f"{where}: no data rows")
-    if good == 0 or len(malformed) > good:
-        raise UserError(
-            f"{where}: {len(malformed)} of {data_rows} rows are malformed (first: line {malformed[0].line_number}: "
-            f"{malformed[0].reason}); "
-            f"is this the {spec.name} {split} file?"
-        )
+    if not ids or len(malformed) > len(ids):
+        raise UserError(f"{where}: {len(malformed)} of {data_rows} rows are malformed (first: line "
+                        f"{malformed[0].line_number}: {malformed[0].reason}); is this the {spec.name} {split} file?")
     return GlueSplit(
         task=spec.name, split=split, source=str(path), ids=ids, text_a=texts[0],
         text_b=texts[1] if spec.is_pair else None, labels=_label_array(spec, raw_labels) if labelled else None,
         malformed=malformed, blank_lines=blank_lines,
     )
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def _label_problem(spec: TaskSpec, value: str) -> str | None:
@@ -667,48 +596,41 @@ _HF_SPLITS = {
 
 
 def load_hf_split(task: str, split: str, dataset_name: str = HF_DATASET) -> GlueSplit:
-    """Read one split through Hugging Face `datasets` (`load_dataset("nyu-mll/glue", "rte", split="validation")`).
-
-    A missing `datasets` package or an unreachable hub is a UserError, one line.
-    """
+    """Read one split through Hugging Face `datasets` (`load_dataset("nyu-mll/glue", "rte", split="validation")`);
+    a missing `datasets` package or an unreachable hub is a UserError, one line."""
     spec = _spec_and_split(task, split)
     try:
         import datasets
     except ImportError:
-        raise UserError(
-            "reading GLUE from Hugging Face needs the `datasets` package (pip install 'tinyelectra[data]'); "
-            "or use --glue-dir with the classic glue_data folders"
-        ) from None
+        raise UserError("reading GLUE from Hugging Face needs the `datasets` package (pip install "
+                        "'tinyelectra[data]'); or use --glue-dir with the classic glue_data folders") from None
     hf_split = _HF_SPLITS[split]
     try:
-        ds = datasets.load_dataset(dataset_name, spec.hf_config, split=hf_split)
+        ds = datasets.load_dataset(dataset_name, spec.name, split=hf_split)
     except Exception as e:  # network, offline mode, missing config: all mean "not available from here"
         reason = (str(e).strip().splitlines() or [""])[0][:200]
-        raise UserError(
-            f"could not load {dataset_name} '{spec.hf_config}' split '{hf_split}' from the Hugging Face hub "
-            f"({type(e).__name__}: {reason}); use --glue-dir with the classic glue_data folders instead"
-        ) from None
-    return from_hf_dataset(ds, spec.name, split, source=f"hf:{dataset_name}/{spec.hf_config}/{hf_split}")
+        raise UserError(f"could not load {dataset_name} '{spec.name}' split '{hf_split}' from the Hugging Face hub "
+                        f"({type(e).__name__}: {reason}); use --glue-dir with the classic glue_data folders "
+                        "instead") from None
+    return from_hf_dataset(ds, spec.name, split, source=f"hf:{dataset_name}/{spec.name}/{hf_split}")
 
 
 def from_hf_dataset(ds, task: str, split: str, source: str) -> GlueSplit:
-    """Turn a loaded Hugging Face GLUE split (columns: texts, `label`, `idx`) into a GlueSplit.
-
-    Class ids are mapped by the dataset's ClassLabel names, so they match the classic reader's ids.
-    Labelled rows with label -1 (missing) are skipped and listed as malformed.
-    """
+    """Turn a loaded Hugging Face GLUE split (columns: texts, `label`, `idx`) into a GlueSplit. Class ids are mapped
+    by the dataset's ClassLabel names, so they match the classic reader's ids; rows with label -1 (missing) are
+    skipped and listed as malformed."""
     spec = _spec_and_split(task, split)
     labelled = not split.startswith("test") and spec.label_column is not None
-    needed = list(spec.hf_text_columns) + (["label"] if labelled else [])
+    columns = spec.hf_text_columns or spec.text_columns
+    needed = list(columns) + (["label"] if labelled else [])
     missing = [c for c in needed if c not in ds.column_names]
     if missing:
         raise UserError(f"{source}: columns {', '.join(missing)} missing (has {', '.join(ds.column_names)})")
-    texts = [list(ds[c]) for c in spec.hf_text_columns]
+    texts = [list(ds[c]) for c in columns]
     n = len(texts[0])
-    ids = [str(i) for i in ds["idx"]] if "idx" in ds.column_names else [str(i) for i in range(n)]
+    ids = [str(i) for i in (ds["idx"] if "idx" in ds.column_names else range(n))]
     keep = np.ones(n, dtype=bool)
-    malformed: list[MalformedLine] = []
-    labels = None
+    malformed, labels = [], None
     if labelled:
         raw = np.asarray(list(ds["label"]))
         if spec.is_regression:
@@ -726,8 +648,8 @@ def from_hf_dataset(ds, task: str, split: str, source: str) -> GlueSplit:
             else:
                 labels = raw.astype(np.int64)
             bad = (labels < 0) | (labels >= spec.num_labels)
-        for i in np.flatnonzero(bad):
-            malformed.append(MalformedLine(source, int(i) + 1, f"label {raw[i]} missing or out of range"))
+        malformed = [MalformedLine(source, int(i) + 1, f"label {raw[i]} missing or out of range")
+                     for i in np.flatnonzero(bad)]
         keep &= ~bad
         labels = labels[keep]
     rows = np.flatnonzero(keep)
@@ -757,17 +679,14 @@ class PairTokenizer(Protocol):
 def truncate_pair_lengths(len_a: np.ndarray, len_b: np.ndarray, budget: int) -> tuple[np.ndarray, np.ndarray]:
     """Segment lengths after BERT's rule: while A + B > budget, drop the last token of the longer segment
     (of B when they are equal). Closed form of that loop, for all examples at once."""
-    a = np.asarray(len_a, dtype=np.int64)
-    b = np.asarray(len_b, dtype=np.int64)
+    a, b = np.asarray(len_a, dtype=np.int64), np.asarray(len_b, dtype=np.int64)
     short = np.minimum(a, b)
     over = a + b > budget
     # Cutting only the longer one suffices when it can end at budget - short without passing the shorter.
     longer_only = over & (budget - short >= short)
     both = over & ~longer_only  # then the loop alternates: A ends at ceil(budget / 2), B at floor(budget / 2)
-    keep_a = np.where(longer_only & (a > b), budget - b, a)
-    keep_b = np.where(longer_only & (a <= b), budget - a, b)
-    keep_a = np.where(both, (budget + 1) // 2, keep_a)
-    keep_b = np.where(both, budget // 2, keep_b)
+    keep_a = np.where(both, (budget + 1) // 2, np.where(longer_only & (a > b), budget - b, a))
+    keep_b = np.where(both, budget // 2, np.where(longer_only & (a <= b), budget - a, b))
     return keep_a, keep_b
 
 
@@ -819,42 +738,29 @@ class EncodedSplit:
         return PaddedBatch(input_ids, token_type_ids, attention_mask, labels)
 
 
-def encode_pairs(
-    tokenizer: PairTokenizer,
-    text_a: Sequence[str],
-    text_b: Sequence[str] | None = None,
-    labels: np.ndarray | None = None,
-    max_length: int = DEFAULT_MAX_LENGTH,
-) -> EncodedSplit:
+def encode_pairs(tokenizer: PairTokenizer, text_a: Sequence[str], text_b: Sequence[str] | None = None,
+                 labels: np.ndarray | None = None, max_length: int = DEFAULT_MAX_LENGTH) -> EncodedSplit:
     """Tokenize once: `[CLS] A [SEP] B [SEP]` (or `[CLS] A [SEP]`), at most `max_length` tokens, the longer segment
     truncated first one token at a time (BERT's rule, as the official ELECTRA fine-tuning code)."""
-    if max_length < (3 if text_b is not None else 2):
+    pair = text_b is not None
+    if max_length < (3 if pair else 2):
         raise ValueError(f"max_length={max_length} leaves no room for the text")
-    if text_b is not None and len(text_b) != len(text_a):
+    if pair and len(text_b) != len(text_a):
         raise ValueError(f"{len(text_a)} first segments but {len(text_b)} second segments")
     ids_a = tokenizer.encode_batch(list(text_a))
     _check_no_special_tokens(tokenizer, ids_a)
-    len_a = np.asarray([len(x) for x in ids_a], dtype=np.int64)
-    if text_b is None:
-        keep_a = np.minimum(len_a, max_length - 2)
-        ids_b: list[list[int]] = [[] for _ in ids_a]
-        keep_b = np.zeros_like(len_a)
-        truncated = int((keep_a < len_a).sum())
-    else:
-        ids_b = tokenizer.encode_batch(list(text_b))
-        len_b = np.asarray([len(x) for x in ids_b], dtype=np.int64)
+    ids_b = tokenizer.encode_batch(list(text_b)) if pair else [[] for _ in ids_a]
+    len_a, len_b = (np.asarray([len(x) for x in ids], dtype=np.int64) for ids in (ids_a, ids_b))
+    if pair:
         keep_a, keep_b = truncate_pair_lengths(len_a, len_b, max_length - 3)
-        truncated = int(((keep_a < len_a) | (keep_b < len_b)).sum())
+    else:
+        keep_a, keep_b = np.minimum(len_a, max_length - 2), len_b
+    truncated = int(((keep_a < len_a) | (keep_b < len_b)).sum())
     cls, sep = int(tokenizer.cls_id), int(tokenizer.sep_id)
     flat: list[int] = []
     for a, b, ka, kb in zip(ids_a, ids_b, keep_a.tolist(), keep_b.tolist()):
-        flat.append(cls)
-        flat.extend(a[:ka])
-        flat.append(sep)
-        if text_b is not None:
-            flat.extend(b[:kb])
-            flat.append(sep)
-    lengths = keep_a + 2 + (keep_b + 1 if text_b is not None else 0)
+        flat += [cls, *a[:ka], sep, *b[:kb], sep] if pair else [cls, *a[:ka], sep]
+    lengths = keep_a + 2 + (keep_b + 1 if pair else 0)
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     return EncodedSplit(
@@ -865,7 +771,6 @@ def encode_pairs(
 
 
 def encode_split(tokenizer: PairTokenizer, split: GlueSplit, max_length: int = DEFAULT_MAX_LENGTH) -> EncodedSplit:
-    """`encode_pairs` on a GlueSplit's texts and labels."""
     return encode_pairs(tokenizer, split.text_a, split.text_b, split.labels, max_length)
 
 
@@ -897,9 +802,8 @@ def prediction_vector(task: str, predictions: np.ndarray | Sequence) -> np.ndarr
         return p.argmax(axis=1).astype(np.int64)
     if p.ndim != 1:
         raise ValueError(f"{spec.name} predictions must be (M,) class ids or (M, C) scores, got shape {p.shape}")
-    if p.size and not np.issubdtype(p.dtype, np.integer):
-        if not np.all(np.equal(np.mod(p, 1), 0)):
-            raise ValueError(f"{spec.name} class predictions must be whole numbers")
+    if p.size and not np.issubdtype(p.dtype, np.integer) and not np.all(np.equal(np.mod(p, 1), 0)):
+        raise ValueError(f"{spec.name} class predictions must be whole numbers")
     return p.astype(np.int64)
 
 
@@ -912,10 +816,8 @@ def write_submission(out_dir: str | Path, test_split: GlueSplit, predictions: np
     if name is None:
         raise ValueError(f"{spec.name} {test_split.split} is not a test split; submissions are for test splits")
     if test_split.malformed:
-        raise UserError(
-            f"cannot write a complete {name}: {len(test_split.malformed)} test lines were malformed "
-            f"(first: {test_split.malformed[0]}); GLUE needs a prediction for every test example"
-        )
+        raise UserError(f"cannot write a complete {name}: {len(test_split.malformed)} test lines were malformed "
+                        f"(first: {test_split.malformed[0]}); GLUE needs a prediction for every test example")
     values = prediction_vector(spec.name, predictions)
     if len(values) != len(test_split):
         raise ValueError(f"{len(values)} predictions for {len(test_split)} {spec.name} {test_split.split} examples")

@@ -1,19 +1,16 @@
 """GLUE metrics in numpy: accuracy, F1, Matthews correlation, Pearson and Spearman; each task's two named
-scores (the ELECTRA paper's and the GLUE leaderboard's); and averages that say which tasks they cover.
-
-What lives here: arithmetic on prediction and label arrays. What does not: which column holds a label or how a
-task is named on disk (glue_data.py), running a model (glue.py).
+scores (the ELECTRA paper's and the GLUE leaderboard's); and averages that say which tasks they cover. Arithmetic
+on arrays only: which column holds a label is glue_data.py's, running a model glue.py's.
 
 Conventions (each tested):
-- The metric functions return fractions (accuracy 0..1, correlations -1..1); task scores are x100, as in the
-  paper's tables.
+- Metric functions return fractions (accuracy 0..1, correlations -1..1); task scores are x100, as in the paper.
 - Degenerate inputs have defined values instead of NaN or warnings: F1 with no positive label and no positive
-  prediction is 0; Matthews correlation with a constant prediction or a constant label is 0 (scikit-learn's
-  convention); Pearson and Spearman of a constant array are 0 (no measurable association). Non-finite regression
-  predictions (a diverged run) give NaN for the correlations, so the failure shows instead of a number.
+  prediction is 0; Matthews correlation with a constant prediction or label is 0 (scikit-learn's convention);
+  Pearson and Spearman of a constant array are 0. Non-finite regression predictions (a diverged run) give NaN for
+  the correlations, so the failure shows instead of a number.
 - Empty inputs and length mismatches are errors (ValueError).
-- MNLI has two dev sets; a task's single number comes from its primary dev split (matched for MNLI, as the paper
-  and the official code report it). Score mismatched separately with split="dev_mismatched".
+- A task's single number comes from its primary dev split (MNLI: matched, as the paper and the official code
+  report it); score mismatched separately with split="dev_mismatched".
 """
 
 from __future__ import annotations
@@ -85,35 +82,32 @@ def matthews_corrcoef(predictions, labels) -> float:
     y_ids, p_ids = encoded[: len(y)], encoded[len(y):]
     confusion = np.zeros((k, k), dtype=np.float64)  # rows: label, columns: prediction
     np.add.at(confusion, (y_ids, p_ids), 1.0)
-    true_counts = confusion.sum(axis=1)
-    pred_counts = confusion.sum(axis=0)
-    correct = np.trace(confusion)
-    n = confusion.sum()
+    true_counts, pred_counts = confusion.sum(axis=1), confusion.sum(axis=0)
+    correct, n = np.trace(confusion), confusion.sum()
     numerator = correct * n - true_counts @ pred_counts
     denominator = np.sqrt((n * n - pred_counts @ pred_counts) * (n * n - true_counts @ true_counts))
     return float(numerator / denominator) if denominator > 0 else 0.0
 
 
-def _float_pair(x, y) -> tuple[np.ndarray, np.ndarray] | None:
-    a, b = _pair(x, y)
-    a, b = a.astype(np.float64), b.astype(np.float64)
+def _correlation(x, y, ranked: bool) -> float:
+    a, b = (v.astype(np.float64) for v in _pair(x, y))
     if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
-        return None
-    return a, b
-
-
-def _pearson(a: np.ndarray, b: np.ndarray) -> float:
+        return float("nan")
+    if ranked:
+        a, b = average_ranks(a), average_ranks(b)
     da, db = a - a.mean(), b - b.mean()
     denominator = np.sqrt((da @ da) * (db @ db))
-    if denominator == 0.0:
-        return 0.0
-    return float(np.clip((da @ db) / denominator, -1.0, 1.0))
+    return float(np.clip((da @ db) / denominator, -1.0, 1.0)) if denominator != 0.0 else 0.0
 
 
 def pearson_corr(x, y) -> float:
     """Pearson's r; 0 when either array is constant, NaN when either holds NaN or infinity."""
-    pair = _float_pair(x, y)
-    return float("nan") if pair is None else _pearson(*pair)
+    return _correlation(x, y, ranked=False)
+
+
+def spearman_corr(x, y) -> float:
+    """Spearman's rho: Pearson's r of the average ranks; same conventions as pearson_corr."""
+    return _correlation(x, y, ranked=True)
 
 
 def average_ranks(x) -> np.ndarray:
@@ -144,14 +138,6 @@ def roc_auc(scores, labels) -> float:
         return 0.5
     rank_sum = average_ranks(s.astype(np.float64))[y].sum()
     return float((rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
-
-
-def spearman_corr(x, y) -> float:
-    """Spearman's rho: Pearson's r of the average ranks; same conventions as pearson_corr."""
-    pair = _float_pair(x, y)
-    if pair is None:
-        return float("nan")
-    return _pearson(average_ranks(pair[0]), average_ranks(pair[1]))
 
 
 # ----------------------------------------------------------------------------------------------------------------
