@@ -23,6 +23,7 @@ import os
 import sys
 import sysconfig
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 from typing import Iterator
 
@@ -151,7 +152,8 @@ class CorpusReader:
             yield from self._counted(parquet_documents(path))
             return
         try:
-            head = _read_head(path, suffix)
+            with (COMPRESSION[suffix](path) if suffix in COMPRESSION else open(path, "rb")) as f:
+                head = f.read(SNIFF_BYTES)
         except (OSError, EOFError, lzma.LZMAError) as e:
             self._skip(inp, f"cannot be read or decompressed ({e})", warn)
             return
@@ -183,11 +185,6 @@ class CorpusReader:
         self.stats.input_bytes_done = done_before
 
 
-def _read_head(path: Path, suffix: str) -> bytes:
-    with (COMPRESSION[suffix](path) if suffix in COMPRESSION else open(path, "rb")) as f:
-        return f.read(SNIFF_BYTES)
-
-
 def _block_lines(stream, raw, stats: ReadStats, done_before: int, block_bytes: int = 4 << 20) -> Iterator[str]:
     """The lines of a binary stream, decoded as UTF-8 in 4 MiB blocks (several times faster than a text wrapper's
     line iterator); lines end at "\n" only, as in the official builder's reader. Updates the progress position."""
@@ -213,18 +210,19 @@ class _Doc:
         self.lines: Document = []
         self.chars = 0
 
-    def add(self, line: str) -> Document | None:
-        """Append a line; returns the document so far (and starts a new one) once it reaches MAX_DOCUMENT_CHARS."""
+    def add(self, line: str) -> list[Document]:
+        """Append a line; once the document reaches MAX_DOCUMENT_CHARS, hand it out (see take)."""
         self.lines.append(line)
         self.chars += len(line)
         if self.chars < MAX_DOCUMENT_CHARS:
-            return None
+            return []
         _CUT[0] += 1
         return self.take()
 
-    def take(self) -> Document:
+    def take(self) -> list[Document]:
+        """The document so far ([] when it has no lines), and start a new one."""
         doc, self.lines, self.chars = self.lines, [], 0
-        return doc
+        return [doc] if doc else []
 
 
 def text_documents(lines) -> Iterator[Document]:
@@ -232,13 +230,8 @@ def text_documents(lines) -> Iterator[Document]:
     doc = _Doc()
     for line in lines:
         line = line.strip()
-        if line:
-            if full := doc.add(line):
-                yield full
-        elif doc.lines:
-            yield doc.take()
-    if doc.lines:
-        yield doc.take()
+        yield from doc.add(line) if line else doc.take()
+    yield from doc.take()
 
 
 def wiki_documents(lines) -> Iterator[Document]:
@@ -252,28 +245,23 @@ def wiki_documents(lines) -> Iterator[Document]:
         if line.startswith("<doc") and line.endswith(">") and (len(line) == 5 or line[4].isspace()):
             yield from text_documents(outside)
             outside = []
-            if doc.lines:
-                yield doc.take()  # a <doc> without its </doc>
+            yield from doc.take()  # a <doc> without its </doc>
             inside, drop_title = True, True
         elif line == "</doc>":
-            if doc.lines:
-                yield doc.take()
+            yield from doc.take()
             inside = False
         elif inside:
-            if line:
-                if drop_title:
-                    drop_title = False
-                elif full := doc.add(line):
-                    yield full
+            if line and drop_title:
+                drop_title = False
+            elif line:
+                yield from doc.add(line)
         else:
             outside.append(line)  # plain text between articles: blank lines separate its documents
             if not line:
                 yield from text_documents(outside)
                 outside = []
-    if doc.lines:
-        yield doc.take()
-    if outside:
-        yield from text_documents(outside)
+    yield from doc.take()
+    yield from text_documents(outside)
 
 
 def _record_documents(text, where: str) -> Iterator[Document]:
@@ -322,9 +310,8 @@ def hf_documents(name_config: str) -> Iterator[Document]:
     try:
         import datasets
     except ImportError:
-        raise UserError(
-            f"--corpus hf:{name_config} needs the `datasets` package: pip install 'tinyelectra[data]'"
-        ) from None
+        raise UserError(f"--corpus hf:{name_config} needs the `datasets` package: "
+                        "pip install 'tinyelectra[data]'") from None
     import logging
 
     for logger in ("datasets", "huggingface_hub", "fsspec"):
@@ -340,21 +327,15 @@ def hf_documents(name_config: str) -> Iterator[Document]:
         return
     if "text" not in first:
         raise UserError(f"--corpus hf:{name_config}: records have no 'text' field (fields: {', '.join(first)})")
-    for record in _chain(first, records):
+    for record in chain([first], records):
         yield from _record_documents(record["text"], f"hf:{name_config}")
-
-
-def _chain(first, rest):
-    yield first
-    yield from rest
 
 
 def builtin_documents() -> Iterator[Document]:
     """A smoke-test corpus every Python has: the pydoc reference topics and the standard library's docstrings.
 
     Each pydoc topic is a document, and so is each standard-library module (all its docstrings, read statically with
-    `ast`, so nothing is imported or run); paragraphs become sentence lines. Depends on the Python version.
-    """
+    `ast`, so nothing is imported or run); paragraphs become sentence lines. Depends on the Python version."""
     if not _BUILTIN_CACHE:
         _BUILTIN_CACHE.extend(_read_builtin_documents())
     return iter(_BUILTIN_CACHE)
@@ -366,10 +347,7 @@ _BUILTIN_CACHE: list[Document] = []  # read once per process (parsing the standa
 def _read_builtin_documents() -> Iterator[Document]:
     from pydoc_data.topics import topics
 
-    for name in sorted(topics):
-        doc = _paragraphs(topics[name])
-        if doc:
-            yield doc
+    yield from filter(None, (_paragraphs(topics[name]) for name in sorted(topics)))
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     for name in sorted(sys.stdlib_module_names):
         files = []
@@ -382,21 +360,14 @@ def _read_builtin_documents() -> Iterator[Document]:
                 tree = ast.parse(path.read_bytes())
             except (SyntaxError, ValueError, OSError):
                 continue
-            doc: Document = []
-            for node in ast.walk(tree):
-                if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                    text = ast.get_docstring(node)
-                    if text:
-                        doc += _paragraphs(text)
+            kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+            docstrings = (ast.get_docstring(n) or "" for n in ast.walk(tree) if isinstance(n, kinds))
+            doc = [line for text in docstrings for line in _paragraphs(text)]
             if doc:
                 yield doc
 
 
 def _paragraphs(text: str) -> Document:
     """Hard-wrapped text -> one line per paragraph (blank-line separated)."""
-    out = []
-    for para in text.split("\n\n"):
-        line = " ".join(s.strip() for s in para.split("\n") if s.strip())
-        if line:
-            out.append(line)
-    return out
+    paragraphs = (" ".join(s.strip() for s in para.split("\n") if s.strip()) for para in text.split("\n\n"))
+    return [line for line in paragraphs if line]

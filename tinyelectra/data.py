@@ -10,9 +10,11 @@ length), so token_type_ids and attention_mask are derived at load time.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -72,15 +74,12 @@ class PretrainData:
             raise UserError(f"{self.path}: shard or tokenizer files listed in manifest.json are missing; prepare again")
         self.seq_len: int = int(self.manifest["seq_len"])
         self.vocab_size: int = int(self.manifest["tokenizer"]["vocab_size"])
-        self._tokenizer: Tokenizer | None = None
         self._shards: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
         self._starts: dict[str, np.ndarray] = {}
 
-    @property
+    @cached_property
     def tokenizer(self) -> Tokenizer:
-        if self._tokenizer is None:
-            self._tokenizer = Tokenizer.load(self.path / "tokenizer")
-        return self._tokenizer
+        return Tokenizer.load(self.path / "tokenizer")
 
     def num_rows(self, split: str) -> int:
         self._check_split(split)
@@ -101,12 +100,12 @@ class PretrainData:
                     raise UserError(f"{self.path / s['ids']}: damaged (shapes {ids.shape} and {meta.shape} do not "
                                     f"fit {self.seq_len}-token rows); prepare the data again")
                 shards.append((ids, meta))
-            rows = sum(len(ids) for ids, _ in shards)
-            if rows != self.num_rows(split):
-                raise UserError(f"{self.path}: the {split} shards hold {rows} rows, manifest.json says "
+            sizes = [len(ids) for ids, _ in shards]
+            if sum(sizes) != self.num_rows(split):
+                raise UserError(f"{self.path}: the {split} shards hold {sum(sizes)} rows, manifest.json says "
                                 f"{self.num_rows(split)}; prepare the data again")
             self._shards[split] = shards
-            self._starts[split] = np.cumsum([0] + [len(ids) for ids, _ in shards])
+            self._starts[split] = np.cumsum([0, *sizes])
         return self._shards[split]
 
     def _load(self, name: str) -> np.ndarray:
@@ -160,8 +159,7 @@ class BatchLoader:
     Epoch e visits the rows in `np.random.default_rng([seed, e]).permutation(N)`, B rows per batch (the last partial
     batch is dropped: static shapes). The order depends only on (seed, epoch): never on row_range, prefetch or
     where the run was resumed. `row_range=(start, stop)` keeps rows start:stop of every global batch (a DDP rank's
-    slice). A background thread prepares the next `prefetch` batches (pinned on CUDA for non_blocking copies).
-    """
+    slice). A background thread prepares the next `prefetch` batches (pinned on CUDA for non_blocking copies)."""
 
     def __init__(self, data: PretrainData, split: str, batch_size: int, seed: int, device="cpu",
                  row_range: tuple[int, int] | None = None, prefetch: int = 2) -> None:
@@ -188,7 +186,6 @@ class BatchLoader:
         self._queue = None
         self._stop = threading.Event()
 
-    # ---------------------------------------------------------------- order and batches
     def _order(self, epoch: int) -> np.ndarray:
         if self._order_cache is None or self._order_cache[0] != epoch:
             self._order_cache = (epoch, np.random.default_rng([self.seed, epoch]).permutation(self.num_rows))
@@ -198,17 +195,11 @@ class BatchLoader:
         start = batch_index * self.batch_size
         indices = self._order(epoch)[start + self.row_range[0] : start + self.row_range[1]]
         batch = self.data.batch(self.split, indices)
-        if self.device.type == "cuda":
-            batch = batch.pin_memory()
-        return batch
+        return batch.pin_memory() if self.device.type == "cuda" else batch
 
     def _advance(self, epoch: int, batch_index: int) -> tuple[int, int]:
-        batch_index += 1
-        if batch_index == self.batches_per_epoch:
-            return epoch + 1, 0
-        return epoch, batch_index
+        return (epoch + 1, 0) if batch_index + 1 == self.batches_per_epoch else (epoch, batch_index + 1)
 
-    # ---------------------------------------------------------------- background thread
     def _producer(self, epoch: int, batch_index: int, q, stop: threading.Event) -> None:
         import queue
 
@@ -216,11 +207,9 @@ class BatchLoader:
             while not stop.is_set():
                 item = (epoch, batch_index, self._make(epoch, batch_index))
                 while not stop.is_set():
-                    try:
+                    with contextlib.suppress(queue.Full):
                         q.put(item, timeout=0.1)
                         break
-                    except queue.Full:
-                        continue
                 epoch, batch_index = self._advance(epoch, batch_index)
         except BaseException as e:  # hand the error to the consumer instead of dying silently
             q.put((None, None, e))
@@ -243,12 +232,9 @@ class BatchLoader:
             self._queue = None
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self.close()
-        except Exception:
-            pass
 
-    # ---------------------------------------------------------------- iteration and cursor
     def __iter__(self) -> "BatchLoader":
         return self
 

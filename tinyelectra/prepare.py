@@ -8,8 +8,6 @@ then the directory is renamed into place. Reading it back (`PretrainData`, `Batc
 Example builder: google-research/electra build_pretraining_dataset.py, ported decision by decision:
 lines accumulate until their length reaches the target (never across documents); 10% of examples have one segment;
 after each example the next target is random in [5, T] with probability 0.05; [CLS] A [SEP] (B [SEP]) padded to T.
-A row stores its token ids; its A/B boundary (index where segment 1 starts, = length when single) and its length
-are stored beside it, so token_type_ids and attention_mask are derived at load time.
 """
 
 from __future__ import annotations
@@ -24,8 +22,9 @@ import signal
 import time
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
-from itertools import chain
+from itertools import accumulate, chain
 from pathlib import Path
 from typing import Iterator
 
@@ -64,40 +63,33 @@ def build_examples(
     """The official ExampleBuilder. `documents` yields (line_ids, line_lengths) per document; yields
     (document number of the example's first line, segment A ids, segment B ids) with A and B already cut to fit
     [CLS] A [SEP] B [SEP] in T. With `pack`, a document's end does not end the example: short documents share
-    examples (`prepare --pack-documents`, for text whose documents are much shorter than T).
-    """
-    T = seq_len
-    target = T
-    lines: list[list[int]] = []
-    lengths_: list[int] = []
-    accumulated, first_doc = 0, 0
+    examples (`prepare --pack-documents`, for text whose documents are much shorter than T)."""
+    T = target = seq_len
+    lines: list[tuple[list[int], int]] = []  # (ids, length) of the lines accumulated so far
+    accumulated = first_doc = 0
     for doc_number, (line_ids, lengths) in enumerate(documents):
         for ids, n in zip(line_ids, lengths):
             if not lines:
                 first_doc = doc_number
-            lines.append(ids)
-            lengths_.append(n)
+            lines.append((ids, n))
             accumulated += n
             if accumulated >= target:
-                a, b = _make_example(lines, lengths_, target, T, rng, stats)
-                yield first_doc, a, b
+                yield first_doc, *_make_example(lines, target, T, rng, stats)
                 target = _next_target(T, rng, stats)
-                lines, lengths_, accumulated = [], [], 0
+                lines, accumulated = [], 0
         if pack:
             continue
         # Document end: the accumulated lines become an example. (Lines with zero tokens alone make none, and unlike
         # the official code they are not carried into the next document: examples never cross documents.)
         if accumulated > 0:
-            a, b = _make_example(lines, lengths_, target, T, rng, stats)
-            yield first_doc, a, b
+            yield first_doc, *_make_example(lines, target, T, rng, stats)
             target = _next_target(T, rng, stats)
-        lines, lengths_, accumulated = [], [], 0
+        lines, accumulated = [], 0
     if accumulated > 0:  # packing: the end of the stream
-        a, b = _make_example(lines, lengths_, target, T, rng, stats)
-        yield first_doc, a, b
+        yield first_doc, *_make_example(lines, target, T, rng, stats)
 
 
-def _make_example(line_ids, lengths, target: int, T: int, rng: random.Random, stats: BuilderStats):
+def _make_example(lines, target: int, T: int, rng: random.Random, stats: BuilderStats):
     stats.examples += 1
     if rng.random() < 0.1:  # small chance of a single segment, as in classification tasks
         first_target = SINGLE_SEGMENT_TARGET
@@ -107,7 +99,7 @@ def _make_example(line_ids, lengths, target: int, T: int, rng: random.Random, st
     a: list[int] = []
     b: list[int] = []
     len_a = len_b = 0
-    for ids, n in zip(line_ids, lengths):
+    for ids, n in lines:
         # A line joins segment A if A is empty, if it keeps A under its target, or (B still empty, A under target)
         # half of the time; otherwise B. (A later short line can still join A after B has started: official.)
         if len_a == 0 or len_a + n < first_target or (len_b == 0 and len_a < first_target and rng.random() < 0.5):
@@ -130,12 +122,8 @@ def _next_target(T: int, rng: random.Random, stats: BuilderStats) -> int:
 
 def example_row(a: list[int], b: list[int], seq_len: int, cls_id: int, sep_id: int) -> tuple[list[int], int]:
     """[CLS] A [SEP] (B [SEP]) as a list of ids (unpadded) and the A/B boundary (= length when single-segment)."""
-    row = [cls_id, *a, sep_id]
-    boundary = len(row)  # segment 1 starts after [CLS] A [SEP]; with no B this is also the length
-    if b:
-        row += b
-        row.append(sep_id)
-    return row, boundary
+    row = [cls_id, *a, sep_id] + ([*b, sep_id] if b else [])
+    return row, len(a) + 2  # segment 1 starts after [CLS] A [SEP]; with no B this is also the length
 
 
 # ---------------------------------------------------------------------------------------------------- chunk workers
@@ -166,45 +154,32 @@ def _process_chunk(chunk_index: int, docs: list[Document]) -> dict:
     fraction = _WORKER["validation_fraction"]
     doc_split = [1 if val_rng.random() < fraction else 0 for _ in docs]
 
-    def per_document():
-        at = 0
-        for d in docs:
-            yield ids[at : at + len(d)], lengths[at : at + len(d)]
-            at += len(d)
-
+    ends = list(accumulate(len(d) for d in docs))
+    per_document = [(ids[a:b], lengths[a:b]) for a, b in zip([0, *ends], ends)]  # (line ids, line lengths)
     stats = BuilderStats()
-    rows: list[list[list[int]]] = [[], []]
-    bounds: list[list[int]] = [[], []]
+    rows: list[list[tuple[list[int], int]]] = [[], []]  # per split: (row, A/B boundary)
     if _WORKER.get("pack_documents"):
         # packed examples span documents: each split's documents are packed apart (a held-out row never shares
         # text with a training document), each with its own random stream
-        docs_ids = list(per_document())
         for s in (0, 1):
             rng = random.Random(f"builder:{seed}:{chunk_index}:packed:{s}")
-            mine = (d for d, split in zip(docs_ids, doc_split) if split == s)
+            mine = (d for d, split in zip(per_document, doc_split) if split == s)
             for _, a, b in build_examples(mine, T, rng, stats, pack=True):
-                row, boundary = example_row(a, b, T, tok.cls_id, tok.sep_id)
-                rows[s].append(row)
-                bounds[s].append(boundary)
+                rows[s].append(example_row(a, b, T, tok.cls_id, tok.sep_id))
     else:
         rng = random.Random(f"builder:{seed}:{chunk_index}")
-        for doc_number, a, b in build_examples(per_document(), T, rng, stats):
-            row, boundary = example_row(a, b, T, tok.cls_id, tok.sep_id)
-            s = doc_split[doc_number]
-            rows[s].append(row)
-            bounds[s].append(boundary)
+        for doc_number, a, b in build_examples(iter(per_document), T, rng, stats):
+            rows[doc_split[doc_number]].append(example_row(a, b, T, tok.cls_id, tok.sep_id))
 
     dtype = np.dtype(_WORKER["dtype"])
     out = {"lines": len(lines), "line_tokens": sum(lengths), "documents": [doc_split.count(0), doc_split.count(1)],
-           "stats": stats.__dict__}
+           **stats.__dict__}
     for s, split in enumerate(SPLITS):
         n = len(rows[s])
-        meta = np.empty((n, 2), dtype=np.uint16)  # [boundary, length]
-        meta[:, 0] = bounds[s]
-        meta[:, 1] = [len(row) for row in rows[s]]
+        meta = np.array([(boundary, len(row)) for row, boundary in rows[s]], dtype=np.uint16).reshape(n, 2)
         arr = np.full((n, T), tok.pad_id, dtype=dtype)  # (n, T)
         # one conversion for the whole chunk, scattered row-major into the real (non-pad) positions
-        arr[np.arange(T)[None, :] < meta[:, 1:]] = np.fromiter(chain.from_iterable(rows[s]), dtype=dtype)
+        arr[np.arange(T)[None, :] < meta[:, 1:]] = np.fromiter(chain.from_iterable(r for r, _ in rows[s]), dtype=dtype)
         out[split] = (arr, meta)
     return out
 
@@ -221,12 +196,10 @@ class _ShardWriter:
 
     def __init__(self, directory: Path, split: str, rows_per_shard: int) -> None:
         self.directory, self.split, self.rows_per_shard = directory, split, rows_per_shard
-        self.ids: list[np.ndarray] = []
+        self.ids: list[np.ndarray] = []  # buffered rows, in chunks, and their meta
         self.meta: list[np.ndarray] = []
-        self.buffered = 0
-        self.rows = 0
         self.shards: list[dict] = []
-        self.bytes_written = 0
+        self.buffered = self.rows = self.bytes_written = 0
 
     def add(self, ids: np.ndarray, meta: np.ndarray) -> None:
         if len(ids):
@@ -254,34 +227,16 @@ class _ShardWriter:
 
 # ---------------------------------------------------------------------------------------------------- prepare
 def prepare(
-    sources: list[str],
-    out_dir,
-    tokenizer_path: str | None = None,
-    vocab_size: int = 30522,
-    seq_len: int = 128,
-    casing: str = "auto",
-    workers: int = 0,
-    force: bool = False,
-    seed: int = 0,
-    command: str = "",
-    validation_fraction: float = 0.01,
-    tokenizer_sample_mb: float = TOKENIZER_SAMPLE_MB,
-    quiet: bool = False,
-    chunk_chars: int = CHUNK_CHARS,
-    rows_per_shard: int = ROWS_PER_SHARD,
-    tokenizer_type: str = "wordpiece",
-    sentencepiece_model: str = "unigram",
-    byte_fallback: bool = True,
-    character_coverage: float = CHARACTER_COVERAGE,
+    sources: list[str], out_dir, tokenizer_path: str | None = None, vocab_size: int = 30522, seq_len: int = 128,
+    casing: str = "auto", workers: int = 0, force: bool = False, seed: int = 0, command: str = "",
+    validation_fraction: float = 0.01, tokenizer_sample_mb: float = TOKENIZER_SAMPLE_MB, quiet: bool = False,
+    chunk_chars: int = CHUNK_CHARS, rows_per_shard: int = ROWS_PER_SHARD, tokenizer_type: str = "wordpiece",
+    sentencepiece_model: str = "unigram", byte_fallback: bool = True, character_coverage: float = CHARACTER_COVERAGE,
     pack_documents: bool = False,
 ) -> dict:
     """Text -> tokenizer -> packed examples in `out_dir`. Returns the manifest; reuses an identical existing dataset.
-
-    `casing` (auto | uncased | cased) decides a trained WordPiece's normalisation (tokenizer.choose_casing: auto
-    keeps the paper's uncased only for English-like text); `tokenizer_type` sentencepiece trains a SentencePiece
-    model (`sentencepiece_model` unigram or bpe, `byte_fallback`) instead; `character_coverage` is the share of
-    character occurrences the alphabet (WordPiece) or the model (SentencePiece) covers. `pack_documents` lets short
-    documents share examples. The manifest records each choice and its reason, and the fill ratio."""
+    The options are `tinyelectra prepare`'s (casing: tokenizer.choose_casing); the manifest records each choice and
+    its reason, and the fill ratio."""
     started = time.perf_counter()
     console = make_console(quiet=quiet, highlight=False)
     say = lambda msg: console.print(f"prepare: {msg}", markup=False)  # noqa: E731
@@ -321,13 +276,11 @@ def prepare(
                              "sample_mb": tokenizer_sample_mb}
     request = {
         "format_version": FORMAT_VERSION, "builder": BUILDER_VERSION,
-        "inputs": [i.identity() for i in inputs],
-        "tokenizer": tokenizer_request,
+        "inputs": [i.identity() for i in inputs], "tokenizer": tokenizer_request,
         "seq_len": seq_len, "seed": seed, "validation_fraction": validation_fraction,
         "chunk_chars": chunk_chars, "rows_per_shard": rows_per_shard,
+        **({"pack_documents": True} if pack_documents else {}),  # absent when off: older requests still match
     }
-    if pack_documents:
-        request["pack_documents"] = True
     cached = _check_out_dir(out_dir, request, force)
     if cached is not None:
         say(f"{out_dir} already holds this dataset (same sources and settings): reusing it")
@@ -406,10 +359,8 @@ def prepare(
                     totals["single_segment_rows"][s] += int((~two_segments).sum())
                     totals["filled"][s] += int(meta[:, 1].sum(dtype=np.int64))  # real tokens, specials included
                     totals["documents"][s] += result["documents"][s]
-                totals["lines"] += result["lines"]
-                totals["line_tokens"] += result["line_tokens"]
-                totals["single_segment_draws"] += result["stats"]["single_segment_draws"]
-                totals["random_target_draws"] += result["stats"]["random_target_draws"]
+                for key in ("lines", "line_tokens", "single_segment_draws", "random_target_draws"):
+                    totals[key] += result[key]
                 progress(reader.stats.input_bytes_done, reader.stats.text_bytes)
             for w in writers.values():
                 w.close()
@@ -514,19 +465,18 @@ def _run_chunks(documents: Iterator[Document], tokenizer: Tokenizer, settings: d
     def chunks():
         docs: list[Document] = []
         chars = 0
-        index = 0
         for d in documents:
             docs.append(d)
             chars += sum(len(line) for line in d)
             if chars >= chunk_chars:
-                yield index, docs
-                index, docs, chars = index + 1, [], 0
+                yield docs
+                docs, chars = [], 0
         if docs:
-            yield index, docs
+            yield docs
 
     if workers <= 1:
         _init_worker(tokenizer, settings, single_threaded=False)
-        for index, docs in chunks():
+        for index, docs in enumerate(chunks()):
             yield _process_chunk(index, docs)
         return
     import multiprocessing
@@ -535,7 +485,7 @@ def _run_chunks(documents: Iterator[Document], tokenizer: Tokenizer, settings: d
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker,
                              initargs=(tokenizer, settings, True)) as pool:
         pending: deque = deque()
-        for index, docs in chunks():
+        for index, docs in enumerate(chunks()):
             pending.append(pool.submit(_process_chunk, index, docs))
             if len(pending) >= 2 * workers:  # bounded: never read the whole corpus ahead of the workers
                 yield pending.popleft().result()
@@ -543,37 +493,30 @@ def _run_chunks(documents: Iterator[Document], tokenizer: Tokenizer, settings: d
             yield pending.popleft().result()
 
 
-class _progress:
-    """A rich progress bar on stderr: on-disk bytes done (bar, ETA) and text MB/s."""
+@contextmanager
+def _progress(console, total_bytes: int | None):
+    """A rich progress bar on stderr: on-disk bytes done (bar, ETA) and text MB/s; yields update(done, text bytes)."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    def __init__(self, console, total_bytes: int | None) -> None:
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    start, next_line_at = time.perf_counter(), 15.0
+    columns = [TextColumn("prepare: examples", markup=False), BarColumn()]
+    if total_bytes is not None:  # unknown for hf: and builtin sources
+        columns += [TextColumn("{task.percentage:>3.0f}%  ETA"), TimeRemainingColumn()]
+    bar = Progress(*columns, TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), console=console)
+    task = bar.add_task("examples", total=total_bytes, rate="")
 
-        self.start = time.perf_counter()
-        self.console = console
-        self.next_line_at = 15.0
-        columns = [TextColumn("prepare: examples", markup=False), BarColumn()]
-        if total_bytes is not None:  # unknown for hf: and builtin sources
-            columns += [TextColumn("{task.percentage:>3.0f}%  ETA"), TimeRemainingColumn()]
-        self.bar = Progress(*columns, TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), console=console)
-        self.task = self.bar.add_task("examples", total=total_bytes, rate="")
-
-    def __enter__(self):
-        self.bar.__enter__()
-        return self
-
-    def __call__(self, done_bytes: int, text_bytes: int) -> None:
-        elapsed = max(time.perf_counter() - self.start, 1e-9)
+    def update(done_bytes: int, text_bytes: int) -> None:
+        nonlocal next_line_at
+        elapsed = max(time.perf_counter() - start, 1e-9)
         rate = f"{text_bytes / 1e6:,.0f} MB, {text_bytes / 1e6 / elapsed:.1f} MB/s"
-        self.bar.update(self.task, completed=done_bytes, rate=rate)
-        if not self.console.is_terminal and elapsed >= self.next_line_at:  # logs get a plain line every 15 s
-            self.next_line_at = elapsed + 15
-            total = self.bar.tasks[0].total
-            where = f", {100 * done_bytes / total:.0f}% of the input" if total else ""
-            self.console.print(f"prepare: {rate}{where}, {elapsed:.0f} s", markup=False)
+        bar.update(task, completed=done_bytes, rate=rate)
+        if not console.is_terminal and elapsed >= next_line_at:  # logs get a plain line every 15 s
+            next_line_at = elapsed + 15
+            where = f", {100 * done_bytes / total_bytes:.0f}% of the input" if total_bytes else ""
+            console.print(f"prepare: {rate}{where}, {elapsed:.0f} s", markup=False)
 
-    def __exit__(self, *exc):
-        return self.bar.__exit__(*exc)
+    with bar:
+        yield update
 
 
 def _check_out_dir(out_dir: Path, request: dict, force: bool) -> dict | None:
@@ -592,10 +535,8 @@ def _check_out_dir(out_dir: Path, request: dict, force: bool) -> dict | None:
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError):
         manifest = {}
-    if manifest.get("request") == request and files_present(out_dir, manifest):
-        return manifest
-    if manifest.get("request") == request:
-        return None  # our own dataset with files missing: rebuild it in place
+    if manifest.get("request") == request:  # ours; with files missing, rebuild it in place
+        return manifest if files_present(out_dir, manifest) else None
     if not force:
         raise UserError(f"--out {out_dir} already holds a different dataset (other sources or settings); "
                         f"add --force to replace it, or choose another --out")
@@ -604,8 +545,6 @@ def _check_out_dir(out_dir: Path, request: dict, force: bool) -> dict | None:
 
 def _remove_stale_tmp_dirs(out_dir: Path) -> None:
     """Remove `OUT.tmp-<pid>` directories left by prepare runs that were killed (their process is gone)."""
-    if not out_dir.parent.is_dir():
-        return
     for p in out_dir.parent.glob(f"{out_dir.name}.tmp-*"):
         pid = p.name.rsplit("-", 1)[-1]
         if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):

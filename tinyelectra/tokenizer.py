@@ -29,7 +29,8 @@ import os
 import re
 import struct
 import unicodedata
-from itertools import chain
+from collections import Counter
+from itertools import chain, count, islice
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -38,14 +39,13 @@ from tinyelectra.errors import UserError
 # BERT's first 104 ids, in order. Extra entries needed to reach an exact vocab size continue as [unused99], ...
 RESERVED_TOKENS: list[str] = ["[PAD]"] + [f"[unused{i}]" for i in range(99)] + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 SPECIAL_ROLES = ("pad", "unk", "cls", "sep", "mask")
-BERT_SPELLING = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
-SENTENCEPIECE_SPELLING = {"pad": "<pad>", "unk": "<unk>", "cls": "<cls>", "sep": "<sep>", "mask": "<mask>"}
+BERT_SPELLING = {r: f"[{r.upper()}]" for r in SPECIAL_ROLES}  # [PAD], [UNK], ...
+SENTENCEPIECE_SPELLING = {r: f"<{r}>" for r in SPECIAL_ROLES}  # <pad>, <unk>, ...
 PIECE_CACHE_ENTRIES = 1 << 20  # per process; ~200 MB at most
 MIN_VOCAB_SIZE = 200  # 104 reserved ids + room for an alphabet
 MAX_VOCAB_SIZE = 2**31 - 1
 TOKENIZER_TYPES = ("wordpiece", "sentencepiece")
 SENTENCEPIECE_MODELS = ("unigram", "bpe")
-SENTENCEPIECE_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # ids 0..4 of a SentencePiece model trained here
 CASINGS = ("auto", "uncased", "cased")
 # Share of character occurrences the WordPiece alphabet (or the SentencePiece model) covers: the rarest 0.01% of
 # occurrences are left to [UNK] (or to byte pieces). At least MIN_ALPHABET characters are kept when the text has them
@@ -68,10 +68,16 @@ _ASCII_CLEAN_TABLE.update({ord("\t"): " ", ord("\n"): " ", ord("\r"): " "})
 _ASCII_WORD = re.compile(r"[A-Za-z0-9]+|[^A-Za-z0-9 ]")
 
 
+def _normalize_ascii(text: str, lowercase: bool) -> str:
+    """BertNormalizer on ASCII text, in Python (the Rust one gives the same string)."""
+    text = text.translate(_ASCII_CLEAN_TABLE)
+    return text.lower() if lowercase else text
+
+
 def _bert_normalizer(lowercase: bool):
+    """strip_accents follows lowercase, as in BERT: cased keeps both case and accents."""
     from tokenizers import normalizers
 
-    # strip_accents follows lowercase, as in BERT: --no-lowercase keeps both case and accents.
     return normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=lowercase, lowercase=lowercase)
 
 
@@ -83,21 +89,23 @@ def _wordpiece_tokenizer(vocab: dict[str, int], lowercase: bool):
     hf.normalizer = _bert_normalizer(lowercase)
     hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     hf.decoder = decoders.WordPiece(prefix="##")
-    _add_bert_template(hf, vocab, [t for t in BERT_SPELLING.values() if t in vocab])
+    _add_bert_template(hf, vocab, list(BERT_SPELLING.values()))
     return hf
 
 
-def _add_bert_template(hf, vocab: dict[str, int], specials: list[str], cls: str = "[CLS]", sep: str = "[SEP]") -> None:
+def _add_bert_template(hf, vocab: dict[str, int], specials: list[str]) -> None:
     """[CLS] A [SEP] B [SEP] with token types 0/1 (used by transformers on the saved files; tinyelectra encodes
-    without special tokens), and the special tokens as special added tokens: "[MASK]" in a text is the mask."""
+    without special tokens), and the special tokens (in SPECIAL_ROLES order) that `vocab` holds as special added
+    tokens: "[MASK]" in a text is the mask."""
     from tokenizers import AddedToken, processors
 
+    cls, sep = specials[SPECIAL_ROLES.index("cls")], specials[SPECIAL_ROLES.index("sep")]
     if cls in vocab and sep in vocab:
         hf.post_processor = processors.TemplateProcessing(
             single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:1 {sep}:1",
             special_tokens=[(cls, vocab[cls]), (sep, vocab[sep])],
         )
-    hf.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+    hf.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials if t in vocab])
 
 
 class Tokenizer:
@@ -132,8 +140,7 @@ class Tokenizer:
                 self._sp.LoadFromSerializedProto(sp_model_bytes)
             except Exception as e:  # sentencepiece raises RuntimeError/OSError on a malformed proto
                 raise UserError(f"{source}: not a SentencePiece model ({e})") from None
-            self.kind = "sentencepiece"
-            self.lowercase = False
+            self.kind, self.lowercase = "sentencepiece", False
             self.vocab_size = self._sp.get_piece_size()
             lookup = self._sp_lookup
         else:
@@ -142,8 +149,7 @@ class Tokenizer:
             self.vocab_size = hf.get_vocab_size(with_added_tokens=True)
             norm = spec.get("normalizer") or {}
             self.lowercase = _lowercases(norm)
-            vocab = hf.get_vocab(with_added_tokens=True)
-            lookup = vocab.get
+            lookup = hf.get_vocab(with_added_tokens=True).get
             hf.no_truncation()
             hf.no_padding()
             # Piece cache (see _encode_cached): valid when every step before the model splits at spaces.
@@ -158,16 +164,14 @@ class Tokenizer:
 
     # ------------------------------------------------------------------ construction
     def _sp_lookup(self, piece: str) -> int | None:
-        i = self._sp.piece_to_id(piece)
-        # piece_to_id answers unk_id for an unknown piece: check the round trip.
+        i = self._sp.piece_to_id(piece)  # unk_id for an unknown piece: check the round trip
         return i if self._sp.id_to_piece(i) == piece else None
 
     def _find_special(self, role: str, lookup, source: str) -> int:
         spellings = [BERT_SPELLING[role], SENTENCEPIECE_SPELLING[role]]
-        for s in spellings:
-            i = lookup(s)
-            if i is not None:
-                return int(i)
+        found = [i for i in map(lookup, spellings) if i is not None]
+        if found:
+            return int(found[0])
         how = ("; `tinyelectra prepare --tokenizer-type sentencepiece` trains one that has them (or train yours with "
                "pad_id=0 pad_piece=[PAD] unk_id=1 unk_piece=[UNK] control_symbols=[CLS],[SEP],[MASK])") if self._sp is not None else ""
         raise UserError(
@@ -177,23 +181,18 @@ class Tokenizer:
 
     @classmethod
     def load(cls, path, lowercase: bool | None = None) -> "Tokenizer":
-        """Load a directory written by save(), a vocab.txt, a tokenizer.json or a SentencePiece .model.
-
-        `lowercase` only matters for a bare vocab.txt (which does not record its casing); None = uncased unless the
-        vocabulary holds upper-case letters (then it was made cased).
-        """
+        """Load a directory written by save(), a vocab.txt, a tokenizer.json or a SentencePiece .model. `lowercase`
+        only matters for a bare vocab.txt (no record of its casing); None: uncased unless it has upper-case letters."""
         p = Path(path)
         if not p.exists():
             raise UserError(f"--tokenizer {p}: no such file or directory")
         if p.is_dir():
             # tokenizer.model first: in a directory written by save() it is the SentencePiece model itself, and
             # tokenizer.json beside it its transformers copy (exact; tests/test_multilingual.py checks it)
-            for name in ("tokenizer.model", "tokenizer.json", "spiece.model", "sentencepiece.model", "vocab.txt"):
-                if (p / name).is_file():
-                    return cls.load(p / name, lowercase)
-            models = sorted(p.glob("*.model"))
-            if models:
-                return cls.load(models[0], lowercase)
+            names = ("tokenizer.model", "tokenizer.json", "spiece.model", "sentencepiece.model", "vocab.txt")
+            for q in [p / name for name in names] + sorted(p.glob("*.model")):
+                if q.is_file():
+                    return cls.load(q, lowercase)
             raise UserError(f"--tokenizer {p}: directory has no tokenizer.json, vocab.txt or SentencePiece .model")
         if p.suffix == ".model":
             return cls(sp_model_bytes=p.read_bytes(), source=str(p))
@@ -215,9 +214,8 @@ class Tokenizer:
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int, lowercase: bool,
               character_coverage: float = CHARACTER_COVERAGE) -> "Tokenizer":
-        """Train an uncased (or cased) WordPiece with BERT's reserved ids on an iterable of lines. The alphabet holds
-        the most frequent characters covering `character_coverage` of the (normalized) text's character occurrences,
-        at least MIN_ALPHABET when there are that many, at most a third of the free entries; `.alphabet` says which."""
+        """Train an uncased (or cased) WordPiece with BERT's reserved ids on an iterable of lines; its alphabet covers
+        `character_coverage` of the character occurrences (see CHARACTER_COVERAGE), as `.alphabet` records."""
         from tokenizers import Tokenizer as HFTokenizer
         from tokenizers import models, pre_tokenizers, trainers
 
@@ -226,13 +224,7 @@ class Tokenizer:
         normalizer = _bert_normalizer(lowercase)
         # Train on pre-normalized text (normalizer off during training): ASCII lines through str.translate, the rest
         # through the same Rust normalizer, so the word counts are exactly those of the full pipeline.
-        lines = []
-        for t in texts:
-            if t.isascii():
-                t = t.translate(_ASCII_CLEAN_TABLE)
-                lines.append(t.lower() if lowercase else t)
-            else:
-                lines.append(normalizer.normalize_str(t))
+        lines = [_normalize_ascii(t, lowercase) if t.isascii() else normalizer.normalize_str(t) for t in texts]
         # Determinism: tokenizers' trainer gives "##c" continuation tokens ids in hash-map order, and breaks ties
         # between equally frequent merges by id, so two runs can learn different vocabularies
         # (huggingface/tokenizers#1794). We fix the alphabet ourselves (most frequent characters, ties by code point)
@@ -259,12 +251,8 @@ class Tokenizer:
             )
         padding = vocab_size - len(ordered)
         taken = set(ordered)
-        n = 99
-        while len(ordered) < vocab_size:
-            name = f"[unused{n}]"
-            n += 1
-            if name not in taken:
-                ordered.append(name)
+        unused = (f"[unused{n}]" for n in count(99))  # BERT's spare entries, continued past [unused98]
+        ordered += islice((t for t in unused if t not in taken), padding)
         tok = cls(hf=_wordpiece_tokenizer({t: i for i, t in enumerate(ordered)}, lowercase), source="trained WordPiece")
         tok.vocab_padding = padding
         tok.alphabet = alphabet_facts
@@ -293,7 +281,7 @@ class Tokenizer:
                 sentence_iterator=iter(lines), model_writer=model, vocab_size=vocab_size, model_type=model_type,
                 character_coverage=character_coverage, byte_fallback=byte_fallback,
                 pad_id=0, unk_id=1, bos_id=-1, eos_id=-1, pad_piece="[PAD]", unk_piece="[UNK]",
-                control_symbols=SENTENCEPIECE_SPECIALS[2:], normalization_rule_name="identity",
+                control_symbols=["[CLS]", "[SEP]", "[MASK]"], normalization_rule_name="identity",
                 max_sentence_length=1 << 16, num_threads=max(1, threads), minloglevel=2,
             )
         except RuntimeError as e:  # sentencepiece reports bad input as RuntimeError("INTERNAL: ...")
@@ -314,12 +302,11 @@ class Tokenizer:
         return [e.ids for e in self._hf.encode_batch_fast(list(texts), add_special_tokens=False)]
 
     def _encode_cached(self, texts: list[str]) -> list[list[int]]:
-        """BERT pipelines tokenize "x y" as tokens("x") + tokens("y"): the normalizer works per character (a space
-        is an NFD starter, so nothing reorders across it), the pre-tokenizer splits at every space, and WordPiece works
-        per word. So each space-separated piece is tokenized once and looked up afterwards (Zipf's law: few distinct
-        pieces): measured on 20 MB of enwiki, 1.79x less CPU per MB than the tokenizers library's encode_batch on
-        every line (0.19 vs 0.34 CPU s/MB; benchmarks/results/prepare_enwiki.json). Identical ids are checked in tests/test_tokenizer.py.
-        """
+        """BERT pipelines tokenize "x y" as tokens("x") + tokens("y") (the normalizer works per character, a space
+        being an NFD starter; the pre-tokenizer splits at every space; WordPiece works per word), so each distinct
+        space-separated piece is tokenized once (Zipf's law: few of them): 1.79x less CPU per MB of enwiki than
+        encode_batch on every line (0.19 vs 0.34 CPU s/MB; benchmarks/results/prepare_enwiki.json; same ids:
+        tests/test_tokenizer.py)."""
         cache = self._pieces
         split = [t.split(" ") for t in texts]
         new = list(set(chain.from_iterable(split)).difference(cache))  # order varies by run; each piece's ids do not
@@ -336,20 +323,12 @@ class Tokenizer:
     def _encode_new_pieces(self, pieces: list[str]) -> list[tuple[int, ...]]:
         """Ids of pieces not in the cache. A pure-ASCII piece is split into BERT's words in Python (on ASCII, the
         BertNormalizer is str.translate + lower() and BertPreTokenizer splits alphanumeric runs from single
-        punctuation characters), so only words never seen before reach the Rust tokenizer; other pieces go whole.
-        """
-        words = self._words
-        lower = self.lowercase
-        split: list[list[str] | None] = []
-        other: list[str] = []
-        starts = self._added_starts
-        for p in pieces:
-            if p.isascii() and not any(c in p for c in starts):  # added tokens ("[MASK]") are matched in Rust
-                p = p.translate(_ASCII_CLEAN_TABLE)
-                split.append(_ASCII_WORD.findall(p.lower() if lower else p))
-            else:
-                split.append(None)
-                other.append(p)
+        punctuation characters), so only words never seen before reach the Rust tokenizer. Other pieces (None in
+        `split`: non-ASCII, or holding an added token's first character, as in "[MASK]") go to Rust whole."""
+        words, starts = self._words, self._added_starts
+        split = [_ASCII_WORD.findall(_normalize_ascii(p, self.lowercase))
+                 if p.isascii() and not any(c in p for c in starts) else None for p in pieces]
+        other = [p for p, ws in zip(pieces, split) if ws is None]
         new = list(set(chain.from_iterable(ws for ws in split if ws is not None)).difference(words))
         if len(words) + len(new) > PIECE_CACHE_ENTRIES:
             words.clear()  # rare: bounded memory
@@ -374,28 +353,22 @@ class Tokenizer:
 
     def decode(self, ids) -> str:
         ids = [int(i) for i in ids]
-        if self._sp is not None:
-            return self._sp.decode(ids)
-        return self._hf.decode(ids, skip_special_tokens=False)
+        return self._sp.decode(ids) if self._sp is not None else self._hf.decode(ids, skip_special_tokens=False)
 
     def id_to_token(self, i: int) -> str:
         return self._sp.id_to_piece(int(i)) if self._sp is not None else self._hf.id_to_token(int(i))
 
     # ------------------------------------------------------------------ files
     def save(self, directory, model_max_length: int | None = None) -> None:
-        """Write files that `Tokenizer.load(directory)` and transformers' `AutoTokenizer.from_pretrained` both read.
-
-        transformers writes its own files: a `PreTrainedTokenizerFast` around `hf_tokenizer()` (the [CLS] A [SEP] B
-        [SEP] template with token types, the special tokens, byte-fallback decoding) through `save_pretrained`;
-        then vocab.txt (WordPiece) or tokenizer.model (the SentencePiece model itself) beside it.
-        `model_max_length`: the model's positions (an export), or None (unknown: transformers' "no limit").
-        """
+        """Write files that `Tokenizer.load(directory)` and transformers' `AutoTokenizer.from_pretrained` both read
+        (transformers' own, around `hf_tokenizer()`; then vocab.txt or the SentencePiece model beside them).
+        `model_max_length`: the model's positions (an export), or None (unknown: transformers' "no limit")."""
         from transformers import PreTrainedTokenizerFast
         from transformers.utils import logging as hf_logging
 
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
-        specials = {f"{r}_token": self.id_to_token(getattr(self, f"{r}_id")) for r in SPECIAL_ROLES}
+        specials = {f"{r}_token": t for r, t in zip(SPECIAL_ROLES, self._special_tokens())}
         limit = {} if model_max_length is None else {"model_max_length": int(model_max_length)}
         level = hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()
@@ -431,13 +404,14 @@ class Tokenizer:
         with the [CLS] A [SEP] B [SEP] post-processor and the five special tokens as special added tokens."""
         from tokenizers import Tokenizer as HFTokenizer
 
-        if self._sp is None:
-            hf = HFTokenizer.from_str(self._hf.to_str())
-            vocab = hf.get_vocab(with_added_tokens=True)
-            cls_tok, sep_tok = self.id_to_token(self.cls_id), self.id_to_token(self.sep_id)
-            _add_bert_template(hf, vocab, [self.id_to_token(getattr(self, f"{r}_id")) for r in SPECIAL_ROLES], cls_tok, sep_tok)
-            return hf
-        return _sentencepiece_to_tokenizers(self._sp_bytes, [self.id_to_token(getattr(self, f"{r}_id")) for r in SPECIAL_ROLES])
+        if self._sp is not None:
+            return _sentencepiece_to_tokenizers(self._sp_bytes, self._special_tokens())
+        hf = HFTokenizer.from_str(self._hf.to_str())
+        _add_bert_template(hf, hf.get_vocab(with_added_tokens=True), self._special_tokens())
+        return hf
+
+    def _special_tokens(self) -> list[str]:
+        return [self.id_to_token(getattr(self, f"{r}_id")) for r in SPECIAL_ROLES]
 
     def fingerprint(self) -> str:
         """sha256 over what decides the ids: the vocabulary in id order and the normalization settings."""
@@ -462,11 +436,9 @@ class Tokenizer:
                 "vocab_padding": self.vocab_padding}
 
     def __setstate__(self, state: dict) -> None:
-        hf = None
-        if state["hf"] is not None:
-            from tokenizers import Tokenizer as HFTokenizer
+        from tokenizers import Tokenizer as HFTokenizer
 
-            hf = HFTokenizer.from_str(state["hf"])
+        hf = None if state["hf"] is None else HFTokenizer.from_str(state["hf"])
         self.__init__(hf=hf, sp_model_bytes=state["sp"], source=state["source"])
         self.vocab_padding = state["vocab_padding"]
 
@@ -496,7 +468,7 @@ def text_profile(lines: list[str]) -> dict[str, Any]:
 
     counts = _char_counts(lines)
     letters = changed = ascii_letters = 0
-    scripts: dict[str, int] = {}
+    scripts: Counter[str] = Counter()
     examples: list[tuple[int, str]] = []
     for c in np.flatnonzero(counts).tolist():
         ch, n = chr(c), int(counts[c])
@@ -504,13 +476,12 @@ def text_profile(lines: list[str]) -> dict[str, Any]:
             continue
         letters += n
         ascii_letters += n if c < 128 else 0
-        script = _script(ch)
-        scripts[script] = scripts.get(script, 0) + n
+        scripts[_script(ch)] += n
         after = _uncased(ch)
         if after != ch.lower():
             changed += n
             examples.append((n, f"{ch}->{'+'.join(after)}"))  # Hangul: 한->ᄒ+ᅡ+ᆫ (jamo)
-    share = {k: round(v / letters, 4) for k, v in sorted(scripts.items(), key=lambda kv: -kv[1])} if letters else {}
+    share = {k: round(v / letters, 4) for k, v in scripts.most_common()} if letters else {}
     # Languages the scripts name, each when its script holds at least 5% of the letters: Hangul (ko), kana (ja), Han
     # beyond what Japanese text carries (it has more kana than kanji: zh), ASCII letters only (en).
     kana = share.get("Hiragana", 0) + share.get("Katakana", 0)
@@ -581,13 +552,9 @@ def _alphabet(lines: list[str], coverage: float, most: int) -> tuple[list[str], 
 def _lowercases(normalizer: dict) -> bool:
     """Whether a tokenizers normalizer (as JSON) lower-cases its input."""
     kind = normalizer.get("type")
-    if kind == "BertNormalizer":
-        return bool(normalizer.get("lowercase", True))
-    if kind == "Lowercase":
-        return True
     if kind == "Sequence":
         return any(_lowercases(n) for n in normalizer.get("normalizers", []))
-    return False
+    return kind == "Lowercase" or (kind == "BertNormalizer" and bool(normalizer.get("lowercase", True)))
 
 
 def _read_vocab_txt(path: Path) -> dict[str, int]:
@@ -607,7 +574,6 @@ def _read_vocab_txt(path: Path) -> dict[str, int]:
     if not vocab:
         raise UserError(f"--tokenizer {path}: empty vocabulary")
     return vocab
-
 
 
 # ---------------------------------------------------------------------------------------------------- SentencePiece -> tokenizers
@@ -656,15 +622,9 @@ def read_sentencepiece(model: bytes) -> tuple[list[tuple[str, float, int]], dict
     normalizer: dict[int, Any] = {}
     for number, value in _proto_fields(model):
         if number == 1:
-            piece, score, kind = "", 0.0, SP_NORMAL
-            for n, v in _proto_fields(value):
-                if n == 1:
-                    piece = v.decode("utf-8")
-                elif n == 2:
-                    score = struct.unpack("<f", v)[0]
-                elif n == 3:
-                    kind = v
-            pieces.append((piece, score, kind))
+            f = dict(_proto_fields(value))
+            score = struct.unpack("<f", f[2])[0] if 2 in f else 0.0
+            pieces.append((f.get(1, b"").decode("utf-8"), score, f.get(3, SP_NORMAL)))
         elif number == 2:
             trainer.update(_proto_fields(value))
         elif number == 3:
@@ -689,14 +649,11 @@ def _sentencepiece_to_tokenizers(model: bytes, specials: list[str]):
     if cfg["model_type"] == 1:  # unigram: the same Viterbi over the same scores
         hf = HFTokenizer(models.Unigram([(p, score) for p, score, _ in pieces], unk_id=unk, byte_fallback=byte_fallback))
     elif cfg["model_type"] == 2:  # BPE: SentencePiece merges the pair whose merged piece scores highest (= lowest id)
-        merges = []
-        for piece, i in vocab.items():
-            if pieces[i][2] != SP_NORMAL:
-                continue
-            found = [(vocab[piece[:k]], vocab[piece[k:]], piece[:k], piece[k:]) for k in range(1, len(piece))
-                     if piece[:k] in vocab and piece[k:] in vocab]
-            merges += [(-pieces[i][1], i, a, b, left, right) for a, b, left, right in found]
-        merges.sort()
+        merges = sorted(  # every split of a normal piece into two pieces; ties: by id, then left piece's id
+            (-score, i, vocab[piece[:k]], piece[:k], piece[k:])
+            for i, (piece, score, kind) in enumerate(pieces) if kind == SP_NORMAL
+            for k in range(1, len(piece)) if piece[:k] in vocab and piece[k:] in vocab
+        )
         hf = HFTokenizer(models.BPE(vocab, [(left, right) for *_, left, right in merges], unk_token=pieces[unk][0],
                                     fuse_unk=True, byte_fallback=byte_fallback))
     else:
@@ -711,9 +668,6 @@ def _sentencepiece_to_tokenizers(model: bytes, specials: list[str]):
                                                 split=bool(cfg["split_by_whitespace"]))
     hf.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
                                    + ([decoders.Strip(" ", 1, 0)] if prefix else []))
-    user = [p for p, _, kind in pieces if kind == SP_USER_DEFINED]
-    if user:
-        hf.add_tokens([AddedToken(p, normalized=False) for p in user])
-    cls_tok, sep_tok = specials[SPECIAL_ROLES.index("cls")], specials[SPECIAL_ROLES.index("sep")]
-    _add_bert_template(hf, vocab, specials, cls_tok, sep_tok)
+    hf.add_tokens([AddedToken(p, normalized=False) for p, _, kind in pieces if kind == SP_USER_DEFINED])
+    _add_bert_template(hf, vocab, specials)
     return hf
