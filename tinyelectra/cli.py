@@ -17,8 +17,7 @@ from tinyelectra.errors import UserError
 from tinyelectra.tokenizer import CHARACTER_COVERAGE  # stdlib imports only: --help stays instant
 
 app = typer.Typer(
-    name="tinyelectra",
-    help="Pre-train ELECTRA within a budget on one GPU (or a CPU), then see what each slice of it buys on GLUE.",
+    name="tinyelectra",  # the help text is _main's docstring
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -261,19 +260,13 @@ def report(
 def _expand_multi_value(argv: list[str], flag: str) -> list[str]:
     """Let `--corpus a b c` mean `--corpus a --corpus b --corpus c` (click options take one value each)."""
     out: list[str] = []
-    i = 0
-    while i < len(argv):
-        out.append(argv[i])
-        if argv[i] == flag:
-            i += 1
-            if i < len(argv):
-                out.append(argv[i])
-                i += 1
-            while i < len(argv) and not argv[i].startswith("-"):
-                out += [flag, argv[i]]
-                i += 1
+    state = ""  # "value": the word after the flag (taken as it is); "more": words after that value, up to an option
+    for arg in argv:
+        if state == "more" and not arg.startswith("-"):
+            out += [flag, arg]
             continue
-        i += 1
+        out.append(arg)
+        state = "more" if state == "value" else "value" if arg == flag else ""
     return out
 
 
@@ -294,8 +287,7 @@ def main() -> None:
         print(f"error: {_one_line(os_error_line(e))}", file=sys.stderr)  # a full disk, a read-only location, ...
         sys.exit(2)
     except (Interrupted, KeyboardInterrupt) as e:
-        name = getattr(e, "signal_name", "SIGINT")
-        print(f"interrupted ({name})", file=sys.stderr)
+        print(f"interrupted ({getattr(e, 'signal_name', 'SIGINT')})", file=sys.stderr)
         sys.exit(getattr(e, "exit_code", 130))
 
 

@@ -18,7 +18,6 @@ from typing import Any
 from tinyelectra.errors import UserError
 
 
-
 def _check(cond: bool, where: str, msg: str) -> None:
     if not cond:
         raise UserError(f"{where}: {msg}")
@@ -43,23 +42,18 @@ class ModelConfig:
     sharing: str = "embeddings"  # embeddings (paper) | all (generator == discriminator encoder) | none
 
     def __post_init__(self) -> None:
-        w = "model"
         for name in ("vocab_size", "embedding_size", "hidden_size", "num_layers", "num_heads", "ffn_size"):
-            _check(getattr(self, name) > 0, f"{w}.{name}", "must be positive")
-        _check(self.hidden_size % self.num_heads == 0, f"{w}.hidden_size", "must be divisible by num_heads")
-        _check(0.0 <= self.dropout < 1.0, f"{w}.dropout", "must be in [0, 1)")
-        _check(0.0 <= self.attention_dropout < 1.0, f"{w}.attention_dropout", "must be in [0, 1)")
-        _check(0.0 < self.generator_fraction <= 1.0, f"{w}.generator_fraction", "must be in (0, 1]")
-        _check(self.sharing in ("embeddings", "all", "none"), f"{w}.sharing", "must be embeddings, all or none")
-        if self.sharing == "all":
-            _check(
-                self.generator_fraction == 1.0,
-                f"{w}.sharing",
-                f"'all' ties every generator weight to the discriminator, which needs a same-size generator "
-                f"(generator_fraction = 1.0), not {self.generator_fraction}",
-            )
+            _check(getattr(self, name) > 0, f"model.{name}", "must be positive")
+        _check(self.hidden_size % self.num_heads == 0, "model.hidden_size", "must be divisible by num_heads")
+        _check(0.0 <= self.dropout < 1.0, "model.dropout", "must be in [0, 1)")
+        _check(0.0 <= self.attention_dropout < 1.0, "model.attention_dropout", "must be in [0, 1)")
+        _check(0.0 < self.generator_fraction <= 1.0, "model.generator_fraction", "must be in (0, 1]")
+        _check(self.sharing in ("embeddings", "all", "none"), "model.sharing", "must be embeddings, all or none")
+        _check(self.sharing != "all" or self.generator_fraction == 1.0, "model.sharing",
+               "'all' ties every generator weight to the discriminator, which needs a same-size generator "
+               f"(generator_fraction = 1.0), not {self.generator_fraction}")
         g = self.generator()
-        _check(g.hidden_size % g.num_heads == 0, f"{w}.generator_fraction", "gives a generator hidden size not divisible by its heads")
+        _check(g.hidden_size % g.num_heads == 0, "model.generator_fraction", "gives a generator hidden size not divisible by its heads")
 
     def generator(self) -> "ModelConfig":
         """The generator's shape, by the official code's rule (run_pretraining.get_generator_config): hidden =
@@ -71,13 +65,9 @@ class ModelConfig:
             return self
         hidden = max(1, int(round(self.hidden_size * f)))
         return dataclasses.replace(
-            self,
-            hidden_size=hidden,
-            ffn_size=4 * hidden,
-            num_heads=max(1, hidden // 64),
+            self, hidden_size=hidden, ffn_size=4 * hidden, num_heads=max(1, hidden // 64),
             embedding_size=hidden if self.sharing == "none" else self.embedding_size,
-            generator_fraction=1.0,
-            sharing="embeddings",
+            generator_fraction=1.0, sharing="embeddings",
         )
 
 
@@ -93,17 +83,13 @@ class ObjectiveConfig:
     temperature: float = 1.0  # generator sampling temperature
 
     def __post_init__(self) -> None:
-        w = "objective"
-        _check(self.kind in ("electra", "mlm"), f"{w}.kind", "must be electra or mlm")
-        _check(0.0 < self.mask_prob < 1.0, f"{w}.mask_prob", "must be in (0, 1)")
-        _check(
-            self.mask_token_fraction >= 0 and self.random_token_fraction >= 0
-            and self.mask_token_fraction + self.random_token_fraction <= 1.0,
-            f"{w}.mask_token_fraction",
-            "mask_token_fraction + random_token_fraction must be within [0, 1]",
-        )
-        _check(self.disc_weight >= 0, f"{w}.disc_weight", "must be >= 0")
-        _check(self.temperature > 0, f"{w}.temperature", "must be > 0")
+        _check(self.kind in ("electra", "mlm"), "objective.kind", "must be electra or mlm")
+        _check(0.0 < self.mask_prob < 1.0, "objective.mask_prob", "must be in (0, 1)")
+        _check(self.mask_token_fraction >= 0 and self.random_token_fraction >= 0
+               and self.mask_token_fraction + self.random_token_fraction <= 1.0,
+               "objective.mask_token_fraction", "mask_token_fraction + random_token_fraction must be within [0, 1]")
+        _check(self.disc_weight >= 0, "objective.disc_weight", "must be >= 0")
+        _check(self.temperature > 0, "objective.temperature", "must be > 0")
 
     def num_masked(self, seq_len: int) -> int:
         """N, the fixed number of prediction slots per row (static shapes): int((p + 0.005) * T)."""
@@ -123,14 +109,12 @@ class OptimConfig:
     # 10% of the run and, with the paper's Adam, raised to min(1 / (1 - beta2), half the run) steps (budget.warmup_for)
 
     def __post_init__(self) -> None:
-        w = "optim"
-        _check(self.name in ("adam", "adamw", "adamw8bit"), f"{w}.name", "must be adam, adamw or adamw8bit")
-        _check(self.lr > 0, f"{w}.lr", "must be > 0")
-        _check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, f"{w}.beta1", "betas must be in [0, 1)")
-        _check(self.eps > 0, f"{w}.eps", "must be > 0")
-        _check(self.weight_decay >= 0, f"{w}.weight_decay", "must be >= 0")
-        _check(self.clip_norm >= 0, f"{w}.clip_norm", "must be >= 0")
-        _check(self.warmup_steps >= 0, f"{w}.warmup_steps", "must be >= 0")
+        _check(self.name in ("adam", "adamw", "adamw8bit"), "optim.name", "must be adam, adamw or adamw8bit")
+        _check(self.lr > 0, "optim.lr", "must be > 0")
+        _check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "optim.beta1", "betas must be in [0, 1)")
+        _check(self.eps > 0, "optim.eps", "must be > 0")
+        for name in ("weight_decay", "clip_norm", "warmup_steps"):
+            _check(getattr(self, name) >= 0, f"optim.{name}", "must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -151,17 +135,16 @@ class TrainConfig:
     eval_rows: int = 512  # held-out rows scored at each fraction checkpoint
 
     def __post_init__(self) -> None:
-        w = "train"
-        _check(self.batch_size > 0, f"{w}.batch_size", "must be > 0")
-        _check(8 <= self.seq_len <= 512, f"{w}.seq_len", "must be between 8 and 512")
-        _check(self.steps > 0, f"{w}.steps", "must be > 0")
-        _check(self.micro_batch_size >= 0, f"{w}.micro_batch_size", "must be >= 0")
-        _check(self.precision in ("auto", "bf16", "fp16", "fp32"), f"{w}.precision", "must be auto, bf16, fp16 or fp32")
-        _check(self.compile in ("auto", "on", "off", "reduce-overhead"), f"{w}.compile", "must be auto, on, off or reduce-overhead")
-        _check(self.strategy in ("ddp", "deepspeed"), f"{w}.strategy", "must be ddp or deepspeed")
-        _check(self.log_every_steps > 0, f"{w}.log_every_steps", "must be > 0")
-        _check(self.resume_every_seconds > 0, f"{w}.resume_every_seconds", "must be > 0")
-        _check(self.eval_rows >= 0, f"{w}.eval_rows", "must be >= 0")
+        _check(self.batch_size > 0, "train.batch_size", "must be > 0")
+        _check(8 <= self.seq_len <= 512, "train.seq_len", "must be between 8 and 512")
+        _check(self.steps > 0, "train.steps", "must be > 0")
+        _check(self.micro_batch_size >= 0, "train.micro_batch_size", "must be >= 0")
+        _check(self.precision in ("auto", "bf16", "fp16", "fp32"), "train.precision", "must be auto, bf16, fp16 or fp32")
+        _check(self.compile in ("auto", "on", "off", "reduce-overhead"), "train.compile", "must be auto, on, off or reduce-overhead")
+        _check(self.strategy in ("ddp", "deepspeed"), "train.strategy", "must be ddp or deepspeed")
+        _check(self.log_every_steps > 0, "train.log_every_steps", "must be > 0")
+        _check(self.resume_every_seconds > 0, "train.resume_every_seconds", "must be > 0")
+        _check(self.eval_rows >= 0, "train.eval_rows", "must be >= 0")
 
     @property
     def tokens_per_step(self) -> int:
@@ -183,13 +166,8 @@ class DataConfig:
         _check(0.0 <= self.validation_fraction < 0.5, "data.validation_fraction", "must be in [0, 0.5)")
 
 
-SECTIONS: dict[str, type] = {
-    "model": ModelConfig,
-    "objective": ObjectiveConfig,
-    "optim": OptimConfig,
-    "train": TrainConfig,
-    "data": DataConfig,
-}
+SECTIONS: dict[str, type] = {"model": ModelConfig, "objective": ObjectiveConfig, "optim": OptimConfig,
+                             "train": TrainConfig, "data": DataConfig}
 
 
 @dataclass(frozen=True)
@@ -235,23 +213,16 @@ def parse_assignment(text: str, sections: dict[str, type], default_section: str 
     fields = [f.name for f in dataclasses.fields(sections[section])]
     if name not in fields:
         raise UserError(f"--set {key}: unknown key {name!r} in [{section}] (keys: {', '.join(fields)})")
-    return section, name, _parse_scalar(value, _field_type(sections[section], name), f"--set {key}")
+    return section, name, _parse_scalar(value, typing.get_type_hints(sections[section])[name], f"--set {key}")
 
 
-def _field_type(cls: type, name: str) -> type:
-    hints = typing.get_type_hints(cls)
-    return hints[name]
+_BOOLS = {**dict.fromkeys(("1", "true", "yes", "on"), True), **dict.fromkeys(("0", "false", "no", "off"), False)}
 
 
 def _parse_scalar(text: str, typ: type, where: str) -> Any:
     try:
         if typ is bool:
-            low = text.lower()
-            if low in ("1", "true", "yes", "on"):
-                return True
-            if low in ("0", "false", "no", "off"):
-                return False
-            raise ValueError
+            return _BOOLS[text.lower()]
         if typ is int:
             try:
                 return int(text.replace("_", ""))
@@ -263,7 +234,7 @@ def _parse_scalar(text: str, typ: type, where: str) -> Any:
         if typ is float:
             return float(text)
         return text
-    except ValueError:
+    except (KeyError, ValueError):
         raise UserError(f"{where}: {text!r} is not a valid {typ.__name__}") from None
 
 
@@ -271,13 +242,7 @@ def _coerce(value: Any, typ: type, where: str) -> Any:
     """Type-check a TOML value against a dataclass field type (ints are accepted for floats)."""
     if typ is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
-    if typ is bool:
-        ok = isinstance(value, bool)
-    elif typ is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    else:
-        ok = isinstance(value, typ)
-    if not ok:
+    if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):  # bool is a subclass of int
         raise UserError(f"{where}: expected {typ.__name__}, got {type(value).__name__} {value!r}")
     return value
 
@@ -288,14 +253,9 @@ def section_values(cls: type, values: Any, where: str) -> dict[str, Any]:
         raise UserError(f"{where}: expected a table")
     hints = typing.get_type_hints(cls)
     known = {f.name for f in dataclasses.fields(cls)}
-    for key in values:
-        if key not in known:
-            raise UserError(f"{where}.{key}: unknown key (known: {', '.join(sorted(known))})")
+    for key in (k for k in values if k not in known):
+        raise UserError(f"{where}.{key}: unknown key (known: {', '.join(sorted(known))})")
     return {k: _coerce(v, hints[k], f"{where}.{k}") for k, v in values.items()}
-
-
-def _section_from_dict(cls: type, values: Any, where: str) -> Any:
-    return cls(**section_values(cls, values, where))
 
 
 def recipe_from_dict(raw: dict[str, Any], where: str = "recipe") -> Recipe:
@@ -305,16 +265,15 @@ def recipe_from_dict(raw: dict[str, Any], where: str = "recipe") -> Recipe:
         raw = {**raw, "data": {**{k: v for k, v in data.items() if k != "lowercase"},
                                "casing": "uncased" if data["lowercase"] else "cased"}}
     known_top = {"name", "description", "deviations", "finetune", *SECTIONS}  # [finetune]: `tinyelectra glue --config`
-    for key in raw:
-        if key not in known_top:
-            raise UserError(f"{where}: unknown key {key!r} (known: {', '.join(sorted(known_top))})")
+    for key in (k for k in raw if k not in known_top):
+        raise UserError(f"{where}: unknown key {key!r} (known: {', '.join(sorted(known_top))})")
     deviations = raw.get("deviations", [])
     if not isinstance(deviations, (list, tuple)) or not all(isinstance(d, str) for d in deviations):
         raise UserError(f"{where}.deviations: expected a list of strings")
     name = raw.get("name", "custom")
     if not isinstance(name, str):
         raise UserError(f"{where}.name: expected a string")
-    sections = {s: _section_from_dict(cls, raw.get(s, {}), f"{where}: [{s}]") for s, cls in SECTIONS.items()}
+    sections = {s: cls(**section_values(cls, raw.get(s, {}), f"{where}: [{s}]")) for s, cls in SECTIONS.items()}
     recipe = Recipe(name=name, description=str(raw.get("description", "")), deviations=tuple(deviations), **sections)
     if recipe.train.seq_len > recipe.model.max_positions:
         raise UserError(f"{where}: train.seq_len {recipe.train.seq_len} exceeds model.max_positions {recipe.model.max_positions}")
@@ -346,8 +305,7 @@ def recipe_path(name_or_path: str):
 def load_recipe(name_or_path: str, overrides: list[str] | None = None) -> Recipe:
     """Load a shipped recipe by name (or a .toml path), then apply `--set` overrides."""
     path = recipe_path(name_or_path)
-    recipe = recipe_from_dict(read_toml(path), where=str(path))
-    return recipe.with_overrides(overrides or [])
+    return recipe_from_dict(read_toml(path), where=str(path)).with_overrides(overrides or [])
 
 
 def read_toml(path: Path, label: str = "") -> dict[str, Any]:
@@ -362,7 +320,6 @@ def read_toml(path: Path, label: str = "") -> dict[str, Any]:
         raise UserError(f"{where}: not a text file (TOML is UTF-8)") from None
     except OSError as e:
         raise UserError(f"{where}: cannot be read ({e.strerror or e})") from None
-
 
 
 def recipe_toml(recipe: Recipe) -> str:

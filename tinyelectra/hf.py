@@ -1,27 +1,17 @@
 """Conversion to and from transformers' ELECTRA classes, and `tinyelectra export`.
 
-Our modules and transformers' differ only in names and in one layout choice: we fuse query/key/value into one
-`qkv` linear layer (rows [query; key; value], each head-major as transformers'), they keep three. Mapping:
-
-  ours (Embeddings / Encoder / heads)        transformers (ElectraModel / ElectraForPreTraining / ElectraForMaskedLM)
-  word, position, token_type, norm           embeddings.word_embeddings, .position_embeddings, .token_type_embeddings, .LayerNorm
-  project (E -> H, only when E != H)         embeddings_project
-  layers.i.qkv                               encoder.layer.i.attention.self.query | key | value (concatenated)
-  layers.i.attn_out, norm1                   encoder.layer.i.attention.output.dense, .attention.output.LayerNorm
-  layers.i.ffn_in, ffn_out, norm2            encoder.layer.i.intermediate.dense, .output.dense, .output.LayerNorm
-  disc_head.dense, disc_head.out             discriminator_predictions.dense, .dense_prediction
-  gen_head.dense, gen_head.norm, gen_head.bias   generator_predictions.dense, .LayerNorm, generator_lm_head.bias
-                                             (generator_lm_head.weight is tied to the word embeddings, as ours)
+Our modules and transformers' differ only in names (the maps under "state dicts") and in one layout choice: we fuse
+query/key/value into one `qkv` linear layer (rows [query; key; value], each head-major as transformers'), they keep
+three.
 
 Export writes DIR/discriminator (ElectraForPreTraining) and DIR/generator (ElectraForMaskedLM), each with config.json,
 model.safetensors (through transformers' own save_pretrained), the tokenizer files and a short README.md. An MLM
-(BERT-style baseline) checkpoint has no discriminator: it writes DIR/generator only, the full-size masked LM; any
-Electra* class (e.g. ElectraForSequenceClassification) loads its encoder from there, so no separate encoder copy.
+(BERT-style baseline) checkpoint writes DIR/generator only, the full-size masked LM; any Electra* class (e.g.
+ElectraForSequenceClassification) loads its encoder from there, so no separate encoder copy.
 
 Import reads such directories (ours, or a downloaded google/electra-* folder, safetensors or pytorch_model.bin)
-into an `Electra` for continued pre-training (`electra_from_hf`) or into the pieces a `Classifier` loads for
-fine-tuning (`load_backbone_from_hf`; `load_backbone` also accepts a tinyelectra checkpoint directory).
-Checkpoint save/load of our own format lives in checkpoint.py.
+into an `Electra` for continued pre-training (`electra_from_hf`) or into a `Classifier`'s backbone (`load_backbone`,
+which also reads a tinyelectra checkpoint directory; our own format's save/load lives in checkpoint.py).
 """
 
 from __future__ import annotations
@@ -38,15 +28,8 @@ from typing import Any, Iterator, NamedTuple
 import torch
 from torch import Tensor
 
-from tinyelectra.checkpoint import (
-    check_tokenizer,
-    check_vocab,
-    check_vocab_rows,
-    is_checkpoint,
-    load_checkpoint,
-    read_checkpoint_config,
-    read_tensors,
-)
+from tinyelectra.checkpoint import (check_tokenizer, check_vocab, check_vocab_rows, is_checkpoint, load_checkpoint,
+                                   read_checkpoint_config, read_tensors)
 from tinyelectra.config import ModelConfig
 from tinyelectra.errors import UserError
 from tinyelectra.files import check_writable, replace_dir, verify_sha256
@@ -101,18 +84,15 @@ def read_hf_config(directory: Path) -> dict[str, Any]:
     model_type = raw.get("model_type")
     if model_type != "electra":
         raise UserError(f"{d}: config.json describes a {model_type!r} model, not ELECTRA (model_type \"electra\")")
-    checks = (
-        ("hidden_act", "gelu", "tinyelectra's encoder uses exact GELU"),
-        ("position_embedding_type", "absolute", "tinyelectra uses absolute position embeddings"),
-        ("is_decoder", False, "tinyelectra's encoder is bidirectional"),
-    )
-    for key, want, why in checks:
+    for key, want, why in (("hidden_act", "gelu", "tinyelectra's encoder uses exact GELU"),
+                           ("position_embedding_type", "absolute", "tinyelectra uses absolute position embeddings"),
+                           ("is_decoder", False, "tinyelectra's encoder is bidirectional")):
         if key in raw and raw[key] != want:
             raise UserError(f"{path}: {key} = {raw[key]!r} is not supported ({why})")
     return raw
 
 
-def model_config_from_hf(raw: dict[str, Any], where: Path, **overrides: Any) -> ModelConfig:
+def model_config_from_hf(raw: dict[str, Any], where: Path) -> ModelConfig:
     """Our ModelConfig from a transformers ELECTRA config.json (transformers' defaults for absent keys)."""
     from transformers import ElectraConfig
 
@@ -125,7 +105,7 @@ def model_config_from_hf(raw: dict[str, Any], where: Path, **overrides: Any) -> 
             num_layers=get("num_hidden_layers"), num_heads=get("num_attention_heads"), ffn_size=get("intermediate_size"),
             max_positions=get("max_position_embeddings"), type_vocab_size=get("type_vocab_size"),
             dropout=float(get("hidden_dropout_prob")), attention_dropout=float(get("attention_probs_dropout_prob")),
-            layer_norm_eps=float(get("layer_norm_eps")), **{"generator_fraction": 1.0, **overrides},
+            layer_norm_eps=float(get("layer_norm_eps")), generator_fraction=1.0,
         )
     except UserError as e:
         raise UserError(f"{where}/config.json: {e}") from None
@@ -134,109 +114,94 @@ def model_config_from_hf(raw: dict[str, Any], where: Path, **overrides: Any) -> 
 
 
 # ---------------------------------------------------------------------------------------------------- state dicts
-_LAYER_MAP = (  # ours -> transformers, inside one block, for .weight and .bias
-    ("attn_out", "attention.output.dense"),
-    ("norm1", "attention.output.LayerNorm"),
-    ("ffn_in", "intermediate.dense"),
-    ("ffn_out", "output.dense"),
-    ("norm2", "output.LayerNorm"),
-)
-_EMB_MAP = (
-    ("word.weight", "embeddings.word_embeddings.weight"),
-    ("position.weight", "embeddings.position_embeddings.weight"),
-    ("token_type.weight", "embeddings.token_type_embeddings.weight"),
-    ("norm.weight", "embeddings.LayerNorm.weight"),
-    ("norm.bias", "embeddings.LayerNorm.bias"),
-)
+def _parts(pairs) -> tuple[tuple[str, str], ...]:
+    """(ours, transformers) module pairs -> the same pairs for their .weight and .bias."""
+    return tuple((f"{o}.{p}", f"{h}.{p}") for o, h in pairs for p in ("weight", "bias"))
+
+
+_LAYER_MAP = (("attn_out", "attention.output.dense"), ("norm1", "attention.output.LayerNorm"),  # inside one block
+              ("ffn_in", "intermediate.dense"), ("ffn_out", "output.dense"), ("norm2", "output.LayerNorm"))
+_EMB_MAP = (("word.weight", "embeddings.word_embeddings.weight"),
+            ("position.weight", "embeddings.position_embeddings.weight"),
+            ("token_type.weight", "embeddings.token_type_embeddings.weight"),
+            *_parts([("norm", "embeddings.LayerNorm")]))
+_DISC_HEAD = _parts([("dense", "discriminator_predictions.dense"),
+                     ("out", "discriminator_predictions.dense_prediction")])
+_GEN_HEAD = (*_parts([("dense", "generator_predictions.dense"), ("norm", "generator_predictions.LayerNorm")]),
+             ("bias", "generator_lm_head.bias"))  # generator_lm_head.weight is the word embeddings (tied)
+_QKV = ("query", "key", "value")
+
+
+def _encoder_map(num_layers: int, project: bool) -> tuple[tuple[str, str], ...]:
+    """(Encoder key, ElectraModel key) of every encoder tensor but the fused qkv."""
+    blocks = [(f"layers.{i}.{o}", f"encoder.layer.{i}.{h}") for i in range(num_layers) for o, h in _LAYER_MAP]
+    return _parts(blocks + ([("project", "embeddings_project")] if project else []))
 
 
 def backbone_to_hf(emb: dict[str, Tensor], enc: dict[str, Tensor], num_layers: int) -> dict[str, Tensor]:
     """Embeddings + Encoder state dicts -> ElectraModel keys (no "electra." prefix)."""
     out = {hf: emb[ours] for ours, hf in _EMB_MAP}
-    if "project.weight" in enc:
-        out["embeddings_project.weight"] = enc["project.weight"]
-        out["embeddings_project.bias"] = enc["project.bias"]
+    out.update({hf: enc[ours] for ours, hf in _encoder_map(num_layers, "project.weight" in enc)})
     for i in range(num_layers):
-        src, dst = f"layers.{i}.", f"encoder.layer.{i}."
         for part in ("weight", "bias"):
-            q, k, v = enc[f"{src}qkv.{part}"].chunk(3, dim=0)  # rows [query; key; value]
-            out[f"{dst}attention.self.query.{part}"] = q
-            out[f"{dst}attention.self.key.{part}"] = k
-            out[f"{dst}attention.self.value.{part}"] = v
-            for ours, hf in _LAYER_MAP:
-                out[f"{dst}{hf}.{part}"] = enc[f"{src}{ours}.{part}"]
+            qkv = enc[f"layers.{i}.qkv.{part}"].chunk(3, dim=0)  # rows [query; key; value]
+            out.update({f"encoder.layer.{i}.attention.self.{n}.{part}": t for n, t in zip(_QKV, qkv)})
     return out
 
 
 def backbone_from_hf(sd: dict[str, Tensor], num_layers: int) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """ElectraModel keys (no "electra." prefix) -> (Embeddings state dict, Encoder state dict)."""
-    emb = {ours: sd[hf] for ours, hf in _EMB_MAP}
-    enc: dict[str, Tensor] = {}
-    if "embeddings_project.weight" in sd:
-        enc["project.weight"] = sd["embeddings_project.weight"]
-        enc["project.bias"] = sd["embeddings_project.bias"]
+    enc = {ours: sd[hf] for ours, hf in _encoder_map(num_layers, "embeddings_project.weight" in sd)}
     for i in range(num_layers):
-        src, dst = f"encoder.layer.{i}.", f"layers.{i}."
         for part in ("weight", "bias"):
-            qkv = [sd[f"{src}attention.self.{n}.{part}"] for n in ("query", "key", "value")]
-            enc[f"{dst}qkv.{part}"] = torch.cat(qkv, dim=0)
-            for ours, hf in _LAYER_MAP:
-                enc[f"{dst}{ours}.{part}"] = sd[f"{src}{hf}.{part}"]
-    return emb, enc
+            qkv = [sd[f"encoder.layer.{i}.attention.self.{n}.{part}"] for n in _QKV]
+            enc[f"layers.{i}.qkv.{part}"] = torch.cat(qkv, dim=0)
+    return {ours: sd[hf] for ours, hf in _EMB_MAP}, enc
 
 
 def _sub(sd: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
     return {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
 
 
-def _prefix(sd: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
-    return {prefix + k: v for k, v in sd.items()}
+def _to_hf(emb: dict[str, Tensor], enc: dict[str, Tensor], num_layers: int, head: dict[str, Tensor],
+           head_map) -> dict[str, Tensor]:
+    out = {f"electra.{k}": v for k, v in backbone_to_hf(emb, enc, num_layers).items()}
+    return out | {hf: head[ours] for ours, hf in head_map}
 
 
 def discriminator_to_hf(model) -> dict[str, Tensor]:
     """An `Electra`'s discriminator as an ElectraForPreTraining state dict."""
     if model.discriminator is None:
         raise UserError("an MLM checkpoint has no discriminator to export")
-    emb = model.embeddings.state_dict()
-    out = _prefix(backbone_to_hf(emb, model.discriminator.state_dict(), model.cfg.num_layers), "electra.")
-    head = model.disc_head.state_dict()
-    for part in ("weight", "bias"):
-        out[f"discriminator_predictions.dense.{part}"] = head[f"dense.{part}"]
-        out[f"discriminator_predictions.dense_prediction.{part}"] = head[f"out.{part}"]
-    return out
+    return _to_hf(model.embeddings.state_dict(), model.discriminator.state_dict(), model.cfg.num_layers,
+                  model.disc_head.state_dict(), _DISC_HEAD)
 
 
 def generator_to_hf(model) -> dict[str, Tensor]:
     """An `Electra`'s generator (or MLM model) as an ElectraForMaskedLM state dict."""
     emb = model.generator_embeddings.state_dict()
-    out = _prefix(backbone_to_hf(emb, model.generator_encoder.state_dict(), model.gen_cfg.num_layers), "electra.")
-    head = model.gen_head.state_dict()
-    for part in ("weight", "bias"):
-        out[f"generator_predictions.dense.{part}"] = head[f"dense.{part}"]
-        out[f"generator_predictions.LayerNorm.{part}"] = head[f"norm.{part}"]
-    out["generator_lm_head.weight"] = emb["word.weight"]  # tied
-    out["generator_lm_head.bias"] = head["bias"]
-    return out
+    out = _to_hf(emb, model.generator_encoder.state_dict(), model.gen_cfg.num_layers, model.gen_head.state_dict(),
+                 _GEN_HEAD)
+    return out | {"generator_lm_head.weight": emb["word.weight"]}  # tied
+
+
+def _hf_model(cls_name: str, cfg: ModelConfig, state: dict[str, Tensor], pad_token_id: int):
+    import transformers
+
+    with quiet_transformers():
+        hf = getattr(transformers, cls_name)(hf_config(cfg, pad_token_id))
+    hf.load_state_dict(state, strict=True)
+    return hf.eval()
 
 
 def to_hf_discriminator(model, pad_token_id: int = 0):
     """A transformers ElectraForPreTraining (eval mode) holding a copy of `model`'s discriminator."""
-    from transformers import ElectraForPreTraining
-
-    with quiet_transformers():
-        hf = ElectraForPreTraining(hf_config(model.cfg, pad_token_id))
-    hf.load_state_dict(discriminator_to_hf(model), strict=True)
-    return hf.eval()
+    return _hf_model("ElectraForPreTraining", model.cfg, discriminator_to_hf(model), pad_token_id)
 
 
 def to_hf_generator(model, pad_token_id: int = 0):
     """A transformers ElectraForMaskedLM (eval mode) holding a copy of `model`'s generator (or MLM model)."""
-    from transformers import ElectraForMaskedLM
-
-    with quiet_transformers():
-        hf = ElectraForMaskedLM(hf_config(model.gen_cfg, pad_token_id))
-    hf.load_state_dict(generator_to_hf(model), strict=True)
-    return hf.eval()
+    return _hf_model("ElectraForMaskedLM", model.gen_cfg, generator_to_hf(model), pad_token_id)
 
 
 # ---------------------------------------------------------------------------------------------------- reading transformers dirs
@@ -263,13 +228,10 @@ def _weights_vocab_rows(d: Path) -> int | None:
         return None
     from safetensors import safe_open
 
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            for key in f.keys():
-                if key.endswith("embeddings.word_embeddings.weight"):
-                    return int(f.get_slice(key).get_shape()[0])
-    except Exception:  # a damaged file: from_pretrained will say so
-        return None
+    with contextlib.suppress(Exception), safe_open(str(path), framework="pt") as f:  # damaged: from_pretrained says so
+        for key in f.keys():
+            if key.endswith("embeddings.word_embeddings.weight"):
+                return int(f.get_slice(key).get_shape()[0])
     return None
 
 
@@ -306,44 +268,29 @@ def _reason(e: BaseException) -> str:
     return text.splitlines()[0][:200] if text else type(e).__name__
 
 
-def tokenizer_dir_of(d: Path, vocab_size: int) -> Path | None:
-    """`d` itself when it holds tokenizer files (checked against the model's vocabulary size), else None."""
-    if not any((d / n).is_file() for n in TOKENIZER_FILES):
-        return None
-    check_tokenizer(d, vocab_size)
-    return d
-
-
-def load_backbone_from_hf(directory: Path) -> Backbone:
-    """A transformers ELECTRA directory (discriminator, generator or any Electra* model) as a `Classifier` backbone."""
-    from transformers import ElectraModel
-
-    d = Path(directory)
-    raw = read_hf_config(d)
-    cfg = model_config_from_hf(raw, d)
-    hf = _load_hf(ElectraModel, d, raw)
-    emb, enc = backbone_from_hf(hf.state_dict(), cfg.num_layers)
-    return Backbone(cfg, emb, enc, tokenizer_dir_of(d, cfg.vocab_size))
-
-
 def load_backbone(path: Path) -> Backbone:
-    """A tinyelectra checkpoint (its discriminator, or the MLM encoder) or a transformers ELECTRA directory."""
+    """A tinyelectra checkpoint (its discriminator, or the MLM encoder) or a transformers ELECTRA directory
+    (discriminator, generator or any Electra* model) as a `Classifier` backbone."""
     p = Path(path)
     if is_checkpoint(p):
         recipe, objective = read_checkpoint_config(p)
         verify_sha256(p, "the checkpoint")
-        cfg = recipe.model
-        name, enc_prefix = ("discriminator", "discriminator.") if objective == "electra" else ("generator", "generator.")
+        name = "discriminator" if objective == "electra" else "generator"
         sd = read_tensors(p / f"{name}.safetensors")
-        check_vocab(sd, "embeddings.word.weight", cfg.vocab_size, p / f"{name}.safetensors")
-        tok = p / "tokenizer"
-        tokenizer_dir = None
-        if tok.is_dir():
-            check_tokenizer(tok, cfg.vocab_size)
-            tokenizer_dir = tok
-        backbone_cfg = dataclasses.replace(cfg, generator_fraction=1.0, sharing="embeddings")
-        return Backbone(backbone_cfg, _sub(sd, "embeddings."), _sub(sd, enc_prefix), tokenizer_dir)
-    return load_backbone_from_hf(p)
+        check_vocab(sd, "embeddings.word.weight", recipe.model.vocab_size, p / f"{name}.safetensors")
+        cfg = dataclasses.replace(recipe.model, generator_fraction=1.0, sharing="embeddings")
+        emb, enc = _sub(sd, "embeddings."), _sub(sd, f"{name}.")
+        tokenizer_dir = p / "tokenizer" if (p / "tokenizer").is_dir() else None
+    else:
+        from transformers import ElectraModel
+
+        raw = read_hf_config(p)
+        cfg = model_config_from_hf(raw, p)
+        emb, enc = backbone_from_hf(_load_hf(ElectraModel, p, raw).state_dict(), cfg.num_layers)
+        tokenizer_dir = p if any((p / n).is_file() for n in TOKENIZER_FILES) else None
+    if tokenizer_dir is not None:
+        check_tokenizer(tokenizer_dir, cfg.vocab_size)  # against the model's vocabulary size
+    return Backbone(cfg, emb, enc, tokenizer_dir)
 
 
 def electra_from_hf(discriminator_dir: Path, generator_dir: Path | None = None, cfg: ModelConfig | None = None):
@@ -360,53 +307,36 @@ def electra_from_hf(discriminator_dir: Path, generator_dir: Path | None = None, 
     dd = Path(discriminator_dir)
     raw_d = read_hf_config(dd)
     disc_cfg = model_config_from_hf(raw_d, dd)
-    hf_d = _load_hf(ElectraForPreTraining, dd, raw_d)
-    sd_d = hf_d.state_dict()
+    sd_d = _load_hf(ElectraForPreTraining, dd, raw_d).state_dict()
     emb, disc_enc = backbone_from_hf(_sub(sd_d, "electra."), disc_cfg.num_layers)
-    disc_head = {
-        "dense.weight": sd_d["discriminator_predictions.dense.weight"], "dense.bias": sd_d["discriminator_predictions.dense.bias"],
-        "out.weight": sd_d["discriminator_predictions.dense_prediction.weight"], "out.bias": sd_d["discriminator_predictions.dense_prediction.bias"],
-    }
-    gen_parts = None
-    fraction = cfg.generator_fraction if cfg is not None else 0.25
-    sharing = cfg.sharing if cfg is not None else "embeddings"
+    parts = [("embeddings", emb), ("discriminator", disc_enc), ("disc_head", {o: sd_d[h] for o, h in _DISC_HEAD})]
+    fraction, sharing = (0.25, "embeddings") if cfg is None else (cfg.generator_fraction, cfg.sharing)
     if generator_dir is not None:
         gd = Path(generator_dir)
         raw_g = read_hf_config(gd)
         gen_cfg = model_config_from_hf(raw_g, gd)
         fraction = _generator_fraction(disc_cfg, gen_cfg, gd)
-        hf_g = _load_hf(ElectraForMaskedLM, gd, raw_g)
-        sd_g = hf_g.state_dict()
+        sd_g = _load_hf(ElectraForMaskedLM, gd, raw_g).state_dict()
         g_emb, g_enc = backbone_from_hf(_sub(sd_g, "electra."), gen_cfg.num_layers)
         if not torch.equal(sd_g["generator_lm_head.weight"], sd_g["electra.embeddings.word_embeddings.weight"]):
             raise UserError(f"{gd}: generator output layer is not tied to its word embeddings (tinyelectra always ties them)")
-        g_head = {
-            "dense.weight": sd_g["generator_predictions.dense.weight"], "dense.bias": sd_g["generator_predictions.dense.bias"],
-            "norm.weight": sd_g["generator_predictions.LayerNorm.weight"], "norm.bias": sd_g["generator_predictions.LayerNorm.bias"],
-            "bias": sd_g["generator_lm_head.bias"],
-        }
         shared = all(torch.equal(emb[k], g_emb[k]) for k in emb)
         sharing = "embeddings" if shared else "none"
         if not shared and gen_cfg.embedding_size != gen_cfg.hidden_size:
             raise UserError(f"{gd}: the generator's embeddings differ from the discriminator's, so they are untied; an "
                             f"untied generator has embeddings of its own hidden width ({gen_cfg.hidden_size}, the official "
                             f"layout), not {gen_cfg.embedding_size}")
-        gen_parts = (g_emb, g_enc, g_head)
+        parts += [("gen_embeddings", g_emb), ("generator_encoder", g_enc),
+                  ("gen_head", {o: sd_g[h] for o, h in _GEN_HEAD})]
     full_cfg = dataclasses.replace(disc_cfg, generator_fraction=fraction, sharing=sharing)
     if cfg is not None:
         _check_same_shape(cfg, full_cfg, dd)
         full_cfg = dataclasses.replace(cfg, sharing=sharing, generator_fraction=fraction)
     model = Electra(full_cfg, objective="electra")
     with torch.no_grad():
-        model.embeddings.load_state_dict(emb, strict=True)
-        model.discriminator.load_state_dict(disc_enc, strict=True)
-        model.disc_head.load_state_dict(disc_head, strict=True)
-        if gen_parts is not None:
-            g_emb, g_enc, g_head = gen_parts
-            if model.gen_embeddings is not None:
-                model.gen_embeddings.load_state_dict(g_emb, strict=True)
-            model.generator_encoder.load_state_dict(g_enc, strict=True)
-            model.gen_head.load_state_dict(g_head, strict=True)
+        for name, state in parts:
+            if getattr(model, name) is not None:  # gen_embeddings is None when the embeddings are shared
+                getattr(model, name).load_state_dict(state, strict=True)
     return model.eval(), full_cfg
 
 
@@ -418,21 +348,18 @@ def _generator_fraction(disc: ModelConfig, gen: ModelConfig, where: Path) -> flo
                         f"{disc.embedding_size} (shared embeddings) nor its own hidden size {gen.hidden_size} (untied)")
     for name in ("vocab_size", "num_layers", "max_positions", "type_vocab_size"):
         if getattr(gen, name) != getattr(disc, name):
-            raise UserError(
-                f"{where}: generator {name} {getattr(gen, name)} differs from the discriminator's {getattr(disc, name)}"
-                + (" (vocabulary size mismatch)" if name == "vocab_size" else "")
-            )
+            raise UserError(f"{where}: generator {name} {getattr(gen, name)} differs from the discriminator's "
+                            f"{getattr(disc, name)}" + (" (vocabulary size mismatch)" if name == "vocab_size" else ""))
     fraction = gen.hidden_size / disc.hidden_size
     try:
         derived = dataclasses.replace(disc, generator_fraction=fraction).generator()
     except UserError as e:
         raise UserError(f"{where}: generator shape cannot be derived from the discriminator's ({e})") from None
     if (derived.hidden_size, derived.ffn_size, derived.num_heads) != (gen.hidden_size, gen.ffn_size, gen.num_heads):
-        raise UserError(
-            f"{where}: generator (hidden {gen.hidden_size}, FFN {gen.ffn_size}, heads {gen.num_heads}) does not have the "
-            f"official generator shape (hidden = fraction x the discriminator's, FFN = 4 x hidden, heads = hidden // 64; "
-            f"{fraction:g} gives {derived.hidden_size}/{derived.ffn_size}/{derived.num_heads})"
-        )
+        raise UserError(f"{where}: generator (hidden {gen.hidden_size}, FFN {gen.ffn_size}, heads {gen.num_heads}) "
+                        f"does not have the official generator shape (hidden = fraction x the discriminator's, FFN = "
+                        f"4 x hidden, heads = hidden // 64; {fraction:g} gives "
+                        f"{derived.hidden_size}/{derived.ffn_size}/{derived.num_heads})")
     return fraction
 
 
@@ -464,10 +391,9 @@ def _model_card(kind: str, cls_name: str, recipe, meta: dict[str, Any], language
         f"Pre-trained with tinyelectra (objective {recipe.objective.kind!r}, recipe {recipe.name!r}).", "",
         "| field | value |", "|---|---|",
     ]
-    for key in ("step", "fraction", "tokens_seen", "train_flops_paper", "train_flops_hardware", "train_seconds"):
-        if key in meta:
-            value = meta[key]
-            lines.append(f"| {key} | {value:.4g} |" if isinstance(value, float) and "flops" in key else f"| {key} | {value} |")
+    lines += [f"| {k} | {meta[k]:.4g} |" if isinstance(meta[k], float) and "flops" in k else f"| {k} | {meta[k]} |"
+              for k in ("step", "fraction", "tokens_seen", "train_flops_paper", "train_flops_hardware", "train_seconds")
+              if k in meta]
     lines += [
         "", "train_flops_paper counts FLOPs in the ELECTRA paper's convention (dense embedding look-ups, backward = forward).",
         "", "```python", f"from transformers import {cls_name}, AutoTokenizer",
@@ -476,12 +402,11 @@ def _model_card(kind: str, cls_name: str, recipe, meta: dict[str, Any], language
     if kind == "generator" and recipe.objective.kind == "electra" and recipe.model.generator_fraction < 1.0:
         lines += [f"This generator is {recipe.model.generator_fraction:g}x the discriminator's width: it exists to train "
                   "the discriminator, which is the model to fine-tune.", ""]
-    lines.append(f"Language: {', '.join(languages)} ({language_source})." if languages else
-                 "Language: not recorded (`tinyelectra export --language CODE` adds it).")
-    lines.append(f"License: {license_id}." if license_id else
-                 "License: not given at export (`tinyelectra export --license ID`); it follows from the pre-training "
-                 "text's terms.")
-    lines.append("")
+    lines += [f"Language: {', '.join(languages)} ({language_source})." if languages else
+              "Language: not recorded (`tinyelectra export --language CODE` adds it).",
+              f"License: {license_id}." if license_id else
+              "License: not given at export (`tinyelectra export --license ID`); it follows from the pre-training "
+              "text's terms.", ""]
     return "\n".join(lines)
 
 
@@ -489,8 +414,7 @@ def _write_hf_dir(hf_model, out: Path, tokenizer, card: str, max_positions: int)
     with quiet_transformers():
         hf_model.save_pretrained(str(out))
     if tokenizer is not None:
-        # transformers writes the tokenizer files; model_max_length = the model's positions, so that
-        # tok(text, truncation=True) never gives more tokens than the model takes
+        # model_max_length = the model's positions: tok(text, truncation=True) never gives more than it takes
         tokenizer.save(out, model_max_length=max_positions)
     (out / "README.md").write_text(card, encoding="utf-8")
     # Read it back with transformers itself: what we promise is that from_pretrained gives exactly these tensors.
@@ -508,9 +432,7 @@ def export(model, recipe, meta: dict[str, Any], tokenizer_dir: Path | None, out_
     out_dir = Path(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise UserError(f"--out {out_dir}: already exists and is not empty; choose a new directory")
-    pad_id = 0
-    tokenizer = None
-    source = "given at export"
+    tokenizer, pad_id, source = None, 0, "given at export"
     if tokenizer_dir is not None:
         tokenizer = Tokenizer.load(tokenizer_dir)
         pad_id = tokenizer.pad_id

@@ -8,6 +8,7 @@ generator and discriminator loss and accuracy against steps, fraction checkpoint
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,11 @@ from tinyelectra.metrics import METRIC_TITLES
 
 def fmt_fraction(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:g}%"
+
+
+def _unzip(points: list[tuple], n: int = 2) -> list[list]:
+    """[(x, y), ...] -> [[x, ...], [y, ...]] (n empty lists for no points)."""
+    return [[p[i] for p in points] for i in range(n)]
 
 
 def _metric(rep: dict[str, Any], task: str) -> str:
@@ -43,8 +49,7 @@ def plot_glue(rep: dict[str, Any], path: Path) -> bool:
     ax_avg, ax_task, ax_frac, ax_time = axes.flat
 
     def ours_xy(key, scale=1.0):
-        pts = [(c[key] * scale, c["average_paper"]["score"]) for c in cks if c.get(key) is not None]
-        return [p[0] for p in pts], [p[1] for p in pts]
+        return _unzip([(c[key] * scale, c["average_paper"]["score"]) for c in cks if c.get(key) is not None])
 
     # (a) average vs FLOPs
     x, y = ours_xy("train_flops_paper")
@@ -61,10 +66,8 @@ def plot_glue(rep: dict[str, Any], path: Path) -> bool:
     for r in t1:
         ax_avg.annotate(fmt_fraction(r["fraction"]), (r["train_flops_paper"], r["glue_dev"]), textcoords="offset points",
                         xytext=(-8, 6), fontsize=7, color="tab:gray")
-    ax_avg.set_xscale("log")
-    ax_avg.set_xlabel("pre-training FLOPs (paper convention)")
-    ax_avg.set_ylabel("GLUE dev score (paper metrics)")
-    ax_avg.set_title("GLUE average vs. pre-training compute")
+    ax_avg.set(xscale="log", xlabel="pre-training FLOPs (paper convention)", ylabel="GLUE dev score (paper metrics)",
+               title="GLUE average vs. pre-training compute")
     ax_avg.legend(fontsize=8, loc="lower right")
     ax_avg.grid(True, which="both", alpha=0.3)
 
@@ -73,8 +76,9 @@ def plot_glue(rep: dict[str, Any], path: Path) -> bool:
         pts = [(c["train_flops_paper"], c["tasks"][t]["median_paper"], c["tasks"][t]["std_paper"] or 0.0)
                for c in rep["checkpoints"] if t in c["tasks"] and c["train_flops_paper"] is not None]
         if pts:
-            ax_task.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o",
-                             capsize=3, label=f"{task_title(t)} ({METRIC_TITLES.get(_metric(rep, t), _metric(rep, t))})")
+            x, y, err = _unzip(pts, 3)
+            ax_task.errorbar(x, y, yerr=err, marker="o", capsize=3,
+                             label=f"{task_title(t)} ({METRIC_TITLES.get(_metric(rep, t), _metric(rep, t))})")
     ax_task.set_xscale("log")
     ax_task.xaxis.set_minor_formatter(NullFormatter())  # minor labels collide; 1-2-5 majors instead
     ax_task.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
@@ -82,12 +86,11 @@ def plot_glue(rep: dict[str, Any], path: Path) -> bool:
              if c["train_flops_paper"] is not None and c["fraction"] is not None]
     if marks:  # within one run FLOPs are proportional to the fraction: label the checkpoints on top
         top = ax_task.secondary_xaxis("top")
-        top.set_xticks([m[0] for m in marks], [m[1] for m in marks])
+        top.set_xticks(*_unzip(marks))
         top.xaxis.set_minor_locator(NullLocator())
         top.tick_params(labelsize=8)
-    ax_task.set_xlabel("pre-training FLOPs (paper convention)")
-    ax_task.set_ylabel("dev score, median over seeds (± std)")
-    ax_task.set_title("ours, per task (top: fraction of the budget)")
+    ax_task.set(xlabel="pre-training FLOPs (paper convention)", ylabel="dev score, median over seeds (± std)",
+                title="ours, per task (top: fraction of the budget)")
     if ax_task.get_legend_handles_labels()[0]:
         ax_task.legend(fontsize=7, loc="best")
     ax_task.grid(True, which="both", alpha=0.3)
@@ -98,15 +101,14 @@ def plot_glue(rep: dict[str, Any], path: Path) -> bool:
     x, y = ours_xy("fraction")
     if x:
         ax_frac.plot(x, y, "o-", color="tab:blue", label=f"ours: {label} average (paper metrics)")
-    pts = [(c["fraction"], c["average_glue"]["score"]) for c in cks if c["fraction"] is not None and c["average_glue"]]
-    if pts:
-        ax_frac.plot([p[0] for p in pts], [p[1] for p in pts], "o:", color="tab:cyan",
-                     label=f"ours: {label} average (GLUE leaderboard metrics)")
+    x, y = _unzip([(c["fraction"], c["average_glue"]["score"]) for c in cks
+                   if c["fraction"] is not None and c["average_glue"]])
+    if x:
+        ax_frac.plot(x, y, "o:", color="tab:cyan", label=f"ours: {label} average (GLUE leaderboard metrics)")
     ax_frac.set_xscale("log", base=2)
     ax_frac.set_xticks([r["fraction"] for r in t1], [fmt_fraction(r["fraction"]) for r in t1])
-    ax_frac.set_xlabel("fraction of the pre-training budget")
-    ax_frac.set_ylabel("GLUE dev score")
-    ax_frac.set_title("vs. fraction of the budget (checkpoints of one run)")
+    ax_frac.set(xlabel="fraction of the pre-training budget", ylabel="GLUE dev score",
+                title="vs. fraction of the budget (checkpoints of one run)")
     ax_frac.legend(fontsize=8, loc="best")
     ax_frac.grid(True, alpha=0.3)
 
@@ -117,18 +119,14 @@ def plot_glue(rep: dict[str, Any], path: Path) -> bool:
     device = rep["hardware"]["pretraining_device"] or "this run"
     if x:
         ax_time.plot(x, y, "o-", color="tab:blue", label=f"ours: {device}, {label}")
-    ax_time.set_xscale("log")
-    ax_time.set_xlabel("pre-training time (hours; ours: training steps only)")
-    ax_time.set_ylabel("GLUE dev score")
-    ax_time.set_title("vs. pre-training time")
+    ax_time.set(xscale="log", xlabel="pre-training time (hours; ours: training steps only)", ylabel="GLUE dev score",
+                title="vs. pre-training time")
     ax_time.legend(fontsize=8, loc="lower right")
     ax_time.grid(True, which="both", alpha=0.3)
 
     fig.suptitle("tinyelectra: GLUE vs. pre-training (paper's numbers are published values, 8 tasks; ours cover "
                  f"{label})", fontsize=11)
-    fig.tight_layout()
     _save_fig(fig, path)
-    plt.close(fig)
     return True
 
 
@@ -146,24 +144,19 @@ def plot_curves(records: list[dict], events: list[dict], rep: dict[str, Any], pa
     fig, (ax_g, ax_d, ax_acc) = plt.subplots(1, 3, figsize=(15, 4.2))
 
     def series(key):
-        pts = [(r["step"], r[key]) for r in records if r.get(key) is not None]
-        return [p[0] for p in pts], [p[1] for p in pts]
+        return _unzip([(r["step"], r[key]) for r in records if r.get(key) is not None])
 
     for ax, key, title in ((ax_g, "gen_loss", "generator MLM loss"), (ax_d, "disc_loss", "discriminator loss (per token)")):
         x, y = series(key)
         if x:
             ax.plot(x, y, color="tab:blue" if key == "gen_loss" else "tab:orange")
-        ax.set_title(title)
-        ax.set_xlabel("step")
-        ax.set_ylabel("loss")
+        ax.set(title=title, xlabel="step", ylabel="loss")
     for key, color, name in (("gen_acc", "tab:blue", "generator accuracy (masked)"),
                              ("disc_acc", "tab:orange", "discriminator accuracy (all tokens)")):
         x, y = series(key)
         if x:
             ax_acc.plot(x, y, color=color, label=name)
-    ax_acc.set_ylim(0, 1)
-    ax_acc.set_title("accuracies")
-    ax_acc.set_xlabel("step")
+    ax_acc.set(ylim=(0, 1), title="accuracies", xlabel="step")
     ax_acc.legend(fontsize=8)
     for ax in (ax_g, ax_d, ax_acc):
         ax.grid(True, alpha=0.3)
@@ -175,15 +168,15 @@ def plot_curves(records: list[dict], events: list[dict], rep: dict[str, Any], pa
         ax_g.text(0.99, 0.98, "dotted: fraction checkpoints", transform=ax_g.transAxes, ha="right", va="top", fontsize=8)
     recipe = (rep.get("recipe") or {}).get("name", "")
     fig.suptitle(f"pre-training curves ({recipe}, {len(records)} log steps)", fontsize=11)
-    fig.tight_layout()
     _save_fig(fig, path)
-    plt.close(fig)
     return True
 
 
 def _save_fig(fig, path: Path) -> None:
-    import io
+    import matplotlib.pyplot as plt
 
+    fig.tight_layout()
     png = io.BytesIO()
     fig.savefig(png, format="png", dpi=110)
+    plt.close(fig)
     write_atomic(path, png.getvalue())

@@ -1,12 +1,9 @@
 """The FLOPs-versus-GLUE report of one run: `tinyelectra report RUN_DIR` -> report.md, report.json and PNG plots.
 
-What lives here: reading what a run wrote (plan.json, recipe.json, summary.json, metrics.jsonl) and what
-`tinyelectra glue` wrote (RUN/glue/<checkpoint>/glue.json), putting it beside the paper's published numbers
-(paper.py), and rendering report.md. What does not: the plots (plots.py); any training, fine-tuning or metric
-arithmetic.
-
-report.json is built first and holds every number report.md shows; the markdown is rendered from it alone (and the
-tests check the two agree). The PNG plots are drawn from the same report (plots.py).
+Reads what a run wrote (plan.json, recipe.json, summary.json, metrics.jsonl) and what `tinyelectra glue` wrote
+(RUN/glue/<checkpoint>/glue.json), puts it beside the paper's published numbers (paper.py) and renders report.md; no
+training, fine-tuning or metric arithmetic. report.json is built first and holds every number report.md shows; the
+markdown is rendered from it alone (the tests check the two agree), the PNG plots (plots.py) from the same dict.
 """
 
 from __future__ import annotations
@@ -26,20 +23,15 @@ from tinyelectra.glue_data import GLUE_TASK_NAMES, PAPER_TASK_NAMES, get_task, t
 from tinyelectra.plots import fmt_fraction, plot_curves, plot_glue
 
 FORMAT = "tinyelectra-report"
-TASK_ORDER = GLUE_TASK_NAMES
 CURVE_KEYS = ("gen_loss", "disc_loss", "gen_acc", "disc_acc")
 
 
 def _task_order(names) -> list[str]:
     """GLUE's tasks in the usual order, then the custom ones (glue --task-file) by name."""
-    return [t for t in TASK_ORDER if t in names] + sorted(t for t in names if t not in TASK_ORDER)
+    return [t for t in GLUE_TASK_NAMES if t in names] + sorted(t for t in names if t not in GLUE_TASK_NAMES)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Formatting (shared by report.md and the tests that compare it with report.json)
-# ----------------------------------------------------------------------------------------------------------------
-
-
+# ---------- Formatting (shared by report.md and the tests that compare it with report.json)
 def fmt_score(x: float | None) -> str:
     return "-" if x is None else f"{x:.1f}"
 
@@ -63,11 +55,7 @@ def fmt_score_std(median: float | None, std: float | None) -> str:
     return fmt_score(median) if std is None else f"{fmt_score(median)} ± {std:.1f}"
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Reading
-# ----------------------------------------------------------------------------------------------------------------
-
-
+# ---------- Reading
 def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -81,10 +69,7 @@ def read_metrics(path: Path) -> tuple[list[dict], list[dict]]:
     if not path.is_file():
         return records, events
     for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        try:
+        try:  # blank lines and a torn last line are not JSON
             rec = json.loads(line)
         except ValueError:
             continue
@@ -97,31 +82,15 @@ def read_metrics(path: Path) -> tuple[list[dict], list[dict]]:
     return records, events
 
 
-def find_glue_results(run_dir: Path) -> list[Path]:
-    """RUN/glue/*/glue.json (what `tinyelectra glue --checkpoint RUN` writes), or RUN/*/glue.json when RUN is
-    itself a glue output directory."""
-    found = sorted(run_dir.glob("glue/*/glue.json")) or sorted(run_dir.glob("*/glue.json"))
-    return found
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Building report.json
-# ----------------------------------------------------------------------------------------------------------------
-
-
+# ---------- Building report.json
 def _checkpoint_entry(path: Path, glue: dict) -> dict[str, Any]:
     meta = glue.get("meta") or {}
-    tasks = {}
-    for task in _task_order(glue.get("tasks") or {}):
-        t = (glue.get("tasks") or {}).get(task)
-        if t is None:
-            continue
+    tasks, raw = {}, glue.get("tasks") or {}
+    for task in _task_order([name for name, t in raw.items() if t is not None]):
+        t = raw[task]
         tasks[task] = {
-            "paper_metric": t["paper_metric"], "glue_metric": t["glue_metric"],
-            "median_paper": t["median_paper"], "std_paper": t["std_paper"],
-            "median_glue": t["median_glue"], "std_glue": t["std_glue"],
-            "seed_paper_scores": [s["paper_score"] for s in t["seeds"]],
-            "seeds": [s["seed"] for s in t["seeds"]],
+            **{k: t[k] for k in ("paper_metric", "glue_metric", "median_paper", "std_paper", "median_glue", "std_glue")},
+            "seed_paper_scores": [s["paper_score"] for s in t["seeds"]], "seeds": [s["seed"] for s in t["seeds"]],
             "train_seconds": sum(s["train_seconds"] for s in t["seeds"]),
         }
         for split, e in (t.get("splits") or {}).items():
@@ -144,23 +113,17 @@ def _checkpoint_entry(path: Path, glue: dict) -> dict[str, Any]:
         "tasks": tasks,
         "average_paper": averages.get("paper"), "average_glue": averages.get("glue"),
         "finetune": {"device": glue.get("device"), "precision": glue.get("precision"),
-                     "max_train_rows": protocol.get("max_train_rows"), "peak_lr": protocol.get("peak_lr"),
-                     "layerwise": protocol.get("layerwise"), "layerwise_decay": protocol.get("layerwise_decay"),
-                     "epochs": protocol.get("epochs"), "seeds": glue.get("seeds"),
-                     "batching": protocol.get("batching")},
+                     **{k: protocol.get(k)
+                        for k in ("max_train_rows", "peak_lr", "layerwise", "layerwise_decay", "epochs")},
+                     "seeds": glue.get("seeds"), "batching": protocol.get("batching")},
     }
 
 
 def _paper_average_over(tasks: list[str]) -> list[dict]:
     """The published per-task rows averaged over the tasks we cover (a like-for-like comparator)."""
-    out = []
     covered = [t for t in tasks if t in PAPER_TASK_NAMES]
-    if not covered:
-        return out
-    for row in paper.PER_TASK:
-        scores = [row.scores[t] for t in covered]
-        out.append({"model": row.model, "tasks": covered, "score": sum(scores) / len(scores), "source": row.source})
-    return out
+    return [{"model": row.model, "tasks": covered, "score": sum(row.scores[t] for t in covered) / len(covered),
+             "source": row.source} for row in paper.PER_TASK] if covered else []
 
 
 def build_report(run_dir: Path) -> dict[str, Any]:
@@ -168,11 +131,11 @@ def build_report(run_dir: Path) -> dict[str, Any]:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise UserError(f"{run_dir}: no such run directory")
-    plan = _read_json(run_dir / "plan.json") if (run_dir / "plan.json").is_file() else None
-    recipe = _read_json(run_dir / "recipe.json") if (run_dir / "recipe.json").is_file() else None
-    summary = _read_json(run_dir / "summary.json") if (run_dir / "summary.json").is_file() else None
+    plan, recipe, summary = (_read_json(run_dir / f"{name}.json") if (run_dir / f"{name}.json").is_file() else None
+                             for name in ("plan", "recipe", "summary"))
     records, events = read_metrics(run_dir / "metrics.jsonl")
-    glue_paths = find_glue_results(run_dir)
+    # what `tinyelectra glue --checkpoint RUN` writes, or RUN/*/glue.json when RUN is itself a glue output directory
+    glue_paths = sorted(run_dir.glob("glue/*/glue.json")) or sorted(run_dir.glob("*/glue.json"))
     if plan is None and not glue_paths:
         raise UserError(f"{run_dir}: neither a run directory (plan.json) nor GLUE results (glue/*/glue.json) inside")
 
@@ -183,39 +146,33 @@ def build_report(run_dir: Path) -> dict[str, Any]:
     table1 = paper.table1_by_fraction()
     comparison = []
     for c in checkpoints:
-        row = table1.get(c["fraction"]) if c["fraction"] is not None else None
+        row = table1.get(c["fraction"])
+        avg = c["average_paper"] or {}
         comparison.append({
             "checkpoint": c["name"], "fraction": c["fraction"], "train_flops_paper": c["train_flops_paper"],
-            "train_seconds": c["train_seconds"],
-            "average_paper": None if c["average_paper"] is None else c["average_paper"]["score"],
-            "average_label": None if c["average_paper"] is None else c["average_paper"]["label"],
-            "paper_train_flops": None if row is None else row.train_flops_paper,
-            "paper_glue": None if row is None else row.glue_dev,
-            "paper_v100_time": None if row is None else row.v100_time,
+            "train_seconds": c["train_seconds"], "average_paper": avg.get("score"), "average_label": avg.get("label"),
+            "paper_train_flops": getattr(row, "train_flops_paper", None), "paper_glue": getattr(row, "glue_dev", None),
+            "paper_v100_time": getattr(row, "v100_time", None),
         })
 
-    last = records[-1] if records else {}
+    last, done = (records[-1] if records else {}), summary or {}
     pretraining = {
-        "steps": (summary or {}).get("steps", last.get("step")),
-        "tokens_seen": (summary or {}).get("tokens_seen", last.get("tokens_seen")),
-        "train_flops_paper": (summary or {}).get("train_flops_paper", last.get("train_flops_paper")),
-        "train_flops_hardware": (summary or {}).get("train_flops_hardware", last.get("train_flops_hardware")),
-        "train_seconds": (summary or {}).get("train_seconds", last.get("train_seconds")),
+        "steps": done.get("steps", last.get("step")),
+        **{k: done.get(k, last.get(k))
+           for k in ("tokens_seen", "train_flops_paper", "train_flops_hardware", "train_seconds")},
         "finished": summary is not None,
         "last_log": {k: last.get(k) for k in ("step", *CURVE_KEYS, "tokens_per_second") if k in last},
         "log_records": len(records),
         "checkpoint_events": [{**{k: e.get(k) for k in ("name", "step", "fraction")}, "train_seconds": train_seconds_of(e)}
                               for e in events],
     }
-    plan_facts = None
-    if plan is not None:
-        plan_facts = {k: plan.get(k) for k in ("budget", "budget_kind", "recipe", "total_steps", "warmup_steps",
-                                               "batch_size", "seq_len", "tokens_per_step", "train_flops_paper",
-                                               "train_flops_hardware", "budget_seconds", "checkpoint_steps")}
+    plan_facts = None if plan is None else {k: plan.get(k) for k in (
+        "budget", "budget_kind", "recipe", "total_steps", "warmup_steps", "batch_size", "seq_len", "tokens_per_step",
+        "train_flops_paper", "train_flops_hardware", "budget_seconds", "checkpoint_steps")}
     hardware = {
-        "pretraining_device": (summary or {}).get("device") or _first(events, "device"),
-        "pretraining_precision": (summary or {}).get("precision") or _first(events, "precision"),
-        "pretraining_runtime": (summary or {}).get("runtime") or {},  # compile (or its fallback), attention kernel
+        "pretraining_device": done.get("device") or _first(events, "device"),
+        "pretraining_precision": done.get("precision") or _first(events, "precision"),
+        "pretraining_runtime": done.get("runtime") or {},  # compile (or its fallback), attention kernel
         "finetuning_devices": sorted({c["finetune"]["device"] for c in checkpoints if c["finetune"]["device"]}),
         "finetuning_precisions": sorted({c["finetune"]["precision"] for c in checkpoints if c["finetune"]["precision"]}),
         "finetuning_batching": sorted({c["finetune"]["batching"] for c in checkpoints if c["finetune"].get("batching")}),
@@ -241,10 +198,9 @@ def build_report(run_dir: Path) -> dict[str, Any]:
     return {
         "format": FORMAT, "format_version": 1, "run_dir": str(run_dir.resolve()),
         "generated_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "recipe": None if recipe is None else {"name": recipe.get("name"), "description": recipe.get("description"),
-                                               "deviations": list(recipe.get("deviations") or []),
-                                               "model": recipe.get("model"), "optim": recipe.get("optim"),
-                                               "train": recipe.get("train")},
+        "recipe": None if recipe is None else {
+            **{k: recipe.get(k) for k in ("name", "description")}, "deviations": list(recipe.get("deviations") or []),
+            **{k: recipe.get(k) for k in ("model", "optim", "train")}},
         "plan": plan_facts, "pretraining": pretraining, "hardware": hardware,
         "tasks": tasks_seen, "checkpoints": checkpoints, "comparison": comparison, "heldout": heldout,
         "paper_average_over_our_tasks": _paper_average_over(tasks_seen),
@@ -267,34 +223,21 @@ def _first(events: list[dict], key: str):
     return next((e[key] for e in events if e.get(key) is not None), None)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# report.md
-# ----------------------------------------------------------------------------------------------------------------
-
-
+# ---------- report.md
 def _v(x: Any) -> str:
     return "-" if x is None else str(x)
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
-    return out
+    sep = "|" + "|".join("---" for _ in header) + "|"
+    return ["| " + " | ".join(header) + " |", sep] + ["| " + " | ".join(r) + " |" for r in rows]
 
 
 def render_markdown(rep: dict[str, Any]) -> str:
     """report.md from report.json's dict alone."""
-    L: list[str] = []
-    recipe = rep.get("recipe") or {}
-    plan = rep.get("plan") or {}
-    pre = rep["pretraining"]
-    hw = rep["hardware"]
-    L.append(f"# tinyelectra report: {recipe.get('name') or Path(rep['run_dir']).name}")
-    L.append("")
-    L.append(f"Run directory `{rep['run_dir']}`, generated {rep['generated_utc']}.")
-    L.append("")
-    L.append("## Pre-training")
-    L.append("")
+    recipe, plan, pre, hw = rep.get("recipe") or {}, rep.get("plan") or {}, rep["pretraining"], rep["hardware"]
+    L = [f"# tinyelectra report: {recipe.get('name') or Path(rep['run_dir']).name}", "",
+         f"Run directory `{rep['run_dir']}`, generated {rep['generated_utc']}.", "", "## Pre-training", ""]
     rows = [
         ["recipe", _v(recipe.get("name"))],
         ["budget", f"{_v(plan.get('budget'))} ({_v(plan.get('budget_kind'))})"],
@@ -314,21 +257,14 @@ def render_markdown(rep: dict[str, Any]) -> str:
         ["fine-tuning batches", "; ".join(hw["finetuning_batching"]) or "-"],
     ]
     last = pre["last_log"]
-    for k in CURVE_KEYS:
-        if last.get(k) is not None:
-            rows.append([f"last logged {k} (step {last.get('step')})", f"{last[k]:.4f}"])
-    L += _table(["", "value"], rows)
-    L.append("")
-    deviations = recipe.get("deviations") or []
-    if deviations:
-        L.append("Recipe deviations from the paper:")
-        L.append("")
-        L += [f"- {d}" for d in deviations]
-        L.append("")
+    rows += [[f"last logged {k} (step {last.get('step')})", f"{last[k]:.4f}"] for k in CURVE_KEYS
+             if last.get(k) is not None]
+    L += _table(["", "value"], rows) + [""]
+    if recipe.get("deviations"):
+        L += ["Recipe deviations from the paper:", "", *(f"- {d}" for d in recipe["deviations"]), ""]
 
     if rep.get("heldout"):
-        L.append("## What each checkpoint learned (held-out pre-training rows)")
-        L.append("")
+        L += ["## What each checkpoint learned (held-out pre-training rows)", ""]
         rows = []
         for h in rep["heldout"]:
             gain = None if h["disc_acc"] is None or h["baseline_acc"] is None else h["disc_acc"] - h["baseline_acc"]
@@ -340,17 +276,13 @@ def render_markdown(rep: dict[str, Any]) -> str:
                          {True: "learned", False: "**NOT LEARNED YET**", None: "-"}[h["learned"]]])
         L += _table(["pre-training checkpoint", "step", "discriminator acc. (all-original prior, gain)", "disc. ROC-AUC",
                      "disc. precision / recall", "generator / MLM acc. (unigram)", "verdict"], rows)
-        L.append("")
-        L.append("A checkpoint has learned when its discriminator beats the all-\"original\" answer by at least one point "
-                 "of accuracy (a masked LM: its predictions beat the unigram answer by two points).")
-        L.append("")
+        L += ["", "A checkpoint has learned when its discriminator beats the all-\"original\" answer by at least one "
+              "point of accuracy (a masked LM: its predictions beat the unigram answer by two points).", ""]
 
-    L.append("## GLUE per checkpoint (ours)")
-    L.append("")
+    L += ["## GLUE per checkpoint (ours)", ""]
     cks = rep["checkpoints"]
     if not cks:
-        L.append(f"No GLUE results yet: run `tinyelectra glue --checkpoint {rep['run_dir']} --glue-dir DIR` first.")
-        L.append("")
+        L += [f"No GLUE results yet: run `tinyelectra glue --checkpoint {rep['run_dir']} --glue-dir DIR` first.", ""]
     else:
         tasks = rep["tasks"]
         label = next((c["average_paper"]["label"] for c in cks if c["average_paper"]), "average")
@@ -362,81 +294,59 @@ def render_markdown(rep: dict[str, Any]) -> str:
                  fmt_flops(c["train_flops_paper"]), fmt_duration(c["train_seconds"])]
             r += [fmt_score_std(c["tasks"][t]["median_paper"], c["tasks"][t]["std_paper"]) if t in c["tasks"] else "-"
                   for t in tasks]
-            r.append(fmt_score(c["average_paper"]["score"]) if c["average_paper"] else "-")
-            r.append(fmt_score(c["average_glue"]["score"]) if c["average_glue"] else "-")
+            r += [fmt_score(c[k]["score"]) if c[k] else "-" for k in ("average_paper", "average_glue")]
             rows.append(r)
         L += _table(header, rows)
-        L.append("")
-        L.append(f"Scores are medians over fine-tuning seeds ± their standard deviation, dev sets, x100. Paper metrics: "
-                 f"CoLA Matthews corr., STS-B Spearman, the rest accuracy; GLUE metrics: MRPC/QQP mean of F1 and "
-                 f"accuracy, STS-B mean of Pearson and Spearman. Averages cover {label}.")
-        mnli = [c for c in cks if "splits" in c["tasks"].get("mnli", {})]
-        for c in mnli:
+        L += ["", "Scores are medians over fine-tuning seeds ± their standard deviation, dev sets, x100. Paper "
+              "metrics: CoLA Matthews corr., STS-B Spearman, the rest accuracy; GLUE metrics: MRPC/QQP mean of F1 and "
+              f"accuracy, STS-B mean of Pearson and Spearman. Averages cover {label}."]
+        for c in (c for c in cks if "splits" in c["tasks"].get("mnli", {})):
             e = c["tasks"]["mnli"]["splits"]["dev_mismatched"]
             L.append(f"MNLI mismatched, {c['name']}: {fmt_score_std(e['median_paper'], e['std_paper'])}.")
-        L.append("")
-        L.append("Seeds (paper metric each):")
-        L.append("")
+        L += ["", "Seeds (paper metric each):", ""]
         for c in cks:
-            for t in tasks:
-                if t in c["tasks"]:
-                    e = c["tasks"][t]
-                    scores = ", ".join(f"seed {s}: {fmt_score(v)}" for s, v in zip(e["seeds"], e["seed_paper_scores"]))
-                    L.append(f"- {c['name']} {task_title(t)}: {scores}")
+            for t in (t for t in tasks if t in c["tasks"]):
+                e = c["tasks"][t]
+                scores = ", ".join(f"seed {s}: {fmt_score(v)}" for s, v in zip(e["seeds"], e["seed_paper_scores"]))
+                L.append(f"- {c['name']} {task_title(t)}: {scores}")
         L.append("")
 
-    L.append("## Beside the paper")
-    L.append("")
-    L.append(f"The paper's numbers are **published values, not ours** ({paper.TABLE1_SOURCE}); BERT-Small at the same "
-             f"compute: {fmt_score(paper.BERT_SMALL['glue_dev'])} at {fmt_flops(paper.BERT_SMALL['train_flops_paper'])} FLOPs.")
-    L.append("")
+    L += ["## Beside the paper", "",
+          f"The paper's numbers are **published values, not ours** ({paper.TABLE1_SOURCE}); BERT-Small at the same "
+          f"compute: {fmt_score(paper.BERT_SMALL['glue_dev'])} at {fmt_flops(paper.BERT_SMALL['train_flops_paper'])} "
+          "FLOPs.", ""]
     rows = []
     for row in rep["paper"]["table1"]:
-        ours = [c for c in rep["comparison"] if c["fraction"] == row["fraction"]]
-        o = ours[0] if ours else None
+        o = next((c for c in rep["comparison"] if c["fraction"] == row["fraction"]), None)
         rows.append([fmt_fraction(row["fraction"]), fmt_flops(row["train_flops_paper"]), row["v100_time"],
                      fmt_score(row["glue_dev"]),
                      fmt_flops(o["train_flops_paper"]) if o else "-", fmt_duration(o["train_seconds"]) if o else "-",
                      fmt_score(o["average_paper"]) if o else "-", (o["average_label"] or "-") if o else "-"])
     L += _table(["fraction", "paper FLOPs", "paper V100 time", "paper GLUE (8 tasks)", "our FLOPs (paper conv.)",
-                 "our training time", "our average", "our tasks"], rows)
-    L.append("")
+                 "our training time", "our average", "our tasks"], rows) + [""]
     if rep["paper_average_over_our_tasks"]:
-        L.append("The published per-task rows averaged over the tasks we cover (a like-for-like comparator):")
-        L.append("")
-        for a in rep["paper_average_over_our_tasks"]:
-            L.append(f"- {a['model']}: {fmt_score(a['score'])} over {', '.join(a['tasks'])} ({a['source']})")
-        L.append("")
+        L += ["The published per-task rows averaged over the tasks we cover (a like-for-like comparator):", ""]
+        L += [f"- {a['model']}: {fmt_score(a['score'])} over {', '.join(a['tasks'])} ({a['source']})"
+              for a in rep["paper_average_over_our_tasks"]] + [""]
     if cks:
         final = cks[-1]
         header = ["task", "metric", f"ours ({final['name']})"] + [r["model"] for r in rep["paper"]["per_task"]]
         rows = []
-        for t in (t for t in rep["tasks"] if t in TASK_ORDER):  # tasks the paper reports
+        for t in (t for t in rep["tasks"] if t in GLUE_TASK_NAMES):  # tasks the paper reports
             ours = final["tasks"].get(t)
             rows.append([task_title(t), get_task(t).paper_metric,
                          fmt_score_std(ours["median_paper"], ours["std_paper"]) if ours else "-"]
                         + [fmt_score(r["scores"].get(t)) for r in rep["paper"]["per_task"]])
         L += _table(header, rows)
-        L.append("")
-        L.append("Per-task sources: " + "; ".join(f"{r['model']}: {r['source']}" for r in rep["paper"]["per_task"]) + ".")
-        L.append("")
+        sources = "; ".join(f"{r['model']}: {r['source']}" for r in rep["paper"]["per_task"])
+        L += ["", f"Per-task sources: {sources}.", ""]
     if rep["plots"]:
-        L.append("## Plots")
-        L.append("")
-        L += [f"![{p}]({p})" for p in rep["plots"]]
-        L.append("")
-    L.append("## Notes")
-    L.append("")
-    L += [f"- {n}" for n in rep["notes"]]
-    L.append("")
+        L += ["## Plots", "", *(f"![{p}]({p})" for p in rep["plots"]), ""]
+    L += ["## Notes", "", *(f"- {n}" for n in rep["notes"]), ""]
     return "\n".join(L)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# The command
-# ----------------------------------------------------------------------------------------------------------------
-
-
+# ---------- The command
 def report_command(run_dir: Path, out_dir: Path | None) -> dict[str, Any]:
     """`tinyelectra report RUN_DIR`: write report.json, report.md and the plots (default: into RUN_DIR)."""
     run_dir = Path(run_dir)
