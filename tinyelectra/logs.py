@@ -33,12 +33,9 @@ class Log:
     Nothing is written into the run directory before the first metrics line (bad input leaves no files behind)."""
 
     def __init__(self, run_dir: Path, main: bool) -> None:
-        self.main = main
-        self.run_dir = run_dir
-        self.path = run_dir / "metrics.jsonl"
+        self.main, self.run_dir, self.path = main, run_dir, run_dir / "metrics.jsonl"
         self.console = make_console()
-        self.tb = None
-        self._tb_tried = False
+        self.tb, self._tb_tried = None, False
 
     def _tensorboard(self):
         if not self._tb_tried:
@@ -150,14 +147,10 @@ class Progress:
 
     def __init__(self, plan: Plan, step: int, main: bool, clock: Callable[[], float] = time.perf_counter,
                  console=None) -> None:
-        self.main = main
+        self.main, self.plan, self.clock, self.t0 = main, plan, clock, clock()
         self.console = console if console is not None else make_console()
         self.live = main and self.console.is_terminal
-        self.plan = plan
-        self.clock = clock
-        self.t0 = clock()
-        self.step0 = step
-        self.step = step
+        self.step0 = self.step = step
         if main:
             self.bar = _TwoLines(TextColumn("[bold]train[/] {task.fields[counter]}"), BarColumn(bar_width=None),
                                 TextColumn("{task.fields[eta]}"), console=self.console, transient=False, expand=True)

@@ -916,7 +916,7 @@ def _check_data(data, recipe: Recipe, data_dir: Path) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# signals, logs and the progress display
+# signals
 
 
 class StopFlag:
