@@ -1,16 +1,12 @@
 """A budget ("4d", "90m", "1.4e18flops", "62500steps", "paper") becomes one Plan: total steps, warm-up,
-checkpoint steps at 1/16 .. 1 of the run, expected tokens, FLOPs in both conventions and training time; and a time
-budget's plan is kept true as the run goes (`TimeBudgetPlanner`).
+checkpoint steps at 1/16 .. 1 of the run, expected tokens, FLOPs in both conventions and training time.
 
-The five checkpoints are snapshots of ONE run (the paper's Table 1 "partial training" rows): the learning-rate
-schedule spans the whole budget, so the 6.25% checkpoint of a 4-day run is not the same model as a separately
-scheduled 6-hour run (which is simply a smaller budget, with its own warm-up and decay to zero).
+The five checkpoints are snapshots of ONE run (the paper's Table 1 "partial training" rows): the schedule spans the
+whole budget, so the 6.25% checkpoint of a 4-day run is not a separately scheduled 6-hour run (a smaller budget).
 
-Step, FLOP and `paper` budgets are fixed before the first step, so a run reproduces. A time budget cannot be fixed in
-advance: its steps are planned from the speed measured over the first steps and re-planned from the recent speed as
-the run goes, so that the learning rate reaches zero when the budget runs out; the checkpoints follow the plan (each
-on its own step), and plan.json ends up saying what happened. Its step count follows the machine's speed and load:
-by design it does not reproduce.
+Step, FLOP and `paper` budgets are fixed before the first step, so a run reproduces. A time budget is planned from the
+speed measured over the first steps and re-planned as the run goes (`TimeBudgetPlanner`), so that the learning rate
+reaches zero when the budget runs out; plan.json ends up saying what happened. By design it does not reproduce.
 """
 
 from __future__ import annotations
@@ -51,14 +47,11 @@ def parse_budget(text: str) -> Budget:
     t = text.strip()
     if t == "paper":
         return Budget("paper", 0.0, t)
-    m = re.fullmatch(r"([+-]?[0-9]*\.?[0-9]+)\s*([smhd])", t)
-    if m:
+    if m := re.fullmatch(r"([+-]?[0-9]*\.?[0-9]+)\s*([smhd])", t):
         return Budget("time", _positive(float(m.group(1)), t) * _TIME_UNITS[m.group(2)], t)
-    m = re.fullmatch(r"([+-]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*flops", t, flags=re.IGNORECASE)
-    if m:
+    if m := re.fullmatch(r"([+-]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*flops", t, flags=re.IGNORECASE):
         return Budget("flops", _positive(float(m.group(1)), t), t)
-    m = re.fullmatch(r"([+-]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKM]?)\s*steps?", t)
-    if m:
+    if m := re.fullmatch(r"([+-]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKM]?)\s*steps?", t):
         steps = _positive(float(m.group(1)), t) * _STEP_SUFFIX[m.group(2)]
         if steps > MAX_BUDGET_STEPS:
             raise UserError(f"budget {text!r}: more than {MAX_BUDGET_STEPS:.0e} steps ({_EXAMPLES})")
@@ -144,29 +137,30 @@ def adam_warmup_floor(recipe: Recipe, total_steps: int) -> int:
     """The shortest warm-up under which the paper's Adam (no bias correction) behaves: 1 / (1 - beta2) steps (1,000
     for beta2 = 0.999), at most half of the run; 0 for the bias-corrected optimizers, which need none.
 
-    Why: without bias correction the update is m / sqrt(v) with m and v still warming up themselves, which makes it
-    (1 - b1^t) / sqrt(1 - b2^t) times bias-corrected Adam's: up to 6.5x near step 10, 3.2x at step 100, 1.26x at step
-    1,000 (the second moment's memory, 1 / (1 - b2) steps), about 1 after a few thousand. The paper's 10,000-step
-    warm-up keeps lr x that factor below the peak learning rate; a warm-up much shorter than 1 / (1 - b2) does not:
-    measured on `tiny` at 5e-4 over 600 steps (benchmarks/results/short_runs_cpu.json), a 60-step warm-up kept the
-    discriminator exactly at its all-"original" prior (recall 0 at every checkpoint), while a 300-step one (the floor,
-    capped at half the run) left it (+0.0075 at step 150) and behaved like bias-corrected AdamW (+0.0043)."""
+    Why: without bias correction the update is (1 - b1^t) / sqrt(1 - b2^t) times bias-corrected Adam's: 6.5x near
+    step 10, 3.2x at 100, 1.26x at 1,000, about 1 after a few thousand; a warm-up much shorter than 1 / (1 - b2) does
+    not keep lr x that factor below the peak. Measured on `tiny` at 5e-4 over 600 steps
+    (benchmarks/results/short_runs_cpu.json): a 60-step warm-up kept the discriminator at its all-"original" prior
+    (recall 0 at every checkpoint); a 300-step one (the floor) left it (+0.0075 at step 150), like AdamW (+0.0043)."""
     if recipe.optim.name != "adam":
         return 0
     return min(math.ceil(1.0 / (1.0 - recipe.optim.beta2)), round(WARMUP_FLOOR_SHARE * total_steps))
 
 
+def _capped_warmup(recipe: Recipe, total_steps: int) -> int:
+    return min(recipe.optim.warmup_steps, round(WARMUP_SHARE_CAP * total_steps))
+
+
 def warmup_for(recipe: Recipe, total_steps: int) -> int:
     """The recipe's warm-up in steps (the paper: 10,000), as the official code keeps it whatever the run's length,
     but never more than 10% of a shorter run, and, with the paper's Adam, never less than `adam_warmup_floor`."""
-    capped = min(recipe.optim.warmup_steps, round(WARMUP_SHARE_CAP * total_steps))
-    return max(capped, adam_warmup_floor(recipe, total_steps))
+    return max(_capped_warmup(recipe, total_steps), adam_warmup_floor(recipe, total_steps))
 
 
 def _warmup_note(recipe: Recipe, total: int, warmup: int) -> str | None:
     if warmup == recipe.optim.warmup_steps:
         return None
-    capped = min(recipe.optim.warmup_steps, round(WARMUP_SHARE_CAP * total))
+    capped = _capped_warmup(recipe, total)
     if warmup > capped:
         return (f"warm-up {warmup} steps: the recipe's {recipe.optim.warmup_steps} capped at {WARMUP_SHARE_CAP:.0%} of "
                 f"this {total}-step run would be {capped}, raised to the paper's Adam's minimum (1 / (1 - beta2) "
@@ -211,7 +205,6 @@ def make_plan(budget: Budget, recipe: Recipe, steps_per_second: float | None = N
     tr = recipe.train
     paper_step = flops.paper_train_flops_per_step(recipe.model, recipe.objective, tr.batch_size, tr.seq_len)
     hw_step = flops.hardware_train_flops_per_step(recipe.model, recipe.objective, tr.batch_size, tr.seq_len)
-    notes: list[str] = []
     if budget.kind == "paper":
         total = tr.steps
     elif budget.kind == "steps":
@@ -229,25 +222,21 @@ def make_plan(budget: Budget, recipe: Recipe, steps_per_second: float | None = N
     elif steps_per_second is not None:
         total = max(1, int(budget.value * steps_per_second))
     else:  # unknown until measured: the trainer runs on until it has measured its speed
-        return Plan(
-            budget=budget.text, budget_kind=budget.kind, recipe=recipe.name, total_steps=None,
-            warmup_steps=recipe.optim.warmup_steps, checkpoint_steps={}, batch_size=tr.batch_size, seq_len=tr.seq_len,
-            tokens_per_step=tr.tokens_per_step, expected_tokens=None, train_flops_paper_per_step=paper_step,
-            train_flops_hardware_per_step=hw_step, train_flops_paper=None, train_flops_hardware=None,
-            budget_seconds=budget.value, status="provisional",
-            notes=["time budget: the steps are planned from the speed measured over the first steps"])
+        total = None
+    common = dict(budget=budget.text, budget_kind=budget.kind, recipe=recipe.name, total_steps=total,
+                  batch_size=tr.batch_size, seq_len=tr.seq_len, tokens_per_step=tr.tokens_per_step,
+                  train_flops_paper_per_step=paper_step, train_flops_hardware_per_step=hw_step)
+    if total is None:
+        return Plan(**common, warmup_steps=recipe.optim.warmup_steps, checkpoint_steps={}, expected_tokens=None,
+                    train_flops_paper=None, train_flops_hardware=None, budget_seconds=budget.value, status="provisional",
+                    notes=["time budget: the steps are planned from the speed measured over the first steps"])
     warmup = warmup_for(recipe, total)
     ckpts = checkpoint_schedule(total)
-    notes += [n for n in (_warmup_note(recipe, total, warmup), _schedule_note(total, ckpts)) if n]
-    return Plan(
-        budget=budget.text, budget_kind=budget.kind, recipe=recipe.name, total_steps=total, warmup_steps=warmup,
-        checkpoint_steps=ckpts, batch_size=tr.batch_size, seq_len=tr.seq_len, tokens_per_step=tr.tokens_per_step,
-        expected_tokens=total * tr.tokens_per_step, train_flops_paper_per_step=paper_step,
-        train_flops_hardware_per_step=hw_step, train_flops_paper=paper_step * total,
-        train_flops_hardware=hw_step * total, budget_seconds=budget.value if budget.kind == "time" else None,
-        steps_per_second=steps_per_second, expected_train_seconds=total / steps_per_second if steps_per_second else None,
-        notes=notes,
-    )
+    return Plan(**common, warmup_steps=warmup, checkpoint_steps=ckpts, expected_tokens=total * tr.tokens_per_step,
+                train_flops_paper=paper_step * total, train_flops_hardware=hw_step * total,
+                budget_seconds=budget.value if budget.kind == "time" else None, steps_per_second=steps_per_second,
+                expected_train_seconds=total / steps_per_second if steps_per_second else None,
+                notes=[n for n in (_warmup_note(recipe, total, warmup), _schedule_note(total, ckpts)) if n])
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -261,16 +250,11 @@ MAX_PLAN_EVENTS = 20  # speed changes recorded in plan.json's notes (the log has
 
 
 class TimeBudgetPlanner:
-    """A time budget's plan, kept true while the machine's speed changes.
-
-    `after_step` is the trainer's one call. `record` takes (step, training seconds) after every step and gives the
-    recent speed once `CALIBRATION_STEPS` steps are timed (or 2 that took `CALIBRATION_SHARE` of the budget);
-    `replan` then sets the end to the steps done plus those that fit in the remaining time at that speed (at least
-    one step for each checkpoint still to write),
-    moves the unwritten checkpoints to their fractions of the new end (written ones stay where they were), and keeps
-    re-planning the warm-up until it is over, so one noisy early measurement fixes nothing. It returns lines for the
-    log: the first measurement, every change of speed by `SPEED_CHANGE_FACTOR` or more, an end stretched for the
-    checkpoints. No clock is read here: the trainer passes its training time, which tests can simulate."""
+    """A time budget's plan, kept true while the machine's speed changes. `after_step` is the trainer's one call:
+    `record` gives the recent speed once enough steps are timed; `replan` then sets the end to the steps done plus
+    those that fit in the remaining time (at least one per checkpoint still to write), moves the unwritten
+    checkpoints to their fractions of the new end, and re-plans the warm-up until it is over, so one noisy early
+    measurement fixes nothing. No clock is read here: the trainer passes its training time (tests simulate it)."""
 
     def __init__(self, bud: Budget, recipe: Recipe, plan: Plan, step: int) -> None:
         self.bud, self.recipe, self.plan = bud, recipe, plan
@@ -284,10 +268,9 @@ class TimeBudgetPlanner:
 
     def after_step(self, step: int, train_seconds: float, done: set[str], replan_now: bool = True,
                    share: Callable[[float, float], tuple[float, float]] | None = None) -> list[str] | None:
-        """The trainer's call after every timed step: `record` it and, once the speed is known and `replan_now`
-        (DDP re-plans on log steps only), `replan`. `share` turns this process's (speed, training seconds) into
-        rank 0's (DDP's broadcast), so that every process keeps the same plan and learning rate. Returns the
-        re-plan's log lines (the new plan is `self.plan`), or None when it did not re-plan."""
+        """`record` the step and, once the speed is known and `replan_now` (DDP: log steps only), `replan`. `share`
+        gives rank 0's (speed, training seconds) so every process keeps the same plan. Returns the re-plan's log
+        lines (the new plan is `self.plan`), or None when it did not re-plan."""
         rate = self.record(step, train_seconds)
         if rate is None or not replan_now:
             return None
@@ -339,21 +322,20 @@ class TimeBudgetPlanner:
             self.announced_rate = rate
             self.first_warmup = new.warmup_steps
         elif max(rate / self.announced_rate, self.announced_rate / max(rate, 1e-12)) >= SPEED_CHANGE_FACTOR:
-            line = (f"speed changed from {self.announced_rate:.3g} to {rate:.3g} steps/s {where}: the run is re-planned "
-                    f"to about {total:,} steps (was {old.total_steps:,})")
-            lines.append(line)
-            self._event(line)
+            self._event(lines, f"speed changed from {self.announced_rate:.3g} to {rate:.3g} steps/s {where}: the run "
+                        f"is re-planned to about {total:,} steps (was {old.total_steps:,})")
             self.announced_rate = rate
         if total > fit and not self.stretched:
-            line = (f"the budget's time is nearly spent {where} with {len(FRACTIONS) - len(written)} checkpoint(s) still "
-                    f"to write: the run takes {total - fit} step(s) more than fit, so that each checkpoint has its own step")
-            lines.append(line)
-            self._event(line)
+            self._event(lines, f"the budget's time is nearly spent {where} with {len(FRACTIONS) - len(written)} "
+                        f"checkpoint(s) still to write: the run takes {total - fit} step(s) more than fit, so that each "
+                        "checkpoint has its own step")
             self.stretched = True
         new.notes = warmup_notes + list(self.events)
         self.plan = new
         return lines
 
-    def _event(self, line: str) -> None:
+    def _event(self, lines: list[str], line: str) -> None:
+        """A line for the log, and for plan.json's notes while they hold fewer than MAX_PLAN_EVENTS."""
+        lines.append(line)
         if len(self.events) < MAX_PLAN_EVENTS:
             self.events.append(line)

@@ -1,22 +1,20 @@
-"""Fraction checkpoints: when one is due (`due_checkpoints`, and `resume_state_due` for resume states), and the
-atomic save and validated load of `RUN/ckpt-XXXX/` directories.
+"""Fraction checkpoints: when one is due (`due_checkpoints`), and the atomic save and validated load of
+`RUN/ckpt-XXXX/` directories.
 
 A checkpoint directory (fraction x 10^4 in its name, e.g. ckpt-0625 = 6.25% of the budget) holds:
   discriminator.safetensors  `Electra.discriminator_state_dict()` (absent for objective "mlm")
   generator.safetensors      `Electra.generator_state_dict()`
   config.json                {"format": "tinyelectra-checkpoint", "format_version": 1, "recipe": {...}, "objective": ...}
-  meta.json                  step, fraction, tokens_seen, train_flops_paper, train_flops_hardware,
-                             train_seconds (training time: the budget's clock, without start-up, evaluation and
-                             writing; checkpoints before issue 13 called it wall_seconds), eval, ...
+  meta.json                  step, fraction, tokens_seen, train_flops_paper, train_flops_hardware, train_seconds (the
+                             budget's clock; wall_seconds before issue 13), eval, ...
   tokenizer/                 written by `tinyelectra.tokenizer.Tokenizer.save()`
   sha256.json                the sha256 of the weights, config.json and meta.json, checked on load (files.verify_sha256)
 
-And the exact-resume state of a run, `RUN/state/step-N/` (model.safetensors, optimizer.pt read back with
-`torch.load(weights_only=True)`, trainer.json: step, clocks, data cursor, plan, recipe; sha256.json) with
-`RUN/state/LATEST` naming the newest complete one. Not here: transformers' formats (hf.py).
-Everything is written into `NAME.tmp-<pid>`, fsynced, then renamed into place, so a crash never leaves half a
-checkpoint or a LATEST that points at an incomplete state; a file damaged afterwards (a flipped byte, a truncation)
-is a one-line error naming it, never a silently different model.
+And a run's exact-resume state, `RUN/state/step-N/` (model.safetensors, optimizer.pt read back with
+`torch.load(weights_only=True)`, trainer.json: step, clocks, data cursor, plan, recipe; sha256.json), named by
+`RUN/state/LATEST`. Not here: transformers' formats (hf.py). Everything is written into `NAME.tmp-<pid>`, fsynced, then
+renamed into place, so a crash never leaves half a checkpoint or a LATEST pointing at an incomplete state; a file
+damaged afterwards is a one-line error naming it, never a silently different model.
 """
 
 from __future__ import annotations
@@ -33,7 +31,7 @@ from tinyelectra.budget import checkpoint_name  # noqa: F401  (the names live wi
 from tinyelectra.config import Recipe, recipe_from_dict
 from tinyelectra.errors import UserError
 from tinyelectra.files import fsync_file as _fsync_file
-from tinyelectra.files import replace_dir, verify_sha256, write_sha256
+from tinyelectra.files import _first_line, replace_dir, verify_sha256, write_atomic, write_sha256
 from tinyelectra.tokenizer import Tokenizer
 
 FORMAT = "tinyelectra-checkpoint"
@@ -56,21 +54,11 @@ def due_checkpoints(plan: Plan, step: int, done: set[str]) -> list[str]:
     return pending[:1] if pending and plan.checkpoint_steps[pending[0]] <= step else []
 
 
-def resume_state_due(seconds_since_last: float, every_seconds: float, wrote_checkpoint: bool, stopping: bool,
-                     finished: bool) -> bool:
-    """Whether to write a resume state after this step: every `every_seconds` (train.resume_every_seconds), right
-    after a fraction checkpoint, when asked to stop, and at the end."""
-    return seconds_since_last >= every_seconds or wrote_checkpoint or stopping or finished
-
-
 def is_checkpoint(path: Path) -> bool:
     """True if `path` is a directory whose config.json says it is a tinyelectra checkpoint."""
-    cfg = Path(path) / "config.json"
-    if not cfg.is_file():
-        return False
     try:
-        return json.loads(cfg.read_text(encoding="utf-8")).get("format") == FORMAT
-    except (ValueError, AttributeError, UnicodeDecodeError):
+        return json.loads((Path(path) / "config.json").read_text(encoding="utf-8")).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError, UnicodeDecodeError):
         return False
 
 
@@ -82,7 +70,7 @@ def checkpoint_dirs(run_dir: Path) -> list[Path]:
 
 # ---------------------------------------------------------------------------------------------------- writing
 def _write_json(path: Path, obj: Any) -> None:
-    path.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    path.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
 
 
 def _save_tensors(tensors: dict[str, Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
@@ -94,17 +82,6 @@ def _save_tensors(tensors: dict[str, Tensor], path: Path, metadata: dict[str, st
     path.write_bytes(data)
 
 
-def _save_torch(obj, path: Path) -> None:
-    """torch.save through memory, for the same reason as `_save_tensors`."""
-    import io
-
-    import torch
-
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    path.write_bytes(buffer.getbuffer())
-
-
 def save_checkpoint(directory: Path, model, recipe: Recipe, meta: dict[str, Any], tokenizer_dir: Path | None) -> Path:
     """Write `model` (an `Electra`) with its recipe, run metadata and tokenizer files, atomically. Returns the path."""
     directory = Path(directory)
@@ -112,27 +89,22 @@ def save_checkpoint(directory: Path, model, recipe: Recipe, meta: dict[str, Any]
     if model.objective != recipe.objective.kind:
         raise ValueError(f"model objective {model.objective!r} differs from the recipe's {recipe.objective.kind!r}")
     tmp = directory.with_name(f"{directory.name}.tmp-{os.getpid()}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        written = []
         if model.discriminator is not None:
             _save_tensors(model.discriminator_state_dict(), tmp / "discriminator.safetensors", {"format": "pt"})
-            written.append(tmp / "discriminator.safetensors")
         _save_tensors(model.generator_state_dict(), tmp / "generator.safetensors", {"format": "pt"})
-        written.append(tmp / "generator.safetensors")
         _write_json(tmp / "config.json", {
             "format": FORMAT, "format_version": FORMAT_VERSION, "recipe": recipe.to_dict(), "objective": model.objective,
         })
         _write_json(tmp / "meta.json", meta)
-        written += [tmp / "config.json", tmp / "meta.json"]
-        write_sha256(tmp, written)  # the weights, config and meta (a tokenizer may be replaced; its size is checked)
+        write_sha256(tmp)  # the weights, config and meta (a tokenizer may be replaced; its size is checked)
         if tokenizer_dir is not None:
             shutil.copytree(tokenizer_dir, tmp / "tokenizer")
-            written += [p for p in (tmp / "tokenizer").rglob("*") if p.is_file()]
-        for p in [*written, tmp / "sha256.json"]:
-            _fsync_file(p)
+        for p in tmp.rglob("*"):
+            if p.is_file():
+                _fsync_file(p)
         replace_dir(tmp, directory)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -276,6 +248,8 @@ RESUME_FORMAT = 1
 def save_resume_state(run_dir: Path, model, optimizer, scaler, loader, **info) -> Path:
     """Write state/step-N/ completely (with its sha256.json), then point state/LATEST at it (atomic rename), then drop
     older states. An error or interrupt part-way leaves the previous state as it was. Returns the state's directory."""
+    import io
+
     import torch
 
     root = run_dir / "state"
@@ -286,10 +260,12 @@ def save_resume_state(run_dir: Path, model, optimizer, scaler, loader, **info) -
     tmp.mkdir()
     try:
         _save_tensors(model.state_dict(), tmp / "model.safetensors")
-        _save_torch({"optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
-                     "torch_rng": torch.get_rng_state()}, tmp / "optimizer.pt")
-        meta = {"format": RESUME_FORMAT, "loader": loader.state_dict(), **info, "recipe": info["recipe"].to_dict()}
-        (tmp / "trainer.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        buffer = io.BytesIO()  # through memory, as `_save_tensors`
+        torch.save({"optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
+                    "torch_rng": torch.get_rng_state()}, buffer)
+        (tmp / "optimizer.pt").write_bytes(buffer.getbuffer())
+        _write_json(tmp / "trainer.json",
+                    {"format": RESUME_FORMAT, "loader": loader.state_dict(), **info, "recipe": info["recipe"].to_dict()})
         write_sha256(tmp)
         for f in tmp.iterdir():
             _fsync_file(f)
@@ -299,14 +275,7 @@ def save_resume_state(run_dir: Path, model, optimizer, scaler, loader, **info) -
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    latest_tmp = root / f"LATEST.tmp-{os.getpid()}"
-    try:
-        latest_tmp.write_text(name + "\n", encoding="utf-8")
-        _fsync_file(latest_tmp)
-        os.replace(latest_tmp, root / "LATEST")
-    except BaseException:
-        latest_tmp.unlink(missing_ok=True)
-        raise
+    write_atomic(root / "LATEST", name + "\n")
     for old in root.iterdir():
         if old.name not in (name, "LATEST"):
             shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
@@ -377,8 +346,3 @@ def load_resume_state(d: Path, model, optimizer, scaler, loader, device: torch.d
         raise UserError(f"{extra_path}: damaged (not a readable optimizer state written by tinyelectra)") from None
     loader.load_state_dict(meta["loader"])
     return meta
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0][:200] if text else type(e).__name__

@@ -12,6 +12,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from rich.markup import escape
+from rich.progress import BarColumn, Progress as RichProgress, TextColumn
+from rich.table import Table
+from rich.text import Text
+
 from tinyelectra.budget import Plan
 from tinyelectra.config import Recipe
 from tinyelectra.console import make_console
@@ -19,17 +24,18 @@ from tinyelectra.files import write_atomic
 from tinyelectra.flops import format_flops
 
 
+def _note(console, text: str) -> None:
+    console.print(f"[dim]·[/dim] {escape(text)}", highlight=False)  # text is not markup: "[tensorboard]"
+
+
 class Log:
     """metrics.jsonl (one JSON object per log step / event), TensorBoard when installed, one-line notes.
     Nothing is written into the run directory before the first metrics line (bad input leaves no files behind)."""
 
     def __init__(self, run_dir: Path, main: bool) -> None:
-        self.main = main
-        self.run_dir = run_dir
-        self.path = run_dir / "metrics.jsonl"
+        self.main, self.run_dir, self.path = main, run_dir, run_dir / "metrics.jsonl"
         self.console = make_console()
-        self.tb = None
-        self._tb_tried = False
+        self.tb, self._tb_tried = None, False
 
     def _tensorboard(self):
         if not self._tb_tried:
@@ -48,9 +54,7 @@ class Log:
 
     def once(self, text: str) -> None:
         if self.main and text:
-            from rich.markup import escape
-
-            self.console.print(f"[dim]·[/dim] {escape(text)}", highlight=False)  # text is not markup: "[tensorboard]"
+            _note(self.console, text)
 
     def metrics(self, rec: dict) -> None:
         if not self.main:
@@ -62,7 +66,7 @@ class Log:
             return
         if "event" not in rec:
             for k, v in rec.items():
-                if isinstance(v, (int, float)) and v is not None and k != "step":
+                if isinstance(v, (int, float)) and k != "step":
                     tb.add_scalar(k, v, rec["step"])
         elif rec["event"] == "checkpoint":  # held-out diagnostics (diagnostics.evaluate) under heldout/
             for k, v in (rec.get("eval") or {}).items():
@@ -87,8 +91,6 @@ class Log:
     def plan(self, plan: Plan, recipe: Recipe, model, precision: str, device, command: str) -> None:
         if not self.main:
             return
-        from rich.table import Table
-
         from tinyelectra.model import count_parameters
         from tinyelectra.runtime import device_name
 
@@ -118,10 +120,6 @@ class Log:
             self.once(note)
 
     def summary(self, s: dict, plan: Plan) -> None:
-        from rich.table import Table
-
-        from tinyelectra.flops import format_flops
-
         t = Table(title="FLOPs report", show_header=False, title_justify="left")
         t.add_row("steps / tokens", f"{s['steps']:,} / {s['tokens_seen']:,}")
         t.add_row(plan.conventions["paper"], format_flops(s["train_flops_paper"]))
@@ -133,6 +131,14 @@ class Log:
         self.console.print(t)
 
 
+class _TwoLines(RichProgress):
+    def get_renderables(self):
+        yield self.make_tasks_table(self.tasks)
+        for task in self.tasks:
+            if task.fields.get("info"):
+                yield Text(task.fields["info"], overflow="fold")
+
+
 class Progress:
     """The step counter, a bar and the ETAs on one short line that fits an 80-column terminal, the losses,
     accuracies, lr and speed on the line below (wrapped, never cut). Before a time budget's speed is measured the
@@ -141,26 +147,12 @@ class Progress:
 
     def __init__(self, plan: Plan, step: int, main: bool, clock: Callable[[], float] = time.perf_counter,
                  console=None) -> None:
-        from rich.progress import BarColumn, Progress as RichProgress, TextColumn
-        from rich.text import Text
-
-        class TwoLines(RichProgress):
-            def get_renderables(self):
-                yield self.make_tasks_table(self.tasks)
-                for task in self.tasks:
-                    if task.fields.get("info"):
-                        yield Text(task.fields["info"], overflow="fold")
-
-        self.main = main
+        self.main, self.plan, self.clock, self.t0 = main, plan, clock, clock()
         self.console = console if console is not None else make_console()
         self.live = main and self.console.is_terminal
-        self.plan = plan
-        self.clock = clock
-        self.t0 = clock()
-        self.step0 = step
-        self.step = step
+        self.step0 = self.step = step
         if main:
-            self.bar = TwoLines(TextColumn("[bold]train[/] {task.fields[counter]}"), BarColumn(bar_width=None),
+            self.bar = _TwoLines(TextColumn("[bold]train[/] {task.fields[counter]}"), BarColumn(bar_width=None),
                                 TextColumn("{task.fields[eta]}"), console=self.console, transient=False, expand=True)
             self.task = self.bar.add_task("train", total=plan.total_steps, completed=step, info="",
                                           counter=self._counter(step), eta=self._eta(step))
@@ -206,9 +198,7 @@ class Progress:
 
     def note(self, text: str) -> None:
         if self.main:
-            from rich.markup import escape
-
-            (self.bar.console if self.live else self.console).print(f"[dim]·[/dim] {escape(text)}", highlight=False)
+            _note(self.bar.console if self.live else self.console, text)
 
     def close(self) -> None:
         if self.live:

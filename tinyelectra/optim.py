@@ -83,12 +83,9 @@ class PaperAdam(torch.optim.AdamW):
 def paper_adam_foreach_(params: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[torch.Tensor],
                         exp_avg_sqs: list[torch.Tensor], lr: torch.Tensor, beta1: float, beta2: float, eps: float,
                         weight_decay: float) -> None:
-    """One step of the paper's Adam on lists of tensors, the learning rate `lr` a 0-dim tensor on their device:
-        m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;  p -= lr * (m / (sqrt(v) + eps) + wd * p)
-    Without bias correction nothing but `lr` changes from one step to the next, so torch.compile captures this once
-    and a CUDA graph replays it. (PaperAdam.step, for torch's fused kernel, instead rewrites lr, eps and weight decay
-    as Python floats every step to cancel the kernel's bias correction: constants that change every step, i.e. a
-    recompilation per step inside a captured region.)"""
+    """One step of the paper's Adam (the module docstring's formula) on lists of tensors, `lr` a 0-dim tensor on their
+    device. Only `lr` changes between steps, so torch.compile captures this once and a CUDA graph replays it
+    (PaperAdam.step's per-step float lr, eps and weight decay would recompile per step inside a captured region)."""
     torch._foreach_mul_(exp_avgs, beta1)
     torch._foreach_add_(exp_avgs, grads, alpha=1.0 - beta1)
     torch._foreach_mul_(exp_avg_sqs, beta2)
@@ -103,17 +100,11 @@ def paper_adam_foreach_(params: list[torch.Tensor], grads: list[torch.Tensor], e
 
 
 class GraphSafeUpdate:
-    """One optimizer step — clip to the global norm, then the paper's Adam — as a function of tensors whose only
-    per-step input is the learning rate, held in 0-dim tensors on the device (one per parameter group). Compiled
-    (`compile_setting`, e.g. "reduce-overhead" for CUDA graphs) it is captured once: the learning rate moves
-    without recompiling, and the Python-side bookkeeping that changes per step (`paper_step`, the learning-rate
-    fill, zeroing the gradients) stays outside the compiled function.
-
-    It steps `optimizer` (a PaperAdam) in place of `optimizer.step()`, on the optimizer's own state (exp_avg,
-    exp_avg_sq and step per parameter, as torch's fused AdamW keeps them; `paper_step` per group), so resume states
-    and checkpoints are the same whichever path wrote them. The mathematics is `train.apply_update` with PaperAdam
-    (clip, then the paper's update), up to float rounding (a direct formula instead of the fused kernel's
-    bias-correction cancellation; tests/test_gpu_path.py compares them)."""
+    """One optimizer step — clip to the global norm, then the paper's Adam — whose only per-step input is the learning
+    rate, in 0-dim device tensors (one per group): compiled (e.g. "reduce-overhead", CUDA graphs) it is captured once;
+    the per-step bookkeeping (`paper_step`, the lr fill, zeroing gradients) stays outside. It steps a PaperAdam on
+    the optimizer's own state (as torch's fused AdamW keeps it), so resume states are the same whichever path wrote
+    them; it equals `train.apply_update` to float rounding (tests/test_gpu_path.py compares them)."""
 
     def __init__(self, optimizer: PaperAdam, clip_norm: float, compile_setting: str = "off",
                  device: torch.device | None = None) -> None:
@@ -171,32 +162,31 @@ class GraphSafeUpdate:
             if getattr(t, "_dynamo_static_input_type", None) is None:  # not marked yet (e.g. state loaded on resume)
                 torch._dynamo.mark_static_address(t)
 
+    def _run(self, lrs: list[float], lists: tuple) -> None:
+        for t, lr in zip(self.lrs, lrs):
+            t.fill_(lr)  # outside the captured function: the only per-step input is this tensor's value
+        if self.compiled:
+            self._mark_static(*self.lrs)
+        self.fn(*lists, self.lrs)
+
     @torch.no_grad()
     def __call__(self) -> None:
         """Step with the learning rates `optimizer.set_lr` gave, then zero the gradients."""
-        for g, lr in zip(self.optimizer.param_groups, self.lrs):
-            lr.fill_(g["paper_lr"])  # outside the captured function: the only per-step input is this tensor's value
-        if self.compiled:
-            self._mark_static(*self.lrs)
-        self.fn(*self._lists(), self.lrs)
+        self._run([g["paper_lr"] for g in self.optimizer.param_groups], self._lists())
         for g in self.optimizer.param_groups:
             g["paper_step"] += 1
         self.optimizer.zero_grad(set_to_none=True)
 
     @torch.no_grad()
     def dry_run(self) -> None:
-        """Run the (compiled) step once on the gradients present, at learning rate 0, then put the parameters and the
-        optimizer state back exactly: it compiles — or fails to, before training — without changing anything."""
+        """The (compiled) step once at learning rate 0, the parameters and optimizer state put back exactly: it
+        compiles — or fails to, before training — without changing anything."""
         lists = self._lists()
-        saved = [[t.clone() for t in group] for part in (lists[0], *lists[2:]) for group in part]
-        for lr in self.lrs:
-            lr.zero_()
-        if self.compiled:
-            self._mark_static(*self.lrs)
-        self.fn(*lists, self.lrs)
-        for group, copies in zip([group for part in (lists[0], *lists[2:]) for group in part], saved):
-            for t, c in zip(group, copies):
-                t.copy_(c)
+        state = [t for part in (lists[0], *lists[2:]) for group in part for t in group]
+        saved = [t.clone() for t in state]
+        self._run([0.0] * len(self.lrs), lists)
+        for t, c in zip(state, saved):
+            t.copy_(c)
 
 
 class TorchAdamW(torch.optim.AdamW):
@@ -210,19 +200,18 @@ class TorchAdamW(torch.optim.AdamW):
 def build_optimizer(model_or_groups: nn.Module | list[dict], cfg: OptimConfig, device_type: str) -> torch.optim.Optimizer:
     """The recipe's optimizer over `model`'s parameters (or given groups, e.g. layer-wise LR groups)."""
     groups = param_groups(model_or_groups, cfg.weight_decay) if isinstance(model_or_groups, nn.Module) else model_or_groups
-    betas = (cfg.beta1, cfg.beta2)
+    kw = {"lr": cfg.lr, "betas": (cfg.beta1, cfg.beta2), "eps": cfg.eps, "weight_decay": cfg.weight_decay}
     fused = device_type in ("cuda", "cpu")  # torch has fused AdamW kernels for both
     if cfg.name == "adam":
-        opt: torch.optim.Optimizer = PaperAdam(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, weight_decay=cfg.weight_decay, fused=fused)
-    elif cfg.name == "adamw":
-        opt = TorchAdamW(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, weight_decay=cfg.weight_decay, fused=fused)
-    else:
-        try:
-            import bitsandbytes as bnb  # noqa: PLC0415
-        except ImportError:
-            raise UserError("optim.name = adamw8bit needs bitsandbytes: pip install 'tinyelectra[bnb]'") from None
-        opt = bnb.optim.AdamW8bit(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
-        opt.set_lr = TorchAdamW.set_lr.__get__(opt)  # type: ignore[attr-defined]
+        return PaperAdam(groups, **kw, fused=fused)
+    if cfg.name == "adamw":
+        return TorchAdamW(groups, **kw, fused=fused)
+    try:
+        import bitsandbytes as bnb  # noqa: PLC0415
+    except ImportError:
+        raise UserError("optim.name = adamw8bit needs bitsandbytes: pip install 'tinyelectra[bnb]'") from None
+    opt = bnb.optim.AdamW8bit(groups, **kw)
+    opt.set_lr = TorchAdamW.set_lr.__get__(opt)  # type: ignore[attr-defined]
     return opt
 
 
@@ -232,10 +221,6 @@ def layerwise_lr_scales(num_layers: int, decay: float, official_off_by_one: bool
     Depth 0 is the embeddings (and the E->H projection), layer j is depth j+1, the task head is the top.
     The paper's intended form puts the head at depth L+1, so the top layer gets decay^1; the official code puts
     it at L+2, so the top layer gets decay^2 (its maintainer confirmed the off-by-one).
-    Returns {"embeddings": s, "layer.0": s, ..., "head": 1.0}.
-    """
+    Returns {"embeddings": s, "head": 1.0, "layer.0": s, ...}."""
     top = num_layers + 2 if official_off_by_one else num_layers + 1
-    scales = {"embeddings": decay ** (top - 0), "head": 1.0}
-    for j in range(num_layers):
-        scales[f"layer.{j}"] = decay ** (top - (j + 1))
-    return scales
+    return {"embeddings": decay**top, "head": 1.0, **{f"layer.{j}": decay ** (top - (j + 1)) for j in range(num_layers)}}

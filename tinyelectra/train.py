@@ -1,20 +1,16 @@
 """Pre-training within a budget: the loop, visible in one function (`train`), and the command around it.
 
-Sections of `train`: set-up -> plan -> resume -> loop -> finish. The loop, one step at a time: `mask_step` (this
-process's rows in micro-batches, masked), `global_counts`, the learning rate, `train_step` (forward and backward per
-micro-batch, one update; benchmarks/throughput.py times the same), the clocks, the time budget's re-plan
-(budget.TimeBudgetPlanner.after_step), a log line, the fraction checkpoints and resume states that are due
-(checkpoint.due_checkpoints, checkpoint.resume_state_due). Everything the loop needs to continue exactly after an
-interruption is in the resume state (weights, optimizer, scaler, data cursor, step, clocks); all randomness of a
-step is derived from (seed, step, first global row of the micro-batch), so a resumed run, a run with gradient
-accumulation and a DDP run draw the same masks, samples and dropout for the same rows.
+Sections of `train`: set-up -> plan -> resume -> loop -> finish. The loop, one step at a time: `mask_step`,
+`global_counts`, the learning rate, `train_step` (benchmarks/throughput.py times the same), the clocks, the time
+budget's re-plan, a log line, the fraction checkpoints (checkpoint.due_checkpoints) and resume states that are due.
+The resume state holds everything needed to continue exactly; all randomness of a step is derived from (seed, step,
+first global row of the micro-batch), so a resumed, an accumulating and a DDP run draw the same for the same rows.
 
-Time budgets: the budget counts training time — steps, data loading and logging. Excluded (and reported apart):
-start-up (data preparation, building the model, compilation and the first step, which runs at learning rate 0),
-and the writing of checkpoints, their held-out evaluation and resume states. summary.json records them apart:
-`train_seconds` (the budget's clock, the whole run's; a checkpoint's meta.json holds it at its step),
-`excluded_seconds` (the whole run's), and `process_seconds` (this process's start-up, training, evaluation,
-checkpoint and resume-state writing, and its wall time in `train`, which they never exceed: `ProcessSeconds`).
+Time budgets count training time: steps, data loading and logging. Excluded (reported apart): start-up (data
+preparation, building the model, compilation and the first step, at learning rate 0), and writing checkpoints, their
+held-out evaluation and resume states. summary.json: `train_seconds` (the budget's clock, the whole run's; a
+checkpoint's meta.json holds it at its step), `excluded_seconds` (the whole run's), and `process_seconds`
+(`ProcessSeconds`: this process's parts, never more than its wall time in `train`).
 """
 
 from __future__ import annotations
@@ -41,7 +37,7 @@ from tinyelectra import flops, runtime
 from tinyelectra.budget import Plan, make_plan, parse_budget
 from tinyelectra.checkpoint import (
     CKPT_NAME, due_checkpoints, is_checkpoint, latest_state, load_checkpoint, load_resume_state, read_state_info,
-    resume_state_due, save_checkpoint, save_resume_state,
+    save_checkpoint, save_resume_state,
 )
 from tinyelectra.config import Recipe, load_recipe, recipe_from_dict
 from tinyelectra.data import BatchLoader, PretrainData
@@ -77,14 +73,22 @@ class Dist:
         """torchrun sets RANK / WORLD_SIZE / LOCAL_RANK; a plain process is rank 0 of 1."""
         return cls(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0)))
 
+    def join(self, device: torch.device) -> None:
+        if self.enabled and not torch.distributed.is_initialized():
+            if device.type == "cuda":
+                torch.cuda.set_device(device)
+            torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
+
+    def leave(self) -> None:
+        if self.enabled and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
 
 @dataclass
 class ProcessSeconds:
-    """Where this process's time in `train` went, each second counted in one part at most (summary.json's
-    "process_seconds"): start-up (from `train`'s entry to the end of the first step, which runs at learning rate 0;
-    a resumed run: to the start of its loop), training (the budget's time: steps, data loading, logging), the
-    held-out evaluation of checkpoints, writing checkpoints (and plan.json), writing resume states, and `wall`, the
-    time from `train`'s entry to its summary. The parts add up to at most `wall`."""
+    """Where this process's time in `train` went, each second in one part at most (summary.json's "process_seconds").
+    start-up: from `train`'s entry to the end of the first step (resumed: to the start of its loop); training: the
+    budget's time; `wall`: from `train`'s entry to its summary, at least the sum of the parts."""
 
     startup: float | None = None
     training: float = 0.0
@@ -126,19 +130,14 @@ def train_command(
     run_dir = out_dir or Path("runs") / f"{recipe.name}-{bud.text}"
     if data_dir is None and corpus and (run_dir / "data" / "manifest.json").is_file():  # prepared by an earlier start
         recipe = adopt_data_vocab(recipe, run_dir / "data", overrides, notes)
-    if dist.enabled and not torch.distributed.is_initialized():
-        if dev.type == "cuda":
-            torch.cuda.set_device(dev)
-        torch.distributed.init_process_group("nccl" if dev.type == "cuda" else "gloo")
-    mode = None
-    if dist.main:
-        mode = open_run_dir(run_dir, resume, force, recipe, bud, make_console())
+    dist.join(dev)
+    mode = open_run_dir(run_dir, resume, force, recipe, bud, make_console()) if dist.main else None
     if dist.enabled and torch.distributed.is_initialized():  # every process does what rank 0 decided
         shared = [mode]
         torch.distributed.broadcast_object_list(shared, 0)
         mode = shared[0]
     if mode == "done":
-        _cleanup(dist)
+        dist.leave()
         return None
     data_path = resolve_data(data_dir, corpus, recipe, run_dir, dist, force=force)
     if corpus and not notes and mode != "resume":  # --corpus with the recipe's data.tokenizer: its vocabulary decides too
@@ -177,6 +176,7 @@ def _lookup(recipe: Recipe, assignment: str):
 
 RUN_FILES = ("plan.json", "recipe.json", "summary.json", "metrics.jsonl")  # written by train (with state/, ckpt-*)
 DERIVED = ("glue", "tensorboard", "report.md", "report.json", "glue_vs_compute.png", "pretraining_curves.png")
+FRACTION_OF = {budgeting.checkpoint_name(f): f for f in budgeting.FRACTIONS}  # "ckpt-0625": 0.0625, ...
 
 
 def open_run_dir(run_dir: Path, resume: bool, force: bool, recipe: Recipe, bud: budgeting.Budget, console) -> str:
@@ -218,10 +218,11 @@ def open_run_dir(run_dir: Path, resume: bool, force: bool, recipe: Recipe, bud: 
                 raise
             saved_recipe = None
     mismatch = _run_mismatch(run_dir, saved_recipe, saved_plan, recipe, bud)
-    if state_dir is None:  # it stopped during start-up, before its first resume state
-        if mismatch and (resume or ckpts):
-            raise UserError(f"{'--resume: ' if resume else ''}{mismatch}; use the same --recipe, --set and --budget, "
-                            "choose another --out, or start over with --force")
+    info = read_state_info(state_dir) if state_dir is not None else None
+    if mismatch and (info is not None or resume or ckpts):
+        raise UserError(f"{'--resume: ' if resume else ''}{mismatch}; use the same --recipe, --set and --budget, "
+                        "choose another --out, or start over with --force")
+    if info is None:  # it stopped during start-up, before its first resume state
         if mismatch:  # nothing of value there: this command's run replaces it
             say(f"{run_dir}: an earlier run stopped during start-up, before its first resume state ({mismatch}): "
                 "starting this one")
@@ -229,13 +230,8 @@ def open_run_dir(run_dir: Path, resume: bool, force: bool, recipe: Recipe, bud: 
         kept = f"; kept {', '.join(ckpts)} until the run writes them again" if ckpts else ""
         say(f"{run_dir}: the run stopped before its first resume state (during start-up): starting it again from step 0{kept}")
         return "start"
-    info = read_state_info(state_dir)
     total = (info.get("plan") or saved_plan or {}).get("total_steps")
-    finished = (run_dir / "summary.json").is_file() and total is not None and info["step"] >= total
-    if mismatch:
-        hint = "use the same --recipe, --set and --budget, choose another --out, or start over with --force"
-        raise UserError(f"{'--resume: ' if resume else ''}{mismatch}; {hint}")
-    if finished:
+    if (run_dir / "summary.json").is_file() and total is not None and info["step"] >= total:
         say(f"{run_dir} already holds this run, finished ({info['step']:,} steps; {', '.join(ckpts) or 'no checkpoints'}): "
             "nothing to do. To train it again from the start: --force")
         return "done"
@@ -253,14 +249,11 @@ def _read_record(path: Path, strict: bool) -> dict | None:
         if not isinstance(d, dict):
             raise ValueError("not a JSON object")
         return d
-    except FileNotFoundError:
-        if strict:
-            raise UserError(f"{path}: missing; the run cannot be checked against this command (restore it, or start "
-                            "over with --force)") from None
     except (ValueError, UnicodeDecodeError, OSError) as e:
         if strict:
-            raise UserError(f"{path}: damaged ({str(e)[:120]}); the run cannot be checked against this command "
-                            "(restore it, or start over with --force)") from None
+            what = "missing" if isinstance(e, FileNotFoundError) else f"damaged ({str(e)[:120]})"
+            raise UserError(f"{path}: {what}; the run cannot be checked against this command (restore it, or start "
+                            "over with --force)") from None
     return None
 
 
@@ -273,11 +266,8 @@ def _run_mismatch(run_dir: Path, saved_recipe: dict | None, saved_plan: dict | N
         saved.pop("deviations", None), now.pop("deviations", None)  # recipe.json's also lists the --set changes
         if saved != now:
             there, here = saved.get("name"), now.get("name")
-            if there != here:
-                return (f"{run_dir} was trained with recipe {there!r}, this command gives recipe {here!r} "
-                        f"({_first_difference(saved, now)})")
-            return (f"{run_dir} was trained with recipe {there!r} with other settings than this command's recipe "
-                    f"{here!r} ({_first_difference(saved, now)})")
+            how = ", this command gives recipe" if there != here else " with other settings than this command's recipe"
+            return f"{run_dir} was trained with recipe {there!r}{how} {here!r} ({_first_difference(saved, now)})"
     if saved_plan is not None and saved_plan.get("budget") != bud.text:
         return f"{run_dir} was planned for --budget {saved_plan.get('budget')}, this command gives --budget {bud.text}"
     return None
@@ -314,14 +304,9 @@ def resolve_data(data_dir: Path | None, corpus: list[str] | None, recipe: Recipe
             workers=0, force=cache_dir, seed=recipe.train.seed, command="(prepared by tinyelectra train)",
             validation_fraction=recipe.data.validation_fraction,
         )
-    if dist.enabled:
-        _barrier()
-    return target
-
-
-def _barrier() -> None:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
+    if dist.enabled and torch.distributed.is_initialized():
         torch.distributed.barrier()
+    return target
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -422,15 +407,9 @@ class Engine:
         update = self.graph_update.note if self.graph_update is not None else self._update_note
         return f"{note}; {update}" if update else note
 
-    @property
-    def note(self) -> str:
-        return f"{self.strategy_note}; {self.compile_note}"
-
     def verify_compile(self, special: SpecialIds) -> None:
-        """Compile (or fail to) before training: one forward + backward of a dummy micro-batch through the compiled
-        step, and the compiled update once at learning rate 0 with the optimizer state put back, so a backend that
-        fails in the forward, the backward or the update falls back to eager here, with a note, instead of ending
-        the run. Gradients are discarded; nothing that training computes changes (every step reseeds its RNG)."""
+        """Compile (or fail to, falling back to eager with a note) before training: a dummy micro-batch's forward and
+        backward, and the update once at learning rate 0 with the state put back. Nothing training computes changes."""
         if self.ds is not None:
             return
         objs = [self.forward] + ([self.graph_update.fn] if self.graph_update is not None else [])
@@ -477,10 +456,7 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
     step, state_saved = 0, None  # the last resume state written by this process (its step and directory)
     try:
         # --- set-up ---------------------------------------------------------------------------------------------
-        if dist.enabled and not torch.distributed.is_initialized():
-            if device.type == "cuda":
-                torch.cuda.set_device(device)
-            torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        dist.join(device)
         log.once(runtime.set_deterministic(tr.deterministic))  # before the first GPU work (train_command did it earlier)
         log.once(runtime.tune_cpu() if device.type == "cpu" else "")
         data = PretrainData(data_dir)
@@ -509,7 +485,7 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
         accum = rank_batch // micro
         engine = Engine(model, recipe, optimizer, scaler, dist, device, precision, micro, accum)
         engine.verify_compile(special)  # compiles now: a failure in forward, backward or update falls back to eager
-        log.once(engine.note)
+        log.once(f"{engine.strategy_note}; {engine.compile_note}")
         attention = attention_kernel(recipe.model, micro, tr.seq_len, device, runtime.autocast_dtype(precision, device),
                                      compiled=engine.compile_note.startswith("compile: torch.compile"))
         log.once(attention["summary"])
@@ -630,7 +606,7 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
         ev = evaluate(model, data, recipe, special, device, autocast, micro, unigram)
         write_t0 = clock()
         process_seconds.evaluation += write_t0 - eval_t0
-        meta = {"name": name, "step": step, "fraction": budgeting.FRACTIONS[_ckpt_order(name)],
+        meta = {"name": name, "step": step, "fraction": FRACTION_OF[name],
                 "fraction_of_steps": step / plan.total_steps,
                 "fraction_of_budget_seconds": train_seconds / bud.value if plan.budget_kind == "time" else None,
                 "tokens_seen": seen(),
@@ -680,14 +656,14 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
             if step % tr.log_every_steps == 0 or plan.finished(step) or stop.requested:
                 log_window(lr)
 
-            # fraction checkpoints, each on its own step, and resume states (checkpoint.py says when): not training time
+            # fraction checkpoints, each on its own step; a resume state every train.resume_every_seconds, after a
+            # checkpoint, on a stop and at the end. Neither is training time
             other_t0 = clock()
             due = due_checkpoints(plan, step, done_ckpts)
             for name in due:
                 write_checkpoint(name)
             state_t0 = clock()
-            if resume_state_due(state_t0 - last_state_save, tr.resume_every_seconds, bool(due), stop.requested,
-                                plan.finished(step)):
+            if state_t0 - last_state_save >= tr.resume_every_seconds or due or stop.requested or plan.finished(step):
                 save_state()
                 last_state_save = clock()
                 process_seconds.resume_states += last_state_save - state_t0
@@ -699,7 +675,7 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
                 log.once(f"stopped by {stop.signal_name} at step {step}: {_saved_text(state_saved, done_ckpts)}; "
                          f"continue with: {continue_with}")
                 announced = True
-                _cleanup(dist)
+                dist.leave()
                 raise Interrupted(stop.signal_name)
     except Interrupted as e:  # the stop above, or a second Ctrl-C: out at once, from wherever the step was
         progress.close()
@@ -717,7 +693,7 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
     progress.close()
     process_seconds.training = train_seconds - train_seconds_at_clock
     process_seconds.wall = clock() - startup_t0
-    fractions_of_steps = {n: plan.checkpoint_steps[n] / step for n in sorted(done_ckpts, key=_ckpt_order)}
+    fractions_of_steps = {n: plan.checkpoint_steps[n] / step for n in sorted(done_ckpts, key=FRACTION_OF.get)}
     summary = {
         "recipe": recipe.name, "budget": plan.budget, "steps": step, "tokens_seen": seen(),
         "train_flops_paper": step * plan.train_flops_paper_per_step,
@@ -736,7 +712,7 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
     }
     if plan.budget_kind == "time":
         off = [f"{n} holds {100 * f:.1f}% of the steps" for n, f in fractions_of_steps.items()
-               if abs(f - budgeting.FRACTIONS[_ckpt_order(n)]) > 0.25 * budgeting.FRACTIONS[_ckpt_order(n)]]
+               if abs(f - FRACTION_OF[n]) > 0.25 * FRACTION_OF[n]]
         if off:
             log.once(f"the speed changed during the run, so checkpoints moved from their fractions: {'; '.join(off)} "
                      "(plan.json and summary.json record the steps)")
@@ -744,13 +720,8 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
         plan.save(run_dir / "plan.json")  # a time budget's plan as it ended (the steps that fitted)
         write_json(run_dir / "summary.json", summary)
         log.summary(summary, plan)
-    _cleanup(dist)
+    dist.leave()
     return summary
-
-
-def _ckpt_order(name: str) -> int:
-    """Index of a fraction checkpoint's name in budget.FRACTIONS."""
-    return [budgeting.checkpoint_name(f) for f in budgeting.FRACTIONS].index(name)
 
 
 def _continue_command(command: str, run_dir: Path) -> str:
@@ -765,7 +736,7 @@ def _continue_command(command: str, run_dir: Path) -> str:
 
 
 def _saved_text(state_saved: tuple[int, Path] | None, done: set[str]) -> str:
-    kept = f"; checkpoints {', '.join(sorted(done, key=_ckpt_order))}" if done else ""
+    kept = f"; checkpoints {', '.join(sorted(done, key=FRACTION_OF.get))}" if done else ""
     if state_saved is None:
         return f"no resume state was written{kept}"
     return f"saved: resume state at step {state_saved[0]} ({state_saved[1]}){kept}"
@@ -785,11 +756,9 @@ def initial_weights(path: Path, recipe: Recipe) -> Electra:
         if ckpt_recipe.model != recipe.model:
             raise UserError(f"--init {path}: {_first_difference(dataclasses.asdict(ckpt_recipe.model), dataclasses.asdict(recipe.model), 'model')}")
         return model
-    if (path / "discriminator").is_dir():  # a `tinyelectra export` directory
-        gen = path / "generator" if (path / "generator").is_dir() else None
-        model, _ = electra_from_hf(path / "discriminator", gen, cfg=recipe.model)
-    else:
-        model, _ = electra_from_hf(path, None, cfg=recipe.model)
+    export = (path / "discriminator").is_dir()  # a `tinyelectra export` directory
+    gen = path / "generator" if export and (path / "generator").is_dir() else None
+    model, _ = electra_from_hf(path / "discriminator" if export else path, gen, cfg=recipe.model)
     if model.cfg.sharing != recipe.model.sharing:
         raise UserError(f"--init {path}: its generator and discriminator embeddings are {'not ' if model.cfg.sharing == 'none' else ''}"
                         f"shared, the recipe says sharing = {recipe.model.sharing!r}")
@@ -805,14 +774,13 @@ def mask_step(batch, recipe: Recipe, special: SpecialIds, step: int, first_row: 
     """This process's rows of one step (`first_row`: their first row in the global batch), split into `accum`
     micro-batches of `micro` rows and masked; with each micro-batch's seed for its sampling and dropout. Every seed
     depends only on (seed, step, first global row of the micro-batch): see `step_seed`."""
-    masked: list[Masked] = []
-    seeds: list[int] = []
+    masked, seeds = [], []
     for i in range(accum):
-        rows = slice(i * micro, (i + 1) * micro)
-        torch.manual_seed(step_seed(recipe.train.seed, step, first_row + i * micro, 0))
+        rows, row = slice(i * micro, (i + 1) * micro), first_row + i * micro
+        torch.manual_seed(step_seed(recipe.train.seed, step, row, 0))
         masked.append(mask_batch(batch.input_ids[rows], batch.token_type_ids[rows], batch.attention_mask[rows],
                                  recipe.objective, special, recipe.model.vocab_size))
-        seeds.append(step_seed(recipe.train.seed, step, first_row + i * micro, 1))
+        seeds.append(step_seed(recipe.train.seed, step, row, 1))
     return masked, seeds
 
 
@@ -832,11 +800,9 @@ def new_sums(device: torch.device) -> dict[str, Tensor]:
 
 def train_step(engine: "Engine", masked: list[Masked], seeds: list[int], counts: Tensor, autocast,
                sums: dict[str, Tensor]) -> Tensor:
-    """One optimizer update over this process's micro-batches: for each, seeded, the forward under `autocast`, the
-    paper's loss over the global batch (`counts`, from `global_counts`) and its backward (DDP: gradients reduced
-    after the last one); then the update (unscale, clip, step; `Engine.update`). The learning rate was set before.
-    Adds the step's loss and metric sums to `sums` (`new_sums`; on the device, no host sync) and returns the loss
-    this process minimised (the sum over its micro-batches, detached)."""
+    """One optimizer update over this process's micro-batches: each seeded, forward under `autocast`, the paper's loss
+    over the global batch (`counts`) and its backward; then `Engine.update` (the learning rate was set before). Adds
+    the metric sums to `sums` (on the device, no host sync); returns this process's loss (summed, detached)."""
     world = engine.dist.world
     total = None
     for i, (m, seed) in enumerate(zip(masked, seeds)):
@@ -877,21 +843,19 @@ def reduce_sums(sums: dict[str, Tensor], dist: Dist) -> dict[str, float]:
     vec = torch.stack([sums[k] for k in STAT_KEYS]).float()
     if dist.enabled:
         torch.distributed.all_reduce(vec)
-    values = vec.tolist()  # host sync: only on log steps
-    return dict(zip(STAT_KEYS, values))
+    return dict(zip(STAT_KEYS, vec.tolist()))  # host sync: only on log steps
 
 
 def log_record(step: int, s: dict[str, float], lr: float, tokens_per_second: float, tokens_seen: int,
                train_seconds: float, plan: Plan, precision: str, device: torch.device,
-               positions_per_second: float | None = None) -> dict:
+               positions_per_second: float) -> dict:
     """One metrics.jsonl line. tokens_seen / tokens_per_second count real tokens (padding excluded);
     positions_per_second counts every position of the (B, T) batches, padding included, which is what MFU needs."""
-    positions_per_second = tokens_per_second if positions_per_second is None else positions_per_second
     rec: dict = {"step": step, "lr": lr, "tokens_seen": tokens_seen, "train_seconds": round(train_seconds, 3),
                  "tokens_per_second": round(tokens_per_second, 1), "positions_per_second": round(positions_per_second, 1),
                  "train_flops_paper": step * plan.train_flops_paper_per_step,
-                 "train_flops_hardware": step * plan.train_flops_hardware_per_step}
-    rec["gen_loss"] = s["mlm_sum"] / max(s["mlm_count"], 1.0)
+                 "train_flops_hardware": step * plan.train_flops_hardware_per_step,
+                 "gen_loss": s["mlm_sum"] / max(s["mlm_count"], 1.0)}
     if s["disc_count"]:
         rec["disc_loss"] = s["disc_sum"] / s["disc_count"]
     rec.update(summarize(s))
@@ -910,8 +874,7 @@ def fit_micro_batch(requested: int, rank_batch: int, device: torch.device, probe
         return requested
     if device.type != "cuda":
         return rank_batch
-    candidates = [d for d in range(rank_batch, 0, -1) if rank_batch % d == 0]
-    for mb in candidates:
+    for mb in [d for d in range(rank_batch, 0, -1) if rank_batch % d == 0]:
         try:
             probe(mb)
             return mb
@@ -927,9 +890,8 @@ def _probe(forward, model: Electra, special, recipe: Recipe, mb: int, device: to
     ids = torch.full((mb, T), special.cls, device=device)
     ids[:, 1:-1] = torch.randint(1000 % recipe.model.vocab_size, recipe.model.vocab_size, (mb, T - 2), device=device)
     ids[:, -1] = special.sep
-    tt = torch.zeros_like(ids)
-    am = torch.ones_like(ids, dtype=torch.bool)
-    m = mask_batch(ids, tt, am, recipe.objective, special, recipe.model.vocab_size)
+    m = mask_batch(ids, torch.zeros_like(ids), torch.ones_like(ids, dtype=torch.bool), recipe.objective, special,
+                   recipe.model.vocab_size)
     with runtime.autocast_context(precision, device):
         mlm_sum, disc_sum, _ = forward(m)
     (mlm_sum + disc_sum).backward()
@@ -953,13 +915,8 @@ def _check_data(data, recipe: Recipe, data_dir: Path) -> None:
         data.verify(split)
 
 
-def _cleanup(dist: Dist) -> None:
-    if dist.enabled and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-
-
 # ----------------------------------------------------------------------------------------------------------------
-# signals, logs and the progress display
+# signals
 
 
 class StopFlag:
