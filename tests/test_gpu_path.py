@@ -31,7 +31,7 @@ TOY = ["model.vocab_size=256", "train.seq_len=32", "model.max_positions=32", "mo
        "train.batch_size=4", "train.eval_rows=8", "train.log_every_steps=1"]
 
 
-from test_optim import one_thread  # noqa: E402, F401  (autouse: toy tensors run on one thread here too)
+pytestmark = pytest.mark.usefixtures("one_thread")  # toy tensors run on one thread here too
 
 
 @pytest.fixture(scope="module")

@@ -32,12 +32,7 @@ SMALLISH = ModelConfig(vocab_size=211, embedding_size=24, hidden_size=48, num_la
                        max_positions=64, generator_fraction=0.5, dropout=0.0, attention_dropout=0.0)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def pretraining_batch(V: int, B: int = 6, T: int = 40, seed: int = 0):

@@ -18,14 +18,7 @@ TINY = ModelConfig(vocab_size=150, embedding_size=16, hidden_size=32, num_layers
                    max_positions=64, generator_fraction=0.5, dropout=0.0, attention_dropout=0.0)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models gain nothing from threads, and on a machine shared with other jobs two threads can run 10x
-    slower than one (OpenMP spin-waiting); restored after each test."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def block_params(H: int, F: int) -> int:

@@ -18,13 +18,7 @@ from tinyelectra.model import Electra, GeneratorHead
 from tinyelectra.optim import PaperAdam, TorchAdamW, build_optimizer, layerwise_lr_scales, lr_at, param_groups
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors gain nothing from threads; a machine shared with other jobs makes two threads much slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def reference_paper_adam(params, grads_per_step, lrs, groups, b1=0.9, b2=0.999, eps=1e-6):
