@@ -144,10 +144,8 @@ def layerwise_groups(model, fc: FinetuneConfig) -> list[dict]:
     for name, p in model.named_parameters():
         key = depth_key(name)
         decays = fc.weight_decay > 0 and not no_decay(name, p)
-        g = groups.setdefault((key, decays), {
-            "params": [], "lr_scale": scales[key], "weight_decay": fc.weight_decay if decays else 0.0, "depth": key,
-        })
-        g["params"].append(p)
+        groups.setdefault((key, decays), {"params": [], "lr_scale": scales[key], "depth": key,
+                                          "weight_decay": fc.weight_decay if decays else 0.0})["params"].append(p)
     return list(groups.values())
 
 

@@ -1,6 +1,5 @@
-"""GLUE data: the task table, readers (classic `glue_data` folders and Hugging Face `datasets`), pair encoding
-for fine-tuning, and the writer of GLUE test-set submission files: facts about the nine GLUE tasks and the AX
-diagnostic, and turning their files into arrays (metrics are metrics.py's; the fine-tuning loop glue.py's).
+"""GLUE data: the task table (nine GLUE tasks, the AX diagnostic, tasks of your own), readers (classic `glue_data`
+folders, Hugging Face `datasets`), pair encoding and GLUE submission files (metrics: metrics.py; fine-tuning: glue.py).
 
 Facts were checked against the classic `download_glue_data.py` layout, the Hugging Face GLUE builder
 (column names, label order), the official ELECTRA fine-tuning code (column positions, BERT's truncation rule,
@@ -26,7 +25,6 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 
@@ -390,8 +388,8 @@ class GlueSplit:
         line = f"{self.task} {self.split}: {len(self):,} rows from {self.source}"
         if self.malformed:
             shown = "; ".join(f"line {m.line_number}: {m.reason}" for m in self.malformed[:3])
-            more = f"; and {len(self.malformed) - 3} more" if len(self.malformed) > 3 else ""
             n = len(self.malformed)
+            more = f"; and {n - 3} more" if n > 3 else ""
             line += f"; {n} malformed line{'s' if n > 1 else ''} skipped ({shown}{more})"
         return line
 
@@ -469,8 +467,8 @@ def read_split(glue_dir: str | Path | None, task: str, split: str) -> GlueSplit:
 
 
 def read_tsv(path: str | Path, task: str, split: str) -> GlueSplit:
-    """Read one GLUE TSV file as `split` of `task` (any file name: e.g. QQP's `dev.partial.tsv`). Tabs separate
-    fields and nothing is quoted. Bad rows are skipped and listed in `.malformed`."""
+    """Read one GLUE TSV file as `split` of `task` (any file name: e.g. QQP's `dev.partial.tsv`), by the reading rules
+    of the module docstring: tabs only, nothing quoted, bad rows skipped and listed in `.malformed`."""
     spec = _spec_and_split(task, split)
     path = Path(path)
     labelled = not split.startswith("test") and spec.label_column is not None
@@ -626,29 +624,14 @@ def from_hf_dataset(ds, task: str, split: str, source: str) -> GlueSplit:
             bad = (labels < 0) | (labels >= spec.num_labels)
         malformed = [MalformedLine(source, int(i) + 1, f"label {raw[i]} missing or out of range")
                      for i in np.flatnonzero(bad)]
-        labels = labels[~bad]
-    rows = np.flatnonzero(~bad)
-    return GlueSplit(
-        task=spec.name, split=split, source=source, ids=[ids[i] for i in rows],
-        text_a=[texts[0][i] for i in rows], text_b=[texts[1][i] for i in rows] if spec.is_pair else None,
-        labels=labels, malformed=malformed,
-    )
+    every_row = GlueSplit(task=spec.name, split=split, source=source, ids=ids, text_a=texts[0],
+                          text_b=texts[1] if spec.is_pair else None, labels=labels, malformed=malformed)
+    return every_row.select(np.flatnonzero(~bad))
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Pair encoding: [CLS] A [SEP] B [SEP], BERT's truncation, dynamic or fixed padding
 # ----------------------------------------------------------------------------------------------------------------
-
-
-class PairTokenizer(Protocol):
-    """What the encoder needs from a tokenizer (tinyelectra.tokenizer.Tokenizer has it). `encode_batch` returns
-    each text's ids WITHOUT special tokens."""
-
-    cls_id: int
-    sep_id: int
-    pad_id: int
-
-    def encode_batch(self, texts: list[str]) -> list[list[int]]: ...
 
 
 def truncate_pair_lengths(len_a: np.ndarray, len_b: np.ndarray, budget: int) -> tuple[np.ndarray, np.ndarray]:
@@ -712,10 +695,11 @@ class EncodedSplit:
         return PaddedBatch(input_ids, token_type_ids, attention_mask, labels)
 
 
-def encode_pairs(tokenizer: PairTokenizer, text_a: Sequence[str], text_b: Sequence[str] | None = None,
+def encode_pairs(tokenizer, text_a: Sequence[str], text_b: Sequence[str] | None = None,
                  labels: np.ndarray | None = None, max_length: int = DEFAULT_MAX_LENGTH) -> EncodedSplit:
     """Tokenize once: `[CLS] A [SEP] B [SEP]` (or `[CLS] A [SEP]`), at most `max_length` tokens, the longer segment
-    truncated first one token at a time (BERT's rule, as the official ELECTRA fine-tuning code)."""
+    truncated first one token at a time (BERT's rule, as the official ELECTRA fine-tuning code). `tokenizer`: cls_id,
+    sep_id, pad_id and encode_batch(texts) giving ids WITHOUT special tokens (as tinyelectra.tokenizer.Tokenizer)."""
     pair = text_b is not None
     if max_length < (3 if pair else 2):
         raise ValueError(f"max_length={max_length} leaves no room for the text")
@@ -742,7 +726,7 @@ def encode_pairs(tokenizer: PairTokenizer, text_a: Sequence[str], text_b: Sequen
     )
 
 
-def encode_split(tokenizer: PairTokenizer, split: GlueSplit, max_length: int = DEFAULT_MAX_LENGTH) -> EncodedSplit:
+def encode_split(tokenizer, split: GlueSplit, max_length: int = DEFAULT_MAX_LENGTH) -> EncodedSplit:
     return encode_pairs(tokenizer, split.text_a, split.text_b, split.labels, max_length)
 
 
