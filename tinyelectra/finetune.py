@@ -144,7 +144,7 @@ def layerwise_groups(model, fc: FinetuneConfig) -> list[dict]:
     for name, p in model.named_parameters():
         key = depth_key(name)
         decays = fc.weight_decay > 0 and not no_decay(name, p)
-        groups.setdefault((key, decays), {"params": [], "lr_scale": scales[key], "depth": key,
+        groups.setdefault((key, decays), {"params": [], "lr_scale": scales[key],
                                           "weight_decay": fc.weight_decay if decays else 0.0})["params"].append(p)
     return list(groups.values())
 
@@ -275,10 +275,9 @@ def finetune(backbone, task: str, enc: EncodedTask, fc: FinetuneConfig, seed: in
     losses, last_loss = [], float("nan")
     t0 = time.perf_counter()
     lengths = enc.train.lengths if fc.batching == "length" else None
-    for step, idx in enumerate(batch_indices(n, fc.batch_size, total, seed, lengths)):
-        # padded to this batch's longest row; step 0 runs at lr 0, as the official schedule
-        loss = run.step(enc.train.batch(idx), lr_at(step, run.peak_lr, warmup, total))
-        done = step + 1
+    for done, idx in enumerate(batch_indices(n, fc.batch_size, total, seed, lengths), start=1):
+        # padded to this batch's longest row; the first step runs at lr_at(0) = 0, as the official schedule
+        loss = run.step(enc.train.batch(idx), lr_at(done - 1, run.peak_lr, warmup, total))
         report_now = done % 10 == 0 or done == total
         if report_now or device.type == "cpu":
             losses.append(loss.item())  # host sync: every step on CPU (free), every 10th on GPU
@@ -289,6 +288,5 @@ def finetune(backbone, task: str, enc: EncodedTask, fc: FinetuneConfig, seed: in
             on_step(done, last_loss if report_now else None)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    facts = {"steps": total, "steps_per_epoch": per_epoch, "train_rows": n, "peak_lr": run.peak_lr,
-             "warmup_steps": warmup, "final_loss": last_loss, "train_seconds": time.perf_counter() - t0}
-    return run.model, facts
+    return run.model, {"steps": total, "steps_per_epoch": per_epoch, "train_rows": n, "peak_lr": run.peak_lr,
+                       "warmup_steps": warmup, "final_loss": last_loss, "train_seconds": time.perf_counter() - t0}

@@ -21,7 +21,9 @@ Shapes: M examples, B batch, T tokens.
 
 from __future__ import annotations
 
+import csv
 import dataclasses
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -218,14 +220,13 @@ def load_task_file(path: str | Path) -> TaskSpec:
         raise UserError(f"{where}: metric {metric!r} is not one of {', '.join(CUSTOM_METRICS)}")
     regression = metric in (PEARSON, SPEARMAN)
     files = {}
-    for split in ("train", "dev", "test"):
-        if split in raw:
-            f = (path.parent / str(raw[split])).resolve()
-            if f.suffix.lower() not in CUSTOM_FORMATS:
-                raise UserError(f"{where}: {split} file {f.name}: expected {', '.join(CUSTOM_FORMATS)}")
-            if not f.is_file():
-                raise UserError(f"{where}: {split} file {f} not found")
-            files[split] = f
+    for split in [s for s in ("train", "dev", "test") if s in raw]:
+        f = (path.parent / str(raw[split])).resolve()
+        if f.suffix.lower() not in CUSTOM_FORMATS:
+            raise UserError(f"{where}: {split} file {f.name}: expected {', '.join(CUSTOM_FORMATS)}")
+        if not f.is_file():
+            raise UserError(f"{where}: {split} file {f} not found")
+        files[split] = f
     labels = raw.get("labels")
     if regression:
         if labels:
@@ -258,9 +259,6 @@ def _custom_rows(path: Path, required: list[str], where: str) -> tuple[list[dict
     """The rows of a .tsv (a header line, then tab-separated fields, nothing quoted, as GLUE's files), .csv (a header
     line, RFC 4180 quoting) or .jsonl (one object per line) file as {column: text}; None for a line that could not be
     read (listed as malformed by the caller). Returns (rows, 1-based line number of the first row)."""
-    import csv
-    import json
-
     suffix = path.suffix.lower()
     try:
         text = path.read_bytes().decode("utf-8-sig")
@@ -532,10 +530,15 @@ def read_tsv(path: str | Path, task: str, split: str) -> GlueSplit:
     return _kept_split(spec, split, path, kept, labelled, malformed=malformed, blank_lines=blank_lines)
 
 
-def _kept_split(spec: TaskSpec, split: str, path: Path, kept: list[tuple[str, ...]], labelled: bool, **extra) -> GlueSplit:
-    """A reader's kept rows, (id, text A[, text B][, label]) each, as a GlueSplit."""
+def _kept_split(spec: TaskSpec, split: str, path: Path, kept: list[tuple[str, ...]], labelled: bool,
+                **extra) -> GlueSplit:
+    """A reader's kept rows, (id, text A[, text B][, label as written]) each, as a GlueSplit."""
     ids, *columns = (list(c) for c in zip(*kept))
-    labels = _label_array(spec, [v.strip() for v in columns.pop()]) if labelled else None
+    labels = None
+    if labelled:
+        written = [v.strip() for v in columns.pop()]
+        labels = (np.asarray([float(v) for v in written], dtype=np.float32) if spec.is_regression
+                  else np.asarray([spec.file_labels.index(v) for v in written], dtype=np.int64))
     return GlueSplit(task=spec.name, split=split, source=str(path), ids=ids, text_a=columns[0],
                      text_b=columns[1] if spec.is_pair else None, labels=labels, **extra)
 
@@ -551,13 +554,6 @@ def _label_problem(spec: TaskSpec, value: str) -> str | None:
     if not (low <= score <= high):  # also catches nan
         return f"score {value} outside [{low:g}, {high:g}]"
     return None
-
-
-def _label_array(spec: TaskSpec, values: list[str]) -> np.ndarray:
-    if spec.is_regression:
-        return np.asarray([float(v) for v in values], dtype=np.float32)
-    ids = {label: i for i, label in enumerate(spec.file_labels)}
-    return np.asarray([ids[v] for v in values], dtype=np.int64)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -717,9 +713,7 @@ def encode_pairs(tokenizer, text_a: Sequence[str], text_b: Sequence[str] | None 
     flat: list[int] = []
     for a, b, ka, kb in zip(ids_a, ids_b, keep_a.tolist(), keep_b.tolist()):
         flat += [cls, *a[:ka], sep, *b[:kb], sep] if pair else [cls, *a[:ka], sep]
-    lengths = keep_a + 2 + (keep_b + 1 if pair else 0)
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
+    offsets = np.concatenate([[0], np.cumsum(keep_a + 2 + (keep_b + 1 if pair else 0))])
     return EncodedSplit(
         token_ids=np.asarray(flat, dtype=np.int32), offsets=offsets, segment_a_lengths=keep_a + 2,
         labels=None if labels is None else np.asarray(labels), pad_id=int(tokenizer.pad_id), truncated=truncated,

@@ -76,9 +76,8 @@ def matthews_corrcoef(predictions, labels) -> float:
     (TP*TN - FP*FN) / sqrt((TP+FP)(TP+FN)(TN+FP)(TN+FN)) for two classes; 0 when undefined."""
     p, y = _pair(predictions, labels)
     classes, encoded = np.unique(np.concatenate([y, p]), return_inverse=True)
-    k = len(classes)
     y_ids, p_ids = encoded[: len(y)], encoded[len(y):]
-    confusion = np.zeros((k, k), dtype=np.float64)  # rows: label, columns: prediction
+    confusion = np.zeros((len(classes), len(classes)), dtype=np.float64)  # rows: label, columns: prediction
     np.add.at(confusion, (y_ids, p_ids), 1.0)
     true_counts, pred_counts = confusion.sum(axis=1), confusion.sum(axis=0)
     correct, n = np.trace(confusion), confusion.sum()
