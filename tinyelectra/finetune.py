@@ -91,9 +91,7 @@ class FinetuneConfig:
             if table is None:
                 raise UserError(f"{config}: no [finetune] table")
             values = section_values(cls, table, f"{config}: [finetune]")
-        for a in assignments:
-            _, name, value = parse_assignment(a, {"finetune": cls}, default_section="finetune")
-            values[name] = value
+        values.update(parse_assignment(a, {"finetune": cls}, default_section="finetune")[1:] for a in assignments)
         return cls(**values)
 
     def peak_lr(self, hidden_size: int) -> float:

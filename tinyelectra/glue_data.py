@@ -134,10 +134,8 @@ TASKS: dict[str, TaskSpec] = {
         ),
         TaskSpec(
             name="mnli", dir_name="MNLI",
-            files={
-                "train": "train.tsv", "dev_matched": "dev_matched.tsv", "dev_mismatched": "dev_mismatched.tsv",
-                "test_matched": "test_matched.tsv", "test_mismatched": "test_mismatched.tsv",
-            },
+            files={s: f"{s}.tsv" for s in ("train", "dev_matched", "dev_mismatched", "test_matched",
+                                            "test_mismatched")},
             text_columns=("sentence1", "sentence2"), label_column="gold_label",
             file_labels=("entailment", "neutral", "contradiction"),
             label_names=("entailment", "neutral", "contradiction"),
@@ -560,12 +558,6 @@ def _label_problem(spec: TaskSpec, value: str) -> str | None:
 # Hugging Face `datasets`
 # ----------------------------------------------------------------------------------------------------------------
 
-_HF_SPLITS = {
-    "train": "train", "dev": "validation", "test": "test", "dev_matched": "validation_matched",
-    "dev_mismatched": "validation_mismatched", "test_matched": "test_matched", "test_mismatched": "test_mismatched",
-}
-
-
 def load_hf_split(task: str, split: str, dataset_name: str = HF_DATASET) -> GlueSplit:
     """Read one split through Hugging Face `datasets` (`load_dataset("nyu-mll/glue", "rte", split="validation")`);
     a missing `datasets` package or an unreachable hub is a UserError, one line."""
@@ -575,7 +567,7 @@ def load_hf_split(task: str, split: str, dataset_name: str = HF_DATASET) -> Glue
     except ImportError:
         raise UserError("reading GLUE from Hugging Face needs the `datasets` package (pip install "
                         "'tinyelectra[data]'); or use --glue-dir with the classic glue_data folders") from None
-    hf_split = _HF_SPLITS[split]
+    hf_split = split.replace("dev", "validation")  # dev_matched -> validation_matched; train, test_* unchanged
     try:
         ds = datasets.load_dataset(dataset_name, spec.name, split=hf_split)
     except Exception as e:  # network, offline mode, missing config: all mean "not available from here"
