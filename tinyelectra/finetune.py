@@ -241,6 +241,7 @@ class Finetuner:
         import torch.nn.functional as F
 
         from tinyelectra.runtime import autocast_context
+        from tinyelectra.train import apply_update
 
         ids, types, mask = _tensors(batch, self.device)
         with autocast_context(self.precision, self.device):
@@ -249,13 +250,8 @@ class Finetuner:
         target = torch.from_numpy(batch.labels.astype(np.float32 if regression else np.int64)).to(self.device)
         loss = F.mse_loss(out.float().squeeze(-1), target) if regression else F.cross_entropy(out.float(), target)
         self.scaler.scale(loss).backward()
-        self.scaler.unscale_(self.optimizer)  # (no-op unless fp16) always: PaperAdam.step takes no scaler kwargs
-        if self.clip_norm > 0:
-            torch.nn.utils.clip_grad_norm_(self.params, self.clip_norm, foreach=True)
         self.optimizer.set_lr(lr)
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
+        apply_update(self.params, self.optimizer, self.scaler, self.clip_norm)  # the trainer's unscale, clip, step
         return loss
 
 

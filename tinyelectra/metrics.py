@@ -166,7 +166,7 @@ def task_metrics(task: str, predictions, labels) -> dict[str, float]:
     else:
         values = {ACCURACY: accuracy(p, y)}
         wanted = (spec.paper_metric, spec.glue_metric)  # a custom task (--task-file) names its own metric
-        if spec.name == "cola" or MATTHEWS in wanted:
+        if MATTHEWS in wanted:  # CoLA: both of its scores
             values[MATTHEWS] = matthews_corrcoef(p, y)
         if spec.glue_metric == F1_ACCURACY_MEAN or F1 in wanted:
             values[F1] = f1_score(p, y, positive=1)
