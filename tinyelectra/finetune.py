@@ -98,9 +98,7 @@ class FinetuneConfig:
         return self.lr or size_defaults(hidden_size)[1]
 
     def decay(self, hidden_size: int) -> float:
-        if self.layerwise == "none":
-            return 1.0
-        return self.layerwise_decay or size_defaults(hidden_size)[2]
+        return 1.0 if self.layerwise == "none" else self.layerwise_decay or size_defaults(hidden_size)[2]
 
     def task_epochs(self, task: str) -> float:
         return self.epochs or float(get_task(task).epochs)

@@ -272,7 +272,6 @@ def _custom_rows(path: Path, required: list[str], where: str) -> tuple[list[dict
             rows.append({k: v if isinstance(v, str) else json.dumps(v) for k, v in record.items()}
                         if isinstance(record, dict) else None)
         present = set().union(*(r for r in rows if r))
-        first = 1
     else:
         lines = text.split("\n")
         table = ([line.rstrip("\r").split("\t") for line in lines if line.strip()] if suffix == ".tsv"
@@ -282,11 +281,10 @@ def _custom_rows(path: Path, required: list[str], where: str) -> tuple[list[dict
         header = [c.strip() for c in table[0]]
         present = set(header)
         rows = [dict(zip(header, r)) if len(r) == len(header) else None for r in table[1:]]
-        first = 2
     missing = [c for c in required if c not in present]
     if missing:
         raise UserError(f"{where}: {path} has no column {missing[0]!r} (it has: {', '.join(sorted(present)) or 'none'})")
-    return rows, first
+    return rows, 1 if suffix == ".jsonl" else 2  # .tsv and .csv: the first row follows the header
 
 
 def read_custom_split(task: str, split: str) -> GlueSplit:
