@@ -12,6 +12,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterator
+from itertools import islice
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,18 +91,14 @@ class FinetuneConfig:
             if table is None:
                 raise UserError(f"{config}: no [finetune] table")
             values = section_values(cls, table, f"{config}: [finetune]")
-        for a in assignments:
-            _, name, value = parse_assignment(a, {"finetune": cls}, default_section="finetune")
-            values[name] = value
+        values.update(parse_assignment(a, {"finetune": cls}, default_section="finetune")[1:] for a in assignments)
         return cls(**values)
 
     def peak_lr(self, hidden_size: int) -> float:
         return self.lr or size_defaults(hidden_size)[1]
 
     def decay(self, hidden_size: int) -> float:
-        if self.layerwise == "none":
-            return 1.0
-        return self.layerwise_decay or size_defaults(hidden_size)[2]
+        return 1.0 if self.layerwise == "none" else self.layerwise_decay or size_defaults(hidden_size)[2]
 
     def task_epochs(self, task: str) -> float:
         return self.epochs or float(get_task(task).epochs)
@@ -143,10 +140,8 @@ def layerwise_groups(model, fc: FinetuneConfig) -> list[dict]:
     for name, p in model.named_parameters():
         key = depth_key(name)
         decays = fc.weight_decay > 0 and not no_decay(name, p)
-        g = groups.setdefault((key, decays), {
-            "params": [], "lr_scale": scales[key], "weight_decay": fc.weight_decay if decays else 0.0, "depth": key,
-        })
-        g["params"].append(p)
+        groups.setdefault((key, decays), {"params": [], "lr_scale": scales[key],
+                                          "weight_decay": fc.weight_decay if decays else 0.0})["params"].append(p)
     return list(groups.values())
 
 
@@ -167,19 +162,17 @@ def predict(model, enc: EncodedSplit, batch_size: int, device, precision: str) -
     was_training = model.training
     model.eval()
     order = np.argsort(enc.lengths, kind="stable")  # similar lengths together: little padding
-    out: np.ndarray | None = None
+    chunks = []
     with torch.no_grad():
         for start in range(0, len(enc), batch_size):
-            idx = order[start:start + batch_size]
-            ids, types, mask = _tensors(enc.batch(idx), device)
+            ids, types, mask = _tensors(enc.batch(order[start:start + batch_size]), device)
             with autocast_context(precision, device):
-                logits = model(ids, types, mask)  # (B, C)
-            values = logits.float().cpu().numpy()
-            if out is None:
-                out = np.empty((len(enc), values.shape[1]), dtype=np.float32)
-            out[idx] = values
+                chunks.append(model(ids, types, mask).float().cpu().numpy())  # (B, C)
     model.train(was_training)
-    return out if out is not None else np.empty((0, 1), dtype=np.float32)
+    values = np.concatenate(chunks) if chunks else np.empty((0, 1), dtype=np.float32)  # in `order`
+    out = np.empty_like(values)
+    out[order] = values
+    return out
 
 
 def plan_steps(num_rows: int, batch_size: int, epochs: float) -> tuple[int, int]:
@@ -197,23 +190,21 @@ def batch_indices(num_rows: int, batch_size: int, total_steps: int, seed: int,
     `lengths` (batching = "length", not the paper's): each group of MEGABATCH batches' rows is sorted by length
     (longest first) before the cut, and the batches shuffled: every row once per epoch, similar lengths together."""
     rng = np.random.default_rng(seed)
-    step = 0
-    while step < total_steps:
-        order = rng.permutation(num_rows)
-        if lengths is None:
-            batches = [order[j:j + batch_size] for j in range(0, num_rows, batch_size)]
-        else:
+
+    def epochs() -> Iterator[np.ndarray]:
+        while True:
+            order = rng.permutation(num_rows)
+            if lengths is None:
+                yield from (order[j:j + batch_size] for j in range(0, num_rows, batch_size))
+                continue
             batches = []
             for start in range(0, num_rows, batch_size * MEGABATCH):
                 chunk = order[start:start + batch_size * MEGABATCH]
                 chunk = chunk[np.argsort(-lengths[chunk], kind="stable")]
                 batches += [chunk[j:j + batch_size] for j in range(0, len(chunk), batch_size)]
-            batches = [batches[i] for i in rng.permutation(len(batches))]
-        for idx in batches:
-            if step >= total_steps:
-                return
-            yield idx  # (B,)
-            step += 1
+            yield from (batches[i] for i in rng.permutation(len(batches)))
+
+    return islice(epochs(), total_steps)  # (B,) each
 
 
 class Finetuner:
@@ -248,24 +239,17 @@ class Finetuner:
         import torch.nn.functional as F
 
         from tinyelectra.runtime import autocast_context
+        from tinyelectra.train import apply_update
 
         ids, types, mask = _tensors(batch, self.device)
         with autocast_context(self.precision, self.device):
             out = self.model(ids, types, mask)  # (B, C)
-        if self.spec.is_regression:
-            target = torch.from_numpy(batch.labels.astype(np.float32)).to(self.device)
-            loss = F.mse_loss(out.float().squeeze(-1), target)
-        else:
-            target = torch.from_numpy(batch.labels.astype(np.int64)).to(self.device)
-            loss = F.cross_entropy(out.float(), target)
+        regression = self.spec.is_regression
+        target = torch.from_numpy(batch.labels.astype(np.float32 if regression else np.int64)).to(self.device)
+        loss = F.mse_loss(out.float().squeeze(-1), target) if regression else F.cross_entropy(out.float(), target)
         self.scaler.scale(loss).backward()
-        self.scaler.unscale_(self.optimizer)  # (no-op unless fp16) always: PaperAdam.step takes no scaler kwargs
-        if self.clip_norm > 0:
-            torch.nn.utils.clip_grad_norm_(self.params, self.clip_norm, foreach=True)
         self.optimizer.set_lr(lr)
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
+        apply_update(self.params, self.optimizer, self.scaler, self.clip_norm)  # the trainer's unscale, clip, step
         return loss
 
 
@@ -280,24 +264,21 @@ def finetune(backbone, task: str, enc: EncodedTask, fc: FinetuneConfig, seed: in
     n = len(enc.train)
     per_epoch, total = plan_steps(n, fc.batch_size, fc.task_epochs(task))
     warmup = fc.warmup_fraction * total  # official: num_train_steps * warmup_proportion (a float)
-    loss_sum, loss_count, last_loss = 0.0, 0, float("nan")
+    losses, last_loss = [], float("nan")
     t0 = time.perf_counter()
     lengths = enc.train.lengths if fc.batching == "length" else None
-    for step, idx in enumerate(batch_indices(n, fc.batch_size, total, seed, lengths)):
-        # padded to this batch's longest row; step 0 runs at lr 0, as the official schedule
-        loss = run.step(enc.train.batch(idx), lr_at(step, run.peak_lr, warmup, total))
-        done = step + 1
+    for done, idx in enumerate(batch_indices(n, fc.batch_size, total, seed, lengths), start=1):
+        # padded to this batch's longest row; the first step runs at lr_at(0) = 0, as the official schedule
+        loss = run.step(enc.train.batch(idx), lr_at(done - 1, run.peak_lr, warmup, total))
         report_now = done % 10 == 0 or done == total
         if report_now or device.type == "cpu":
-            loss_sum += loss.item()  # host sync: every step on CPU (free), every 10th on GPU
-            loss_count += 1
+            losses.append(loss.item())  # host sync: every step on CPU (free), every 10th on GPU
         if report_now:
-            last_loss = loss_sum / max(loss_count, 1)
-            loss_sum, loss_count = 0.0, 0
+            last_loss = sum(losses) / len(losses)
+            losses.clear()
         if on_step is not None:
             on_step(done, last_loss if report_now else None)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    facts = {"steps": total, "steps_per_epoch": per_epoch, "train_rows": n, "peak_lr": run.peak_lr,
-             "warmup_steps": warmup, "final_loss": last_loss, "train_seconds": time.perf_counter() - t0}
-    return run.model, facts
+    return run.model, {"steps": total, "steps_per_epoch": per_epoch, "train_rows": n, "peak_lr": run.peak_lr,
+                       "warmup_steps": warmup, "final_loss": last_loss, "train_seconds": time.perf_counter() - t0}

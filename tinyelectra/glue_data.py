@@ -1,6 +1,5 @@
-"""GLUE data: the task table, readers (classic `glue_data` folders and Hugging Face `datasets`), pair encoding
-for fine-tuning, and the writer of GLUE test-set submission files: facts about the nine GLUE tasks and the AX
-diagnostic, and turning their files into arrays (metrics are metrics.py's; the fine-tuning loop glue.py's).
+"""GLUE data: the task table (nine GLUE tasks, the AX diagnostic, tasks of your own), readers (classic `glue_data`
+folders, Hugging Face `datasets`), pair encoding and GLUE submission files (metrics: metrics.py; fine-tuning: glue.py).
 
 Facts were checked against the classic `download_glue_data.py` layout, the Hugging Face GLUE builder
 (column names, label order), the official ELECTRA fine-tuning code (column positions, BERT's truncation rule,
@@ -22,11 +21,12 @@ Shapes: M examples, B batch, T tokens.
 
 from __future__ import annotations
 
+import csv
 import dataclasses
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 
@@ -49,7 +49,6 @@ F1_ACCURACY_MEAN = "f1_accuracy_mean"  # GLUE leaderboard for MRPC and QQP
 PEARSON_SPEARMAN_MEAN = "pearson_spearman_mean"  # GLUE leaderboard for STS-B
 
 HF_DATASET = "nyu-mll/glue"
-SUBMISSION_HEADER = ("index", "prediction")
 DEFAULT_MAX_LENGTH = 128  # tokens, the paper's fine-tuning length (official configure_finetuning.py)
 
 
@@ -135,10 +134,8 @@ TASKS: dict[str, TaskSpec] = {
         ),
         TaskSpec(
             name="mnli", dir_name="MNLI",
-            files={
-                "train": "train.tsv", "dev_matched": "dev_matched.tsv", "dev_mismatched": "dev_mismatched.tsv",
-                "test_matched": "test_matched.tsv", "test_mismatched": "test_mismatched.tsv",
-            },
+            files={s: f"{s}.tsv" for s in ("train", "dev_matched", "dev_mismatched", "test_matched",
+                                            "test_mismatched")},
             text_columns=("sentence1", "sentence2"), label_column="gold_label",
             file_labels=("entailment", "neutral", "contradiction"),
             label_names=("entailment", "neutral", "contradiction"),
@@ -221,14 +218,13 @@ def load_task_file(path: str | Path) -> TaskSpec:
         raise UserError(f"{where}: metric {metric!r} is not one of {', '.join(CUSTOM_METRICS)}")
     regression = metric in (PEARSON, SPEARMAN)
     files = {}
-    for split in ("train", "dev", "test"):
-        if split in raw:
-            f = (path.parent / str(raw[split])).resolve()
-            if f.suffix.lower() not in CUSTOM_FORMATS:
-                raise UserError(f"{where}: {split} file {f.name}: expected {', '.join(CUSTOM_FORMATS)}")
-            if not f.is_file():
-                raise UserError(f"{where}: {split} file {f} not found")
-            files[split] = f
+    for split in [s for s in ("train", "dev", "test") if s in raw]:
+        f = (path.parent / str(raw[split])).resolve()
+        if f.suffix.lower() not in CUSTOM_FORMATS:
+            raise UserError(f"{where}: {split} file {f.name}: expected {', '.join(CUSTOM_FORMATS)}")
+        if not f.is_file():
+            raise UserError(f"{where}: {split} file {f} not found")
+        files[split] = f
     labels = raw.get("labels")
     if regression:
         if labels:
@@ -261,9 +257,6 @@ def _custom_rows(path: Path, required: list[str], where: str) -> tuple[list[dict
     """The rows of a .tsv (a header line, then tab-separated fields, nothing quoted, as GLUE's files), .csv (a header
     line, RFC 4180 quoting) or .jsonl (one object per line) file as {column: text}; None for a line that could not be
     read (listed as malformed by the caller). Returns (rows, 1-based line number of the first row)."""
-    import csv
-    import json
-
     suffix = path.suffix.lower()
     try:
         text = path.read_bytes().decode("utf-8-sig")
@@ -278,8 +271,7 @@ def _custom_rows(path: Path, required: list[str], where: str) -> tuple[list[dict
                 record = None  # listed as malformed, as a record that is not an object
             rows.append({k: v if isinstance(v, str) else json.dumps(v) for k, v in record.items()}
                         if isinstance(record, dict) else None)
-        present = set().union(*(r for r in rows if r)) if rows else set()
-        first = 1
+        present = set().union(*(r for r in rows if r))
     else:
         lines = text.split("\n")
         table = ([line.rstrip("\r").split("\t") for line in lines if line.strip()] if suffix == ".tsv"
@@ -289,11 +281,10 @@ def _custom_rows(path: Path, required: list[str], where: str) -> tuple[list[dict
         header = [c.strip() for c in table[0]]
         present = set(header)
         rows = [dict(zip(header, r)) if len(r) == len(header) else None for r in table[1:]]
-        first = 2
     missing = [c for c in required if c not in present]
     if missing:
         raise UserError(f"{where}: {path} has no column {missing[0]!r} (it has: {', '.join(sorted(present)) or 'none'})")
-    return rows, first
+    return rows, 1 if suffix == ".jsonl" else 2  # .tsv and .csv: the first row follows the header
 
 
 def read_custom_split(task: str, split: str) -> GlueSplit:
@@ -304,29 +295,21 @@ def read_custom_split(task: str, split: str) -> GlueSplit:
     labelled = split != "test"
     required = list(spec.text_columns) + ([spec.label_column] if labelled else [])
     rows, first = _custom_rows(path, required, f"{spec.name} {split}")
-    ids, texts, raw_labels, malformed = [], [[] for _ in spec.text_columns], [], []
+    kept, malformed = [], []
     for n, row in enumerate(rows):
-        where = first + n  # the row's line (JSONL: its record number)
         if row is None or any(row.get(c) is None for c in required):
             problem = "unreadable line or missing fields"
         else:
             problem = _label_problem(spec, row[spec.label_column].strip()) if labelled else None
         if problem:
-            malformed.append(MalformedLine(str(path), where, problem))
-            continue
-        if labelled:
-            raw_labels.append(row[spec.label_column].strip())
-        for column_texts, c in zip(texts, spec.text_columns):
-            column_texts.append(row[c])
-        ids.append(row[spec.index_column].strip() if spec.index_column and row.get(spec.index_column) else str(n))
-    if not ids or len(malformed) > len(ids):
+            malformed.append(MalformedLine(str(path), first + n, problem))  # the row's line (JSONL: its record number)
+        else:
+            row_id = row[spec.index_column].strip() if spec.index_column and row.get(spec.index_column) else str(n)
+            kept.append((row_id, *(row[c] for c in required)))
+    if not kept or len(malformed) > len(kept):
         first_bad = f" (first: {malformed[0]})" if malformed else ""
         raise UserError(f"{spec.name} {split}: {len(malformed)} of {len(rows)} rows of {path} are unusable{first_bad}")
-    return GlueSplit(
-        task=spec.name, split=split, source=str(path), ids=ids, text_a=texts[0],
-        text_b=texts[1] if spec.is_pair else None, labels=_label_array(spec, raw_labels) if labelled else None,
-        malformed=malformed,
-    )
+    return _kept_split(spec, split, path, kept, labelled, malformed=malformed)
 
 
 _ALIASES = {_norm(t.name): t.name for t in TASKS.values()} | {_norm(t.dir_name): t.name for t in TASKS.values()}
@@ -344,13 +327,9 @@ def get_task(name: str) -> TaskSpec:
 
 def resolve_tasks(spec: str) -> list[str]:
     """`--tasks` text -> task names: "all" (the nine GLUE tasks) or a comma-separated list, duplicates dropped."""
-    names: list[str] = []
-    for part in (p.strip() for p in spec.split(",")):
-        if not part:
-            continue
-        for name in GLUE_TASK_NAMES if part.lower() == "all" else (get_task(part).name,):
-            if name not in names:
-                names.append(name)
+    parts = [p.strip() for p in spec.split(",") if p.strip()]
+    names = [n for p in parts for n in (GLUE_TASK_NAMES if p.lower() == "all" else [get_task(p).name])]
+    names = list(dict.fromkeys(names))  # duplicates dropped, first place kept
     if not names:
         raise UserError(f"--tasks '{spec}' names no task; choose from {', '.join(GLUE_TASK_NAMES)}, or all")
     return names
@@ -403,8 +382,8 @@ class GlueSplit:
         line = f"{self.task} {self.split}: {len(self):,} rows from {self.source}"
         if self.malformed:
             shown = "; ".join(f"line {m.line_number}: {m.reason}" for m in self.malformed[:3])
-            more = f"; and {len(self.malformed) - 3} more" if len(self.malformed) > 3 else ""
             n = len(self.malformed)
+            more = f"; and {n - 3} more" if n > 3 else ""
             line += f"; {n} malformed line{'s' if n > 1 else ''} skipped ({shown}{more})"
         return line
 
@@ -441,14 +420,6 @@ def with_swapped_pairs(split: GlueSplit) -> GlueSplit:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _task_dir(glue_dir: Path, spec: TaskSpec) -> Path | None:
-    exact = glue_dir / spec.dir_name
-    if exact.is_dir():
-        return exact
-    wanted = {_norm(spec.dir_name), _norm(spec.name)}  # accept "sst2", "sts-b", "Cola" ...: users rename folders
-    return next((e for e in sorted(glue_dir.iterdir()) if e.is_dir() and _norm(e.name) in wanted), None)
-
-
 def find_split_file(glue_dir: str | Path | None, task: str, split: str) -> Path | None:
     """The file of one split if it exists, else None (no error): for choosing the tasks that have data."""
     if get_task(task).name in CUSTOM_FILES:
@@ -466,7 +437,10 @@ def split_file(glue_dir: str | Path, task: str, split: str) -> Path:
     glue_dir = Path(glue_dir)
     if not glue_dir.is_dir():
         raise UserError(f"GLUE directory {glue_dir} does not exist (expected the classic glue_data layout)")
-    folder = _task_dir(glue_dir, spec)
+    folder = glue_dir / spec.dir_name
+    if not folder.is_dir():
+        wanted = {_norm(spec.dir_name), _norm(spec.name)}  # accept "sst2", "sts-b", "Cola" ...: users rename folders
+        folder = next((e for e in sorted(glue_dir.iterdir()) if e.is_dir() and _norm(e.name) in wanted), None)
     expected = ", ".join(f"{spec.dir_name}/{f}" for f in spec.files.values())
     if folder is None:
         raise UserError(f"GLUE task '{spec.name}': no folder {spec.dir_name} in {glue_dir} (expected {expected}, "
@@ -486,19 +460,16 @@ def read_split(glue_dir: str | Path | None, task: str, split: str) -> GlueSplit:
     return read_tsv(split_file(glue_dir, task, split), task, split)
 
 
-_BOM = b"\xef\xbb\xbf"
-
-
 def read_tsv(path: str | Path, task: str, split: str) -> GlueSplit:
-    """Read one GLUE TSV file as `split` of `task` (any file name: e.g. QQP's `dev.partial.tsv`). Tabs separate
-    fields and nothing is quoted. Bad rows are skipped and listed in `.malformed`."""
+    """Read one GLUE TSV file as `split` of `task` (any file name: e.g. QQP's `dev.partial.tsv`), by the reading rules
+    of the module docstring: tabs only, nothing quoted, bad rows skipped and listed in `.malformed`."""
     spec = _spec_and_split(task, split)
     path = Path(path)
     labelled = not split.startswith("test") and spec.label_column is not None
     required = list(spec.text_columns) + ([spec.label_column] if labelled else [])
     where = f"{path} ({spec.name} {split})"
 
-    ids, texts, raw_labels, malformed = [], [[] for _ in spec.text_columns], [], []
+    kept, malformed = [], []
     blank_lines = data_rows = 0
     columns: list[str] | None = None
     try:
@@ -508,9 +479,7 @@ def read_tsv(path: str | Path, task: str, split: str) -> GlueSplit:
     with handle:
         # Binary lines split on b"\n" only: a stray "\r" inside a field must not end the row.
         for line_number, raw in enumerate(handle, start=1):
-            if line_number == 1 and raw.startswith(_BOM):
-                raw = raw[len(_BOM):]
-            raw = raw.rstrip(b"\r\n")
+            raw = (raw.removeprefix(b"\xef\xbb\xbf") if line_number == 1 else raw).rstrip(b"\r\n")  # BOM
             if not raw:
                 blank_lines += 1
                 continue
@@ -536,7 +505,6 @@ def read_tsv(path: str | Path, task: str, split: str) -> GlueSplit:
                 if is_header:
                     continue
 
-            ordinal = data_rows
             data_rows += 1
             if fields is None:
                 problem = "not valid UTF-8"
@@ -546,23 +514,29 @@ def read_tsv(path: str | Path, task: str, split: str) -> GlueSplit:
                 problem = _label_problem(spec, fields[positions[-1]].strip()) if labelled else None
             if problem:
                 malformed.append(MalformedLine(str(path), line_number, problem))
-                continue
-            if labelled:
-                raw_labels.append(fields[positions[-1]].strip())
-            for column_texts, pos in zip(texts, positions):
-                column_texts.append(fields[pos])
-            ids.append(fields[index_position].strip() if index_position is not None else str(ordinal))
+            else:
+                row_id = fields[index_position].strip() if index_position is not None else str(data_rows - 1)
+                kept.append((row_id, *(fields[p] for p in positions)))
 
     if columns is None or data_rows == 0:
         raise UserError(f"{where}: no data rows")
-    if not ids or len(malformed) > len(ids):
+    if not kept or len(malformed) > len(kept):
         raise UserError(f"{where}: {len(malformed)} of {data_rows} rows are malformed (first: line "
                         f"{malformed[0].line_number}: {malformed[0].reason}); is this the {spec.name} {split} file?")
-    return GlueSplit(
-        task=spec.name, split=split, source=str(path), ids=ids, text_a=texts[0],
-        text_b=texts[1] if spec.is_pair else None, labels=_label_array(spec, raw_labels) if labelled else None,
-        malformed=malformed, blank_lines=blank_lines,
-    )
+    return _kept_split(spec, split, path, kept, labelled, malformed=malformed, blank_lines=blank_lines)
+
+
+def _kept_split(spec: TaskSpec, split: str, path: Path, kept: list[tuple[str, ...]], labelled: bool,
+                **extra) -> GlueSplit:
+    """A reader's kept rows, (id, text A[, text B][, label as written]) each, as a GlueSplit."""
+    ids, *columns = (list(c) for c in zip(*kept))
+    labels = None
+    if labelled:
+        written = [v.strip() for v in columns.pop()]
+        labels = (np.asarray([float(v) for v in written], dtype=np.float32) if spec.is_regression
+                  else np.asarray([spec.file_labels.index(v) for v in written], dtype=np.int64))
+    return GlueSplit(task=spec.name, split=split, source=str(path), ids=ids, text_a=columns[0],
+                     text_b=columns[1] if spec.is_pair else None, labels=labels, **extra)
 
 
 def _label_problem(spec: TaskSpec, value: str) -> str | None:
@@ -578,22 +552,9 @@ def _label_problem(spec: TaskSpec, value: str) -> str | None:
     return None
 
 
-def _label_array(spec: TaskSpec, values: list[str]) -> np.ndarray:
-    if spec.is_regression:
-        return np.asarray([float(v) for v in values], dtype=np.float32)
-    ids = {label: i for i, label in enumerate(spec.file_labels)}
-    return np.asarray([ids[v] for v in values], dtype=np.int64)
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # Hugging Face `datasets`
 # ----------------------------------------------------------------------------------------------------------------
-
-_HF_SPLITS = {
-    "train": "train", "dev": "validation", "test": "test", "dev_matched": "validation_matched",
-    "dev_mismatched": "validation_mismatched", "test_matched": "test_matched", "test_mismatched": "test_mismatched",
-}
-
 
 def load_hf_split(task: str, split: str, dataset_name: str = HF_DATASET) -> GlueSplit:
     """Read one split through Hugging Face `datasets` (`load_dataset("nyu-mll/glue", "rte", split="validation")`);
@@ -604,7 +565,7 @@ def load_hf_split(task: str, split: str, dataset_name: str = HF_DATASET) -> Glue
     except ImportError:
         raise UserError("reading GLUE from Hugging Face needs the `datasets` package (pip install "
                         "'tinyelectra[data]'); or use --glue-dir with the classic glue_data folders") from None
-    hf_split = _HF_SPLITS[split]
+    hf_split = split.replace("dev", "validation")  # dev_matched -> validation_matched; train, test_* unchanged
     try:
         ds = datasets.load_dataset(dataset_name, spec.name, split=hf_split)
     except Exception as e:  # network, offline mode, missing config: all mean "not available from here"
@@ -629,8 +590,7 @@ def from_hf_dataset(ds, task: str, split: str, source: str) -> GlueSplit:
     texts = [list(ds[c]) for c in columns]
     n = len(texts[0])
     ids = [str(i) for i in (ds["idx"] if "idx" in ds.column_names else range(n))]
-    keep = np.ones(n, dtype=bool)
-    malformed, labels = [], None
+    malformed, labels, bad = [], None, np.zeros(n, dtype=bool)
     if labelled:
         raw = np.asarray(list(ds["label"]))
         if spec.is_regression:
@@ -644,36 +604,20 @@ def from_hf_dataset(ds, task: str, split: str, source: str) -> GlueSplit:
                     raise UserError(f"{source}: label names {unknown} are not {spec.name}'s {spec.label_names}")
                 remap = np.asarray([spec.label_names.index(x) for x in names] + [-1], dtype=np.int64)
                 raw = raw.astype(np.int64)
-                labels = np.where((raw >= 0) & (raw < len(names)), remap[np.clip(raw, 0, len(names))], -1)
+                labels = remap[np.clip(raw, -1, len(names))]  # missing (-1) or out of range: remap's last entry, -1
             else:
                 labels = raw.astype(np.int64)
             bad = (labels < 0) | (labels >= spec.num_labels)
         malformed = [MalformedLine(source, int(i) + 1, f"label {raw[i]} missing or out of range")
                      for i in np.flatnonzero(bad)]
-        keep &= ~bad
-        labels = labels[keep]
-    rows = np.flatnonzero(keep)
-    return GlueSplit(
-        task=spec.name, split=split, source=source, ids=[ids[i] for i in rows],
-        text_a=[texts[0][i] for i in rows], text_b=[texts[1][i] for i in rows] if spec.is_pair else None,
-        labels=labels, malformed=malformed,
-    )
+    every_row = GlueSplit(task=spec.name, split=split, source=source, ids=ids, text_a=texts[0],
+                          text_b=texts[1] if spec.is_pair else None, labels=labels, malformed=malformed)
+    return every_row.select(np.flatnonzero(~bad))
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Pair encoding: [CLS] A [SEP] B [SEP], BERT's truncation, dynamic or fixed padding
 # ----------------------------------------------------------------------------------------------------------------
-
-
-class PairTokenizer(Protocol):
-    """What the encoder needs from a tokenizer (tinyelectra.tokenizer.Tokenizer has it). `encode_batch` returns
-    each text's ids WITHOUT special tokens."""
-
-    cls_id: int
-    sep_id: int
-    pad_id: int
-
-    def encode_batch(self, texts: list[str]) -> list[list[int]]: ...
 
 
 def truncate_pair_lengths(len_a: np.ndarray, len_b: np.ndarray, budget: int) -> tuple[np.ndarray, np.ndarray]:
@@ -709,7 +653,6 @@ class EncodedSplit:
     segment_a_lengths: np.ndarray  # (M,) int64: tokens of [CLS] A [SEP]
     labels: np.ndarray | None  # (M,)
     pad_id: int
-    max_length: int
     truncated: int  # examples that lost tokens to max_length
 
     def __len__(self) -> int:
@@ -738,46 +681,37 @@ class EncodedSplit:
         return PaddedBatch(input_ids, token_type_ids, attention_mask, labels)
 
 
-def encode_pairs(tokenizer: PairTokenizer, text_a: Sequence[str], text_b: Sequence[str] | None = None,
+def encode_pairs(tokenizer, text_a: Sequence[str], text_b: Sequence[str] | None = None,
                  labels: np.ndarray | None = None, max_length: int = DEFAULT_MAX_LENGTH) -> EncodedSplit:
     """Tokenize once: `[CLS] A [SEP] B [SEP]` (or `[CLS] A [SEP]`), at most `max_length` tokens, the longer segment
-    truncated first one token at a time (BERT's rule, as the official ELECTRA fine-tuning code)."""
+    truncated first one token at a time (BERT's rule, as the official ELECTRA fine-tuning code). `tokenizer`: cls_id,
+    sep_id, pad_id and encode_batch(texts) giving ids WITHOUT special tokens (as tinyelectra.tokenizer.Tokenizer)."""
     pair = text_b is not None
     if max_length < (3 if pair else 2):
         raise ValueError(f"max_length={max_length} leaves no room for the text")
     if pair and len(text_b) != len(text_a):
         raise ValueError(f"{len(text_a)} first segments but {len(text_b)} second segments")
     ids_a = tokenizer.encode_batch(list(text_a))
-    _check_no_special_tokens(tokenizer, ids_a)
+    sample = [x for x in ids_a[:64] if len(x) >= 2][:8]
+    if sample and all(x[0] == tokenizer.cls_id and x[-1] == tokenizer.sep_id for x in sample):
+        raise ValueError("tokenizer.encode_batch added [CLS]/[SEP] itself; pair encoding needs ids without them")
     ids_b = tokenizer.encode_batch(list(text_b)) if pair else [[] for _ in ids_a]
     len_a, len_b = (np.asarray([len(x) for x in ids], dtype=np.int64) for ids in (ids_a, ids_b))
-    if pair:
-        keep_a, keep_b = truncate_pair_lengths(len_a, len_b, max_length - 3)
-    else:
-        keep_a, keep_b = np.minimum(len_a, max_length - 2), len_b
+    keep_a, keep_b = truncate_pair_lengths(len_a, len_b, max_length - (3 if pair else 2))  # B empty: A cut alone
     truncated = int(((keep_a < len_a) | (keep_b < len_b)).sum())
     cls, sep = int(tokenizer.cls_id), int(tokenizer.sep_id)
     flat: list[int] = []
     for a, b, ka, kb in zip(ids_a, ids_b, keep_a.tolist(), keep_b.tolist()):
         flat += [cls, *a[:ka], sep, *b[:kb], sep] if pair else [cls, *a[:ka], sep]
-    lengths = keep_a + 2 + (keep_b + 1 if pair else 0)
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
+    offsets = np.concatenate([[0], np.cumsum(keep_a + 2 + (keep_b + 1 if pair else 0))])
     return EncodedSplit(
         token_ids=np.asarray(flat, dtype=np.int32), offsets=offsets, segment_a_lengths=keep_a + 2,
-        labels=None if labels is None else np.asarray(labels), pad_id=int(tokenizer.pad_id),
-        max_length=max_length, truncated=truncated,
+        labels=None if labels is None else np.asarray(labels), pad_id=int(tokenizer.pad_id), truncated=truncated,
     )
 
 
-def encode_split(tokenizer: PairTokenizer, split: GlueSplit, max_length: int = DEFAULT_MAX_LENGTH) -> EncodedSplit:
+def encode_split(tokenizer, split: GlueSplit, max_length: int = DEFAULT_MAX_LENGTH) -> EncodedSplit:
     return encode_pairs(tokenizer, split.text_a, split.text_b, split.labels, max_length)
-
-
-def _check_no_special_tokens(tokenizer: PairTokenizer, encoded: list[list[int]]) -> None:
-    sample = [x for x in encoded[:64] if len(x) >= 2][:8]
-    if sample and all(x[0] == tokenizer.cls_id and x[-1] == tokenizer.sep_id for x in sample):
-        raise ValueError("tokenizer.encode_batch added [CLS]/[SEP] itself; pair encoding needs ids without them")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -829,5 +763,5 @@ def write_submission(out_dir: str | Path, test_split: GlueSplit, predictions: np
         if values.size and (values.min() < 0 or values.max() >= spec.num_labels):
             raise ValueError(f"{spec.name} class ids must be in 0..{spec.num_labels - 1}")
         cells = [spec.file_labels[v] for v in values.tolist()]
-    lines = ["\t".join(SUBMISSION_HEADER)] + [f"{i}\t{c}" for i, c in zip(test_split.ids, cells)]
+    lines = ["index\tprediction"] + [f"{i}\t{c}" for i, c in zip(test_split.ids, cells)]
     return write_atomic(Path(out_dir) / name, "\n".join(lines) + "\n")

@@ -66,11 +66,9 @@ def accuracy(predictions, labels) -> float:
 def f1_score(predictions, labels, positive: int = 1) -> float:
     """F1 of the positive class: 2TP / (2TP + FP + FN); 0 when there is no positive label or prediction."""
     p, y = _pair(predictions, labels)
-    tp = int(np.sum((p == positive) & (y == positive)))
-    fp = int(np.sum((p == positive) & (y != positive)))
-    fn = int(np.sum((p != positive) & (y == positive)))
-    denominator = 2 * tp + fp + fn
-    return 2.0 * tp / denominator if denominator else 0.0
+    predicted, actual = p == positive, y == positive
+    denominator = int(predicted.sum() + actual.sum())  # (TP + FP) + (TP + FN)
+    return 2.0 * int(np.sum(predicted & actual)) / denominator if denominator else 0.0
 
 
 def matthews_corrcoef(predictions, labels) -> float:
@@ -78,9 +76,8 @@ def matthews_corrcoef(predictions, labels) -> float:
     (TP*TN - FP*FN) / sqrt((TP+FP)(TP+FN)(TN+FP)(TN+FN)) for two classes; 0 when undefined."""
     p, y = _pair(predictions, labels)
     classes, encoded = np.unique(np.concatenate([y, p]), return_inverse=True)
-    k = len(classes)
     y_ids, p_ids = encoded[: len(y)], encoded[len(y):]
-    confusion = np.zeros((k, k), dtype=np.float64)  # rows: label, columns: prediction
+    confusion = np.zeros((len(classes), len(classes)), dtype=np.float64)  # rows: label, columns: prediction
     np.add.at(confusion, (y_ids, p_ids), 1.0)
     true_counts, pred_counts = confusion.sum(axis=1), confusion.sum(axis=0)
     correct, n = np.trace(confusion), confusion.sum()
@@ -113,17 +110,12 @@ def spearman_corr(x, y) -> float:
 def average_ranks(x) -> np.ndarray:
     """Ranks 1..n, tied values sharing the mean of their ranks (scipy.stats.rankdata's "average")."""
     x = np.asarray(x)
-    n = len(x)
     order = np.argsort(x, kind="mergesort")
     ordered = x[order]
-    starts_group = np.ones(n, dtype=bool)
-    starts_group[1:] = ordered[1:] != ordered[:-1]
-    group_of = np.cumsum(starts_group) - 1  # group index of each sorted position
-    group_start = np.flatnonzero(starts_group)  # 0-based sorted position where each group begins
-    group_size = np.diff(np.append(group_start, n))
-    mean_rank = group_start + (group_size + 1) / 2.0  # ranks start+1 .. start+size, averaged
-    ranks = np.empty(n, dtype=np.float64)
-    ranks[order] = mean_rank[group_of]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])  # sorted position where each tie group begins
+    sizes = np.diff(np.append(starts, len(x)))
+    ranks = np.empty(len(x), dtype=np.float64)
+    ranks[order] = np.repeat(starts + (sizes + 1) / 2.0, sizes)  # ranks start+1 .. start+size, averaged
     return ranks
 
 
@@ -174,7 +166,7 @@ def task_metrics(task: str, predictions, labels) -> dict[str, float]:
     else:
         values = {ACCURACY: accuracy(p, y)}
         wanted = (spec.paper_metric, spec.glue_metric)  # a custom task (--task-file) names its own metric
-        if spec.name == "cola" or MATTHEWS in wanted:
+        if MATTHEWS in wanted:  # CoLA: both of its scores
             values[MATTHEWS] = matthews_corrcoef(p, y)
         if spec.glue_metric == F1_ACCURACY_MEAN or F1 in wanted:
             values[F1] = f1_score(p, y, positive=1)
