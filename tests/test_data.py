@@ -99,9 +99,8 @@ def official_rows(docs: list[list[list[int]]], T: int, rng: random.Random, with_
 def ours(docs: list[list[list[int]]], T: int, rng: random.Random):
     """tinyelectra's builder, rows padded and with the mask/segment ids derived from (boundary, length)."""
     out = []
-    documents = ((doc, [len(x) for x in doc]) for doc in docs)
-    for _, a, b in P.build_examples(documents, T, rng, P.BuilderStats()):
-        row, boundary = P.example_row(a, b, T, CLS, SEP)
+    for _, a, b in P.build_examples(iter(docs), T, rng, P.BuilderStats()):
+        row, boundary = P.example_row(a, b, CLS, SEP)
         length = len(row)
         out.append((row + [PAD] * (T - length), [1] * length + [0] * (T - length),
                     [0] * boundary + [1] * (length - boundary) + [0] * (T - length)))
@@ -158,8 +157,8 @@ def test_builder_random_decision_rates_over_a_large_sample():
     stats = P.BuilderStats()
     single = short = total = 0
     short_lengths = []
-    for _, a, b in P.build_examples(iter([(doc, [1] * len(doc))]), T, random.Random(11), stats):
-        row, boundary = P.example_row(a, b, T, CLS, SEP)
+    for _, a, b in P.build_examples(iter([doc]), T, random.Random(11), stats):
+        row, boundary = P.example_row(a, b, CLS, SEP)
         total += 1
         single += boundary == len(row)
         if len(row) < T:

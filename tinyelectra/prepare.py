@@ -24,7 +24,7 @@ from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from itertools import accumulate, chain
+from itertools import accumulate, chain, count
 from pathlib import Path
 from typing import Iterator
 
@@ -36,7 +36,8 @@ from tinyelectra.corpus import CorpusReader, Document, resolve_inputs
 from tinyelectra.data import FORMAT_VERSION, SPLITS, files_present
 from tinyelectra.errors import UserError
 from tinyelectra.files import check_writable, os_error_line, replace_dir, write_json
-from tinyelectra.tokenizer import CASINGS, CHARACTER_COVERAGE, PROFILE_FILE, TOKENIZER_TYPES, Tokenizer, choose_casing, text_profile
+from tinyelectra.tokenizer import (CASINGS, CHARACTER_COVERAGE, MAX_VOCAB_SIZE, MIN_VOCAB_SIZE, PROFILE_FILE,
+                                   SPECIAL_ROLES, TOKENIZER_TYPES, Tokenizer, choose_casing, text_profile)
 
 BUILDER_VERSION = "electra-official-1"  # bump when the builder's output for the same input changes
 MIN_SEQ_LEN, MAX_SEQ_LEN = 8, 512
@@ -57,22 +58,21 @@ class BuilderStats:
 
 
 def build_examples(
-    documents: Iterator[tuple[list[list[int]], list[int]]], seq_len: int, rng: random.Random, stats: BuilderStats,
-    pack: bool = False,
+    documents: Iterator[list[list[int]]], seq_len: int, rng: random.Random, stats: BuilderStats, pack: bool = False,
 ) -> Iterator[tuple[int, list[int], list[int]]]:
-    """The official ExampleBuilder. `documents` yields (line_ids, line_lengths) per document; yields
+    """The official ExampleBuilder. `documents` yields each document's lines (token ids); yields
     (document number of the example's first line, segment A ids, segment B ids) with A and B already cut to fit
     [CLS] A [SEP] B [SEP] in T. With `pack`, a document's end does not end the example: short documents share
     examples (`prepare --pack-documents`, for text whose documents are much shorter than T)."""
     T = target = seq_len
-    lines: list[tuple[list[int], int]] = []  # (ids, length) of the lines accumulated so far
-    accumulated = first_doc = 0
-    for doc_number, (line_ids, lengths) in enumerate(documents):
-        for ids, n in zip(line_ids, lengths):
+    lines: list[list[int]] = []  # the lines accumulated so far
+    accumulated = first_doc = 0  # tokens in `lines`, document of its first line
+    for doc_number, document in enumerate(documents):
+        for ids in document:
             if not lines:
                 first_doc = doc_number
-            lines.append((ids, n))
-            accumulated += n
+            lines.append(ids)
+            accumulated += len(ids)
             if accumulated >= target:
                 yield first_doc, *_make_example(lines, target, T, rng, stats)
                 target = _next_target(T, rng, stats)
@@ -98,19 +98,15 @@ def _make_example(lines, target: int, T: int, rng: random.Random, stats: Builder
         first_target = (target - 3) // 2  # -3: [CLS] and two [SEP] are not in the text yet
     a: list[int] = []
     b: list[int] = []
-    len_a = len_b = 0
-    for ids, n in lines:
+    for ids in lines:
         # A line joins segment A if A is empty, if it keeps A under its target, or (B still empty, A under target)
         # half of the time; otherwise B. (A later short line can still join A after B has started: official.)
-        if len_a == 0 or len_a + n < first_target or (len_b == 0 and len_a < first_target and rng.random() < 0.5):
+        if not a or len(a) + len(ids) < first_target or (not b and len(a) < first_target and rng.random() < 0.5):
             a += ids
-            len_a += n
         else:
             b += ids
-            len_b += n
-    keep_a = min(len_a, T - 2)
-    keep_b = min(len_b, max(0, T - keep_a - 3))
-    return a[:keep_a], b[:keep_b]
+    a = a[: T - 2]
+    return a, b[: max(0, T - len(a) - 3)]
 
 
 def _next_target(T: int, rng: random.Random, stats: BuilderStats) -> int:
@@ -120,7 +116,7 @@ def _next_target(T: int, rng: random.Random, stats: BuilderStats) -> int:
     return T
 
 
-def example_row(a: list[int], b: list[int], seq_len: int, cls_id: int, sep_id: int) -> tuple[list[int], int]:
+def example_row(a: list[int], b: list[int], cls_id: int, sep_id: int) -> tuple[list[int], int]:
     """[CLS] A [SEP] (B [SEP]) as a list of ids (unpadded) and the A/B boundary (= length when single-segment)."""
     row = [cls_id, *a, sep_id] + ([*b, sep_id] if b else [])
     return row, len(a) + 2  # segment 1 starts after [CLS] A [SEP]; with no B this is also the length
@@ -147,33 +143,29 @@ def _process_chunk(chunk_index: int, docs: list[Document]) -> dict:
     seed: int = _WORKER["seed"]
     lines = [line for d in docs for line in d]
     ids = tok.encode_batch(lines)
-    lengths = [len(x) for x in ids]
 
     # Which documents are held out: its own random stream, so the builder's draws do not depend on it.
     val_rng = random.Random(f"validation:{seed}:{chunk_index}")
-    fraction = _WORKER["validation_fraction"]
-    doc_split = [1 if val_rng.random() < fraction else 0 for _ in docs]
+    doc_split = [1 if val_rng.random() < _WORKER["validation_fraction"] else 0 for _ in docs]
 
     ends = list(accumulate(len(d) for d in docs))
-    per_document = [(ids[a:b], lengths[a:b]) for a, b in zip([0, *ends], ends)]  # (line ids, line lengths)
+    per_document = [ids[a:b] for a, b in zip([0, *ends], ends)]  # each document's line ids
     stats = BuilderStats()
     rows: list[list[tuple[list[int], int]]] = [[], []]  # per split: (row, A/B boundary)
-    if _WORKER.get("pack_documents"):
-        # packed examples span documents: each split's documents are packed apart (a held-out row never shares
-        # text with a training document), each with its own random stream
-        for s in (0, 1):
-            rng = random.Random(f"builder:{seed}:{chunk_index}:packed:{s}")
-            mine = (d for d, split in zip(per_document, doc_split) if split == s)
-            for _, a, b in build_examples(mine, T, rng, stats, pack=True):
-                rows[s].append(example_row(a, b, T, tok.cls_id, tok.sep_id))
-    else:
-        rng = random.Random(f"builder:{seed}:{chunk_index}")
-        for doc_number, a, b in build_examples(iter(per_document), T, rng, stats):
-            rows[doc_split[doc_number]].append(example_row(a, b, T, tok.cls_id, tok.sep_id))
+    pack = _WORKER.get("pack_documents", False)
+    # Packed examples span documents, so each split's documents are packed apart (a held-out row never shares text
+    # with a training document), each with its own random stream: the other split's documents are left empty.
+    for s in (0, 1) if pack else (None,):
+        rng = random.Random(f"builder:{seed}:{chunk_index}" + (f":packed:{s}" if pack else ""))
+        mine = (d if s in (None, split) else [] for d, split in zip(per_document, doc_split))
+        for doc_number, a, b in build_examples(mine, T, rng, stats, pack):
+            rows[doc_split[doc_number]].append(example_row(a, b, tok.cls_id, tok.sep_id))
 
     dtype = np.dtype(_WORKER["dtype"])
-    out = {"lines": len(lines), "line_tokens": sum(lengths), "documents": [doc_split.count(0), doc_split.count(1)],
-           **stats.__dict__}
+    out = {"lines": len(lines), "line_tokens": sum(map(len, ids)), "documents": [doc_split.count(s) for s in (0, 1)],
+           "single_segment_draws": stats.single_segment_draws, "random_target_draws": stats.random_target_draws,
+           "examples": [len(r) for r in rows], "filled": [sum(len(row) for row, _ in r) for r in rows],
+           "single_segment_rows": [sum(boundary == len(row) for row, boundary in r) for r in rows]}
     for s, split in enumerate(SPLITS):
         n = len(rows[s])
         meta = np.array([(boundary, len(row)) for row, boundary in rows[s]], dtype=np.uint16).reshape(n, 2)
@@ -196,15 +188,13 @@ class _ShardWriter:
 
     def __init__(self, directory: Path, split: str, rows_per_shard: int) -> None:
         self.directory, self.split, self.rows_per_shard = directory, split, rows_per_shard
-        self.ids: list[np.ndarray] = []  # buffered rows, in chunks, and their meta
-        self.meta: list[np.ndarray] = []
+        self.pending: list[tuple[np.ndarray, np.ndarray]] = []  # buffered (rows, their meta) per chunk
         self.shards: list[dict] = []
-        self.buffered = self.rows = self.bytes_written = 0
+        self.buffered = self.bytes_written = 0
 
     def add(self, ids: np.ndarray, meta: np.ndarray) -> None:
         if len(ids):
-            self.ids.append(ids)
-            self.meta.append(meta)
+            self.pending.append((ids, meta))
             self.buffered += len(ids)
         while self.buffered >= self.rows_per_shard:
             self._flush(self.rows_per_shard)
@@ -214,14 +204,13 @@ class _ShardWriter:
             self._flush(self.buffered)
 
     def _flush(self, n: int) -> None:
-        ids, meta = np.concatenate(self.ids), np.concatenate(self.meta)
+        ids, meta = map(np.concatenate, zip(*self.pending))
         name = f"{self.split}-{len(self.shards):05d}"
         _write_npy(self.directory / f"{name}.ids.npy", ids[:n])
         _write_npy(self.directory / f"{name}.meta.npy", meta[:n])
         self.bytes_written += ids[:n].nbytes + meta[:n].nbytes
         self.shards.append({"ids": f"{name}.ids.npy", "meta": f"{name}.meta.npy", "rows": n})
-        self.rows += n
-        self.ids, self.meta = ([ids[n:]], [meta[n:]]) if n < len(ids) else ([], [])
+        self.pending = [(ids[n:], meta[n:])] if n < len(ids) else []
         self.buffered -= n
 
 
@@ -240,31 +229,29 @@ def prepare(
     started = time.perf_counter()
     console = make_console(quiet=quiet, highlight=False)
     say = lambda msg: console.print(f"prepare: {msg}", markup=False)  # noqa: E731
-    if not MIN_SEQ_LEN <= seq_len <= MAX_SEQ_LEN:
-        raise UserError(f"--seq-len {seq_len}: must be between {MIN_SEQ_LEN} and {MAX_SEQ_LEN}")
-    if not 0.0 <= validation_fraction < 0.5:
-        raise UserError(f"--validation-fraction {validation_fraction}: must be in [0, 0.5)")
-    if workers < 0:
-        raise UserError(f"--workers {workers}: must be >= 0 (0 = one per CPU core)")
-    if tokenizer_sample_mb < 0:
-        raise UserError(f"--tokenizer-sample-mb {tokenizer_sample_mb}: must be >= 0 (0 = all the text)")
-    if seed < 0:
-        raise UserError(f"--seed {seed}: must be >= 0")
-    if casing not in CASINGS:
-        raise UserError(f"--casing {casing!r}: choose {', '.join(CASINGS)}")
-    if tokenizer_type not in TOKENIZER_TYPES:
-        raise UserError(f"--tokenizer-type {tokenizer_type!r}: choose {' or '.join(TOKENIZER_TYPES)}")
-    if tokenizer_type == "sentencepiece" and casing == "uncased" and not tokenizer_path:
-        raise UserError("--casing uncased: a SentencePiece model trained here keeps the text as written (cased); "
-                        "use --casing auto or cased, or --tokenizer-type wordpiece")
-    if not 0.0 < character_coverage <= 1.0:
-        raise UserError(f"--character-coverage {character_coverage}: must be in (0, 1]")
+    for bad, message in (  # the first that applies is the error
+        (not MIN_SEQ_LEN <= seq_len <= MAX_SEQ_LEN,
+         f"--seq-len {seq_len}: must be between {MIN_SEQ_LEN} and {MAX_SEQ_LEN}"),
+        (not 0.0 <= validation_fraction < 0.5, f"--validation-fraction {validation_fraction}: must be in [0, 0.5)"),
+        (workers < 0, f"--workers {workers}: must be >= 0 (0 = one per CPU core)"),
+        (tokenizer_sample_mb < 0, f"--tokenizer-sample-mb {tokenizer_sample_mb}: must be >= 0 (0 = all the text)"),
+        (seed < 0, f"--seed {seed}: must be >= 0"),
+        (casing not in CASINGS, f"--casing {casing!r}: choose {', '.join(CASINGS)}"),
+        (tokenizer_type not in TOKENIZER_TYPES,
+         f"--tokenizer-type {tokenizer_type!r}: choose {' or '.join(TOKENIZER_TYPES)}"),
+        (tokenizer_type == "sentencepiece" and casing == "uncased" and not tokenizer_path,
+         "--casing uncased: a SentencePiece model trained here keeps the text as written (cased); "
+         "use --casing auto or cased, or --tokenizer-type wordpiece"),
+        (not 0.0 < character_coverage <= 1.0, f"--character-coverage {character_coverage}: must be in (0, 1]"),
+    ):
+        if bad:
+            raise UserError(message)
     out_dir = Path(out_dir).expanduser()
     inputs = resolve_inputs(list(sources))
     given_lowercase = {"auto": None, "uncased": True, "cased": False}[casing]  # for a bare vocab.txt only
     tokenizer = Tokenizer.load(tokenizer_path, lowercase=given_lowercase) if tokenizer_path else None
-    if tokenizer is None and not 200 <= vocab_size <= 2**31 - 1:
-        raise UserError(f"--vocab-size {vocab_size}: must be between 200 and {2**31 - 1}")
+    if tokenizer is None and not MIN_VOCAB_SIZE <= vocab_size <= MAX_VOCAB_SIZE:
+        raise UserError(f"--vocab-size {vocab_size}: must be between {MIN_VOCAB_SIZE} and {MAX_VOCAB_SIZE}")
     if tokenizer is not None:
         tokenizer_request: dict = {"file_fingerprint": tokenizer.fingerprint()}
     elif tokenizer_type == "sentencepiece":
@@ -313,9 +300,8 @@ def prepare(
             lowercase, reason, warning = False, "SentencePiece keeps the text as written (cased, normalization identity)", None
             say(f"training a {vocab_size}-entry SentencePiece {sentencepiece_model} model on {what} of the text "
                 f"(character coverage {character_coverage:g}, byte fallback {'on' if byte_fallback else 'off'})")
-            threads = len(os.sched_getaffinity(0)) if workers == 0 else workers
             tokenizer = Tokenizer.train_sentencepiece(sample, vocab_size, sentencepiece_model, character_coverage,
-                                                      byte_fallback, threads=threads)
+                                                      byte_fallback, threads=workers or len(os.sched_getaffinity(0)))
         else:
             lowercase, reason, warning = choose_casing(casing, profile)
             say(f"training a {vocab_size}-entry WordPiece on {what} of the text, "
@@ -339,8 +325,8 @@ def prepare(
         # 2. examples
         t1 = time.perf_counter()
         writers = {s: _ShardWriter(tmp, s, rows_per_shard) for s in SPLITS}
-        totals = {"documents": [0, 0], "lines": 0, "line_tokens": 0, "tokens": [0, 0], "examples": [0, 0],
-                  "single_segment_rows": [0, 0], "single_segment_draws": 0, "random_target_draws": 0, "filled": [0, 0]}
+        totals = {"documents": [0, 0], "lines": 0, "line_tokens": 0, "examples": [0, 0], "single_segment_rows": [0, 0],
+                  "single_segment_draws": 0, "random_target_draws": 0, "filled": [0, 0]}  # filled: real tokens
         settings = {"seq_len": seq_len, "seed": seed, "validation_fraction": validation_fraction, "dtype": dtype,
                     "pack_documents": pack_documents}
         known_total = sum(i.size_bytes for i in inputs) if all(i.kind == "file" for i in inputs) else None
@@ -348,19 +334,12 @@ def prepare(
         if workers == 0 and (all(i.kind == "builtin" for i in inputs) or (known_total or 1e18) < 4 * chunk_chars):
             n_workers = 1  # a small corpus: starting worker processes would cost more than the work
         with _progress(console, known_total) as progress:
-            for result in _run_chunks(reader.documents(warn), tokenizer, settings, n_workers, chunk_chars):
-                for s, split in enumerate(SPLITS):
-                    ids, meta = result[split]
-                    writers[split].add(ids, meta)
-                    totals["examples"][s] += len(ids)
-                    # text tokens: length minus [CLS] and one or two [SEP]
-                    two_segments = meta[:, 0] < meta[:, 1]
-                    totals["tokens"][s] += int(meta[:, 1].sum(dtype=np.int64)) - 2 * len(meta) - int(two_segments.sum())
-                    totals["single_segment_rows"][s] += int((~two_segments).sum())
-                    totals["filled"][s] += int(meta[:, 1].sum(dtype=np.int64))  # real tokens, specials included
-                    totals["documents"][s] += result["documents"][s]
-                for key in ("lines", "line_tokens", "single_segment_draws", "random_target_draws"):
-                    totals[key] += result[key]
+            for result in _run_chunks(_chunks(reader.documents(warn), chunk_chars), tokenizer, settings, n_workers):
+                for split in SPLITS:
+                    writers[split].add(*result[split])
+                for key, total in totals.items():
+                    add = result[key]
+                    totals[key] = [a + b for a, b in zip(total, add)] if isinstance(total, list) else total + add
                 progress(reader.stats.input_bytes_done, reader.stats.text_bytes)
             for w in writers.values():
                 w.close()
@@ -372,21 +351,17 @@ def prepare(
                             f"{skipped}); is it empty?")
 
         seconds = time.perf_counter() - started
-        fill = [totals["filled"][s] / max(totals["examples"][s] * seq_len, 1) for s in range(2)]
+        fill = [filled / max(examples * seq_len, 1) for filled, examples in zip(totals["filled"], totals["examples"])]
+        # text tokens: the real ones less [CLS] and one [SEP] per example, and a second [SEP] per two-segment example
+        tokens = [f - 3 * e + s for f, e, s in zip(totals["filled"], totals["examples"], totals["single_segment_rows"])]
         manifest = {
-            "format_version": FORMAT_VERSION,
-            "created_by": f"tinyelectra {__version__}",
-            "request": request,
-            "command": command,
-            "sources": _summarize_sources(inputs),
-            "skipped_inputs": reader.stats.skipped,
+            "format_version": FORMAT_VERSION, "created_by": f"tinyelectra {__version__}", "request": request,
+            "command": command, "sources": _summarize_sources(inputs), "skipped_inputs": reader.stats.skipped,
             "invalid_utf8_replaced": reader.stats.replaced_invalid_bytes,
             "documents_cut": reader.stats.documents_cut,  # longer than corpus.MAX_DOCUMENT_CHARS: continued as new ones
-            "text_bytes": reader.stats.text_bytes,
-            "documents": dict(zip(SPLITS, totals["documents"])),
-            "lines": totals["lines"],
-            "examples": dict(zip(SPLITS, totals["examples"])),
-            "tokens": dict(zip(SPLITS, totals["tokens"])),  # text tokens stored in examples (no specials, no padding)
+            "text_bytes": reader.stats.text_bytes, "documents": dict(zip(SPLITS, totals["documents"])),
+            "lines": totals["lines"], "examples": dict(zip(SPLITS, totals["examples"])),
+            "tokens": dict(zip(SPLITS, tokens)),  # text tokens stored in examples (no specials, no padding)
             # all tokens of all lines: the official builder cuts each example's segments to fit T, so a corpus of long
             # lines (paragraphs) keeps only part of its tokens
             "line_tokens": totals["line_tokens"],
@@ -395,14 +370,11 @@ def prepare(
             "fill_ratio": dict(zip(SPLITS, (round(f, 4) for f in fill))),
             "pack_documents": pack_documents,
             "builder_draws": {"single_segment": totals["single_segment_draws"], "random_target": totals["random_target_draws"]},
-            "seq_len": seq_len,
-            "dtype": dtype,
-            "seed": seed,
-            "validation_fraction": validation_fraction,
+            "seq_len": seq_len, "dtype": dtype, "seed": seed, "validation_fraction": validation_fraction,
             "tokenizer": {
                 "kind": tokenizer.kind, "fingerprint": tokenizer.fingerprint(), "vocab_size": tokenizer.vocab_size,
                 "lowercase": tokenizer.lowercase, "path": "tokenizer", "source": tokenizer_path or "trained",
-                "special_ids": {r: getattr(tokenizer, f"{r}_id") for r in ("pad", "unk", "cls", "sep", "mask")},
+                "special_ids": {r: getattr(tokenizer, f"{r}_id") for r in SPECIAL_ROLES},
                 "training_sample_chars": sample_chars if tokenizer_path is None else 0,
                 "vocab_padding": tokenizer.vocab_padding, "casing": casing_record, "text": profile,
                 **({"alphabet": tokenizer.alphabet} if tokenizer.alphabet else {}),
@@ -410,10 +382,9 @@ def prepare(
                                       "character_coverage": character_coverage}}
                    if tokenizer_path is None and tokenizer_type == "sentencepiece" else {}),
             },
-            "splits": {s: {"rows": w.rows, "shards": w.shards} for s, w in writers.items()},
+            "splits": {s: {"rows": sum(x["rows"] for x in w.shards), "shards": w.shards} for s, w in writers.items()},
             "seconds": {"tokenizer": round(tokenizer_seconds, 3), "examples": round(build_seconds, 3), "total": round(seconds, 3)},
-            "text_mb_per_second": round(reader.stats.text_bytes / 1e6 / seconds, 3),
-            "workers": n_workers,
+            "text_mb_per_second": round(reader.stats.text_bytes / 1e6 / seconds, 3), "workers": n_workers,
             "python": platform.python_version(),
         }
         write_json(tmp / "manifest.json", manifest)  # last: a directory without it is never taken as complete
@@ -428,8 +399,7 @@ def prepare(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    ex = manifest["examples"]
-    kept = sum(manifest["tokens"].values())
+    ex, kept = manifest["examples"], sum(tokens)
     say(
         f"{sum(manifest['documents'].values()):,} documents, {kept:,} tokens "
         f"({100 * kept / max(manifest['line_tokens'], 1):.0f}% of the text's; the builder cuts long lines) -> "
@@ -438,7 +408,7 @@ def prepare(
         f"({manifest['text_mb_per_second']:.2f} MB/s of text) -> {out_dir}"
     )
     if fill[0] < LOW_FILL_RATIO:
-        per_doc = sum(manifest["tokens"].values()) / max(sum(manifest["documents"].values()), 1)
+        per_doc = kept / max(sum(totals["documents"]), 1)
         advice = ("add --pack-documents so that short documents share examples" if not pack_documents else
                   "the text itself is short; a smaller --seq-len fits it better")
         say(f"warning: only {100 * fill[0]:.0f}% of the token slots hold text, {100 * (1 - fill[0]):.0f}% are padding: "
@@ -448,36 +418,29 @@ def prepare(
 
 def _sample_lines(reader: CorpusReader, sample_mb: float) -> list[str]:
     """The lines of the first `sample_mb` MB of text (0 = all of it), whole documents."""
-    limit = sample_mb * 1e6 if sample_mb > 0 else float("inf")
-    lines: list[str] = []
-    chars = 0
-    for doc in reader.documents():  # warnings come once, in the full pass
-        lines += doc
-        chars += sum(map(len, doc))
-        if chars >= limit:
-            break
-    return lines
+    first = next(_chunks(reader.documents(), sample_mb * 1e6 if sample_mb > 0 else float("inf")), [])
+    return [line for doc in first for line in doc]  # (warnings come once, in the full pass)
 
 
-def _run_chunks(documents: Iterator[Document], tokenizer: Tokenizer, settings: dict, workers: int, chunk_chars: int):
-    """Group documents into chunks and yield each chunk's result, in order, from `workers` processes."""
-
-    def chunks():
-        docs: list[Document] = []
-        chars = 0
-        for d in documents:
-            docs.append(d)
-            chars += sum(len(line) for line in d)
-            if chars >= chunk_chars:
-                yield docs
-                docs, chars = [], 0
-        if docs:
+def _chunks(documents: Iterator[Document], chars: float) -> Iterator[list[Document]]:
+    """Consecutive documents, grouped until their text reaches `chars` characters."""
+    docs: list[Document] = []
+    n = 0
+    for d in documents:
+        docs.append(d)
+        n += sum(map(len, d))
+        if n >= chars:
             yield docs
+            docs, n = [], 0
+    if docs:
+        yield docs
 
+
+def _run_chunks(chunks: Iterator[list[Document]], tokenizer: Tokenizer, settings: dict, workers: int):
+    """Yield each chunk's result, in order, from `workers` processes."""
     if workers <= 1:
         _init_worker(tokenizer, settings, single_threaded=False)
-        for index, docs in enumerate(chunks()):
-            yield _process_chunk(index, docs)
+        yield from map(_process_chunk, count(), chunks)
         return
     import multiprocessing
 
@@ -485,7 +448,7 @@ def _run_chunks(documents: Iterator[Document], tokenizer: Tokenizer, settings: d
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker,
                              initargs=(tokenizer, settings, True)) as pool:
         pending: deque = deque()
-        for index, docs in enumerate(chunks()):
+        for index, docs in enumerate(chunks):
             pending.append(pool.submit(_process_chunk, index, docs))
             if len(pending) >= 2 * workers:  # bounded: never read the whole corpus ahead of the workers
                 yield pending.popleft().result()
@@ -556,8 +519,8 @@ def _pid_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # alive, another user's
+        pass
     return True
 
 

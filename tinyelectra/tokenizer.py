@@ -1,9 +1,9 @@
 """Tokenizers for pre-training: train a BERT-style WordPiece or a SentencePiece model, or load a vocab.txt,
 tokenizer.json or SentencePiece model; choose a normalisation that fits the text; write files transformers reads.
 
-One `Tokenizer` class wraps either a Hugging Face `tokenizers.Tokenizer` (WordPiece, or whatever a tokenizer.json
-holds) or a `sentencepiece.SentencePieceProcessor` (used as-is: its own normalization, no lower-casing), and gives
-the rest of tinyelectra one surface: the five special ids, `encode_batch`, `decode`, `save`, `fingerprint`.
+One `Tokenizer` wraps a Hugging Face `tokenizers.Tokenizer` (WordPiece, or whatever a tokenizer.json holds) or a
+`sentencepiece.SentencePieceProcessor` (as-is: its own normalization, no lower-casing) behind one surface: the five
+special ids, `encode_batch`, `decode`, `save`, `fingerprint`.
 
 WordPiece ids follow BERT's vocabulary for every size: [PAD]=0, [unused0..98]=1..99, [UNK]=100, [CLS]=101,
 [SEP]=102, [MASK]=103, so checkpoints trained on different vocab sizes agree on the special ids. A SentencePiece
@@ -11,12 +11,8 @@ model trained here has BERT's five pieces first: [PAD]=0, [UNK]=1, [CLS]=2, [SEP
 
 Casing (`choose_casing`): BERT's uncased normaliser lower-cases *and* strips accents after NFD, which removes kana
 voicing marks (ガ -> カ), decomposes Hangul syllables into jamo and turns Portuguese "pôr" into "por". "auto" keeps
-the paper's uncased WordPiece only for text that is mostly Latin script and almost free of such characters
-(English), and chooses cased otherwise; the choice and its reason go into the manifest.
-
-`save` lets transformers write its own files (a `PreTrainedTokenizerFast` around an exact `tokenizers` copy of the
-model, `save_pretrained`), so `AutoTokenizer` adds [CLS]/[SEP] and token types for pairs and decodes byte-fallback
-pieces, in transformers 4.44 ... 5.x alike.
+the paper's uncased WordPiece only for mostly Latin text almost free of such characters (English), and chooses
+cased otherwise; the choice and its reason go into the manifest.
 What does not live here: reading corpora and building examples (corpus.py, prepare.py).
 """
 
@@ -47,10 +43,9 @@ MAX_VOCAB_SIZE = 2**31 - 1
 TOKENIZER_TYPES = ("wordpiece", "sentencepiece")
 SENTENCEPIECE_MODELS = ("unigram", "bpe")
 CASINGS = ("auto", "uncased", "cased")
-# Share of character occurrences the WordPiece alphabet (or the SentencePiece model) covers: the rarest 0.01% of
-# occurrences are left to [UNK] (or to byte pieces). At least MIN_ALPHABET characters are kept when the text has them
-# (BERT's limit, so English alphabets are unchanged), at most a third of the entries left after the reserved ids
-# (each character costs two: "c" and "##c").
+# Share of character occurrences the WordPiece alphabet (or SentencePiece model) covers: the rarest 0.01% go to [UNK]
+# (or byte pieces). The alphabet keeps at least MIN_ALPHABET characters when the text has them (BERT's limit: English
+# alphabets unchanged), at most a third of the entries after the reserved ids (each costs two: "c" and "##c").
 CHARACTER_COVERAGE = 0.9999
 MIN_ALPHABET = 1000
 # casing "auto" chooses uncased (the paper's) only when at least this share of letters is Latin script ...
@@ -62,8 +57,7 @@ PROFILE_FILE = "tinyelectra.json"  # beside the tokenizer files: casing, its rea
 
 # BertNormalizer's clean_text on ASCII, as a str.translate table: control characters are dropped, and tab, newline
 # and carriage return become a space (tokenizers' bert.rs: filter is_control, then map is_whitespace -> ' ').
-_ASCII_CLEAN_TABLE = {i: None for i in [*range(32), 127]}
-_ASCII_CLEAN_TABLE.update({ord("\t"): " ", ord("\n"): " ", ord("\r"): " "})
+_ASCII_CLEAN_TABLE = {**dict.fromkeys([*range(32), 127]), **dict.fromkeys(map(ord, "\t\n\r"), " ")}
 # BertPreTokenizer on clean ASCII: every printable non-alphanumeric character is BERT punctuation (a word of its own).
 _ASCII_WORD = re.compile(r"[A-Za-z0-9]+|[^A-Za-z0-9 ]")
 
@@ -82,8 +76,7 @@ def _bert_normalizer(lowercase: bool):
 
 
 def _wordpiece_tokenizer(vocab: dict[str, int], lowercase: bool):
-    from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers import decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
 
     hf = HFTokenizer(models.WordPiece(vocab, unk_token="[UNK]", continuing_subword_prefix="##", max_input_chars_per_word=100))
     hf.normalizer = _bert_normalizer(lowercase)
@@ -94,9 +87,8 @@ def _wordpiece_tokenizer(vocab: dict[str, int], lowercase: bool):
 
 
 def _add_bert_template(hf, vocab: dict[str, int], specials: list[str]) -> None:
-    """[CLS] A [SEP] B [SEP] with token types 0/1 (used by transformers on the saved files; tinyelectra encodes
-    without special tokens), and the special tokens (in SPECIAL_ROLES order) that `vocab` holds as special added
-    tokens: "[MASK]" in a text is the mask."""
+    """[CLS] A [SEP] B [SEP] with token types 0/1 (for transformers; tinyelectra encodes without special tokens),
+    and `specials` (SPECIAL_ROLES order) that `vocab` holds as special added tokens: "[MASK]" in a text is the mask."""
     from tokenizers import AddedToken, processors
 
     cls, sep = specials[SPECIAL_ROLES.index("cls")], specials[SPECIAL_ROLES.index("sep")]
@@ -119,7 +111,6 @@ class Tokenizer:
     cls_id: int
     sep_id: int
     mask_id: int
-    vocab_padding: int  # [unusedN] entries appended after training so the vocabulary has exactly the requested size
 
     def __init__(self, hf=None, sp_model_bytes: bytes | None = None, source: str = "") -> None:
         self._hf = hf
@@ -130,7 +121,7 @@ class Tokenizer:
         self._words: dict[str, tuple[int, ...]] = {}  # normalized ASCII word -> ids (see _encode_new_pieces)
         self._added_starts = ""  # first characters of added tokens: an ASCII piece holding one goes to Rust whole
         self.source = source
-        self.vocab_padding = 0
+        self.vocab_padding = 0  # [unusedN] entries appended after training so the vocabulary has the requested size
         self.alphabet: dict | None = None  # how a trained WordPiece chose its characters (for the manifest)
         if sp_model_bytes is not None:
             import sentencepiece as spm
@@ -160,14 +151,14 @@ class Tokenizer:
                     and pre == "BertPreTokenizer" and not any(" " in t.get("content", "") for t in added)):
                 self._pieces = {}
         for role in SPECIAL_ROLES:
-            setattr(self, f"{role}_id", self._find_special(role, lookup, source))
+            setattr(self, f"{role}_id", self._find_special(role, lookup))
 
     # ------------------------------------------------------------------ construction
     def _sp_lookup(self, piece: str) -> int | None:
         i = self._sp.piece_to_id(piece)  # unk_id for an unknown piece: check the round trip
         return i if self._sp.id_to_piece(i) == piece else None
 
-    def _find_special(self, role: str, lookup, source: str) -> int:
+    def _find_special(self, role: str, lookup) -> int:
         spellings = [BERT_SPELLING[role], SENTENCEPIECE_SPELLING[role]]
         found = [i for i in map(lookup, spellings) if i is not None]
         if found:
@@ -175,7 +166,7 @@ class Tokenizer:
         how = ("; `tinyelectra prepare --tokenizer-type sentencepiece` trains one that has them (or train yours with "
                "pad_id=0 pad_piece=[PAD] unk_id=1 unk_piece=[UNK] control_symbols=[CLS],[SEP],[MASK])") if self._sp is not None else ""
         raise UserError(
-            f"tokenizer {source or '(trained)'} has no {spellings[0]} token (also looked for {spellings[1]}); "
+            f"tokenizer {self.source or '(trained)'} has no {spellings[0]} token (also looked for {spellings[1]}); "
             f"ELECTRA needs all five special tokens [PAD], [UNK], [CLS], [SEP], [MASK]{how}"
         )
 
@@ -216,8 +207,7 @@ class Tokenizer:
               character_coverage: float = CHARACTER_COVERAGE) -> "Tokenizer":
         """Train an uncased (or cased) WordPiece with BERT's reserved ids on an iterable of lines; its alphabet covers
         `character_coverage` of the character occurrences (see CHARACTER_COVERAGE), as `.alphabet` records."""
-        from tokenizers import Tokenizer as HFTokenizer
-        from tokenizers import models, pre_tokenizers, trainers
+        from tokenizers import Tokenizer as HFTokenizer, models, pre_tokenizers, trainers
 
         if not MIN_VOCAB_SIZE <= vocab_size <= MAX_VOCAB_SIZE:
             raise UserError(f"--vocab-size {vocab_size}: must be between {MIN_VOCAB_SIZE} and {MAX_VOCAB_SIZE}")
@@ -225,10 +215,9 @@ class Tokenizer:
         # Train on pre-normalized text (normalizer off during training): ASCII lines through str.translate, the rest
         # through the same Rust normalizer, so the word counts are exactly those of the full pipeline.
         lines = [_normalize_ascii(t, lowercase) if t.isascii() else normalizer.normalize_str(t) for t in texts]
-        # Determinism: tokenizers' trainer gives "##c" continuation tokens ids in hash-map order, and breaks ties
-        # between equally frequent merges by id, so two runs can learn different vocabularies
-        # (huggingface/tokenizers#1794). We fix the alphabet ourselves (most frequent characters, ties by code point)
-        # and register every "##c" up front (as trainer special tokens), so no id depends on hash order.
+        # Determinism: the trainer numbers "##c" tokens in hash-map order and breaks ties between equally frequent
+        # merges by id, so two runs can learn different vocabularies (huggingface/tokenizers#1794). We fix the alphabet
+        # (most frequent characters, ties by code point) and register every "##c" up front as a trainer special token.
         if not 0.0 < character_coverage <= 1.0:
             raise UserError(f"--character-coverage {character_coverage}: must be in (0, 1]")
         alphabet, alphabet_facts = _alphabet(lines, character_coverage, max(1, (vocab_size - len(RESERVED_TOKENS)) // 3))
@@ -245,27 +234,21 @@ class Tokenizer:
         if ordered[: len(RESERVED_TOKENS)] != RESERVED_TOKENS:  # the trainer puts special tokens first, in order
             raise RuntimeError("WordPiece trainer did not place BERT's reserved tokens at ids 0..103")
         if len(ordered) > vocab_size:
-            raise UserError(
-                f"--vocab-size {vocab_size} is too small for this corpus's alphabet "
-                f"(needs at least {len(ordered)} entries); choose a larger --vocab-size"
-            )
-        padding = vocab_size - len(ordered)
-        taken = set(ordered)
-        unused = (f"[unused{n}]" for n in count(99))  # BERT's spare entries, continued past [unused98]
-        ordered += islice((t for t in unused if t not in taken), padding)
+            raise UserError(f"--vocab-size {vocab_size} is too small for this corpus's alphabet (needs at least "
+                            f"{len(ordered)} entries); choose a larger --vocab-size")
+        padding = vocab_size - len(ordered)  # filled with BERT's spare entries, continued past [unused98]
+        ordered += islice((t for t in map("[unused{}]".format, count(99)) if t not in learned), padding)
         tok = cls(hf=_wordpiece_tokenizer({t: i for i, t in enumerate(ordered)}, lowercase), source="trained WordPiece")
-        tok.vocab_padding = padding
-        tok.alphabet = alphabet_facts
+        tok.vocab_padding, tok.alphabet = padding, alphabet_facts
         return tok
 
     @classmethod
     def train_sentencepiece(cls, texts: Iterable[str], vocab_size: int, model_type: str = "unigram",
                             character_coverage: float = CHARACTER_COVERAGE, byte_fallback: bool = True,
                             threads: int = 1) -> "Tokenizer":
-        """Train a SentencePiece model (unigram or BPE) with BERT's five special pieces first ([PAD]=0, [UNK]=1,
-        [CLS]=2, [SEP]=3, [MASK]=4; no <s>/</s>) and the text kept as written (normalization "identity": decode
-        gives the input back; NFKC would fold full-width punctuation). Characters outside `character_coverage`
-        become UTF-8 byte pieces with `byte_fallback` (never [UNK]), else [UNK]."""
+        """Train a SentencePiece model (unigram or BPE) with BERT's five special pieces first (no <s>/</s>) and the
+        text kept as written (normalization "identity": decode gives the input back; NFKC would fold full-width
+        punctuation). Characters outside `character_coverage` become byte pieces with `byte_fallback`, else [UNK]."""
         import sentencepiece as spm
 
         if model_type not in SENTENCEPIECE_MODELS:
@@ -302,11 +285,10 @@ class Tokenizer:
         return [e.ids for e in self._hf.encode_batch_fast(list(texts), add_special_tokens=False)]
 
     def _encode_cached(self, texts: list[str]) -> list[list[int]]:
-        """BERT pipelines tokenize "x y" as tokens("x") + tokens("y") (the normalizer works per character, a space
-        being an NFD starter; the pre-tokenizer splits at every space; WordPiece works per word), so each distinct
-        space-separated piece is tokenized once (Zipf's law: few of them): 1.79x less CPU per MB of enwiki than
-        encode_batch on every line (0.19 vs 0.34 CPU s/MB; benchmarks/results/prepare_enwiki.json; same ids:
-        tests/test_tokenizer.py)."""
+        """BERT pipelines tokenize "x y" as tokens("x") + tokens("y") (per-character normalizer, a space being an NFD
+        starter; split at every space; WordPiece per word), so each distinct space-separated piece is tokenized once
+        (Zipf: few of them): 1.79x less CPU per MB of enwiki than encode_batch on every line (0.19 vs 0.34 CPU s/MB;
+        benchmarks/results/prepare_enwiki.json; same ids: tests/test_tokenizer.py)."""
         cache = self._pieces
         split = [t.split(" ") for t in texts]
         new = list(set(chain.from_iterable(split)).difference(cache))  # order varies by run; each piece's ids do not
@@ -321,10 +303,9 @@ class Tokenizer:
         return out
 
     def _encode_new_pieces(self, pieces: list[str]) -> list[tuple[int, ...]]:
-        """Ids of pieces not in the cache. A pure-ASCII piece is split into BERT's words in Python (on ASCII, the
-        BertNormalizer is str.translate + lower() and BertPreTokenizer splits alphanumeric runs from single
-        punctuation characters), so only words never seen before reach the Rust tokenizer. Other pieces (None in
-        `split`: non-ASCII, or holding an added token's first character, as in "[MASK]") go to Rust whole."""
+        """Ids of pieces not in the cache. A pure-ASCII piece is split into BERT's words in Python (_ASCII_WORD), so
+        only words never seen before reach the Rust tokenizer; other pieces (None in `split`: non-ASCII, or holding an
+        added token's first character, as in "[MASK]") go to Rust whole."""
         words, starts = self._words, self._added_starts
         split = [_ASCII_WORD.findall(_normalize_ascii(p, self.lowercase))
                  if p.isascii() and not any(c in p for c in starts) else None for p in pieces]
@@ -360,23 +341,22 @@ class Tokenizer:
 
     # ------------------------------------------------------------------ files
     def save(self, directory, model_max_length: int | None = None) -> None:
-        """Write files that `Tokenizer.load(directory)` and transformers' `AutoTokenizer.from_pretrained` both read
-        (transformers' own, around `hf_tokenizer()`; then vocab.txt or the SentencePiece model beside them).
+        """Write files that `Tokenizer.load(directory)` and `AutoTokenizer.from_pretrained` (transformers 4.44 ... 5.x)
+        both read (transformers' own, around `hf_tokenizer()`; then vocab.txt or the SentencePiece model beside them).
         `model_max_length`: the model's positions (an export), or None (unknown: transformers' "no limit")."""
         from transformers import PreTrainedTokenizerFast
         from transformers.utils import logging as hf_logging
 
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
-        specials = {f"{r}_token": t for r, t in zip(SPECIAL_ROLES, self._special_tokens())}
-        limit = {} if model_max_length is None else {"model_max_length": int(model_max_length)}
         level = hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()
         try:
             fast = PreTrainedTokenizerFast(
                 tokenizer_object=self.hf_tokenizer(), clean_up_tokenization_spaces=False,  # decode returns the text
                 model_input_names=["input_ids", "token_type_ids", "attention_mask"],  # 5.x omits token types otherwise
-                **specials, **limit,
+                **{f"{r}_token": t for r, t in zip(SPECIAL_ROLES, self._special_tokens())},
+                **({} if model_max_length is None else {"model_max_length": int(model_max_length)}),
             )
             fast.save_pretrained(str(d))
         except Exception as e:  # tokenizers' own writer reports a failed write ("File too large (os error 27)") as a
@@ -389,8 +369,7 @@ class Tokenizer:
         # transformers 5.x names its class "TokenizersBackend", unknown to 4.x; "PreTrainedTokenizerFast" is the
         # class in 4.x and an alias of it in 5.x, and reads the same tokenizer.json.
         config_path = d / "tokenizer_config.json"
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-        config["tokenizer_class"] = "PreTrainedTokenizerFast"
+        config = {**json.loads(config_path.read_text(encoding="utf-8")), "tokenizer_class": "PreTrainedTokenizerFast"}
         config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         if self._sp is not None:
             (d / "tokenizer.model").write_bytes(self._sp_bytes)
@@ -415,20 +394,16 @@ class Tokenizer:
 
     def fingerprint(self) -> str:
         """sha256 over what decides the ids: the vocabulary in id order and the normalization settings."""
-        h = hashlib.sha256()
-        if self._sp is not None:
-            h.update(b"sentencepiece\0")
-            h.update(self._sp_bytes)  # the model proto holds the pieces and the normalizer spec
-        else:
-            spec = json.loads(self._hf.to_str())
-            vocab = self._hf.get_vocab(with_added_tokens=True)
-            model = {k: v for k, v in spec["model"].items() if k not in ("vocab", "merges")}
-            h.update(json.dumps({
-                "kind": self.kind, "model": model, "merges": spec["model"].get("merges"),
-                "normalizer": spec.get("normalizer"), "pre_tokenizer": spec.get("pre_tokenizer"),
-                "vocab": sorted(vocab, key=vocab.__getitem__),
-            }, sort_keys=True, ensure_ascii=False).encode("utf-8"))
-        return h.hexdigest()
+        if self._sp is not None:  # the model proto holds the pieces and the normalizer spec
+            return hashlib.sha256(b"sentencepiece\0" + self._sp_bytes).hexdigest()
+        spec = json.loads(self._hf.to_str())
+        vocab = self._hf.get_vocab(with_added_tokens=True)
+        model = {k: v for k, v in spec["model"].items() if k not in ("vocab", "merges")}
+        return hashlib.sha256(json.dumps({
+            "kind": self.kind, "model": model, "merges": spec["model"].get("merges"),
+            "normalizer": spec.get("normalizer"), "pre_tokenizer": spec.get("pre_tokenizer"),
+            "vocab": sorted(vocab, key=vocab.__getitem__),
+        }, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
 
     def __getstate__(self) -> dict:
         # Worker processes receive the tokenizer by pickling: send the serialized form, not Rust objects.
@@ -455,11 +430,6 @@ def _script(ch: str) -> str:
     return name.split(" ")[0].title() if name else "Other"
 
 
-def _uncased(ch: str) -> str:
-    """What BERT's uncased normaliser leaves of one character: lower-cased, NFD, combining marks (Mn) removed."""
-    return "".join(c for c in unicodedata.normalize("NFD", ch.lower()) if unicodedata.category(c) != "Mn")
-
-
 def text_profile(lines: list[str]) -> dict[str, Any]:
     """What the text's letters are: their share per script, the share that BERT's uncased normaliser would change
     beyond lower-casing (accents stripped, kana voicing marks removed, Hangul syllables decomposed into jamo) with
@@ -467,21 +437,21 @@ def text_profile(lines: list[str]) -> dict[str, Any]:
     import numpy as np
 
     counts = _char_counts(lines)
-    letters = changed = ascii_letters = 0
+    ascii_letters = 0
     scripts: Counter[str] = Counter()
     examples: list[tuple[int, str]] = []
     for c in np.flatnonzero(counts).tolist():
         ch, n = chr(c), int(counts[c])
         if not unicodedata.category(ch).startswith("L"):
             continue
-        letters += n
         ascii_letters += n if c < 128 else 0
         scripts[_script(ch)] += n
-        after = _uncased(ch)
+        # what BERT's uncased normaliser leaves of it: lower-cased, NFD, combining marks (Mn) removed
+        after = "".join(c for c in unicodedata.normalize("NFD", ch.lower()) if unicodedata.category(c) != "Mn")
         if after != ch.lower():
-            changed += n
             examples.append((n, f"{ch}->{'+'.join(after)}"))  # Hangul: 한->ᄒ+ᅡ+ᆫ (jamo)
-    share = {k: round(v / letters, 4) for k, v in scripts.most_common()} if letters else {}
+    letters, changed = sum(scripts.values()), sum(n for n, _ in examples)
+    share = {k: round(v / letters, 4) for k, v in scripts.most_common()}
     # Languages the scripts name, each when its script holds at least 5% of the letters: Hangul (ko), kana (ja), Han
     # beyond what Japanese text carries (it has more kana than kanji: zh), ASCII letters only (en).
     kana = share.get("Hiragana", 0) + share.get("Katakana", 0)
@@ -596,13 +566,9 @@ def _proto_fields(b: bytes) -> Iterable[tuple[int, Any]]:
         number, wire = key >> 3, key & 7
         if wire == 0:
             value, i = _varint(b, i)
-        elif wire == 1:
-            value, i = b[i : i + 8], i + 8
-        elif wire == 2:
-            n, i = _varint(b, i)
+        elif wire in (1, 2, 5):  # 64-bit, length-delimited, 32-bit
+            n, i = _varint(b, i) if wire == 2 else ({1: 8, 5: 4}[wire], i)
             value, i = b[i : i + n], i + n
-        elif wire == 5:
-            value, i = b[i : i + 4], i + 4
         else:
             raise ValueError(f"unsupported protobuf wire type {wire}")
         yield number, value
@@ -610,35 +576,32 @@ def _proto_fields(b: bytes) -> Iterable[tuple[int, Any]]:
 
 # sentencepiece_model.proto: ModelProto.pieces = 1 (piece = 1, score = 2, type = 3), .trainer_spec = 2, .normalizer_spec = 3
 SP_NORMAL, SP_UNKNOWN, SP_CONTROL, SP_USER_DEFINED, SP_UNUSED, SP_BYTE = 1, 2, 3, 4, 5, 6
-_TRAINER = {"model_type": (3, 1), "split_by_whitespace": (22, 1), "treat_whitespace_as_suffix": (24, 0), "byte_fallback": (35, 0)}
-_NORMALIZER = {"precompiled_charsmap": (2, b""), "add_dummy_prefix": (3, 1), "remove_extra_whitespaces": (4, 1)}
+_SETTINGS = {  # name: (ModelProto field: 2 trainer_spec or 3 normalizer_spec, the field in it, the proto's default)
+    "model_type": (2, 3, 1), "split_by_whitespace": (2, 22, 1), "treat_whitespace_as_suffix": (2, 24, 0),
+    "byte_fallback": (2, 35, 0), "precompiled_charsmap": (3, 2, b""), "add_dummy_prefix": (3, 3, 1),
+    "remove_extra_whitespaces": (3, 4, 1),
+}
 
 
 def read_sentencepiece(model: bytes) -> tuple[list[tuple[str, float, int]], dict[str, Any]]:
     """The pieces (text, score, type) of a SentencePiece model and the settings that decide its encoding, read from
     the protobuf directly (no `protobuf` package needed). Absent fields take the proto's defaults."""
     pieces: list[tuple[str, float, int]] = []
-    trainer: dict[int, Any] = {}
-    normalizer: dict[int, Any] = {}
+    specs: dict[int, dict[int, Any]] = {2: {}, 3: {}}
     for number, value in _proto_fields(model):
         if number == 1:
             f = dict(_proto_fields(value))
             score = struct.unpack("<f", f[2])[0] if 2 in f else 0.0
             pieces.append((f.get(1, b"").decode("utf-8"), score, f.get(3, SP_NORMAL)))
-        elif number == 2:
-            trainer.update(_proto_fields(value))
-        elif number == 3:
-            normalizer.update(_proto_fields(value))
-    settings = {name: trainer.get(n, default) for name, (n, default) in _TRAINER.items()}
-    settings.update({name: normalizer.get(n, default) for name, (n, default) in _NORMALIZER.items()})
-    return pieces, settings
+        elif number in specs:
+            specs[number].update(_proto_fields(value))
+    return pieces, {name: specs[spec].get(n, default) for name, (spec, n, default) in _SETTINGS.items()}
 
 
 def _sentencepiece_to_tokenizers(model: bytes, specials: list[str]):
     """A `tokenizers.Tokenizer` that encodes and decodes as the SentencePiece `model` (unigram or BPE; its
     normalisation rules, dummy prefix, whitespace handling, byte fallback), as transformers' own converters do."""
-    from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers
-    from tokenizers import AddedToken, Tokenizer as HFTokenizer
+    from tokenizers import AddedToken, Regex, Tokenizer as HFTokenizer, decoders, models, normalizers, pre_tokenizers
 
     pieces, cfg = read_sentencepiece(model)
     if cfg["treat_whitespace_as_suffix"]:
