@@ -250,7 +250,7 @@ MAX_PLAN_EVENTS = 20  # speed changes recorded in plan.json's notes (the log has
 
 class TimeBudgetPlanner:
     """A time budget's plan, kept true while the machine's speed changes. `after_step` is the trainer's one call:
-    `record` gives the recent speed once enough steps are timed; `replan` then sets the end to the steps done plus
+    once enough steps are timed, `replan` takes their recent speed and sets the end to the steps done plus
     those that fit in the remaining time (at least one per checkpoint still to write), moves the unwritten
     checkpoints to their fractions of the new end, and re-plans the warm-up until it is over, so one noisy early
     measurement fixes nothing. No clock is read here: the trainer passes its training time (tests simulate it)."""

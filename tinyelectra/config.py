@@ -180,9 +180,7 @@ class Recipe:
     data: DataConfig = field(default_factory=DataConfig)
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["deviations"] = list(self.deviations)
-        return d
+        return dataclasses.asdict(self) | {"deviations": list(self.deviations)}
 
     def with_overrides(self, assignments: list[str]) -> "Recipe":
         """Apply `section.key=value` strings (`parse_assignment`), each parsed to the field's type."""
