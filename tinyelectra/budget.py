@@ -99,11 +99,8 @@ class Plan:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
-
     def save(self, path: Path) -> None:
-        write_atomic(path, self.to_json() + "\n")
+        write_atomic(path, json.dumps(self.to_dict(), indent=2) + "\n")
 
     @classmethod
     def from_dict(cls, d: dict, where: str) -> "Plan":
