@@ -99,11 +99,8 @@ class Plan:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
-
     def save(self, path: Path) -> None:
-        write_atomic(path, self.to_json() + "\n")
+        write_atomic(path, json.dumps(self.to_dict(), indent=2) + "\n")
 
     @classmethod
     def from_dict(cls, d: dict, where: str) -> "Plan":
@@ -189,13 +186,12 @@ def checkpoint_schedule(total_steps: int, written: dict[str, int] | None = None)
 
 
 def _schedule_note(total: int, steps: dict[str, int]) -> str | None:
-    nominal = {n: max(1, round(total * f)) for n, f in zip(steps, FRACTIONS)}
+    at = ", ".join(f"{k}@{v}" for k, v in steps.items())
     if len(set(steps.values())) < len(steps):
-        return (f"only {total} step(s): five distinct checkpoints need at least five steps, so some share one "
-                f"({', '.join(f'{k}@{v}' for k, v in steps.items())})")
-    if steps != nominal:
-        return (f"{total} steps: fractions less than a step apart are moved apart, each checkpoint on its own step "
-                f"({', '.join(f'{k}@{v}' for k, v in steps.items())})")
+        return f"only {total} step(s): five distinct checkpoints need at least five steps, so some share one ({at})"
+    if steps != {n: max(1, round(total * f)) for n, f in zip(steps, FRACTIONS)}:
+        return (f"{total} steps: fractions less than a step apart are moved apart, each checkpoint on its own "
+                f"step ({at})")
     return None
 
 
@@ -251,7 +247,7 @@ MAX_PLAN_EVENTS = 20  # speed changes recorded in plan.json's notes (the log has
 
 class TimeBudgetPlanner:
     """A time budget's plan, kept true while the machine's speed changes. `after_step` is the trainer's one call:
-    `record` gives the recent speed once enough steps are timed; `replan` then sets the end to the steps done plus
+    once enough steps are timed, `replan` takes their recent speed and sets the end to the steps done plus
     those that fit in the remaining time (at least one per checkpoint still to write), moves the unwritten
     checkpoints to their fractions of the new end, and re-plans the warm-up until it is over, so one noisy early
     measurement fixes nothing. No clock is read here: the trainer passes its training time (tests simulate it)."""
@@ -268,28 +264,23 @@ class TimeBudgetPlanner:
 
     def after_step(self, step: int, train_seconds: float, done: set[str], replan_now: bool = True,
                    share: Callable[[float, float], tuple[float, float]] | None = None) -> list[str] | None:
-        """`record` the step and, once the speed is known and `replan_now` (DDP: log steps only), `replan`. `share`
-        gives rank 0's (speed, training seconds) so every process keeps the same plan. Returns the re-plan's log
-        lines (the new plan is `self.plan`), or None when it did not re-plan."""
-        rate = self.record(step, train_seconds)
-        if rate is None or not replan_now:
-            return None
-        if share is not None:
-            rate, train_seconds = share(rate, train_seconds)
-        return self.replan(step, train_seconds, rate, done)
-
-    def record(self, step: int, train_seconds: float) -> float | None:
-        """The recent speed in steps per second, or None while fewer than CALIBRATION_STEPS steps are timed."""
+        """Time the step and, once the speed is known (CALIBRATION_STEPS) and `replan_now` (DDP: log steps only),
+        `replan` from the recent speed. `share` gives rank 0's (speed, training seconds) so every process keeps the
+        same plan. Returns the re-plan's log lines (the new plan is `self.plan`), or None when it did not re-plan."""
         self.recent.append((train_seconds, step))
         while len(self.recent) > 2 and self.recent[-1][0] - self.recent[0][0] > max(RATE_WINDOW_SECONDS, 0.2 * train_seconds):
             self.recent.popleft()
         if self.seconds0 is None:
             self.seconds0 = train_seconds
         timed = step - self.step0
-        if timed < 2 or (timed < CALIBRATION_STEPS and train_seconds - self.seconds0 < CALIBRATION_SHARE * self.bud.value):
+        if not replan_now or timed < 2 or (
+                timed < CALIBRATION_STEPS and train_seconds - self.seconds0 < CALIBRATION_SHARE * self.bud.value):
             return None
         (t0, s0), (t1, s1) = self.recent[0], self.recent[-1]
-        return (s1 - s0) / max(t1 - t0, 1e-9)
+        rate = (s1 - s0) / max(t1 - t0, 1e-9)
+        if share is not None:
+            rate, train_seconds = share(rate, train_seconds)
+        return self.replan(step, train_seconds, rate, done)
 
     def replan(self, step: int, train_seconds: float, rate: float, done: set[str]) -> list[str]:
         """Re-plan at `step` after `train_seconds` of training time at `rate` steps/s; `done`: checkpoints written."""

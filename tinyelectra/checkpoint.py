@@ -19,15 +19,18 @@ damaged afterwards is a one-line error naming it, never a silently different mod
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
+import pickle
 import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tinyelectra.budget import Plan
-from tinyelectra.budget import checkpoint_name  # noqa: F401  (the names live with the plan that schedules them)
+from tinyelectra.budget import Plan, checkpoint_name  # noqa: F401  (checkpoint_name lives with the plan's schedule)
 from tinyelectra.config import Recipe, recipe_from_dict
 from tinyelectra.errors import UserError
 from tinyelectra.files import fsync_file as _fsync_file
@@ -82,16 +85,31 @@ def _save_tensors(tensors: dict[str, Tensor], path: Path, metadata: dict[str, st
     path.write_bytes(data)
 
 
-def save_checkpoint(directory: Path, model, recipe: Recipe, meta: dict[str, Any], tokenizer_dir: Path | None) -> Path:
-    """Write `model` (an `Electra`) with its recipe, run metadata and tokenizer files, atomically. Returns the path."""
-    directory = Path(directory)
+@contextlib.contextmanager
+def staged_dir(directory: Path) -> Iterator[Path]:
+    """A fresh `NAME.tmp-<pid>` beside `directory` to write into: on success its files are fsynced and it replaces
+    `directory`; on any error or interrupt it is removed, leaving `directory` as it was."""
     directory.parent.mkdir(parents=True, exist_ok=True)
-    if model.objective != recipe.objective.kind:
-        raise ValueError(f"model objective {model.objective!r} differs from the recipe's {recipe.objective.kind!r}")
     tmp = directory.with_name(f"{directory.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
+        yield tmp
+        for p in tmp.rglob("*"):
+            if p.is_file():
+                _fsync_file(p)
+        replace_dir(tmp, directory)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def save_checkpoint(directory: Path, model, recipe: Recipe, meta: dict[str, Any], tokenizer_dir: Path | None) -> Path:
+    """Write `model` (an `Electra`) with its recipe, run metadata and tokenizer files, atomically. Returns the path."""
+    directory = Path(directory)
+    if model.objective != recipe.objective.kind:
+        raise ValueError(f"model objective {model.objective!r} differs from the recipe's {recipe.objective.kind!r}")
+    with staged_dir(directory) as tmp:
         if model.discriminator is not None:
             _save_tensors(model.discriminator_state_dict(), tmp / "discriminator.safetensors", {"format": "pt"})
         _save_tensors(model.generator_state_dict(), tmp / "generator.safetensors", {"format": "pt"})
@@ -102,13 +120,6 @@ def save_checkpoint(directory: Path, model, recipe: Recipe, meta: dict[str, Any]
         write_sha256(tmp)  # the weights, config and meta (a tokenizer may be replaced; its size is checked)
         if tokenizer_dir is not None:
             shutil.copytree(tokenizer_dir, tmp / "tokenizer")
-        for p in tmp.rglob("*"):
-            if p.is_file():
-                _fsync_file(p)
-        replace_dir(tmp, directory)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return directory
 
 
@@ -151,17 +162,23 @@ def read_checkpoint_config(directory: Path) -> tuple[Recipe, str]:
     return recipe, objective
 
 
-def read_tensors(path: Path) -> dict[str, Tensor]:
-    """A safetensors file as CPU tensors, with a clear error for a missing or damaged file."""
+def read_weights(path: Path, vocab_size: int, word_key: str = "embeddings.word.weight") -> dict[str, Tensor]:
+    """A checkpoint's safetensors file as CPU tensors, its word embeddings (`word_key` if there, else the shared
+    embeddings') checked against `vocab_size`; missing, damaged or not ELECTRA's: one UserError."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     if not path.is_file():
         raise UserError(f"{path.parent}: checkpoint is missing {path.name}")
     try:
-        return load_file(str(path), device="cpu")
+        tensors = load_file(str(path), device="cpu")
     except (SafetensorError, OSError, ValueError) as e:
         raise UserError(f"{path}: not a readable safetensors file ({str(e).splitlines()[0][:200]})") from None
+    key = word_key if word_key in tensors else "embeddings.word.weight"
+    if key not in tensors:
+        raise UserError(f"{path}: no {key} tensor: not an ELECTRA checkpoint file")
+    check_vocab_rows(tensors[key].shape[0], vocab_size, path)
+    return tensors
 
 
 def check_vocab_rows(rows: int, vocab_size: int, where: Path) -> None:
@@ -171,20 +188,12 @@ def check_vocab_rows(rows: int, vocab_size: int, where: Path) -> None:
         raise UserError(f"{where}: vocabulary size mismatch: weights have {rows} word embeddings, config says vocab_size {vocab_size}")
 
 
-def check_vocab(tensors: dict[str, Tensor], key: str, vocab_size: int, where: Path) -> None:
-    """`check_vocab_rows` for the `key` tensor of a checkpoint file, which must be there."""
-    if key not in tensors:
-        raise UserError(f"{where}: no {key} tensor: not an ELECTRA checkpoint file")
-    check_vocab_rows(tensors[key].shape[0], vocab_size, where)
-
-
 def check_tokenizer(tokenizer_dir: Path, vocab_size: int) -> None:
     """The tokenizer saved beside the weights must have exactly the model's vocabulary size."""
     tok = Tokenizer.load(tokenizer_dir)
     if tok.vocab_size != vocab_size:
-        raise UserError(
-            f"{tokenizer_dir}: vocabulary size mismatch: tokenizer has {tok.vocab_size} tokens, the model {vocab_size}"
-        )
+        raise UserError(f"{tokenizer_dir}: vocabulary size mismatch: tokenizer has {tok.vocab_size} tokens, "
+                        f"the model {vocab_size}")
 
 
 def train_seconds_of(meta: dict) -> float | None:
@@ -212,7 +221,7 @@ def read_meta(directory: Path) -> dict[str, Any]:
     return meta
 
 
-def load_checkpoint(directory: Path, check_tokenizer_files: bool = True):
+def load_checkpoint(directory: Path):
     """Read a checkpoint back: (Electra in eval mode on the CPU, Recipe, meta dict). Every problem is one UserError."""
     from tinyelectra.model import Electra
 
@@ -221,21 +230,15 @@ def load_checkpoint(directory: Path, check_tokenizer_files: bool = True):
     verify_sha256(d, "the checkpoint")
     meta = read_meta(d)
     vocab = recipe.model.vocab_size
-    disc = None
-    if objective == "electra":
-        disc = read_tensors(d / "discriminator.safetensors")
-        check_vocab(disc, "embeddings.word.weight", vocab, d / "discriminator.safetensors")
-    gen = read_tensors(d / "generator.safetensors")
-    word_key = "gen_embeddings.word.weight" if "gen_embeddings.word.weight" in gen else "embeddings.word.weight"
-    check_vocab(gen, word_key, vocab, d / "generator.safetensors")
-    if check_tokenizer_files and (d / "tokenizer").is_dir():
+    disc = read_weights(d / "discriminator.safetensors", vocab) if objective == "electra" else None
+    gen = read_weights(d / "generator.safetensors", vocab, "gen_embeddings.word.weight")
+    if (d / "tokenizer").is_dir():
         check_tokenizer(d / "tokenizer", vocab)
     model = Electra(recipe.model, objective=objective)
     try:
         model.load_split_state_dict(disc, gen)
     except RuntimeError as e:
-        first = str(e).strip().splitlines()
-        detail = " ".join(line.strip() for line in first[:3])[:400]
+        detail = " ".join(line.strip() for line in str(e).strip().splitlines()[:3])[:400]
         raise UserError(f"{d}: weights do not fit the checkpoint's recipe ({detail})") from None
     model.eval()
     return model, recipe, meta
@@ -248,17 +251,11 @@ RESUME_FORMAT = 1
 def save_resume_state(run_dir: Path, model, optimizer, scaler, loader, **info) -> Path:
     """Write state/step-N/ completely (with its sha256.json), then point state/LATEST at it (atomic rename), then drop
     older states. An error or interrupt part-way leaves the previous state as it was. Returns the state's directory."""
-    import io
-
     import torch
 
     root = run_dir / "state"
-    root.mkdir(exist_ok=True)
     name = f"step-{info['step']:09d}"
-    tmp = root / f"{name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
+    with staged_dir(root / name) as tmp:
         _save_tensors(model.state_dict(), tmp / "model.safetensors")
         buffer = io.BytesIO()  # through memory, as `_save_tensors`
         torch.save({"optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
@@ -267,14 +264,6 @@ def save_resume_state(run_dir: Path, model, optimizer, scaler, loader, **info) -
         _write_json(tmp / "trainer.json",
                     {"format": RESUME_FORMAT, "loader": loader.state_dict(), **info, "recipe": info["recipe"].to_dict()})
         write_sha256(tmp)
-        for f in tmp.iterdir():
-            _fsync_file(f)
-        final = root / name
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     write_atomic(root / "LATEST", name + "\n")
     for old in root.iterdir():
         if old.name not in (name, "LATEST"):
@@ -319,8 +308,6 @@ def read_state_info(d: Path) -> dict:
 
 def load_resume_state(d: Path, model, optimizer, scaler, loader, device: torch.device) -> dict:
     """Load the resume state in `d` into the model, optimizer, scaler and data loader; returns trainer.json."""
-    import pickle
-
     import torch
     from safetensors import SafetensorError
     from safetensors.torch import load_file

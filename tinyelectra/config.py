@@ -12,6 +12,7 @@ import json
 import tomllib
 import typing
 from dataclasses import dataclass, field
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -60,10 +61,9 @@ class ModelConfig:
         round(fraction x H), FFN = 4 x that hidden, heads = max(1, hidden // 64), same depth. Its embeddings are the
         discriminator's (width E, projected to its hidden size) unless sharing = "none": then it has its own
         embeddings at its hidden width, without a projection (the official untied generator)."""
-        f = self.generator_fraction
-        if f == 1.0:
+        if self.generator_fraction == 1.0:
             return self
-        hidden = max(1, int(round(self.hidden_size * f)))
+        hidden = max(1, int(round(self.hidden_size * self.generator_fraction)))
         return dataclasses.replace(
             self, hidden_size=hidden, ffn_size=4 * hidden, num_heads=max(1, hidden // 64),
             embedding_size=hidden if self.sharing == "none" else self.embedding_size,
@@ -135,16 +135,14 @@ class TrainConfig:
     eval_rows: int = 512  # held-out rows scored at each fraction checkpoint
 
     def __post_init__(self) -> None:
-        _check(self.batch_size > 0, "train.batch_size", "must be > 0")
+        for name in ("batch_size", "steps", "log_every_steps", "resume_every_seconds"):
+            _check(getattr(self, name) > 0, f"train.{name}", "must be > 0")
         _check(8 <= self.seq_len <= 512, "train.seq_len", "must be between 8 and 512")
-        _check(self.steps > 0, "train.steps", "must be > 0")
-        _check(self.micro_batch_size >= 0, "train.micro_batch_size", "must be >= 0")
+        for name in ("micro_batch_size", "eval_rows"):
+            _check(getattr(self, name) >= 0, f"train.{name}", "must be >= 0")
         _check(self.precision in ("auto", "bf16", "fp16", "fp32"), "train.precision", "must be auto, bf16, fp16 or fp32")
         _check(self.compile in ("auto", "on", "off", "reduce-overhead"), "train.compile", "must be auto, on, off or reduce-overhead")
         _check(self.strategy in ("ddp", "deepspeed"), "train.strategy", "must be ddp or deepspeed")
-        _check(self.log_every_steps > 0, "train.log_every_steps", "must be > 0")
-        _check(self.resume_every_seconds > 0, "train.resume_every_seconds", "must be > 0")
-        _check(self.eval_rows >= 0, "train.eval_rows", "must be >= 0")
 
     @property
     def tokens_per_step(self) -> int:
@@ -182,9 +180,7 @@ class Recipe:
     data: DataConfig = field(default_factory=DataConfig)
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["deviations"] = list(self.deviations)
-        return d
+        return dataclasses.asdict(self) | {"deviations": list(self.deviations)}
 
     def with_overrides(self, assignments: list[str]) -> "Recipe":
         """Apply `section.key=value` strings (`parse_assignment`), each parsed to the field's type."""
@@ -283,28 +279,21 @@ def recipe_from_dict(raw: dict[str, Any], where: str = "recipe") -> Recipe:
 def recipe_files() -> dict[str, Any]:
     """The shipped recipes by name: the package data of `tinyelectra.recipes` (recipes/*.toml in the repository),
     found through importlib.resources alike in an editable install, a wheel and `pip install .`."""
-    from importlib.resources import files
-
     found = {p.name[: -len(".toml")]: p for p in files("tinyelectra.recipes").iterdir() if p.name.endswith(".toml")}
     return dict(sorted(found.items()))
 
 
-def recipe_path(name_or_path: str):
-    """A .toml path as given, or the shipped recipe of that name (a Traversable: read it with .read_text())."""
-    p = Path(name_or_path)
-    if p.suffix == ".toml" or p.exists():
-        if not p.is_file():
-            raise UserError(f"recipe file not found: {p}")
-        return p
-    shipped = recipe_files()
-    if name_or_path not in shipped:
-        raise UserError(f"unknown recipe {name_or_path!r} (available: {', '.join(shipped) or 'none'})")
-    return shipped[name_or_path]
-
-
 def load_recipe(name_or_path: str, overrides: list[str] | None = None) -> Recipe:
     """Load a shipped recipe by name (or a .toml path), then apply `--set` overrides."""
-    path = recipe_path(name_or_path)
+    path = Path(name_or_path)
+    if path.suffix == ".toml" or path.exists():
+        if not path.is_file():
+            raise UserError(f"recipe file not found: {path}")
+    else:
+        shipped = recipe_files()
+        if name_or_path not in shipped:
+            raise UserError(f"unknown recipe {name_or_path!r} (available: {', '.join(shipped) or 'none'})")
+        path = shipped[name_or_path]  # a Traversable in the package data
     return recipe_from_dict(read_toml(path), where=str(path)).with_overrides(overrides or [])
 
 

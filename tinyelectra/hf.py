@@ -1,17 +1,13 @@
 """Conversion to and from transformers' ELECTRA classes, and `tinyelectra export`.
 
 Our modules and transformers' differ only in names (the maps under "state dicts") and in one layout choice: we fuse
-query/key/value into one `qkv` linear layer (rows [query; key; value], each head-major as transformers'), they keep
-three.
+query/key/value into one `qkv` linear layer (rows [query; key; value], each head-major as transformers').
 
 Export writes DIR/discriminator (ElectraForPreTraining) and DIR/generator (ElectraForMaskedLM), each with config.json,
-model.safetensors (through transformers' own save_pretrained), the tokenizer files and a short README.md. An MLM
-(BERT-style baseline) checkpoint writes DIR/generator only, the full-size masked LM; any Electra* class (e.g.
-ElectraForSequenceClassification) loads its encoder from there, so no separate encoder copy.
-
-Import reads such directories (ours, or a downloaded google/electra-* folder, safetensors or pytorch_model.bin)
-into an `Electra` for continued pre-training (`electra_from_hf`) or into a `Classifier`'s backbone (`load_backbone`,
-which also reads a tinyelectra checkpoint directory; our own format's save/load lives in checkpoint.py).
+model.safetensors (transformers' save_pretrained), the tokenizer files and a README.md; an MLM checkpoint writes only
+DIR/generator, the full-size masked LM, from which any Electra* class loads its encoder. Import reads such directories
+(or a downloaded google/electra-* folder, safetensors or pytorch_model.bin) into an `Electra` for continued
+pre-training (`electra_from_hf`) or a `Classifier`'s backbone (`load_backbone`, which also reads our checkpoints).
 """
 
 from __future__ import annotations
@@ -19,20 +15,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 import pickle
-import shutil
 from pathlib import Path
 from typing import Any, Iterator, NamedTuple
 
 import torch
 from torch import Tensor
 
-from tinyelectra.checkpoint import (check_tokenizer, check_vocab, check_vocab_rows, is_checkpoint, load_checkpoint,
-                                   read_checkpoint_config, read_tensors)
+from tinyelectra.checkpoint import (check_tokenizer, check_vocab_rows, is_checkpoint, load_checkpoint,
+                                   read_checkpoint_config, read_weights, staged_dir)
 from tinyelectra.config import ModelConfig
 from tinyelectra.errors import UserError
-from tinyelectra.files import check_writable, replace_dir, verify_sha256
+from tinyelectra.files import _first_line, check_writable, verify_sha256
 from tinyelectra.model import Electra
 from tinyelectra.tokenizer import PROFILE_FILE, Tokenizer
 
@@ -92,15 +86,16 @@ def read_hf_config(directory: Path) -> dict[str, Any]:
     return raw
 
 
-def model_config_from_hf(raw: dict[str, Any], where: Path) -> ModelConfig:
-    """Our ModelConfig from a transformers ELECTRA config.json (transformers' defaults for absent keys)."""
+def model_config_from_hf(where: Path) -> tuple[dict[str, Any], ModelConfig]:
+    """`read_hf_config(where)` and our ModelConfig from it (transformers' defaults for absent keys)."""
     from transformers import ElectraConfig
 
+    raw = read_hf_config(where)
     defaults = ElectraConfig()
     get = lambda key: raw.get(key, getattr(defaults, key))  # noqa: E731
     hidden = get("hidden_size")
     try:
-        return ModelConfig(
+        return raw, ModelConfig(
             vocab_size=get("vocab_size"), embedding_size=raw.get("embedding_size", hidden), hidden_size=hidden,
             num_layers=get("num_hidden_layers"), num_heads=get("num_attention_heads"), ffn_size=get("intermediate_size"),
             max_positions=get("max_position_embeddings"), type_vocab_size=get("type_vocab_size"),
@@ -223,12 +218,10 @@ def quiet_transformers() -> Iterator[None]:
 
 def _weights_vocab_rows(d: Path) -> int | None:
     """Rows of the word-embedding matrix in d/model.safetensors, read from the header only (None if not found)."""
-    path = d / "model.safetensors"
-    if not path.is_file():
-        return None
     from safetensors import safe_open
 
-    with contextlib.suppress(Exception), safe_open(str(path), framework="pt") as f:  # damaged: from_pretrained says so
+    # missing (pytorch_model.bin) or damaged: from_pretrained says so
+    with contextlib.suppress(Exception), safe_open(str(d / "model.safetensors"), framework="pt") as f:
         for key in f.keys():
             if key.endswith("embeddings.word_embeddings.weight"):
                 return int(f.get_slice(key).get_shape()[0])
@@ -262,10 +255,7 @@ def _load_hf(cls, d: Path, raw: dict[str, Any]):
 
 def _reason(e: BaseException) -> str:
     """The first line of a loader's error, unless it is torch's advice to load with weights_only=False."""
-    text = str(e).strip()
-    if "weights_only" in text:
-        return "not a readable PyTorch weights file"
-    return text.splitlines()[0][:200] if text else type(e).__name__
+    return "not a readable PyTorch weights file" if "weights_only" in str(e) else _first_line(e)
 
 
 def load_backbone(path: Path) -> Backbone:
@@ -276,16 +266,14 @@ def load_backbone(path: Path) -> Backbone:
         recipe, objective = read_checkpoint_config(p)
         verify_sha256(p, "the checkpoint")
         name = "discriminator" if objective == "electra" else "generator"
-        sd = read_tensors(p / f"{name}.safetensors")
-        check_vocab(sd, "embeddings.word.weight", recipe.model.vocab_size, p / f"{name}.safetensors")
+        sd = read_weights(p / f"{name}.safetensors", recipe.model.vocab_size)
         cfg = dataclasses.replace(recipe.model, generator_fraction=1.0, sharing="embeddings")
         emb, enc = _sub(sd, "embeddings."), _sub(sd, f"{name}.")
         tokenizer_dir = p / "tokenizer" if (p / "tokenizer").is_dir() else None
     else:
         from transformers import ElectraModel
 
-        raw = read_hf_config(p)
-        cfg = model_config_from_hf(raw, p)
+        raw, cfg = model_config_from_hf(p)
         emb, enc = backbone_from_hf(_load_hf(ElectraModel, p, raw).state_dict(), cfg.num_layers)
         tokenizer_dir = p if any((p / n).is_file() for n in TOKENIZER_FILES) else None
     if tokenizer_dir is not None:
@@ -305,16 +293,14 @@ def electra_from_hf(discriminator_dir: Path, generator_dir: Path | None = None, 
     from transformers import ElectraForMaskedLM, ElectraForPreTraining
 
     dd = Path(discriminator_dir)
-    raw_d = read_hf_config(dd)
-    disc_cfg = model_config_from_hf(raw_d, dd)
+    raw_d, disc_cfg = model_config_from_hf(dd)
     sd_d = _load_hf(ElectraForPreTraining, dd, raw_d).state_dict()
     emb, disc_enc = backbone_from_hf(_sub(sd_d, "electra."), disc_cfg.num_layers)
     parts = [("embeddings", emb), ("discriminator", disc_enc), ("disc_head", {o: sd_d[h] for o, h in _DISC_HEAD})]
     fraction, sharing = (0.25, "embeddings") if cfg is None else (cfg.generator_fraction, cfg.sharing)
     if generator_dir is not None:
         gd = Path(generator_dir)
-        raw_g = read_hf_config(gd)
-        gen_cfg = model_config_from_hf(raw_g, gd)
+        raw_g, gen_cfg = model_config_from_hf(gd)
         fraction = _generator_fraction(disc_cfg, gen_cfg, gd)
         sd_g = _load_hf(ElectraForMaskedLM, gd, raw_g).state_dict()
         g_emb, g_enc = backbone_from_hf(_sub(sd_g, "electra."), gen_cfg.num_layers)
@@ -329,8 +315,14 @@ def electra_from_hf(discriminator_dir: Path, generator_dir: Path | None = None, 
         parts += [("gen_embeddings", g_emb), ("generator_encoder", g_enc),
                   ("gen_head", {o: sd_g[h] for o, h in _GEN_HEAD})]
     full_cfg = dataclasses.replace(disc_cfg, generator_fraction=fraction, sharing=sharing)
-    if cfg is not None:
-        _check_same_shape(cfg, full_cfg, dd)
+    if cfg is not None:  # a recipe's shape must be the directory's (more positions are fine)
+        for name in ("vocab_size", "embedding_size", "hidden_size", "num_layers", "num_heads", "ffn_size",
+                     "type_vocab_size"):
+            if getattr(cfg, name) != getattr(full_cfg, name):
+                raise UserError(f"{dd}: {name} is {getattr(full_cfg, name)} but the recipe says {getattr(cfg, name)}")
+        if full_cfg.max_positions < cfg.max_positions:
+            raise UserError(f"{dd}: max_position_embeddings {full_cfg.max_positions} < the recipe's "
+                            f"{cfg.max_positions}")
         full_cfg = dataclasses.replace(cfg, sharing=sharing, generator_fraction=fraction)
     model = Electra(full_cfg, objective="electra")
     with torch.no_grad():
@@ -341,8 +333,7 @@ def electra_from_hf(discriminator_dir: Path, generator_dir: Path | None = None, 
 
 
 def _generator_fraction(disc: ModelConfig, gen: ModelConfig, where: Path) -> float:
-    """The width multiplier that turns `disc` into `gen` under ModelConfig.generator()'s (the official) rule, or a
-    UserError."""
+    """The width multiplier that turns `disc` into `gen` under ModelConfig.generator()'s (the official) rule."""
     if gen.embedding_size not in (disc.embedding_size, gen.hidden_size):
         raise UserError(f"{where}: generator embedding_size {gen.embedding_size} is neither the discriminator's "
                         f"{disc.embedding_size} (shared embeddings) nor its own hidden size {gen.hidden_size} (untied)")
@@ -363,34 +354,15 @@ def _generator_fraction(disc: ModelConfig, gen: ModelConfig, where: Path) -> flo
     return fraction
 
 
-def _check_same_shape(want: ModelConfig, got: ModelConfig, where: Path) -> None:
-    for name in ("vocab_size", "embedding_size", "hidden_size", "num_layers", "num_heads", "ffn_size", "type_vocab_size"):
-        if getattr(want, name) != getattr(got, name):
-            raise UserError(f"{where}: {name} is {getattr(got, name)} but the recipe says {getattr(want, name)}")
-    if got.max_positions < want.max_positions:
-        raise UserError(f"{where}: max_position_embeddings {got.max_positions} < the recipe's {want.max_positions}")
-
-
 # ---------------------------------------------------------------------------------------------------- export
-def _front_matter(kind: str, languages: list[str], license_id: str | None) -> list[str]:
-    """The model card's metadata block (the Hugging Face hub reads it): language, license, library, tags."""
-    lines = ["---"]
-    if languages:
-        lines += ["language:"] + [f"- {code}" for code in languages]
+def _model_card(kind: str, cls_name: str, recipe, meta: dict[str, Any], languages: list[str] | None,
+                license_id: str | None, language_source: str) -> str:
+    lines = ["---"] + (["language:"] + [f"- {code}" for code in languages] if languages else [])  # hub metadata
     lines += [f"license: {license_id or 'other'}", "library_name: transformers"]
-    if kind == "generator":
-        lines.append("pipeline_tag: fill-mask")
-    lines += ["tags:", "- electra", "- tinyelectra", "---", ""]
-    return lines
-
-
-def _model_card(kind: str, cls_name: str, recipe, meta: dict[str, Any], languages: list[str] | None = None,
-                license_id: str | None = None, language_source: str = "") -> str:
-    lines = _front_matter(kind, languages or [], license_id) + [
-        f"# {recipe.name}: ELECTRA {kind}", "",
-        f"Pre-trained with tinyelectra (objective {recipe.objective.kind!r}, recipe {recipe.name!r}).", "",
-        "| field | value |", "|---|---|",
-    ]
+    lines += ["pipeline_tag: fill-mask"] if kind == "generator" else []
+    lines += ["tags:", "- electra", "- tinyelectra", "---", "", f"# {recipe.name}: ELECTRA {kind}", "",
+              f"Pre-trained with tinyelectra (objective {recipe.objective.kind!r}, recipe {recipe.name!r}).", "",
+              "| field | value |", "|---|---|"]
     lines += [f"| {k} | {meta[k]:.4g} |" if isinstance(meta[k], float) and "flops" in k else f"| {k} | {meta[k]} |"
               for k in ("step", "fraction", "tokens_seen", "train_flops_paper", "train_flops_hardware", "train_seconds")
               if k in meta]
@@ -427,11 +399,13 @@ def _write_hf_dir(hf_model, out: Path, tokenizer, card: str, max_positions: int)
 
 def export(model, recipe, meta: dict[str, Any], tokenizer_dir: Path | None, out_dir: Path,
            languages: list[str] | None = None, license_id: str | None = None) -> list[Path]:
-    """Write `model` as transformers directories under `out_dir` (atomically); returns the directories written.
-    The model card's languages are `languages`, else those `prepare` recorded beside the tokenizer."""
+    """Write `model` as transformers directories under `out_dir` (new or empty, and writable: checked before any
+    work), atomically; returns the directories written. The model card's languages are `languages`, else those
+    `prepare` recorded beside the tokenizer."""
     out_dir = Path(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise UserError(f"--out {out_dir}: already exists and is not empty; choose a new directory")
+    check_writable(out_dir, "--out")
     tokenizer, pad_id, source = None, 0, "given at export"
     if tokenizer_dir is not None:
         tokenizer = Tokenizer.load(tokenizer_dir)
@@ -440,30 +414,20 @@ def export(model, recipe, meta: dict[str, Any], tokenizer_dir: Path | None, out_
         if not languages and profile.is_file():
             languages = json.loads(profile.read_text(encoding="utf-8")).get("languages") or []
             source = "guessed by `tinyelectra prepare` from the scripts of the pre-training text"
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir.with_name(f"{out_dir.name}.tmp-{os.getpid()}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
     parts = []
     if model.discriminator is not None:
         parts.append(("discriminator", "ElectraForPreTraining", to_hf_discriminator(model, pad_id)))
     parts.append(("generator", "ElectraForMaskedLM", to_hf_generator(model, pad_id)))
-    try:
+    with staged_dir(out_dir) as tmp:
         for kind, cls_name, hf_model in parts:
             card = _model_card(kind, cls_name, recipe, meta, languages, license_id, source)
             _write_hf_dir(hf_model, tmp / kind, tokenizer, card, recipe.model.max_positions)
-        replace_dir(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return [out_dir / kind for kind, _, _ in parts]
 
 
 def export_command(checkpoint: Path, out_dir: Path, languages: list[str] | None = None, license_id: str | None = None) -> None:
     """`tinyelectra export CKPT --out DIR [--language CODE ...] [--license ID]`. Refuses a checkpoint without its
-    tokenizer (an export that cannot encode text is not usable) and an output location it cannot write, before any
-    work."""
+    tokenizer (an export that cannot encode text is not usable)."""
     from safetensors import SafetensorError
 
     model, recipe, meta = load_checkpoint(Path(checkpoint))
@@ -471,10 +435,6 @@ def export_command(checkpoint: Path, out_dir: Path, languages: list[str] | None 
     if not tokenizer_dir.is_dir():
         raise UserError(f"{checkpoint}: no tokenizer/ directory beside the weights; an export without its tokenizer "
                         f"cannot encode text (copy the tokenizer/ of the data it was trained on into {checkpoint})")
-    out_dir = Path(out_dir)
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise UserError(f"--out {out_dir}: already exists and is not empty; choose a new directory")
-    check_writable(out_dir, "--out")
     try:
         written = export(model, recipe, meta, tokenizer_dir, out_dir, languages, license_id)
     except SafetensorError as e:  # transformers writes the weights through safetensors, which drops the errno
