@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
 import platform
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,28 +43,10 @@ from tinyelectra.checkpoint import CKPT_NAME, checkpoint_dirs, is_checkpoint, re
 from tinyelectra.console import make_console
 from tinyelectra.errors import Interrupted, UserError
 from tinyelectra.files import check_writable, write_atomic, write_json
-from tinyelectra.finetune import (
-    MEGABATCH,
-    EncodedTask,
-    FinetuneConfig,
-    finetune,
-    plan_steps,
-    predict,
-    size_defaults,
-)
+from tinyelectra.finetune import MEGABATCH, EncodedTask, FinetuneConfig, finetune, plan_steps, predict, size_defaults
 from tinyelectra.glue_data import (
-    CUSTOM_FILES,
-    PAPER_TASK_NAMES,
-    GlueSplit,
-    encode_split,
-    find_split_file,
-    get_task,
-    load_hf_split,
-    load_task_file,
-    read_split,
-    resolve_tasks,
-    with_swapped_pairs,
-    write_submission,
+    CUSTOM_FILES, PAPER_TASK_NAMES, GlueSplit, encode_split, find_split_file, get_task, load_hf_split, load_task_file,
+    read_split, resolve_tasks, with_swapped_pairs, write_submission,
 )
 from tinyelectra.metrics import METRIC_TITLES, average_score, score_task
 from tinyelectra.tokenizer import Tokenizer
@@ -138,8 +121,8 @@ class TaskData:
     task: str
     train: GlueSplit
     dev: dict[str, GlueSplit]  # split name -> split; the first is the primary (MNLI: dev_matched)
-    test: list[GlueSplit] = field(default_factory=list)  # test splits (MNLI's include AX when present)
-    original_train_rows: int = 0  # before the row limit and swapping
+    test: list[GlueSplit]  # test splits (MNLI's include AX when present)
+    original_train_rows: int  # before the row limit and swapping
 
     def describe(self) -> dict[str, Any]:
         """Rows, source, skipped lines and a content hash of every split (reuse of results checks it)."""
@@ -258,10 +241,8 @@ def summarize_task(task: str, seeds: list[dict]) -> dict[str, Any]:
 def task_averages(tasks: dict[str, dict]) -> dict[str, Any]:
     """Means of the per-task medians over the paper's tasks present (WNLI never counts), named by coverage."""
     counted = {t: v for t, v in tasks.items() if t in PAPER_TASK_NAMES}
-    out: dict[str, Any] = {}
-    if counted:
-        for kind in ("paper", "glue"):
-            out[kind] = average_score({t: v[f"median_{kind}"] for t, v in counted.items()}).to_dict()
+    out: dict[str, Any] = {kind: average_score({t: v[f"median_{kind}"] for t, v in counted.items()}).to_dict()
+                           for kind in ("paper", "glue")} if counted else {}
     excluded = sorted(t for t in tasks if t not in PAPER_TASK_NAMES)
     if excluded:
         out["excluded"] = {t: "a task of your own (--task-file): not part of a GLUE score" if t in CUSTOM_FILES else
@@ -315,8 +296,6 @@ def run_checkpoint(ref: CheckpointRef, data: dict[str, TaskData], fc: FinetuneCo
     cfg = backbone.config
     if fc.max_length > cfg.max_positions:
         raise UserError(f"--set max_length={fc.max_length} exceeds the model's {cfg.max_positions} positions")
-    tasks = list(data)
-    protocol = protocol_dict(fc, cfg.hidden_size, tasks, max_train_rows)
     target = out_dir / ref.name / "glue.json"
     result: dict[str, Any] = {
         "format": FORMAT, "format_version": FORMAT_VERSION,
@@ -326,7 +305,8 @@ def run_checkpoint(ref: CheckpointRef, data: dict[str, TaskData], fc: FinetuneCo
         "model": {"hidden_size": cfg.hidden_size, "num_layers": cfg.num_layers, "embedding_size": cfg.embedding_size,
                   "vocab_size": cfg.vocab_size, "size": size_defaults(cfg.hidden_size)[0]},
         "seeds": seeds, "tasks": {}, "averages": {}, "skipped_tasks": dict(skipped), "data": {},
-        "protocol": protocol, "device": device_name(device, threads=True), "precision": precision,
+        "protocol": protocol_dict(fc, cfg.hidden_size, list(data), max_train_rows),
+        "device": device_name(device, threads=True), "precision": precision,
         "precision_reason": precision_reason, "torch": torch.__version__, "threads": torch.get_num_threads(),
         "platform": platform.platform(), "command": command, "complete": False,
     }
@@ -334,7 +314,7 @@ def run_checkpoint(ref: CheckpointRef, data: dict[str, TaskData], fc: FinetuneCo
     if previous_seeds:  # kept on disk until their tasks are reached and finished
         result["partial"] = dict(previous_seeds)
     started = time.perf_counter()
-    for task in tasks:
+    for task in data:
         described = data[task].describe()
         if task in previous and previous[task][1] == described:  # same rows from the same files
             console.print(f"[dim]{ref.name} {task}: reusing the results in {target} (same checkpoint, protocol and seeds)[/]")
@@ -487,8 +467,6 @@ def _seed_outputs_path(target: Path, task: str, seed: int) -> Path:
 
 
 def _save_seed_outputs(target: Path, task: str, seed: int, outputs: list[np.ndarray]) -> None:
-    import io
-
     buffer = io.BytesIO()
     np.savez(buffer, *outputs)
     write_atomic(_seed_outputs_path(target, task, seed), buffer.getvalue())

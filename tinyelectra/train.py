@@ -73,12 +73,6 @@ class Dist:
         """torchrun sets RANK / WORLD_SIZE / LOCAL_RANK; a plain process is rank 0 of 1."""
         return cls(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0)))
 
-    def join(self, device: torch.device) -> None:
-        if self.enabled and not torch.distributed.is_initialized():
-            if device.type == "cuda":
-                torch.cuda.set_device(device)
-            torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
-
     def leave(self) -> None:
         if self.enabled and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
@@ -96,9 +90,6 @@ class ProcessSeconds:
     checkpoints: float = 0.0
     resume_states: float = 0.0
     wall: float = 0.0
-
-    def rounded(self) -> dict[str, float | None]:
-        return {k: None if v is None else round(v, 3) for k, v in dataclasses.asdict(self).items()}
 
 
 def step_seed(seed: int, step: int, row: int, stream: int) -> int:
@@ -123,14 +114,15 @@ def train_command(
         recipe = adopt_data_vocab(recipe, data_dir, overrides, notes)
     if gpu is not None and device is not None:
         raise UserError("give either --gpu N or --device, not both")
-    if resume and force:
-        raise UserError("give either --resume (continue the run in --out) or --force (start it over), not both")
     runtime.set_deterministic(recipe.train.deterministic)  # before anything touches CUDA: cuBLAS reads it once
     dev = runtime.pick_process_device(gpu, device, dist.local_rank, dist.world)  # torchrun: cuda:LOCAL_RANK
     run_dir = out_dir or Path("runs") / f"{recipe.name}-{bud.text}"
     if data_dir is None and corpus and (run_dir / "data" / "manifest.json").is_file():  # prepared by an earlier start
         recipe = adopt_data_vocab(recipe, run_dir / "data", overrides, notes)
-    dist.join(dev)
+    if dist.enabled and not torch.distributed.is_initialized():  # torchrun: join the process group
+        if dev.type == "cuda":
+            torch.cuda.set_device(dev)
+        torch.distributed.init_process_group("nccl" if dev.type == "cuda" else "gloo")
     mode = open_run_dir(run_dir, resume, force, recipe, bud, make_console()) if dist.main else None
     if dist.enabled and torch.distributed.is_initialized():  # every process does what rank 0 decided
         shared = [mode]
@@ -190,8 +182,7 @@ def open_run_dir(run_dir: Path, resume: bool, force: bool, recipe: Recipe, bud: 
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"--out {run_dir}: exists and is not a directory")
     items = sorted(run_dir.iterdir()) if run_dir.is_dir() else []
-    ckpts = [p.name for p in items if p.is_dir() and CKPT_NAME.match(p.name)]
-    ckpts.sort(key=lambda n: int(n.split("-")[1]))
+    ckpts = sorted((p.name for p in items if p.is_dir() and CKPT_NAME.match(p.name)), key=lambda n: int(n[5:]))
     has_run = any((run_dir / n).exists() for n in (*RUN_FILES, "state")) or bool(ckpts)
     if force and has_run:
         removed = [p for p in items if p.name in (*RUN_FILES, *DERIVED, "state") or p.name in ckpts
@@ -341,9 +332,7 @@ class Engine:
         self.recipe, self.device, self.precision, self.micro = recipe, device, precision, micro
         self.clip_norm = recipe.optim.clip_norm
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.ds = None
-        self.graph_update = None
-        self._update_note = ""
+        self.ds, self.graph_update, self._update_note = None, None, ""
         module: nn.Module = PretrainStep(model, recipe)
         if tr.strategy == "deepspeed":
             try:
@@ -456,7 +445,6 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
     step, state_saved = 0, None  # the last resume state written by this process (its step and directory)
     try:
         # --- set-up ---------------------------------------------------------------------------------------------
-        dist.join(device)
         log.once(runtime.set_deterministic(tr.deterministic))  # before the first GPU work (train_command did it earlier)
         log.once(runtime.tune_cpu() if device.type == "cpu" else "")
         data = PretrainData(data_dir)
@@ -566,7 +554,7 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
         process_seconds.startup = clock_t0 - startup_t0
     train_seconds_at_clock = train_seconds
     window_t0, rate_step, window_tokens = clock(), step, seen()  # tokens/s of a log window: over the steps timed in it
-    announced = False  # the stop message was printed
+    stopped = ""  # "stopped by SIGTERM" once the loop's own stop is under way
     planner = budgeting.TimeBudgetPlanner(bud, recipe, plan, step) if plan.budget_kind == "time" else None
     share = (lambda rate, seconds: _from_rank0((rate, seconds), device)) if dist.enabled else None
     autocast = runtime.autocast_context(precision, device)
@@ -585,12 +573,11 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
     def log_window(lr: float) -> None:
         """One metrics.jsonl line for the steps since the last (host sync only here); a new window starts."""
         nonlocal window_t0, window_step, rate_step, window_tokens
-        host = reduce_sums(sums, dist)
+        tokens_seen = seen()  # a host sync: the window's steps are done before the clock is read
         window_seconds = max(clock() - window_t0, 1e-9)
-        tokens_seen = seen()
         tok_s = (tokens_seen - window_tokens) / window_seconds  # real tokens
         positions_s = (step - rate_step) * tr.tokens_per_step / window_seconds  # padding included: MFU
-        rec = log_record(step, host, lr, tok_s, tokens_seen, train_seconds, plan, precision, device, positions_s)
+        rec = log_record(step, sums, dist, lr, tok_s, tokens_seen, train_seconds, plan, precision, device, positions_s)
         log.metrics(rec)
         progress.update(step, rec)
         for k in sums:
@@ -671,17 +658,13 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
             other_seconds += spent
             clock_t0 += spent
             if stop.requested:
-                progress.close()
-                log.once(f"stopped by {stop.signal_name} at step {step}: {_saved_text(state_saved, done_ckpts)}; "
-                         f"continue with: {continue_with}")
-                announced = True
+                stopped = f"stopped by {stop.signal_name}"
                 dist.leave()
                 raise Interrupted(stop.signal_name)
     except Interrupted as e:  # the stop above, or a second Ctrl-C: out at once, from wherever the step was
         progress.close()
-        if not announced:
-            log.once(f"interrupted ({e.signal_name}) at step {step}: {_saved_text(state_saved, done_ckpts)}; "
-                     f"continue with: {continue_with}")
+        how = stopped or f"interrupted ({e.signal_name})"
+        log.once(f"{how} at step {step}: {_saved_text(state_saved, done_ckpts)}; continue with: {continue_with}")
         raise
     except OSError as e:  # a full disk, a location that became read-only, ...
         progress.close()
@@ -701,7 +684,8 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
         "train_seconds": train_seconds, "budget_seconds": plan.budget_seconds,
         "excluded_seconds": {"startup_and_first_step": None if resume else round(process_seconds.startup or 0.0, 3),
                              "checkpoints_eval_state": round(other_seconds, 3)},  # the whole run's, resumes included
-        "process_seconds": process_seconds.rounded(),  # this process's, from train()'s entry (ProcessSeconds)
+        "process_seconds": {k: None if v is None else round(v, 3)  # this process's, from train()'s entry
+                            for k, v in dataclasses.asdict(process_seconds).items()},
         "precision": precision, "device": device_name(device), "parameters": count_parameters(model),
         "checkpoints": list(fractions_of_steps), "checkpoint_steps": {n: plan.checkpoint_steps[n] for n in fractions_of_steps},
         "checkpoint_fractions_of_steps": fractions_of_steps,
@@ -772,8 +756,7 @@ def initial_weights(path: Path, recipe: Recipe) -> Electra:
 def mask_step(batch, recipe: Recipe, special: SpecialIds, step: int, first_row: int, micro: int,
               accum: int) -> tuple[list[Masked], list[int]]:
     """This process's rows of one step (`first_row`: their first row in the global batch), split into `accum`
-    micro-batches of `micro` rows and masked; with each micro-batch's seed for its sampling and dropout. Every seed
-    depends only on (seed, step, first global row of the micro-batch): see `step_seed`."""
+    micro-batches of `micro` rows and masked; with each micro-batch's seed (`step_seed`) for sampling and dropout."""
     masked, seeds = [], []
     for i in range(accum):
         rows, row = slice(i * micro, (i + 1) * micro), first_row + i * micro
@@ -839,18 +822,16 @@ def _from_rank0(values: tuple[float, ...], device: torch.device) -> tuple[float,
     return tuple(shared.tolist())
 
 
-def reduce_sums(sums: dict[str, Tensor], dist: Dist) -> dict[str, float]:
+def log_record(step: int, sums: dict[str, Tensor], dist: Dist, lr: float, tokens_per_second: float,
+               tokens_seen: int, train_seconds: float, plan: Plan, precision: str, device: torch.device,
+               positions_per_second: float) -> dict:
+    """One metrics.jsonl line from the window's metric sums (all-reduced). tokens_seen / tokens_per_second count
+    real tokens (padding excluded); positions_per_second counts every position of the (B, T) batches, padding
+    included, which is what MFU needs."""
     vec = torch.stack([sums[k] for k in STAT_KEYS]).float()
     if dist.enabled:
         torch.distributed.all_reduce(vec)
-    return dict(zip(STAT_KEYS, vec.tolist()))  # host sync: only on log steps
-
-
-def log_record(step: int, s: dict[str, float], lr: float, tokens_per_second: float, tokens_seen: int,
-               train_seconds: float, plan: Plan, precision: str, device: torch.device,
-               positions_per_second: float) -> dict:
-    """One metrics.jsonl line. tokens_seen / tokens_per_second count real tokens (padding excluded);
-    positions_per_second counts every position of the (B, T) batches, padding included, which is what MFU needs."""
+    s = dict(zip(STAT_KEYS, vec.tolist()))  # host sync: only on log steps
     rec: dict = {"step": step, "lr": lr, "tokens_seen": tokens_seen, "train_seconds": round(train_seconds, 3),
                  "tokens_per_second": round(tokens_per_second, 1), "positions_per_second": round(positions_per_second, 1),
                  "train_flops_paper": step * plan.train_flops_paper_per_step,
