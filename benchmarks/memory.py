@@ -44,7 +44,7 @@ from tinyelectra.config import ModelConfig, ObjectiveConfig, OptimConfig, load_r
 from tinyelectra.electra import SpecialIds, combine, loss_terms, mask_batch  # noqa: E402
 from tinyelectra.model import Electra, count_parameters  # noqa: E402
 from tinyelectra.optim import build_optimizer  # noqa: E402
-from tinyelectra.train import apply_update  # noqa: E402
+from tinyelectra.optim import apply_update  # noqa: E402
 
 GIB = 2**30
 CARDS_GIB = (8, 12, 16, 24)

@@ -24,7 +24,8 @@ from tinyelectra.budget import FRACTIONS, checkpoint_name, make_plan, parse_budg
 from tinyelectra.config import load_recipe
 from tinyelectra.errors import UserError
 from tinyelectra.optim import build_optimizer, lr_at
-from tinyelectra.train import apply_update, fit_micro_batch, step_seed
+from tinyelectra.optim import apply_update
+from tinyelectra.train import fit_micro_batch, step_seed
 
 CKPTS = [checkpoint_name(f) for f in FRACTIONS]
 # a smaller-than-tiny model keeps the exactness tests quick; the data stay the tiny recipe's (vocab 8192, T 128)

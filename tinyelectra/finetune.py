@@ -239,7 +239,7 @@ class Finetuner:
         import torch.nn.functional as F
 
         from tinyelectra.runtime import autocast_context
-        from tinyelectra.train import apply_update
+        from tinyelectra.optim import apply_update
 
         ids, types, mask = _tensors(batch, self.device)
         with autocast_context(self.precision, self.device):
@@ -249,7 +249,7 @@ class Finetuner:
         loss = F.mse_loss(out.float().squeeze(-1), target) if regression else F.cross_entropy(out.float(), target)
         self.scaler.scale(loss).backward()
         self.optimizer.set_lr(lr)
-        apply_update(self.params, self.optimizer, self.scaler, self.clip_norm)  # the trainer's unscale, clip, step
+        apply_update(self.params, self.optimizer, self.scaler, self.clip_norm)  # the trainer's unscale, clip, step (optim.py)
         return loss
 
 

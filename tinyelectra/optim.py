@@ -104,7 +104,7 @@ class GraphSafeUpdate:
     rate, in 0-dim device tensors (one per group): compiled (e.g. "reduce-overhead", CUDA graphs) it is captured once;
     the per-step bookkeeping (`paper_step`, the lr fill, zeroing gradients) stays outside. It steps a PaperAdam on
     the optimizer's own state (as torch's fused AdamW keeps it), so resume states are the same whichever path wrote
-    them; it equals `train.apply_update` to float rounding (tests/test_gpu_path.py compares them)."""
+    them; it equals `apply_update` to float rounding (tests/test_gpu_path.py compares them)."""
 
     def __init__(self, optimizer: PaperAdam, clip_norm: float, compile_setting: str = "off",
                  device: torch.device | None = None) -> None:
@@ -187,6 +187,17 @@ class GraphSafeUpdate:
         self._run([0.0] * len(self.lrs), lists)
         for t, c in zip(state, saved):
             t.copy_(c)
+
+
+def apply_update(params: list[torch.Tensor], optimizer, scaler: torch.amp.GradScaler, clip_norm: float) -> torch.Tensor:
+    """Unscale, clip the global norm, step (skipped by the scaler on inf/NaN), update the scale, zero the grads.
+    The learning rate was set before (`optimizer.set_lr`)."""
+    scaler.unscale_(optimizer)
+    norm = torch.nn.utils.clip_grad_norm_(params, clip_norm if clip_norm > 0 else float("inf"), foreach=True)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return norm
 
 
 class TorchAdamW(torch.optim.AdamW):

@@ -47,7 +47,7 @@ from tinyelectra.errors import Interrupted, UserError
 from tinyelectra.files import check_writable, os_error_line, write_json
 from tinyelectra.logs import Log, Progress, make_console
 from tinyelectra.model import Electra, attention_kernel, count_parameters
-from tinyelectra.optim import GraphSafeUpdate, PaperAdam, build_optimizer, lr_at
+from tinyelectra.optim import GraphSafeUpdate, PaperAdam, apply_update, build_optimizer, lr_at
 from tinyelectra.runtime import device_name
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -803,16 +803,6 @@ def train_step(engine: "Engine", masked: list[Masked], seeds: list[int], counts:
     engine.update()
     return total
 
-
-def apply_update(params: list[Tensor], optimizer, scaler: torch.amp.GradScaler, clip_norm: float) -> Tensor:
-    """Unscale, clip the global norm, step (skipped by the scaler on inf/NaN), update the scale, zero the grads.
-    The learning rate was set before (`optimizer.set_lr`)."""
-    scaler.unscale_(optimizer)
-    norm = torch.nn.utils.clip_grad_norm_(params, clip_norm if clip_norm > 0 else float("inf"), foreach=True)
-    scaler.step(optimizer)
-    scaler.update()
-    optimizer.zero_grad(set_to_none=True)
-    return norm
 
 
 def _from_rank0(values: tuple[float, ...], device: torch.device) -> tuple[float, ...]:
