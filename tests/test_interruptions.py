@@ -34,11 +34,11 @@ ARGS = ["train", "--recipe", "tiny", "--budget", f"{STEPS}steps", "--device", "c
 KILL = """
 import os, signal, sys
 import tinyelectra.budget as budget
-import tinyelectra.checkpoint as checkpoint
+import tinyelectra.files as files
 import tinyelectra.train as train
 
 point = os.environ["KILL_AT"]
-real_fsync, real_save, real_verify, real_update = checkpoint._fsync_file, budget.Plan.save, train.Engine.verify_compile, train.Engine.update
+real_fsync, real_save, real_verify, real_update = files.fsync_file, budget.Plan.save, train.Engine.verify_compile, train.Engine.update
 calls = {"update": 0}
 
 def fsync(path):
@@ -68,7 +68,7 @@ def update(self):
         os.kill(os.getpid(), signal.SIGINT)  # asks the loop to stop after this step ...
         os.kill(os.getpid(), signal.SIGINT)  # ... and the second Ctrl-C ends it at once
 
-checkpoint._fsync_file, budget.Plan.save, train.Engine.verify_compile, train.Engine.update = fsync, save, verify, update
+files.fsync_file, budget.Plan.save, train.Engine.verify_compile, train.Engine.update = fsync, save, verify, update
 from tinyelectra.cli import main
 sys.argv = ["tinyelectra"] + sys.argv[1:]
 main()

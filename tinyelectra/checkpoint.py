@@ -13,28 +13,24 @@ A checkpoint directory (fraction x 10^4 in its name, e.g. ckpt-0625 = 6.25% of t
 And a run's exact-resume state, `RUN/state/step-N/` (model.safetensors, optimizer.pt read back with
 `torch.load(weights_only=True)`, trainer.json: step, clocks, data cursor, plan, recipe; sha256.json), named by
 `RUN/state/LATEST`. Not here: transformers' formats (hf.py). Everything is written into `NAME.tmp-<pid>`, fsynced, then
-renamed into place, so a crash never leaves half a checkpoint or a LATEST pointing at an incomplete state; a file
+renamed into place (files.staged_dir), so a crash never leaves half a checkpoint or a LATEST pointing at an incomplete state; a file
 damaged afterwards is a one-line error naming it, never a silently different model.
 """
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
-import os
 import pickle
 import re
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tinyelectra.budget import Plan, checkpoint_name  # noqa: F401  (checkpoint_name lives with the plan's schedule)
 from tinyelectra.config import Recipe, recipe_from_dict
 from tinyelectra.errors import UserError
-from tinyelectra.files import fsync_file as _fsync_file
-from tinyelectra.files import _first_line, replace_dir, verify_sha256, write_atomic, write_sha256
+from tinyelectra.files import first_line, staged_dir, verify_sha256, write_atomic, write_sha256
 from tinyelectra.tokenizer import Tokenizer
 
 FORMAT = "tinyelectra-checkpoint"
@@ -83,25 +79,6 @@ def _save_tensors(tensors: dict[str, Tensor], path: Path, metadata: dict[str, st
 
     data = save({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, metadata=metadata)
     path.write_bytes(data)
-
-
-@contextlib.contextmanager
-def staged_dir(directory: Path) -> Iterator[Path]:
-    """A fresh `NAME.tmp-<pid>` beside `directory` to write into: on success its files are fsynced and it replaces
-    `directory`; on any error or interrupt it is removed, leaving `directory` as it was."""
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = directory.with_name(f"{directory.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
-        yield tmp
-        for p in tmp.rglob("*"):
-            if p.is_file():
-                _fsync_file(p)
-        replace_dir(tmp, directory)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def save_checkpoint(directory: Path, model, recipe: Recipe, meta: dict[str, Any], tokenizer_dir: Path | None) -> Path:
@@ -319,7 +296,7 @@ def load_resume_state(d: Path, model, optimizer, scaler, loader, device: torch.d
     except FileNotFoundError:
         raise UserError(f"{weights}: missing; the resume state is incomplete") from None
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
-        raise UserError(f"{weights}: damaged or not this recipe's weights ({_first_line(e)})") from None
+        raise UserError(f"{weights}: damaged or not this recipe's weights ({first_line(e)})") from None
     extra_path = d / "optimizer.pt"
     try:
         extra = torch.load(extra_path, map_location=device, weights_only=True)

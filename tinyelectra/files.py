@@ -9,18 +9,21 @@
 - `check_writable`: proves an output location can be written before any long work, and leaves nothing behind.
 - `os_error_line`: the one-line text for an OSError of the place written to (a full disk, a read-only location).
 - `replace_dir`: a finished temporary directory renamed onto its final name (a prepared dataset, an export), an
-  older one renamed away first, then deleted.
+  older one renamed away first, then deleted; `staged_dir`: a temporary directory to write into, its files fsynced
+  and put in place by `replace_dir` on success, removed on any error (checkpoints, resume states, exports).
 Not here: what the files hold.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from tinyelectra.errors import UserError
@@ -95,6 +98,25 @@ def replace_dir(tmp: Path, final: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def staged_dir(directory: Path) -> Iterator[Path]:
+    """A fresh `NAME.tmp-<pid>` beside `directory` to write into: on success its files are fsynced and it replaces
+    `directory`; on any error or interrupt it is removed, leaving `directory` as it was."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = directory.with_name(f"{directory.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+        for p in tmp.rglob("*"):
+            if p.is_file():
+                fsync_file(p)
+        replace_dir(tmp, directory)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 def write_json(path: str | Path, obj) -> Path:
     """`obj` as indented JSON, atomically; text outside ASCII (a Korean path, a Japanese task name) stays readable."""
     return write_atomic(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
@@ -130,7 +152,7 @@ def verify_sha256(directory: Path, what: str) -> bool:
         if not isinstance(sums, dict):
             raise ValueError("not a table")
     except (ValueError, UnicodeDecodeError, OSError) as e:
-        raise UserError(f"{listing}: damaged ({_first_line(e)}); {what} cannot be checked") from None
+        raise UserError(f"{listing}: damaged ({first_line(e)}); {what} cannot be checked") from None
     for name, digest in sums.items():
         path = directory / name
         if not path.is_file():
@@ -173,6 +195,6 @@ def check_writable(directory: Path, flag: str) -> None:
                 pass
 
 
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return text[0][:200] if text else type(e).__name__

@@ -23,10 +23,10 @@ import torch
 from torch import Tensor
 
 from tinyelectra.checkpoint import (check_tokenizer, check_vocab_rows, is_checkpoint, load_checkpoint,
-                                   read_checkpoint_config, read_weights, staged_dir)
+                                   read_checkpoint_config, read_weights)
 from tinyelectra.config import ModelConfig
 from tinyelectra.errors import UserError
-from tinyelectra.files import _first_line, check_writable, verify_sha256
+from tinyelectra.files import check_writable, first_line, staged_dir, verify_sha256
 from tinyelectra.model import Electra
 from tinyelectra.tokenizer import PROFILE_FILE, Tokenizer
 
@@ -255,7 +255,7 @@ def _load_hf(cls, d: Path, raw: dict[str, Any]):
 
 def _reason(e: BaseException) -> str:
     """The first line of a loader's error, unless it is torch's advice to load with weights_only=False."""
-    return "not a readable PyTorch weights file" if "weights_only" in str(e) else _first_line(e)
+    return "not a readable PyTorch weights file" if "weights_only" in str(e) else first_line(e)
 
 
 def load_backbone(path: Path) -> Backbone:
