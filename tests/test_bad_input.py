@@ -303,9 +303,10 @@ def test_damaged_data_shard_stops_the_set_up(done_run, tmp_path, cli_env, monkey
 
 
 def test_shard_with_token_ids_beyond_the_vocabulary_stops_the_set_up(done_run, tmp_path, cli_env, monkeypatch, capsys):
-    """A shard whose rows hold a token id past the tokenizer's 8,192 entries (damaged by hand, headers intact): one
-    line naming the shard, the id and the vocabulary size, before the run directory is created (before: a 102-line
-    IndexError at step 1)."""
+    """A shard with one token id past the tokenizer's 8,192 entries in one row (damaged by hand, headers intact): one
+    line naming the shard, the id and the vocabulary size, before the run directory is created. Before the check the
+    run trained on while that row was not drawn (this 8-step run exits 0) and died with a 102-line IndexError at the
+    step that drew it."""
     import numpy as np
 
     data = tmp_path / "data"
