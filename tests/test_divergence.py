@@ -83,7 +83,7 @@ def test_the_suggested_command_starts_over_with_half_the_learning_rate(diverged)
 
 def test_a_diverging_fine_tuning_run_stops_with_one_line(diverged, tmp_path, cli_env):
     """Fine-tuning the run's first checkpoint (finite weights, kept) at learning rate 1e8: one line naming the task,
-    seed and the --set to type; no glue.json result with NaN in it."""
+    seed and the --set to type; no glue.json for the diverged seed."""
     run, _ = diverged
     glue_dir = tmp_path / "glue" / "SST-2"
     glue_dir.mkdir(parents=True)
@@ -96,8 +96,5 @@ def test_a_diverging_fine_tuning_run_stops_with_one_line(diverged, tmp_path, cli
     line = the_error_line(p)
     assert "fine-tuning diverged on sst2, seed 0" in line and "loss is nan" in line, line
     assert "--set finetune.lr=5e+07" in line, line
-    for written in out.rglob("glue.json"):
-        text = written.read_text()
-        assert "NaN" not in text and "Infinity" not in text, text
-        assert not json.loads(text)["tasks"]
+    assert not list(out.rglob("glue.json"))  # its only seed diverged: no result (before: NaN scores, exit 0)
 

@@ -1,8 +1,10 @@
 """The GPU path's logic, on the CPU (issue 10): the device each torchrun process takes, the deterministic set-up
 (cuBLAS's workspace before any GPU work), a compilation that fails in the forward, the backward or the update
 falling back to eager with every label saying so (logs, summary.json, benchmarks/throughput.py), the graph-safe
-update against the fused paper Adam, the attention kernel recorded, and the whole training step compiling once,
-with fullgraph=True, without recompiling as the learning rate moves (CPU inductor).
+update against the fused paper Adam, the attention kernel recorded, the whole training step compiling once,
+with fullgraph=True, without recompiling as the learning rate moves (CPU inductor); where the trainer waits for the
+device (the first step, a time budget's calibration steps: issue 20), summary.json's median speed and peak memory,
+and fp16 loss scaling against the divergence guard (fp16 autocast runs on the CPU too).
 
 The GPU itself is exercised by tests/test_gpu.py (marker `gpu`, skipped without CUDA).
 """

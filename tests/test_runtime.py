@@ -1,5 +1,6 @@
 """runtime.py: device and precision choice (with fake CUDA devices), compile fallback, the CPU allocator tuning
-(measured by page faults in a child process), seeding, and the oneDNN linear against F.linear."""
+(measured by page faults in a child process), seeding, the oneDNN linear against F.linear, and the GPU path's
+helpers with fake CUDA calls (device sync, peak memory, non-finite weights, the cuDNN attention probe's decision)."""
 
 from __future__ import annotations
 

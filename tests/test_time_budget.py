@@ -188,6 +188,16 @@ main()
 """
 
 
+def simulated_train(run, budget: str, speeds: list[list[float]], env: dict) -> tuple[str, dict, dict]:
+    """`train --budget BUDGET` of the small tiny model with the simulated clock, `speeds` its [[last step, seconds
+    per step], ...]; it must succeed. Returns (stderr, plan.json, summary.json)."""
+    p = subprocess.run([sys.executable, "-c", SIMULATED_CLOCK, "train", "--recipe", "tiny", "--budget", budget,
+                        "--device", "cpu", *SMALL, "--out", str(run)], env=dict(env, SIM_SECONDS_PER_STEP=json.dumps(speeds)),
+                       capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return p.stderr, json.loads((run / "plan.json").read_text()), json.loads((run / "summary.json").read_text())
+
+
 @pytest.mark.slow
 def test_time_budget_run_whose_speed_drops_mid_run(tmp_path, cli_env):
     """`train --budget 24s` where the first 24 steps take 0.25 s and every later one 1 s of (simulated) training
@@ -195,20 +205,14 @@ def test_time_budget_run_whose_speed_drops_mid_run(tmp_path, cli_env):
     are those saved, its total the steps run), the run ends on budget with the learning rate at zero, and the log
     names the change of speed."""
     run = tmp_path / "run"
-    env = dict(cli_env, SIM_SECONDS_PER_STEP=json.dumps([[24, 0.25], [10**9, 1.0]]))
-    p = subprocess.run([sys.executable, "-c", SIMULATED_CLOCK, "train", "--recipe", "tiny", "--budget", "24s",
-                        "--device", "cpu", *SMALL, "--out", str(run)], env=env, capture_output=True, text=True,
-                       timeout=900)
-    assert p.returncode == 0, p.stderr[-3000:]
-    plan = json.loads((run / "plan.json").read_text())
-    summary = json.loads((run / "summary.json").read_text())
+    stderr, plan, summary = simulated_train(run, "24s", [[24, 0.25], [10**9, 1.0]], cli_env)
     saved = {n: json.loads((run / n / "meta.json").read_text())["step"] for n in CKPTS}
     assert len(set(saved.values())) == 5 and list(saved.values()) == sorted(saved.values()), saved
     assert plan["checkpoint_steps"] == saved == summary["checkpoint_steps"]
     assert plan["status"] == "final" and plan["total_steps"] == summary["steps"] == saved["ckpt-10000"]
     assert abs(summary["train_seconds"] - 24.0) <= 1.0 and summary["final_lr"] == 0.0
-    assert "speed changed from 4 to" in p.stderr and any(n.startswith("speed changed") for n in plan["notes"])
-    assert "does not reproduce" in p.stderr
+    assert "speed changed from 4 to" in stderr and any(n.startswith("speed changed") for n in plan["notes"])
+    assert "does not reproduce" in stderr
 
 
 @pytest.mark.slow
@@ -223,22 +227,16 @@ def test_a_run_too_short_for_its_fractions_says_so_and_the_report_marks_them(tmp
     from test_report import _md_table, write_glue_json
 
     run = tmp_path / "a run"
-    env = dict(cli_env, SIM_SECONDS_PER_STEP=json.dumps([[10**9, 0.25]]))
-    p = subprocess.run([sys.executable, "-c", SIMULATED_CLOCK, "train", "--recipe", "tiny", "--budget", "2s",
-                        "--device", "cpu", *SMALL, "--out", str(run)], env=env, capture_output=True, text=True,
-                       timeout=900)
-    assert p.returncode == 0, p.stderr[-3000:]
-    summary = json.loads((run / "summary.json").read_text())
-    plan = json.loads((run / "plan.json").read_text())
+    stderr, plan, summary = simulated_train(run, "2s", [[10**9, 0.25]], cli_env)
     assert plan["expected_train_seconds"] == pytest.approx(summary["train_seconds"]) and plan["budget_seconds"] == 2.0
     off = summary["checkpoints_off_fraction"]
     assert "ckpt-0625" in off and "ckpt-10000" not in off, off
     for name, o in off.items():
         assert o["fraction_of_steps"] == summary["checkpoint_fractions_of_steps"][name] > 1.25 * o["fraction"]
         assert "time budget" in o["why"] or "too few" in o["why"], o
-    assert "checkpoints off their fractions: ckpt-0625 at" in p.stderr
+    assert "checkpoints off their fractions: ckpt-0625 at" in stderr
 
-    printed = p.stderr[p.stderr.index("next, for this run:"):].splitlines()[1:4]
+    printed = stderr[stderr.index("next, for this run:"):].splitlines()[1:4]
     commands = [shlex.split(line.split("   # ")[0]) for line in printed]
     assert [c[:2] for c in commands] == [["tinyelectra", "export"], ["tinyelectra", "glue"], ["tinyelectra", "report"]]
     assert commands[0][2] == str(run / "ckpt-10000") and commands[1][3] == str(run) and commands[2][2] == str(run)

@@ -439,6 +439,11 @@ class Engine:
             apply_update(self.params, self.optimizer, self.scaler, self.clip_norm)
 
 
+# the per-step host sync of fp16 runs, named where their speed is printed and recorded (log, summary.json)
+FP16_HOST_SYNC = ("fp16: the loss scaler checks the gradients for overflow on the host every step (one host sync per "
+                  "step, included in tokens/s)")
+
+
 def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, device: torch.device,
           resume: bool = False, dist: Dist = Dist(), command: str = "", init: Path | None = None,
           overridden: list[str] | None = None, clock: Callable[[], float] = time.perf_counter) -> dict:
@@ -763,10 +768,6 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
         log.summary(summary, plan, next_commands(run_dir, device, list(fractions_of_steps)[-1]))
     dist.leave()
     return summary
-
-
-FP16_HOST_SYNC = ("fp16: the loss scaler checks the gradients for overflow on the host every step (one host sync per "
-                  "step, included in tokens/s)")
 
 
 def _rerun_command(command: str, run_dir: Path, extra: list[str], without_set: str = "") -> str:
