@@ -302,6 +302,26 @@ def test_damaged_data_shard_stops_the_set_up(done_run, tmp_path, cli_env, monkey
     assert not out.exists()
 
 
+def test_shard_with_token_ids_beyond_the_vocabulary_stops_the_set_up(done_run, tmp_path, cli_env, monkeypatch, capsys):
+    """A shard with one token id past the tokenizer's 8,192 entries in one row (damaged by hand, headers intact): one
+    line naming the shard, the id and the vocabulary size, before the run directory is created. Before the check the
+    run trained on while that row was not drawn (this 8-step run exits 0) and died with a 102-line IndexError at the
+    step that drew it."""
+    import numpy as np
+
+    data = tmp_path / "data"
+    shutil.copytree(next(Path(cli_env["TINYELECTRA_CACHE"]).glob("builtin-v8192-*")), data)
+    shard = sorted(data.glob("train*ids*.npy"))[-1]
+    ids = np.load(shard, mmap_mode="r+")
+    ids[len(ids) // 2, 5] = 8192 + 7
+    ids.flush()
+    del ids
+    out = tmp_path / "run"
+    code, err = in_process([*TRAIN, "--data", str(data), "--out", str(out)], cli_env, monkeypatch, capsys)
+    assert_one_line(code, err, shard.name, "token id 8199", "8192", "prepare the data again")
+    assert not out.exists()
+
+
 def test_bad_input_after_the_run_directory_check_leaves_no_out(done_run, tmp_path, cli_env, monkeypatch, capsys):
     """--data of 128-token rows for a recipe set to 64 is found only after --out was checked: no empty --out is left."""
     data = next(Path(cli_env["TINYELECTRA_CACHE"]).glob("builtin-v8192-*"))

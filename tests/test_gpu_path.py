@@ -1,15 +1,19 @@
 """The GPU path's logic, on the CPU (issue 10): the device each torchrun process takes, the deterministic set-up
 (cuBLAS's workspace before any GPU work), a compilation that fails in the forward, the backward or the update
 falling back to eager with every label saying so (logs, summary.json, benchmarks/throughput.py), the graph-safe
-update against the fused paper Adam, the attention kernel recorded, and the whole training step compiling once,
-with fullgraph=True, without recompiling as the learning rate moves (CPU inductor).
+update against the fused paper Adam, the attention kernel recorded, the whole training step compiling once,
+with fullgraph=True, without recompiling as the learning rate moves (CPU inductor); where the trainer waits for the
+device (the first step, a time budget's calibration steps: issue 20), summary.json's median speed and peak memory,
+and fp16 loss scaling against the divergence guard (fp16 autocast runs on the CPU too).
 
 The GPU itself is exercised by tests/test_gpu.py (marker `gpu`, skipped without CUDA).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
 import random
 import sys
@@ -391,3 +395,121 @@ def test_cpu_only_fast_paths_are_off_on_other_devices(monkeypatch):
     loss = combine(loss_terms(model, m, recipe.objective), recipe.objective, m.mlm_count, m.token_count)
     loss.backward()
     assert loss.device.type == "meta" and model.embeddings.word.weight.grad is not None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# host clocks and the device: where the trainer waits for it, what summary.json says about speed and memory
+
+
+def simulated_clock(monkeypatch, seconds_per_step: float):
+    """Training time that advances by `seconds_per_step` at every optimizer update (Engine.update), as in
+    test_time_budget.py; returns (clock, [updates so far])."""
+    now, updates = [0.0], [0]
+    real_update = train_mod.Engine.update
+
+    def update(self):
+        real_update(self)
+        updates[0] += 1
+        now[0] += seconds_per_step
+
+    monkeypatch.setattr(train_mod.Engine, "update", update)
+    return (lambda: now[0]), updates
+
+
+@pytest.mark.parametrize("budget,synced_after", [("3s", [1, 2, 3]), ("6steps", [1])])
+def test_the_device_is_waited_for_at_the_first_step_and_the_calibration_steps(monkeypatch, toy_data, tmp_path,
+                                                                              budget, synced_after):
+    """runtime.synchronize (torch.cuda.synchronize on a GPU) runs after the first step, whose end closes the start-up,
+    and after each step of a time budget's calibration (here: 0.25 s per step, planned after two timed steps, at
+    step 3), and nowhere else in the loop: a host clock read there times finished kernels, not their launches."""
+    clock, updates = simulated_clock(monkeypatch, 0.25)
+    synced = []
+    monkeypatch.setattr(runtime, "synchronize", lambda device: synced.append(updates[0]))
+    recipe = load_recipe("tiny", TOY)
+    out = tmp_path / "run"
+    out.mkdir()
+    summary = train_mod.train(recipe, parse_budget(budget), toy_data, out, torch.device("cpu"), clock=clock)
+    assert summary["steps"] > synced_after[-1] + 2, summary["steps"]  # steps after the last sync, none synchronised
+    assert synced == synced_after
+
+
+def test_summary_records_the_median_speed_and_the_peak_memory(toy_data, tmp_path):
+    """median_tokens_per_second: the median of the log windows' tokens/s, the first left out (recomputed here from
+    metrics.jsonl); peak_gpu_memory_gib: null off CUDA; host_sync_per_step: null without fp16."""
+    import statistics
+
+    summary = run_train(toy_data, tmp_path / "run", [], steps=6)
+    recs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    rates = [r["tokens_per_second"] for r in recs if "event" not in r]
+    assert len(rates) == 6 and summary["median_tokens_per_second"] == statistics.median(rates[1:]) > 0
+    assert summary["peak_gpu_memory_gib"] is None and summary["host_sync_per_step"] is None
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["median_tokens_per_second"] == summary["median_tokens_per_second"]
+
+
+def test_median_tokens_per_second_leaves_out_the_first_window():
+    from tinyelectra.logs import median_tokens_per_second
+
+    stream = [{"step": 10, "tokens_per_second": 50.0}, {"step": 20, "tokens_per_second": 900.0},
+              {"step": 30, "tokens_per_second": 1100.0}, {"step": 40, "tokens_per_second": 1000.0}]
+    assert median_tokens_per_second(stream) == 1000.0  # not 950 (the first window: compilation)
+    assert median_tokens_per_second(stream[:3]) == 1000.0
+    assert median_tokens_per_second(stream[:1]) is None and median_tokens_per_second([]) is None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# fp16's loss scaling and the divergence guard (fp16 autocast runs on the CPU too; the trainer is told it is fp16)
+
+
+def fp16_on_the_cpu(monkeypatch, init_scale: float) -> list[tuple[float, float]]:
+    """The trainer with fp16 autocast and an enabled loss scaler starting at `init_scale`; returns the list that gets
+    each update's (scale before, scale after)."""
+    import functools
+
+    monkeypatch.setattr(runtime, "pick_precision", lambda requested, device: ("fp16", "fp16 autocast (test, on the CPU)"))
+    monkeypatch.setattr(torch.amp, "GradScaler", functools.partial(torch.amp.GradScaler, init_scale=init_scale))
+    scales = []
+    real_apply = train_mod.apply_update
+
+    def apply(params, optimizer, scaler, clip_norm):
+        before = scaler.get_scale()
+        norm = real_apply(params, optimizer, scaler, clip_norm)
+        scales.append((before, scaler.get_scale()))
+        return norm
+
+    monkeypatch.setattr(train_mod, "apply_update", apply)
+    return scales
+
+
+def test_fp16_overflowing_gradients_skip_steps_and_do_not_stop_the_run(monkeypatch, toy_data, tmp_path):
+    """A loss scale of 2^40 makes the first steps' fp16 gradients overflow: the scaler skips them and lowers the
+    scale, the losses stay finite, and the run finishes (an inf gradient is not a non-finite loss); summary.json names
+    fp16's per-step host sync beside the speed."""
+    scales = fp16_on_the_cpu(monkeypatch, 2.0**40)
+    summary = run_train(toy_data, tmp_path / "run", [], steps=6)
+    assert summary["steps"] == 6 and summary["precision"] == "fp16"
+    assert scales[0] == (2.0**40, 2.0**39)  # skipped: the scale halved
+    assert all(math.isfinite(g) and math.isfinite(d) for g, d in losses(tmp_path / "run").values())
+    assert "loss scaler" in summary["host_sync_per_step"] and "host sync per step" in summary["host_sync_per_step"]
+
+
+def test_fp16_a_nonfinite_loss_stops_the_run_though_the_scaler_skipped_its_step(monkeypatch, toy_data, tmp_path):
+    """From the 3rd step on the generator's loss is NaN (injected): its gradients are NaN, so the scaler skips the
+    update and the weights stay finite, but the loss is checked where it is read (the log step): the run stops with
+    Diverged naming step 3 and the resume state of step 2, and writes no checkpoint or summary after it."""
+    from tinyelectra.errors import Diverged
+
+    scales = fp16_on_the_cpu(monkeypatch, 2.0**8)
+    forwards = [0]
+    real_terms = train_mod.loss_terms
+
+    def nan_from_step_3(model, m, objective):
+        forwards[0] += 1
+        t = real_terms(model, m, objective)
+        return t if forwards[0] < 3 else dataclasses.replace(t, mlm_sum=t.mlm_sum * float("nan"))
+
+    monkeypatch.setattr(train_mod, "loss_terms", nan_from_step_3)
+    with pytest.raises(Diverged, match=r"the generator \(MLM\) loss is nan in step 3 .*resume state at step 2") as e:
+        run_train(toy_data, tmp_path / "run", [], steps=16)
+    assert e.value.exit_code == 3 and len(scales) == 3 and scales[2][1] == scales[2][0] / 2  # step 3: skipped
+    assert sorted(p.name for p in (tmp_path / "run").glob("ckpt-*")) == ["ckpt-0625", "ckpt-1250"]  # steps 1 and 2
+    assert not (tmp_path / "run" / "summary.json").exists()

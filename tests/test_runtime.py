@@ -1,5 +1,6 @@
 """runtime.py: device and precision choice (with fake CUDA devices), compile fallback, the CPU allocator tuning
-(measured by page faults in a child process), seeding, and the oneDNN linear against F.linear."""
+(measured by page faults in a child process), seeding, the oneDNN linear against F.linear, and the GPU path's
+helpers with fake CUDA calls (device sync, peak memory, non-finite weights, the cuDNN attention probe's decision)."""
 
 from __future__ import annotations
 
@@ -214,3 +215,50 @@ def test_cpu_dropout_keeps_share_scales_and_follows_torch_seed():
     kept = (a != 0).float().mean().item()
     assert abs(kept - (1 - p)) < 0.005  # 100,000 draws: the standard error is 0.001
     assert runtime.dropout(x, p, False) is x
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the GPU path's helpers, with fake CUDA calls
+
+
+def test_synchronize_waits_for_cuda_devices_only(monkeypatch):
+    waited = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: waited.append(device))
+    runtime.synchronize(torch.device("cpu"))
+    runtime.synchronize(torch.device("cuda", 1))
+    assert waited == [torch.device("cuda", 1)]
+
+
+def test_peak_gpu_memory_is_the_allocators_maximum_in_gib(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 3 * 2**30 + 2**29)
+    assert runtime.peak_gpu_memory_gib(torch.device("cuda", 0)) == 3.5
+    assert runtime.peak_gpu_memory_gib(torch.device("cpu")) is None
+
+
+def test_nonfinite_parameters_names_them():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 2))
+    assert runtime.nonfinite_parameters(model) == []
+    with torch.no_grad():
+        model[1].bias[0] = float("nan")
+        model[0].weight[2, 1] = float("-inf")
+    assert runtime.nonfinite_parameters(model) == ["0.weight", "1.bias"]
+
+
+@pytest.mark.parametrize("probe_says,switched_off", [(False, True), (True, False), (RuntimeError("no kernel"), False)])
+def test_cudnn_attention_is_switched_off_only_when_its_gradients_are_not_finite(monkeypatch, probe_says, switched_off):
+    """The decision of runtime.guard_cudnn_sdpa (fine-tuning's set-up on CUDA), with a fake probe: non-finite
+    gradients switch cuDNN attention off and say so; finite ones, or no cuDNN attention at all, change nothing.
+    On the CPU the probe does not run."""
+    calls, disabled = [], []
+
+    def probe(device):
+        calls.append(device)
+        if isinstance(probe_says, Exception):
+            raise probe_says
+        return probe_says
+
+    monkeypatch.setattr(torch.backends.cuda, "enable_cudnn_sdp", lambda on: disabled.append(on))
+    note = runtime.guard_cudnn_sdpa(torch.device("cuda", 0), probe=probe)
+    assert calls == [torch.device("cuda", 0)] and disabled == ([False] if switched_off else [])
+    assert ("cuDNN attention off" in note) == switched_off and ("192" in note) == switched_off
+    assert runtime.guard_cudnn_sdpa(torch.device("cpu"), probe=probe) == "" and len(calls) == 1

@@ -1,6 +1,7 @@
 """Time budgets under a changing speed (issue 11): the plan is re-planned from the measured speed, the five fraction
-checkpoints each get their own step, plan.json ends up equal to what happened, the warm-up is not fixed by one noisy
-measurement, and the log says when the speed moves a lot.
+checkpoints each get their own step, plan.json ends up equal to what happened (its expected training time too), the
+warm-up is not fixed by one noisy measurement, and the log says when the speed moves a lot. A run too short for
+distinct fractions says so (summary.json's checkpoints_off_fraction), and the report marks those points.
 
 No test here depends on how fast this machine is: the planner is driven by simulated step times, and the run
 through the command line uses a simulated clock (tinyelectra.train.train's `clock`) advanced by the steps themselves.
@@ -15,7 +16,8 @@ import sys
 import pytest
 
 from tinyelectra.budget import (
-    FRACTIONS, TimeBudgetPlanner, checkpoint_name, checkpoint_schedule, make_plan, parse_budget, warmup_for,
+    FRACTIONS, TimeBudgetPlanner, checkpoint_name, checkpoint_schedule, fractions_off, make_plan, parse_budget,
+    warmup_for,
 )
 from tinyelectra.checkpoint import due_checkpoints
 from tinyelectra.config import load_recipe
@@ -60,6 +62,7 @@ def test_steady_speed_puts_checkpoints_at_their_fractions():
     plan, done, seconds, lines, _ = simulate(lambda step: 0.25)
     assert_true_plan(plan, done, plan.total_steps)
     assert abs(seconds - 40.0) <= 0.25  # the budget, to within one step
+    assert plan.expected_train_seconds == pytest.approx(seconds)
     assert 155 <= plan.total_steps <= 162  # 4 steps/s x 40 s after the start-up step
     for name, fraction in zip(CKPTS, FRACTIONS):
         assert abs(done[name] - fraction * plan.total_steps) <= 1, (name, done[name])
@@ -91,6 +94,36 @@ def test_a_stall_at_the_end_stretches_the_run_rather_than_doubling_checkpoints()
     plan, done, seconds, lines, _ = simulate(lambda step: 0.25 if step < 10 else 60.0, budget="10s")
     assert_true_plan(plan, done, plan.total_steps)
     assert any("so that each checkpoint has its own step" in line for line in lines), lines
+
+
+def test_expected_training_time_follows_the_replan():
+    """plan.json's expected_train_seconds is what the plan of the moment expects (time spent + the remaining steps at
+    the measured speed), not the budget: when a stall makes the run take 4 minutes of a 10-second budget, the plan
+    says so as soon as it knows, and ends at what happened (before: 10.0 whatever happened)."""
+    r, bud = load_recipe("tiny"), parse_budget("10s")
+    planner = TimeBudgetPlanner(bud, r, make_plan(bud, r), 1)
+    for step in range(2, 21):  # 0.25 s per step: the plan expects the budget
+        planner.after_step(step, 0.25 * (step - 1), set())
+    assert planner.plan.total_steps == 41 and planner.plan.expected_train_seconds == pytest.approx(10.0)
+    planner.after_step(21, 4.75 + 60.0, set())  # a step of 60 s: the five checkpoints still to write end the run at 25
+    assert planner.plan.total_steps == 25
+    assert planner.plan.expected_train_seconds == pytest.approx(4.75 + 60.0 + 4 * 60.0)
+    plan, _, seconds, _, _ = simulate(lambda step: 0.25 if step < 10 else 60.0, budget="10s")
+    assert plan.expected_train_seconds == pytest.approx(seconds) and seconds > 100
+
+
+def test_checkpoints_off_their_fraction_are_named_with_why():
+    """A 7-step run cannot put its checkpoints at 6.25%, 12.5% and 25% (one step is 14%); a time budget's first
+    checkpoint written before the run's length was known (the issue's "6.25%" at 43% of the steps) is named for
+    that reason; a run long enough names none."""
+    assert fractions_off(checkpoint_schedule(1000), 1000) == {}
+    short = fractions_off(checkpoint_schedule(7), 7)  # steps 1, 2, 3, 4, 7
+    assert list(short) == ["ckpt-0625", "ckpt-1250", "ckpt-2500"]
+    assert short["ckpt-2500"]["fraction"] == 0.25 and short["ckpt-2500"]["fraction_of_steps"] == 3 / 7
+    assert all("7 steps are too few for distinct fractions" in o["why"] for o in short.values())
+    late = fractions_off({"ckpt-0625": 3, "ckpt-1250": 4, "ckpt-2500": 5, "ckpt-5000": 6, "ckpt-10000": 7}, 7)
+    assert late["ckpt-0625"]["fraction_of_steps"] == 3 / 7 and "time budget" in late["ckpt-0625"]["why"]
+    assert list(late) == ["ckpt-0625", "ckpt-1250", "ckpt-2500", "ckpt-5000"]  # 4/7 is 0.57: off 0.5 by more than 1/4
 
 
 def test_a_noisy_first_measurement_does_not_fix_the_warm_up():
@@ -155,6 +188,16 @@ main()
 """
 
 
+def simulated_train(run, budget: str, speeds: list[list[float]], env: dict) -> tuple[str, dict, dict]:
+    """`train --budget BUDGET` of the small tiny model with the simulated clock, `speeds` its [[last step, seconds
+    per step], ...]; it must succeed. Returns (stderr, plan.json, summary.json)."""
+    p = subprocess.run([sys.executable, "-c", SIMULATED_CLOCK, "train", "--recipe", "tiny", "--budget", budget,
+                        "--device", "cpu", *SMALL, "--out", str(run)], env=dict(env, SIM_SECONDS_PER_STEP=json.dumps(speeds)),
+                       capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return p.stderr, json.loads((run / "plan.json").read_text()), json.loads((run / "summary.json").read_text())
+
+
 @pytest.mark.slow
 def test_time_budget_run_whose_speed_drops_mid_run(tmp_path, cli_env):
     """`train --budget 24s` where the first 24 steps take 0.25 s and every later one 1 s of (simulated) training
@@ -162,17 +205,53 @@ def test_time_budget_run_whose_speed_drops_mid_run(tmp_path, cli_env):
     are those saved, its total the steps run), the run ends on budget with the learning rate at zero, and the log
     names the change of speed."""
     run = tmp_path / "run"
-    env = dict(cli_env, SIM_SECONDS_PER_STEP=json.dumps([[24, 0.25], [10**9, 1.0]]))
-    p = subprocess.run([sys.executable, "-c", SIMULATED_CLOCK, "train", "--recipe", "tiny", "--budget", "24s",
-                        "--device", "cpu", *SMALL, "--out", str(run)], env=env, capture_output=True, text=True,
-                       timeout=900)
-    assert p.returncode == 0, p.stderr[-3000:]
-    plan = json.loads((run / "plan.json").read_text())
-    summary = json.loads((run / "summary.json").read_text())
+    stderr, plan, summary = simulated_train(run, "24s", [[24, 0.25], [10**9, 1.0]], cli_env)
     saved = {n: json.loads((run / n / "meta.json").read_text())["step"] for n in CKPTS}
     assert len(set(saved.values())) == 5 and list(saved.values()) == sorted(saved.values()), saved
     assert plan["checkpoint_steps"] == saved == summary["checkpoint_steps"]
     assert plan["status"] == "final" and plan["total_steps"] == summary["steps"] == saved["ckpt-10000"]
     assert abs(summary["train_seconds"] - 24.0) <= 1.0 and summary["final_lr"] == 0.0
-    assert "speed changed from 4 to" in p.stderr and any(n.startswith("speed changed") for n in plan["notes"])
-    assert "does not reproduce" in p.stderr
+    assert "speed changed from 4 to" in stderr and any(n.startswith("speed changed") for n in plan["notes"])
+    assert "does not reproduce" in stderr
+
+
+@pytest.mark.slow
+def test_a_run_too_short_for_its_fractions_says_so_and_the_report_marks_them(tmp_path, cli_env):
+    """`train --budget 2s` at 0.25 s per step (simulated): planned at step 3 for about 9 steps, so the "6.25%"
+    checkpoint holds a third of the steps. summary.json names the checkpoints off their fraction and why, plan.json's
+    expected training time is what happened, the run ends printing the next commands for this run (its paths
+    quoted: the run directory's name has a space), and those commands work: export, then report, whose GLUE table
+    (results put beside each checkpoint by hand) marks the points that are off their fraction."""
+    import shlex
+
+    from test_report import _md_table, write_glue_json
+
+    run = tmp_path / "a run"
+    stderr, plan, summary = simulated_train(run, "2s", [[10**9, 0.25]], cli_env)
+    assert plan["expected_train_seconds"] == pytest.approx(summary["train_seconds"]) and plan["budget_seconds"] == 2.0
+    off = summary["checkpoints_off_fraction"]
+    assert "ckpt-0625" in off and "ckpt-10000" not in off, off
+    for name, o in off.items():
+        assert o["fraction_of_steps"] == summary["checkpoint_fractions_of_steps"][name] > 1.25 * o["fraction"]
+        assert "time budget" in o["why"] or "too few" in o["why"], o
+    assert "checkpoints off their fractions: ckpt-0625 at" in stderr
+
+    printed = stderr[stderr.index("next, for this run:"):].splitlines()[1:4]
+    commands = [shlex.split(line.split("   # ")[0]) for line in printed]
+    assert [c[:2] for c in commands] == [["tinyelectra", "export"], ["tinyelectra", "glue"], ["tinyelectra", "report"]]
+    assert commands[0][2] == str(run / "ckpt-10000") and commands[1][3] == str(run) and commands[2][2] == str(run)
+    assert commands[1][-2:] == ["--device", "cpu"]
+    exported = subprocess.run([sys.executable, "-m", "tinyelectra", *commands[0][1:]], env=cli_env,
+                              capture_output=True, text=True, timeout=900)
+    assert exported.returncode == 0 and (run / "hf" / "discriminator" / "config.json").is_file(), exported.stderr
+    for i, name in enumerate(CKPTS):
+        write_glue_json(run / "glue", name, FRACTIONS[i], summary["checkpoint_steps"][name], i)
+    reported = subprocess.run([sys.executable, "-m", "tinyelectra", *commands[2][1:]], env=cli_env,
+                              capture_output=True, text=True, timeout=900)
+    assert reported.returncode == 0, reported.stderr
+    md = (run / "report.md").read_text()
+    rows = {r[0]: r[1] for r in _md_table(md, "checkpoint")[1]}  # the GLUE table: checkpoint -> fraction cell
+    assert rows == {n: f"{100 * f:g}%" + ("*" if n in off else "") for n, f in zip(CKPTS, FRACTIONS)}, rows
+    assert "checkpoints off their fraction (marked *" in md
+    report = json.loads((run / "report.json").read_text())
+    assert {c["name"]: c["fraction_off"] for c in report["checkpoints"]} == {n: off.get(n) for n in CKPTS}

@@ -185,6 +185,42 @@ def checkpoint_schedule(total_steps: int, written: dict[str, int] | None = None)
     return out
 
 
+FRACTION_TOLERANCE = 0.25  # a checkpoint whose share of the steps is further than this share of its fraction from it is named
+
+
+def fractions_off(checkpoint_steps: dict[str, int], total_steps: int) -> dict[str, dict]:
+    """The checkpoints (name -> step) whose share of a `total_steps`-step run is off their fraction by more than
+    FRACTION_TOLERANCE of it: name -> {fraction, fraction_of_steps, why} (summary.json's `checkpoints_off_fraction`;
+    reports mark them). Why: the run was too short for five distinct fractions (the checkpoint is where
+    `checkpoint_schedule` puts it for this many steps), or a time budget's plan put it there before the run's length
+    was known (the speed measured or changed later)."""
+    best = checkpoint_schedule(total_steps)
+    off = {}
+    for fraction in FRACTIONS:
+        name = checkpoint_name(fraction)
+        step = checkpoint_steps.get(name)
+        if step is None or abs(step / total_steps - fraction) <= FRACTION_TOLERANCE * fraction:
+            continue
+        if step == best[name]:
+            why = (f"the run's {total_steps} steps are too few for distinct fractions (one step is "
+                   f"{100 / total_steps:.3g}% of it, and each checkpoint has its own step)")
+        else:
+            why = ("a time budget's checkpoint goes where the plan of the moment puts it, and this run's length was "
+                   "planned after that (its speed was measured, or changed, later)")
+        off[name] = {"fraction": fraction, "fraction_of_steps": step / total_steps, "why": why}
+    return off
+
+
+def fractions_off_text(off: dict[str, dict]) -> str:
+    """`fractions_off`'s answer in words, the checkpoints grouped by why: "ckpt-0625 at 12.5% of the steps,
+    ckpt-1250 at 25.0%: why; ..."."""
+    groups: dict[str, list[str]] = {}
+    for name, o in off.items():
+        at = f"{100 * o['fraction_of_steps']:.1f}%" + ("" if groups.get(o["why"]) else " of the steps")
+        groups.setdefault(o["why"], []).append(f"{name} at {at}")
+    return "; ".join(f"{', '.join(names)}: {why}" for why, names in groups.items())
+
+
 def _schedule_note(total: int, steps: dict[str, int]) -> str | None:
     at = ", ".join(f"{k}@{v}" for k, v in steps.items())
     if len(set(steps.values())) < len(steps):
@@ -262,6 +298,12 @@ class TimeBudgetPlanner:
         self.first_warmup: int | None = None  # the warm-up the first measurement planned
         self.seconds0: float | None = None  # training seconds at the first recorded step
 
+    @property
+    def measuring(self) -> bool:
+        """True until the first speed is measured (the calibration steps): the trainer waits for the device at the
+        end of each of them, so the first plan comes from finished steps, not from launched ones."""
+        return self.announced_rate is None
+
     def after_step(self, step: int, train_seconds: float, done: set[str], replan_now: bool = True,
                    share: Callable[[float, float], tuple[float, float]] | None = None) -> list[str] | None:
         """Time the step and, once the speed is known (CALIBRATION_STEPS) and `replan_now` (DDP: log steps only),
@@ -303,7 +345,9 @@ class TimeBudgetPlanner:
                 note += f" (re-planned while it lasted; the first measurement planned {self.first_warmup})"
             warmup_notes = [note]
         new.checkpoint_steps = checkpoint_schedule(total, written)
-        new.expected_train_seconds = self.bud.value
+        # what this plan expects: the time spent plus its remaining steps at this speed (the budget, unless the run
+        # is stretched so that each checkpoint has its own step, or the budget is already spent)
+        new.expected_train_seconds = train_seconds + (total - step) / max(rate, 1e-12)
         where = f"at step {step} ({train_seconds:.0f} s of {self.bud.value:.0f} s)"
         if self.announced_rate is None:
             lines.append(f"time budget: measured {rate:.3g} steps/s -> about {total:,} steps, warm-up {new.warmup_steps:,}, "

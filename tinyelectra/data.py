@@ -116,8 +116,15 @@ class PretrainData:
                             "prepare the data again") from None
 
     def verify(self, split: str) -> None:
-        """Open the split's shards now (headers and sizes checked), so a damaged file stops the set-up, not step 1."""
-        self._open(split)
+        """Open the split's shards now (headers and sizes checked) and check their token ids against the vocabulary
+        (a max over each memory-mapped shard: one read of it), so a damaged file stops the set-up, not step 1."""
+        for (ids, _), s in zip(self._open(split), self.manifest["splits"][split]["shards"]):
+            if ids.size and int(ids.max()) >= self.vocab_size:
+                row, position = divmod(int(np.argmax(ids >= self.vocab_size)), self.seq_len)  # the first one
+                raise UserError(f"{self.path / s['ids']}: token id {int(ids[row, position])} (row {row}, position "
+                                f"{position}) is outside the vocabulary of {self.vocab_size} entries that "
+                                "manifest.json names; the shard is damaged or was written with another tokenizer: "
+                                "prepare the data again")
 
     def rows(self, split: str, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Token rows (B, T) and their [boundary, length] (B, 2) for global row indices, in the order given."""

@@ -1,5 +1,6 @@
-"""What ends a command early: bad user input (`UserError`, one line and exit code 2) and an interrupt (`Interrupted`,
-SIGINT or SIGTERM turned into an exception so that clean-up runs and the command can say what it kept)."""
+"""What ends a command early: bad user input (`UserError`, one line and exit code 2), a run whose loss or weights
+became non-finite (`Diverged`, one line and exit code 3) and an interrupt (`Interrupted`, SIGINT or SIGTERM turned
+into an exception so that clean-up runs and the command can say what it kept)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,13 @@ class UserError(Exception):
     """Bad input from the user (a path, a flag, a file). The message is shown as-is, without a traceback."""
 
     exit_code = 2
+
+
+class Diverged(UserError):
+    """A loss or the weights became non-finite (NaN or inf): the run stops, saying where, what it kept and what to
+    try. Exit code 3, so that a script tells a diverged run from bad input (2)."""
+
+    exit_code = 3
 
 
 class Interrupted(BaseException):

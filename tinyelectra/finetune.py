@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from tinyelectra.errors import UserError
+from tinyelectra.errors import Diverged, UserError
 from tinyelectra.glue_data import EncodedSplit, get_task
 
 
@@ -253,12 +253,21 @@ class Finetuner:
         return loss
 
 
+def _diverged_line(what: str, task: str, seed: int, lr: float, peak_lr: float) -> str:
+    return (f"fine-tuning diverged on {task}, seed {seed}: {what} (learning rate {lr:.3g}, peak {peak_lr:.3g}); this "
+            "seed's model was dropped (glue.json keeps the tasks and seeds finished before it). Try a lower learning "
+            f"rate, e.g. half the peak: --set finetune.lr={peak_lr / 2:.3g}")
+
+
 def finetune(backbone, task: str, enc: EncodedTask, fc: FinetuneConfig, seed: int, device, precision: str,
              on_step: Callable[[int, float | None], None] | None = None):
-    """Fine-tune a fresh Classifier from `backbone` on one task with one seed. Returns (model, facts dict)."""
+    """Fine-tune a fresh Classifier from `backbone` on one task with one seed. Returns (model, facts dict). A loss
+    that is not finite (checked where it is read: every 10th step and the last) or non-finite weights at the end
+    raise Diverged: nothing of this seed is returned."""
     import torch
 
     from tinyelectra.optim import lr_at
+    from tinyelectra.runtime import nonfinite_parameters
 
     run = Finetuner(backbone, task, fc, seed, device, precision)
     n = len(enc.train)
@@ -269,16 +278,25 @@ def finetune(backbone, task: str, enc: EncodedTask, fc: FinetuneConfig, seed: in
     lengths = enc.train.lengths if fc.batching == "length" else None
     for done, idx in enumerate(batch_indices(n, fc.batch_size, total, seed, lengths), start=1):
         # padded to this batch's longest row; the first step runs at lr_at(0) = 0, as the official schedule
-        loss = run.step(enc.train.batch(idx), lr_at(done - 1, run.peak_lr, warmup, total))
+        lr = lr_at(done - 1, run.peak_lr, warmup, total)
+        loss = run.step(enc.train.batch(idx), lr)
         report_now = done % 10 == 0 or done == total
         if report_now or device.type == "cpu":
             losses.append(loss.item())  # host sync: every step on CPU (free), every 10th on GPU
         if report_now:
             last_loss = sum(losses) / len(losses)
             losses.clear()
+            if not math.isfinite(last_loss):
+                first = done - (done - 1) % 10 if device.type == "cpu" else done  # the steps whose losses were read
+                where = f"step {done}" if first == done else f"steps {first}-{done}"
+                raise Diverged(_diverged_line(f"the {task} loss is {last_loss} in {where} of {total}", task, seed, lr,
+                                              run.peak_lr))
         if on_step is not None:
             on_step(done, last_loss if report_now else None)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    if names := nonfinite_parameters(run.model):  # a last update that left non-finite weights
+        raise Diverged(_diverged_line(f"the weights hold non-finite values after the last step, {total} ({names[0]})",
+                                      task, seed, lr, run.peak_lr))
     return run.model, {"steps": total, "steps_per_epoch": per_epoch, "train_rows": n, "peak_lr": run.peak_lr,
                        "warmup_steps": warmup, "final_loss": last_loss, "train_seconds": time.perf_counter() - t0}

@@ -516,7 +516,7 @@ def glue_command(checkpoint: Path, glue_dir: Path | None, use_hf: bool, tasks: s
                  command: str, task_files: list[Path] | None = None, config: Path | None = None) -> list[Path]:
     """`tinyelectra glue`: fine-tune every selected checkpoint on every selected task (GLUE's, and those of
     --task-file); returns the glue.json paths."""
-    from tinyelectra.runtime import configure_matmul, device_name, pick_device, pick_precision
+    from tinyelectra.runtime import configure_matmul, device_name, guard_cudnn_sdpa, pick_device, pick_precision
 
     console = make_console(stderr=False)
     fc = FinetuneConfig.from_overrides(overrides, config)
@@ -528,6 +528,8 @@ def glue_command(checkpoint: Path, glue_dir: Path | None, use_hf: bool, tasks: s
     dev = pick_device(gpu, device)
     precision, reason = pick_precision(fc.precision, dev)
     configure_matmul(precision, dev)
+    if sdpa_note := guard_cudnn_sdpa(dev):  # a GPU whose cuDNN attention backward gives NaN: printed, in glue.json
+        reason += f"; {sdpa_note}"
     if out_dir is None:
         out_dir = (refs[0].run_dir if refs[0].run_dir is not None else Path(checkpoint)) / "glue"
     for ref in refs:  # before any fine-tuning: results that cannot be written are not computed

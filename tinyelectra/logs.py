@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -119,7 +120,8 @@ class Log:
         for note in plan.notes:
             self.once(note)
 
-    def summary(self, s: dict, plan: Plan) -> None:
+    def summary(self, s: dict, plan: Plan, next_commands: list[tuple[str, str]]) -> None:
+        """The closing FLOPs report, then the commands that come next for this run (export, glue, report)."""
         t = Table(title="FLOPs report", show_header=False, title_justify="left")
         t.add_row("steps / tokens", f"{s['steps']:,} / {s['tokens_seen']:,}")
         t.add_row(plan.conventions["paper"], format_flops(s["train_flops_paper"]))
@@ -128,7 +130,22 @@ class Log:
         t.add_row("training time", f"{s['train_seconds']:.1f} s{budget_txt}")
         t.add_row("excluded", f"checkpoints/eval/state {s['excluded_seconds']['checkpoints_eval_state']:.1f} s")
         t.add_row("checkpoints", ", ".join(f"{n}@{s['checkpoint_steps'][n]:,}" for n in s["checkpoints"]))
+        if s["median_tokens_per_second"] is not None:
+            t.add_row("speed", f"{s['median_tokens_per_second']:,.0f} tokens/s (median of the log windows after the "
+                      f"first){'; ' + s['host_sync_per_step'] if s['host_sync_per_step'] else ''}")
+        if s["peak_gpu_memory_gib"] is not None:
+            t.add_row("peak GPU memory", f"{s['peak_gpu_memory_gib']:.2f} GiB (tensors)")
         self.console.print(t)
+        self.console.print("next, for this run:", highlight=False)
+        for command, what in next_commands:
+            self.console.print(f"  {command}   # {what}", markup=False, highlight=False, soft_wrap=True)
+
+
+def median_tokens_per_second(records: list[dict]) -> float | None:
+    """The median of the log windows' tokens/s (`records`: one process's metrics.jsonl lines in order), the first
+    window left out (compilation and warm-up can fall in it); None without a window after the first."""
+    rates = [r["tokens_per_second"] for r in records[1:]]
+    return statistics.median(rates) if rates else None
 
 
 class _TwoLines(RichProgress):

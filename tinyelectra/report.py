@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tinyelectra import paper
+from tinyelectra.budget import fractions_off_text
 from tinyelectra.checkpoint import train_seconds_of
 from tinyelectra.errors import UserError
 from tinyelectra.files import check_writable, write_atomic
@@ -141,6 +142,9 @@ def build_report(run_dir: Path) -> dict[str, Any]:
 
     checkpoints = [_checkpoint_entry(p, _read_json(p)) for p in glue_paths]
     checkpoints.sort(key=lambda c: (c["fraction"] is None, c["fraction"] or 0.0, c["name"]))
+    off_fraction = (summary or {}).get("checkpoints_off_fraction") or {}  # a run too short (or re-planned) for its fractions
+    for c in checkpoints:
+        c["fraction_off"] = off_fraction.get(c["name"])
     tasks_seen = _task_order({t for c in checkpoints for t in c["tasks"]})
 
     table1 = paper.table1_by_fraction()
@@ -152,7 +156,7 @@ def build_report(run_dir: Path) -> dict[str, Any]:
             "checkpoint": c["name"], "fraction": c["fraction"], "train_flops_paper": c["train_flops_paper"],
             "train_seconds": c["train_seconds"], "average_paper": avg.get("score"), "average_label": avg.get("label"),
             "paper_train_flops": getattr(row, "train_flops_paper", None), "paper_glue": getattr(row, "glue_dev", None),
-            "paper_v100_time": getattr(row, "v100_time", None),
+            "paper_v100_time": getattr(row, "v100_time", None), "fraction_off": c["fraction_off"],
         })
 
     last, done = (records[-1] if records else {}), summary or {}
@@ -190,6 +194,9 @@ def build_report(run_dir: Path) -> dict[str, Any]:
     if limited:
         notes.append(f"fine-tuned on the first {', '.join(map(str, limited))} training rows per task only "
                      "(--max-train-rows): a quick check, not comparable with the paper")
+    if off := {c["name"]: c["fraction_off"] for c in checkpoints if c["fraction_off"]}:
+        notes.append(f"checkpoints off their fraction (marked *; summary.json): {fractions_off_text(off)}. Their "
+                     "points stand for that share of the run, not for the fraction they are named after")
     incomplete = [c["name"] for c in checkpoints if not c["complete"]]
     if incomplete:
         notes.append(f"GLUE still running or interrupted for: {', '.join(incomplete)}")
@@ -290,7 +297,7 @@ def render_markdown(rep: dict[str, Any]) -> str:
                  ["average (paper metrics)", "average (GLUE metrics)"]
         rows = []
         for c in cks:
-            r = [c["name"], fmt_fraction(c["fraction"]), _v(c["step"]),
+            r = [c["name"], fmt_fraction(c["fraction"]) + ("*" if c.get("fraction_off") else ""), _v(c["step"]),
                  fmt_flops(c["train_flops_paper"]), fmt_duration(c["train_seconds"])]
             r += [fmt_score_std(c["tasks"][t]["median_paper"], c["tasks"][t]["std_paper"]) if t in c["tasks"] else "-"
                   for t in tasks]
@@ -321,7 +328,8 @@ def render_markdown(rep: dict[str, Any]) -> str:
         rows.append([fmt_fraction(row["fraction"]), fmt_flops(row["train_flops_paper"]), row["v100_time"],
                      fmt_score(row["glue_dev"]),
                      fmt_flops(o["train_flops_paper"]) if o else "-", fmt_duration(o["train_seconds"]) if o else "-",
-                     fmt_score(o["average_paper"]) if o else "-", (o["average_label"] or "-") if o else "-"])
+                     fmt_score(o["average_paper"]) + ("*" if o.get("fraction_off") else "") if o else "-",
+                     (o["average_label"] or "-") if o else "-"])
     L += _table(["fraction", "paper FLOPs", "paper V100 time", "paper GLUE (8 tasks)", "our FLOPs (paper conv.)",
                  "our training time", "our average", "our tasks"], rows) + [""]
     if rep["paper_average_over_our_tasks"]:

@@ -154,6 +154,58 @@ def configure_matmul(precision: str, device: torch.device) -> str:
     return "TF32 on for fp32 leftovers under autocast" if tf32 else "TF32 off (true fp32)"
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait until the device has finished the work queued so far (CUDA; nothing to wait for elsewhere). A host clock
+    read after a CUDA step without it times the kernels' launches, not the kernels."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def peak_gpu_memory_gib(device: torch.device) -> float | None:
+    """The most GPU memory torch's allocator held for tensors in this process (GiB, 2**30 bytes); None off CUDA."""
+    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+
+
+def nonfinite_parameters(model: nn.Module) -> list[str]:
+    """The names of `model`'s parameters holding a NaN or an inf (one host sync for all of them)."""
+    named = list(model.named_parameters())
+    finite = torch.stack([torch.isfinite(p.detach()).all() for _, p in named]).tolist() if named else []
+    return [name for (name, _), ok in zip(named, finite) if not ok]
+
+
+def _cudnn_sdpa_gradients_finite(device: torch.device) -> bool:
+    """One forward + backward of SDPA through the cuDNN backend, bf16, 2 x 4 heads x 192 x 64, the second row padded
+    from position 150 on (a (B, 1, 1, T) mask, as the model passes it): are q, k and v's gradients finite?"""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 192, 64, device=device, dtype=torch.bfloat16, generator=gen).requires_grad_()
+               for _ in range(3))
+    mask = torch.ones(2, 1, 1, 192, dtype=torch.bool, device=device)
+    mask[1, ..., 150:] = False
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        F.scaled_dot_product_attention(q, k, v, attn_mask=mask).float().sum().backward()
+    return all(bool(torch.isfinite(t.grad).all()) for t in (q, k, v))
+
+
+def guard_cudnn_sdpa(device: torch.device, probe=_cudnn_sdpa_gradients_finite) -> str:
+    """Before fine-tuning on CUDA: torch 2.11's cuDNN attention backward on Hopper returns NaN gradients for
+    padding-masked inputs whose length mod 128 is 64 (fine-tuning batches are padded to their longest row, so such
+    lengths occur). `probe` (one masked forward + backward at length 192) tells; if its gradients are not finite,
+    cuDNN attention is switched off for this process and the other SDPA kernels run. Returns a note ("" when nothing
+    was changed: not CUDA, cuDNN attention not available, or its gradients finite)."""
+    if device.type != "cuda":
+        return ""
+    try:
+        if probe(device):
+            return ""
+    except (RuntimeError, AttributeError, ImportError):  # no cuDNN attention in this build or for these inputs
+        return ""
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    return ("attention: cuDNN attention off (a masked forward + backward at length 192 gave non-finite gradients: "
+            "torch 2.11's cuDNN attention regression on Hopper); the other SDPA kernels run")
+
+
 COMPILE_SETTINGS = ("auto", "on", "off", "reduce-overhead")
 
 

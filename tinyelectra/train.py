@@ -6,6 +6,14 @@ budget's re-plan, a log line, the fraction checkpoints (checkpoint.due_checkpoin
 The resume state holds everything needed to continue exactly; all randomness of a step is derived from (seed, step,
 first global row of the micro-batch), so a resumed, an accumulating and a DDP run draw the same for the same rows.
 
+Divergence guard, without a per-step host sync: the losses are checked where they are read anyway (each log step),
+and the window's losses and the weights before every checkpoint and resume state is written; a non-finite one stops
+the run (`Diverged`, exit code 3) before anything is written from it, naming what was kept and what to try. fp16's
+loss scaler still skips steps whose gradients overflow: an inf gradient is not a non-finite loss.
+Host syncs: log steps, checkpoints and resume states, and the device is waited for at the end of the first step and
+of a time budget's calibration steps (host clocks otherwise time kernel launches); fp16 adds the loss scaler's
+overflow check on every step, and its speed figures say so.
+
 Time budgets count training time: steps, data loading and logging. Excluded (reported apart): start-up (data
 preparation, building the model, compilation and the first step, at learning rate 0), and writing checkpoints, their
 held-out evaluation and resume states. summary.json: `train_seconds` (the budget's clock, the whole run's; a
@@ -43,9 +51,9 @@ from tinyelectra.config import Recipe, load_recipe, recipe_from_dict
 from tinyelectra.data import BatchLoader, PretrainData
 from tinyelectra.diagnostics import checkpoint_line, evaluate, unigram_distribution
 from tinyelectra.electra import STAT_KEYS, LossTerms, Masked, SpecialIds, combine, loss_terms, mask_batch, summarize
-from tinyelectra.errors import Interrupted, UserError
+from tinyelectra.errors import Diverged, Interrupted, UserError
 from tinyelectra.files import check_writable, os_error_line, write_json
-from tinyelectra.logs import Log, Progress, make_console
+from tinyelectra.logs import Log, Progress, make_console, median_tokens_per_second
 from tinyelectra.model import Electra, attention_kernel, count_parameters
 from tinyelectra.optim import GraphSafeUpdate, PaperAdam, apply_update, build_optimizer, lr_at
 from tinyelectra.runtime import device_name
@@ -431,6 +439,11 @@ class Engine:
             apply_update(self.params, self.optimizer, self.scaler, self.clip_norm)
 
 
+# the per-step host sync of fp16 runs, named where their speed is printed and recorded (log, summary.json)
+FP16_HOST_SYNC = ("fp16: the loss scaler checks the gradients for overflow on the host every step (one host sync per "
+                  "step, included in tokens/s)")
+
+
 def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, device: torch.device,
           resume: bool = False, dist: Dist = Dist(), command: str = "", init: Path | None = None,
           overridden: list[str] | None = None, clock: Callable[[], float] = time.perf_counter) -> dict:
@@ -441,7 +454,7 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
     log = Log(run_dir, dist.main)
     startup_t0 = clock()  # train()'s entry: start-up and this process's wall time count from here
     process_seconds = ProcessSeconds()
-    continue_with = _continue_command(command, run_dir)
+    continue_with = _rerun_command(command, run_dir, ["--resume"])  # the command that continues this run
     step, state_saved = 0, None  # the last resume state written by this process (its step and directory)
     try:
         # --- set-up ---------------------------------------------------------------------------------------------
@@ -452,6 +465,7 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
         special = SpecialIds.from_tokenizer(data.tokenizer)
         precision, precision_reason = runtime.pick_precision(tr.precision, device)
         log.once(f"precision: {precision} ({precision_reason}); {runtime.configure_matmul(precision, device)}")
+        log.once(FP16_HOST_SYNC if precision == "fp16" else "")
         if tr.batch_size % dist.world:
             raise UserError(f"train.batch_size {tr.batch_size} is not divisible by {dist.world} processes")
         rank_batch = tr.batch_size // dist.world
@@ -521,13 +535,42 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
                 write_json(run_dir / "recipe.json", saved)
                 plan.save(run_dir / "plan.json")
 
+        def check_before_writing() -> None:
+            """`check_finite` before a checkpoint or resume state: the weights, and the losses of the log window in
+            progress (one process only: under DDP the windows' losses are checked at log steps, all-reduced, and a
+            process's own window, read here, could stop it alone)."""
+            pair = [] if dist.enabled else torch.stack([sums["mlm_sum"], sums["disc_sum"]]).tolist()  # host sync
+            check_finite(dict(zip(("gen_loss", "disc_loss"), pair)), weights=True)
+
         # tokens_seen counts real tokens (attention mask), not padding: summed on the device, read at host syncs
         tokens_base, real_tokens = tokens_seen, torch.zeros((), dtype=torch.int64, device=device)
         seen = lambda: tokens_base + int(real_tokens.item())  # noqa: E731  (host sync: log steps, checkpoints, states)
 
+        loss_names = {"gen_loss": "generator (MLM) loss" if recipe.objective.kind == "electra" else "MLM loss",
+                      "disc_loss": "discriminator (replaced-token detection) loss"}
+
+        def check_finite(losses: dict[str, float], weights: bool, where: str = "") -> None:
+            """The divergence guard: `losses` (gen_loss, disc_loss: of the current log window, or `where` they were
+            measured) and, with `weights`, the model's parameters must be finite; else Diverged, naming the steps,
+            what was kept and what to try."""
+            first = window_step + 1
+            where = where or (f"in step {step}" if first >= step else f"in steps {first}-{step}")
+            bad = [f"the {loss_names[k]} is {v}" for k, v in losses.items() if not math.isfinite(v)]
+            what = f"{' and '.join(bad)} {where}" if bad else ""
+            if not what and weights and (names := runtime.nonfinite_parameters(model)):
+                what = f"the weights hold non-finite values after step {step} ({names[0]}" + (
+                    f" and {len(names) - 1} more)" if len(names) > 1 else ")")
+            if what:
+                lr = lr_at(max(step - 1, 0), recipe.optim.lr, plan.warmup_steps, plan.total_steps or math.inf)
+                message = _diverged_line(what, lr, recipe.optim.lr, state_saved, done_ckpts, run_dir, command)
+                log.metrics({"event": "diverged", "step": step, "message": message})
+                raise Diverged(message)
+
         def save_state() -> None:
-            """A resume state holding everything the loop needs to continue exactly (rank 0; not with DeepSpeed)."""
+            """A resume state holding everything the loop needs to continue exactly (rank 0; not with DeepSpeed),
+            never of non-finite weights or after a non-finite loss (`check_finite`: every process, the same answer)."""
             nonlocal state_saved
+            check_before_writing()
             if dist.main and engine.ds is None:
                 window = {"step": window_step, "sums": {k: v.item() for k, v in sums.items()}}  # host sync: state writes only
                 state_saved = (step, save_resume_state(
@@ -554,6 +597,7 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
         process_seconds.startup = clock_t0 - startup_t0
     train_seconds_at_clock = train_seconds
     window_t0, rate_step, window_tokens = clock(), step, seen()  # tokens/s of a log window: over the steps timed in it
+    window_records: list[dict] = []  # this process's log lines: the median tokens/s of summary.json
     stopped = ""  # "stopped by SIGTERM" once the loop's own stop is under way
     planner = budgeting.TimeBudgetPlanner(bud, recipe, plan, step) if plan.budget_kind == "time" else None
     share = (lambda rate, seconds: _from_rank0((rate, seconds), device)) if dist.enabled else None
@@ -578,7 +622,9 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
         tok_s = (tokens_seen - window_tokens) / window_seconds  # real tokens
         positions_s = (step - rate_step) * tr.tokens_per_step / window_seconds  # padding included: MFU
         rec = log_record(step, sums, dist, lr, tok_s, tokens_seen, train_seconds, plan, precision, device, positions_s)
+        check_finite({k: rec[k] for k in ("gen_loss", "disc_loss") if k in rec}, weights=False)  # read anyway: no extra sync
         log.metrics(rec)
+        window_records.append(rec)
         progress.update(step, rec)
         for k in sums:
             sums[k].zero_()
@@ -587,10 +633,13 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
     def write_checkpoint(name: str) -> None:
         """The fraction checkpoint `name` at this step: its held-out evaluation, its directory (rank 0), plan.json."""
         nonlocal unigram
+        check_before_writing()  # never a checkpoint of non-finite weights, nor one written after a non-finite loss
         eval_t0 = clock()
         if unigram is None:  # counted once per process
             unigram = unigram_distribution(data, special)
         ev = evaluate(model, data, recipe, special, device, autocast, micro, unigram)
+        check_finite({k: ev[k] for k in ("gen_loss", "disc_loss") if k in ev}, weights=False,
+                     where=f"on the held-out rows (the evaluation of {name}, after step {step})")
         write_t0 = clock()
         process_seconds.evaluation += write_t0 - eval_t0
         meta = {"name": name, "step": step, "fraction": FRACTION_OF[name],
@@ -623,7 +672,10 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
             step += 1
             real_tokens += counts[1].long()  # the global batch's real tokens (all-reduced above)
 
-            # clocks: the first step is start-up; after it, training time accumulates
+            # clocks: the first step is start-up; after it, training time accumulates. The end of the first step and
+            # of a time budget's calibration steps are timed on finished work: wait for the device (host sync)
+            if not clock_started or (planner is not None and planner.measuring):
+                runtime.synchronize(device)
             now = clock()
             if not clock_started:
                 clock_started, clock_t0 = True, now
@@ -657,10 +709,14 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
             spent = clock() - other_t0
             other_seconds += spent
             clock_t0 += spent
+            window_t0 += spent  # the log window's tokens/s counts training time too
             if stop.requested:
                 stopped = f"stopped by {stop.signal_name}"
                 dist.leave()
                 raise Interrupted(stop.signal_name)
+    except Diverged:  # check_finite: its line says it all
+        progress.close()
+        raise
     except Interrupted as e:  # the stop above, or a second Ctrl-C: out at once, from wherever the step was
         progress.close()
         how = stopped or f"interrupted ({e.signal_name})"
@@ -677,6 +733,10 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
     process_seconds.training = train_seconds - train_seconds_at_clock
     process_seconds.wall = clock() - startup_t0
     fractions_of_steps = {n: plan.checkpoint_steps[n] / step for n in sorted(done_ckpts, key=FRACTION_OF.get)}
+    off_fraction = budgeting.fractions_off({n: plan.checkpoint_steps[n] for n in fractions_of_steps}, step)
+    if plan.budget_kind == "time":  # the plan as it ended: what happened
+        plan.expected_train_seconds = train_seconds
+    peak_gib = runtime.peak_gpu_memory_gib(device)
     summary = {
         "recipe": recipe.name, "budget": plan.budget, "steps": step, "tokens_seen": seen(),
         "train_flops_paper": step * plan.train_flops_paper_per_step,
@@ -689,34 +749,74 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
         "precision": precision, "device": device_name(device), "parameters": count_parameters(model),
         "checkpoints": list(fractions_of_steps), "checkpoint_steps": {n: plan.checkpoint_steps[n] for n in fractions_of_steps},
         "checkpoint_fractions_of_steps": fractions_of_steps,
+        "checkpoints_off_fraction": off_fraction,  # name -> its fraction, its share of the steps, and why they differ
         "final_lr": lr_at(step, recipe.optim.lr, plan.warmup_steps, plan.total_steps),
         "conventions": plan.conventions,
         "runtime": {"strategy": engine.strategy_note, "compile": engine.compile_note, "attention": attention["summary"],
                     "deterministic": tr.deterministic},
+        # speed and memory: this process's logging windows after its first (start-up and compilation left out)
+        "median_tokens_per_second": median_tokens_per_second(window_records),
+        "peak_gpu_memory_gib": None if peak_gib is None else round(peak_gib, 3),
+        "host_sync_per_step": FP16_HOST_SYNC if precision == "fp16" else None,
     }
-    if plan.budget_kind == "time":
-        off = [f"{n} holds {100 * f:.1f}% of the steps" for n, f in fractions_of_steps.items()
-               if abs(f - FRACTION_OF[n]) > 0.25 * FRACTION_OF[n]]
-        if off:
-            log.once(f"the speed changed during the run, so checkpoints moved from their fractions: {'; '.join(off)} "
-                     "(plan.json and summary.json record the steps)")
+    if off_fraction:
+        log.once(f"checkpoints off their fractions: {budgeting.fractions_off_text(off_fraction)} (summary.json: "
+                 "checkpoints_off_fraction)")
     if dist.main:
         plan.save(run_dir / "plan.json")  # a time budget's plan as it ended (the steps that fitted)
         write_json(run_dir / "summary.json", summary)
-        log.summary(summary, plan)
+        log.summary(summary, plan, next_commands(run_dir, device, list(fractions_of_steps)[-1]))
     dist.leave()
     return summary
 
 
-def _continue_command(command: str, run_dir: Path) -> str:
-    """The command that continues this run: the one given, with --out and --resume (and without --force)."""
+def _rerun_command(command: str, run_dir: Path, extra: list[str], without_set: str = "") -> str:
+    """The command given, with --out (when it had none), without --force, --resume and a `--set KEY=...` whose key
+    is `without_set`, then the words `extra`."""
     import shlex
 
-    words = shlex.split(command) if command else ["tinyelectra", "train", "..."]
-    words = [w for w in words if w not in ("--force", "--resume")]
-    if "--out" not in words and not any(w.startswith("--out=") for w in words):
-        words += ["--out", str(run_dir)]
-    return shlex.join(words + ["--resume"])
+    words, kept = shlex.split(command) if command else ["tinyelectra", "train", "..."], []
+    for word in words:
+        value = word.removeprefix("--set=")
+        if without_set and value.split("=", 1)[0].strip() == without_set:
+            if kept and kept[-1] == "--set" and value == word:
+                kept.pop()
+            continue
+        if word not in ("--force", "--resume"):
+            kept.append(word)
+    if "--out" not in kept and not any(w.startswith("--out=") for w in kept):
+        kept += ["--out", str(run_dir)]
+    return shlex.join(kept + extra)
+
+
+def _diverged_line(what: str, lr: float, peak_lr: float, state_saved: tuple[int, Path] | None, done: set[str],
+                   run_dir: Path, command: str) -> str:
+    """Diverged's one line: what is not finite and where, what was kept, and what to try (half the peak learning
+    rate: start over with it, or continue pre-training from the last good checkpoint)."""
+    lower = f"{peak_lr / 2:.3g}"
+    restart = _rerun_command(command, run_dir, ["--set", f"optim.lr={lower}", "--force"], without_set="optim.lr")
+    last = max(done, key=FRACTION_OF.get) if done else None
+    from_ckpt = (f", or continue pre-training from the last good checkpoint with --init {run_dir / last} and that "
+                 "--set in a new --out") if last else ""
+    return (f"training diverged: {what} (learning rate {lr:.3g}, peak {peak_lr:.3g}); stopped before writing anything "
+            f"after it ({_saved_text(state_saved, done)}). Try a lower learning rate, e.g. half the peak: {restart}"
+            f"{from_ckpt}")
+
+
+def next_commands(run_dir: Path, device: torch.device, last_checkpoint: str) -> list[tuple[str, str]]:
+    """What a finished run is for, as (command, what it does) for this run's paths, shell-quoted: export,
+    fine-tune every checkpoint on GLUE (on this run's device), report."""
+    import shlex
+
+    run = shlex.quote(str(run_dir))
+    where = "--device cpu" if device.type == "cpu" else f"--gpu {device.index or 0}"
+    return [
+        (f"tinyelectra export {shlex.quote(str(run_dir / last_checkpoint))} --out {shlex.quote(str(run_dir / 'hf'))}",
+         "the final checkpoint as a transformers model"),
+        (f"tinyelectra glue --checkpoint {run} --glue-dir GLUE_DIR {where}",
+         "fine-tune each checkpoint on GLUE (GLUE_DIR: the classic glue_data folder; or --hf instead)"),
+        (f"tinyelectra report {run}", "after glue: GLUE against FLOPs, beside the paper's Table 1"),
+    ]
 
 
 def _saved_text(state_saved: tuple[int, Path] | None, done: set[str]) -> str:
