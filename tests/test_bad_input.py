@@ -310,3 +310,48 @@ def test_bad_input_after_the_run_directory_check_leaves_no_out(done_run, tmp_pat
                             "--set", "train.seq_len=64", "--out", str(out)], cli_env, monkeypatch, capsys)
     assert_one_line(code, err, "128-token", "train.seq_len = 64")
     assert not (tmp_path / "new").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# settings that are not finite numbers or do not fit: one line in every command that takes --set
+
+
+NOT_FINITE = {  # --set: what the error names ("1e400" is infinity; "1e30" steps does not fit int64)
+    "optim.lr=inf": "optim.lr", "optim.lr=-inf": "optim.lr", "optim.eps=inf": "optim.eps",
+    "optim.weight_decay=inf": "optim.weight_decay", "objective.temperature=inf": "objective.temperature",
+    "objective.disc_weight=nan": "objective.disc_weight", "optim.clip_norm=inf": "optim.clip_norm",
+    "model.dropout=nan": "model.dropout", "model.layer_norm_eps=inf": "model.layer_norm_eps",
+    "train.resume_every_seconds=inf": "train.resume_every_seconds",
+    "train.steps=1e400": "train.steps", "model.hidden_size=1e400": "model.hidden_size",
+    "train.steps=1e30": "train.steps", "optim.warmup_steps=99999999999999999999": "optim.warmup_steps",
+}
+
+
+@pytest.mark.parametrize("command", ["train", "flops", "recipe"])
+@pytest.mark.parametrize("setting", list(NOT_FINITE))
+def test_setting_that_is_not_a_finite_number(setting, command, tmp_path, cli_env, monkeypatch, capsys):
+    args = {"train": [*TRAIN, "--out", str(tmp_path / "r")], "flops": ["flops", "--recipe", "tiny"],
+            "recipe": ["recipe", "tiny"]}[command]
+    code, err = in_process([*args, "--set", setting], cli_env, monkeypatch, capsys)
+    assert_one_line(code, err, NOT_FINITE[setting], setting.split("=")[1])
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("setting", ["lr=inf", "finetune.weight_decay=inf", "warmup_fraction=nan", "clip_norm=-inf",
+                                     "epochs=1e400", "batch_size=1e400", "layerwise_decay=nan", "dropout=nan"])
+def test_fine_tuning_setting_that_is_not_a_finite_number(setting, tmp_path, cli_env, monkeypatch, capsys):
+    key = setting.split("=")[0].removeprefix("finetune.")
+    code, err = in_process(["glue", "--checkpoint", str(tmp_path), "--glue-dir", str(sst2(tmp_path / "glue")),
+                            "--set", setting], cli_env, monkeypatch, capsys)
+    assert_one_line(code, err, key, setting.split("=")[1])
+
+
+@pytest.mark.parametrize("command", ["flops", "glue"])
+def test_toml_setting_that_is_not_a_finite_number(command, tmp_path, cli_env, monkeypatch, capsys):
+    """TOML spells inf and nan too: a recipe file (--recipe) or a [finetune] table (glue --config)."""
+    path = tmp_path / "settings.toml"
+    path.write_text("[optim]\nlr = inf\n" if command == "flops" else "[finetune]\nlr = nan\n", encoding="utf-8")
+    args = (["flops", "--recipe", str(path)] if command == "flops" else
+            ["glue", "--checkpoint", str(tmp_path), "--glue-dir", str(tmp_path), "--config", str(path)])
+    code, err = in_process(args, cli_env, monkeypatch, capsys)
+    assert_one_line(code, err, "settings.toml", "lr", "not a finite number")
