@@ -9,7 +9,11 @@ size limit: writing past it fails with EFBIG, as a full disk fails with ENOSPC),
 
 from __future__ import annotations
 
+import errno
+import json
+import os
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -51,6 +55,16 @@ def flip_byte(path: Path, from_end: int = 100) -> None:
     data = bytearray(path.read_bytes())
     data[-from_end] ^= 0xFF  # inside the last tensor's data, past the header: still a well-formed file
     path.write_bytes(bytes(data))
+
+
+def as_written_before_checksums(directory: Path, described_by: str) -> None:
+    """What a checkpoint or resume state written before checksums existed looks like: no sha256.json, and no marker
+    saying one was written in the JSON file describing it."""
+    (directory / "sha256.json").unlink()
+    path = directory / described_by
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    del raw["checksums"]
+    path.write_text(json.dumps(raw), encoding="utf-8")
 
 
 def garbage(path: Path) -> None:
@@ -107,6 +121,7 @@ DAMAGED_STATE = {  # case: (damage(run), what the error names)
     "optimizer.pt corrupt": (lambda r: garbage(state_file(r, "optimizer.pt")), ["optimizer.pt"]),
     "trainer.json corrupt": (lambda r: state_file(r, "trainer.json").write_text('{"step": 8, "form'), ["trainer.json"]),
     "sha256.json corrupt": (lambda r: state_file(r, "sha256.json").write_text("[1, 2"), ["sha256.json"]),
+    "sha256.json missing": (lambda r: state_file(r, "sha256.json").unlink(), ["sha256.json", "incomplete or damaged"]),
     "LATEST corrupt": (lambda r: (r / "state" / "LATEST").write_text("../../etc"), ["LATEST"]),
     "plan.json corrupt": (lambda r: (r / "plan.json").write_text('{"budget": "8st'), ["plan.json", "damaged"]),
     "recipe.json corrupt": (lambda r: (r / "recipe.json").write_bytes(b"\x00\xff\xfe"), ["recipe.json", "damaged"]),
@@ -127,7 +142,7 @@ def test_damaged_resume_state(case, resumable, cli_env, monkeypatch, capsys):
 def test_damaged_resume_state_without_checksums(case, resumable, cli_env):
     """A state written before checksums existed (no sha256.json): the loaders' own errors are one line too, and the
     optimizer state's does not repeat torch's advice to load with weights_only=False."""
-    state_file(resumable, "sha256.json").unlink()
+    as_written_before_checksums(state_file(resumable, "trainer.json").parent, "trainer.json")
     damage, needles = DAMAGED_STATE[case]
     damage(resumable)
     assert_one_line(*subprocess_run([*TRAIN, "--out", str(resumable), "--resume"], cli_env), needles[0])
@@ -151,12 +166,30 @@ def test_flipped_byte_in_a_checkpoint_is_named(done_run, tmp_path, cli_env, monk
 
 
 def test_truncated_checkpoint_without_checksums(done_run, tmp_path, cli_env, monkeypatch, capsys):
+    """A checkpoint written before checksums existed: a warning naming it, and the loader's own checks still hold."""
     ckpt = tmp_path / "ckpt-10000"
     shutil.copytree(done_run / "ckpt-10000", ckpt)
-    (ckpt / "sha256.json").unlink()
+    as_written_before_checksums(ckpt, "config.json")
     truncate(ckpt / "generator.safetensors")
     code, err = in_process(["export", str(ckpt), "--out", str(tmp_path / "hf")], cli_env, monkeypatch, capsys)
     assert_one_line(code, err, "generator.safetensors")
+    assert f"warning: {ckpt}: the checkpoint has no sha256.json (written before checksums existed)" in err
+
+
+@pytest.mark.parametrize("command", ["export", "glue"])
+def test_checkpoint_without_its_sha256_json_is_refused(command, done_run, tmp_path, cli_env, monkeypatch, capsys):
+    """Every checkpoint this version writes has a sha256.json (its config.json says so): deleting it from a damaged
+    checkpoint does not make the damage pass unchecked."""
+    ckpt = tmp_path / "ckpt-10000"
+    shutil.copytree(done_run / "ckpt-10000", ckpt)
+    flip_byte(ckpt / "discriminator.safetensors")
+    (ckpt / "sha256.json").unlink()
+    args = {"export": ["export", str(ckpt), "--out", str(tmp_path / "hf")],
+            "glue": ["glue", "--checkpoint", str(ckpt), "--glue-dir", str(sst2(tmp_path / "glue")), "--tasks", "sst2",
+                     "--device", "cpu", "--out", str(tmp_path / "g")]}[command]
+    code, err = in_process(args, cli_env, monkeypatch, capsys)
+    assert_one_line(code, err, str(ckpt), "no sha256.json", "incomplete or damaged")
+    assert not (tmp_path / "hf").exists()
 
 
 def test_export_without_a_tokenizer(done_run, tmp_path, cli_env, monkeypatch, capsys):
@@ -239,6 +272,75 @@ def test_full_output_location(command, done_run, tmp_path, cli_env):
     if command in ("prepare", "export"):  # all or nothing
         assert not out.exists()
     no_temporary_files(tmp_path)
+
+
+@pytest.mark.parametrize("what,target", [("checkpoint", "ckpt-0625"), ("resume state", "step-000000000")])
+def test_full_disk_names_the_path_and_what_was_written(what, target, tmp_path, cli_env, monkeypatch, capsys):
+    """A write that fails as on a full disk (ENOSPC from write(), which names no file): the one line says which
+    checkpoint or resume state was being written, and no half-written directory stays."""
+    real = Path.write_bytes
+
+    def full(path: Path, data) -> int:
+        if path.parent.name.startswith(f"{target}.tmp-"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(path, data)
+
+    monkeypatch.setattr(Path, "write_bytes", full)
+    run = tmp_path / "run"
+    code, err = in_process([*TRAIN, "--out", str(run)], cli_env, monkeypatch, capsys)
+    line = assert_one_line(code, err, "No space left on device", f"while writing the {what}", target)
+    assert "nothing half-written was kept" in line
+    assert not list(run.rglob(f"{target}*"))
+    no_temporary_files(tmp_path)
+
+
+def test_full_disk_while_appending_to_the_metrics_log_leaves_no_torn_line(tmp_path, monkeypatch):
+    from tinyelectra import files
+
+    log = tmp_path / "metrics.jsonl"
+    log.write_text('{"step": 1}\n')
+
+    class Full:  # writes half the bytes, then fails as a full disk does
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, data: bytes):
+            self.f.write(data[: len(data) // 2])
+            self.f.flush()
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    monkeypatch.setattr(files, "open", lambda *a, **k: Full(open(*a, **k)), raising=False)
+    with pytest.raises(files.WriteError) as e:
+        files.append_line(log, '{"step": 2, "gen_loss": 1.0}', "metrics log")
+    assert files.os_error_line(e.value) == (f"{log}: No space left on device while writing the metrics log "
+                                            "(nothing half-written was kept)")
+    assert log.read_text() == '{"step": 1}\n'
+
+
+def test_export_is_readable_by_others(done_run, tmp_path, cli_env, monkeypatch, capsys):
+    """safetensors (like mkstemp) creates its files 0600; an export is meant to be shared: 0644 under umask 022, as
+    every other file tinyelectra writes (the run's own files: 0666 minus the umask it was written under)."""
+    ambient = os.umask(0o022)
+    try:
+        out = tmp_path / "hf"
+        code, _ = in_process(["export", str(done_run / "ckpt-10000"), "--out", str(out)], cli_env, monkeypatch, capsys)
+    finally:
+        os.umask(ambient)
+    assert code == 0
+    exported = [p for p in out.rglob("*") if p.is_file()]
+    assert {p.name for p in exported} >= {"model.safetensors", "config.json", "README.md"}
+    assert {oct(stat.S_IMODE(p.stat().st_mode)) for p in exported} == {"0o644"}, exported
+    run_files = [p for p in done_run.rglob("*") if p.is_file()]
+    assert {oct(stat.S_IMODE(p.stat().st_mode)) for p in run_files} == {oct(0o666 & ~ambient)}, run_files
 
 
 # ---------------------------------------------------------------------------------------------------------------

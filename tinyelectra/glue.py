@@ -373,7 +373,7 @@ def run_checkpoint(ref: CheckpointRef, data: dict[str, TaskData], fc: FinetuneCo
                 if data[task].test:
                     _save_seed_outputs(target, task, seed, test_outputs[-1])
                 result.setdefault("partial", {})[task] = {"seeds": list(seed_results), "data": described}
-                write_json(target, result)
+                write_json(target, result, "GLUE results")
         entry = {"epochs": fc.task_epochs(task), "train_rows": len(enc.train), "steps_per_epoch": per_epoch,
                  "steps": steps, "peak_lr": fc.peak_lr(cfg.hidden_size), "truncated_train_rows": enc.train.truncated,
                  "seeds": seed_results, **summarize_task(task, seed_results)}
@@ -388,7 +388,7 @@ def run_checkpoint(ref: CheckpointRef, data: dict[str, TaskData], fc: FinetuneCo
         (result.get("partial") or {}).pop(task, None)
         if not result.get("partial"):
             result.pop("partial", None)
-        write_json(target, result)  # after every task: a long run keeps what it finished
+        write_json(target, result, "GLUE results")  # after every task: a long run keeps what it finished
         for seed in seeds:
             _seed_outputs_path(target, task, seed).unlink(missing_ok=True)
         console.print(_task_line(ref.name, task, entry))
@@ -397,7 +397,7 @@ def run_checkpoint(ref: CheckpointRef, data: dict[str, TaskData], fc: FinetuneCo
     result["averages"] = task_averages(result["tasks"])
     result["seconds_total"] = time.perf_counter() - started
     result["complete"] = True
-    write_json(target, result)
+    write_json(target, result, "GLUE results")
     return result
 
 

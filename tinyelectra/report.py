@@ -358,8 +358,8 @@ def report_command(run_dir: Path, out_dir: Path | None) -> dict[str, Any]:
         rep["plots"].append("glue_vs_compute.png")
     if plot_curves(*read_metrics(run_dir / "metrics.jsonl"), rep, out / "pretraining_curves.png"):
         rep["plots"].append("pretraining_curves.png")
-    write_atomic(out / "report.json", json.dumps(_finite(rep), indent=2) + "\n")
-    write_atomic(out / "report.md", render_markdown(rep))
+    write_atomic(out / "report.json", json.dumps(_finite(rep), indent=2) + "\n", "report")
+    write_atomic(out / "report.md", render_markdown(rep), "report")
     print(f"wrote {out / 'report.md'}, {out / 'report.json'}" + "".join(f", {out / p}" for p in rep["plots"]))
     return rep
 
