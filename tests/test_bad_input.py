@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import random
 import shutil
 import stat
 import subprocess
@@ -222,6 +223,50 @@ def sst2(glue_dir: Path) -> Path:
     for name in ("train", "dev"):
         (folder / f"{name}.tsv").write_text("sentence\tlabel\n" + rows, encoding="utf-8")
     return glue_dir
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# damaged inputs of `report`: one line naming the file, never a quiet omission
+
+
+def glue_json(run: Path, text: str) -> None:
+    (run / "glue" / "ckpt-10000").mkdir(parents=True)
+    (run / "glue" / "ckpt-10000" / "glue.json").write_text(text, encoding="utf-8")
+
+
+DAMAGED_REPORT = {  # case: (damage(run), what the error names)
+    "metrics.jsonl random bytes": (lambda r: (r / "metrics.jsonl").write_bytes(random.Random(0).randbytes(2000)),
+                                   ["metrics.jsonl", "damaged"]),
+    "summary.json a list": (lambda r: (r / "summary.json").write_text("[]"), ["summary.json", "not the object"]),
+    "plan.json a number": (lambda r: (r / "plan.json").write_text("3"), ["plan.json", "not the object"]),
+    "summary.json FLOPs a string": (lambda r: (r / "summary.json").write_text('{"train_flops_paper": "many"}'),
+                                    ["summary.json", "train_flops_paper", "not a number"]),
+    "glue.json cut short": (lambda r: glue_json(r, '{"format": "tinyelectra-glue", "tasks": {"ss'),
+                            ["glue.json", "cannot read it as JSON"]),
+    "glue.json a task that is not a table": (lambda r: glue_json(r, '{"format": "tinyelectra-glue", "tasks": {"sst2": 3}}'),
+                                             ["glue.json", "damaged"]),
+    "glue.json a score that is text": (lambda r: glue_json(r, json.dumps({"format": "tinyelectra-glue", "tasks": {"sst2": {
+        "paper_metric": "accuracy", "glue_metric": "accuracy", "median_paper": "high", "std_paper": None,
+        "median_glue": 1.0, "std_glue": None, "seeds": []}}})), ["glue.json", "median_paper", "not a number"]),
+    "glue.json not tinyelectra's": (lambda r: glue_json(r, '{"tasks": {}}'), ["glue.json", "not GLUE results"]),
+}
+
+
+@pytest.mark.parametrize("case", list(DAMAGED_REPORT))
+def test_damaged_report_input(case, done_run, tmp_path, cli_env, monkeypatch, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(done_run, run)
+    damage, needles = DAMAGED_REPORT[case]
+    damage(run)
+    code, err = in_process(["report", str(run)], cli_env, monkeypatch, capsys)
+    assert_one_line(code, err, *needles)
+    assert not (run / "report.md").exists() and not (run / "report.json").exists()
+
+
+def test_report_on_a_file_says_it_is_a_file(done_run, cli_env, monkeypatch, capsys):
+    code, err = in_process(["report", str(done_run / "summary.json")], cli_env, monkeypatch, capsys)
+    line = assert_one_line(code, err, "summary.json", "a file, not a run directory")
+    assert "no such" not in line
 
 
 # ---------------------------------------------------------------------------------------------------------------
