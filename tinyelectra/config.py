@@ -346,12 +346,20 @@ def recipe_toml(recipe: Recipe) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _first_clause(text: str) -> str:
+    """A description up to its first ": " or ". " outside parentheses ("(Clark et al. 2020, ...)" stays whole)."""
+    depth = 0
+    for i, ch in enumerate(text):
+        depth += (ch == "(") - (ch == ")")
+        if depth == 0 and text[i:i + 2] in (": ", ". "):
+            return text[:i]
+    return text.rstrip(".")
+
+
 def recipe_command(name: str | None, overrides: list[str]) -> None:
     """`tinyelectra recipe [NAME] [--set ...]`: print the resolved recipe as TOML, or list the shipped recipes."""
     if name is None:
         for shipped, path in recipe_files().items():
-            description = str(tomllib.loads(path.read_text(encoding="utf-8")).get("description", ""))
-            first = description.split(": ")[0].split(". ")[0]
-            print(f"{shipped:20} {first[:100]}{'...' if len(first) > 100 else ''}")
+            print(f"{shipped:20} {_first_clause(str(tomllib.loads(path.read_text(encoding='utf-8')).get('description', '')))}")
         return
     print(recipe_toml(load_recipe(name, overrides)), end="")
