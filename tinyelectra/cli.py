@@ -58,7 +58,7 @@ def prepare(
     ),
     tokenizer_type: str = typer.Option(
         "wordpiece", "--tokenizer-type", metavar="wordpiece|sentencepiece", help="Train a 'wordpiece' (BERT's) or a 'sentencepiece' model "
-        "([PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4; text kept as written, so decode returns it)."
+        "([PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4; text kept as written, runs of spaces included, so decode returns it)."
     ),
     vocab_size: int = typer.Option(30522, "--vocab-size", metavar="N", help="Size of the vocabulary to train."),
     seq_len: int = typer.Option(128, "--seq-len", metavar="N", help="Tokens per example, 8 to 512."),
