@@ -148,6 +148,7 @@ def _glue_entry(path: Path, glue: dict) -> dict[str, Any]:
             **{k: t[k] for k in ("paper_metric", "glue_metric", "median_paper", "std_paper", "median_glue", "std_glue")},
             "seed_paper_scores": [_numbers(s, ("paper_score",), path)["paper_score"] for s in t["seeds"]],
             "seeds": [s["seed"] for s in t["seeds"]], "train_seconds": sum(s["train_seconds"] for s in t["seeds"]),
+            "majority_class": _numbers(t["majority_class"], ("paper_score",), path) if t.get("majority_class") else None,
         }
         for split, e in (t.get("splits") or {}).items():
             tasks[task].setdefault("splits", {})[split] = {"median_paper": e["median_paper"], "std_paper": e["std_paper"]}
@@ -365,11 +366,14 @@ def render_markdown(rep: dict[str, Any]) -> str:
         for c in (c for c in cks if "splits" in c["tasks"].get("mnli", {})):
             e = c["tasks"]["mnli"]["splits"]["dev_mismatched"]
             L.append(f"MNLI mismatched, {c['name']}: {fmt_score_std(e['median_paper'], e['std_paper'])}.")
-        L += ["", "Seeds (paper metric each):", ""]
+        L += ["", "Seeds (paper metric each), and the score of always answering the training rows' most frequent "
+              "class (classification tasks):", ""]
         for c in cks:
             for t in (t for t in tasks if t in c["tasks"]):
                 e = c["tasks"][t]
                 scores = ", ".join(f"seed {s}: {fmt_score(v)}" for s, v in zip(e["seeds"], e["seed_paper_scores"]))
+                if majority := e.get("majority_class"):
+                    scores += f"; majority class {majority['label']!r}: {fmt_score(majority['paper_score'])}"
                 L.append(f"- {c['name']} {task_title(t)}: {scores}")
         L.append("")
 
