@@ -484,13 +484,18 @@ def test_setting_that_is_not_a_finite_number(setting, command, tmp_path, cli_env
     assert not (tmp_path / "r").exists()
 
 
-@pytest.mark.parametrize("setting", ["lr=inf", "finetune.weight_decay=inf", "warmup_fraction=nan", "clip_norm=-inf",
-                                     "epochs=1e400", "batch_size=1e400", "layerwise_decay=nan", "dropout=nan"])
+FINETUNE_NOT_FINITE = {"lr=inf": "'inf' is not a finite number", "finetune.weight_decay=inf": "'inf'",
+                       "warmup_fraction=nan": "'nan'", "clip_norm=-inf": "'-inf'", "epochs=1e400": "'1e400'",
+                       "batch_size=1e400": "'1e400'", "layerwise_decay=nan": "'nan'", "dropout=nan": "'nan'",
+                       "seed=-1": "must be >= 0"}
+
+
+@pytest.mark.parametrize("setting", list(FINETUNE_NOT_FINITE))
 def test_fine_tuning_setting_that_is_not_a_finite_number(setting, tmp_path, cli_env, monkeypatch, capsys):
     key = setting.split("=")[0].removeprefix("finetune.")
     code, err = in_process(["glue", "--checkpoint", str(tmp_path), "--glue-dir", str(sst2(tmp_path / "glue")),
                             "--set", setting], cli_env, monkeypatch, capsys)
-    assert_one_line(code, err, key, setting.split("=")[1])
+    assert_one_line(code, err, key, FINETUNE_NOT_FINITE[setting])
 
 
 @pytest.mark.parametrize("command", ["flops", "glue"])
