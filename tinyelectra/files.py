@@ -161,7 +161,8 @@ def staged_dir(directory: Path, what: str) -> Iterator[Path]:
         replace_dir(tmp, directory)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        if e.errno not in WRITE_ERRNOS:
+        elsewhere = e.filename is not None and not str(e.filename).startswith(str(tmp))  # e.g. a file being read
+        if e.errno not in WRITE_ERRNOS or elsewhere:
             raise
         raise _write_error(e, directory, what) from None
     except BaseException:
