@@ -289,6 +289,9 @@ def recipe_from_dict(raw: dict[str, Any], where: str = "recipe") -> Recipe:
     recipe = Recipe(name=name, description=str(raw.get("description", "")), deviations=tuple(deviations), **sections)
     if recipe.train.seq_len > recipe.model.max_positions:
         raise UserError(f"{where}: train.seq_len {recipe.train.seq_len} exceeds model.max_positions {recipe.model.max_positions}")
+    if recipe.objective.num_masked(recipe.train.seq_len) < 1:
+        raise UserError(f"{where}: objective.mask_prob {recipe.objective.mask_prob:g} chooses no position of "
+                        f"train.seq_len {recipe.train.seq_len} tokens (int((mask_prob + 0.005) x seq_len) = 0)")
     return recipe
 
 
