@@ -9,7 +9,12 @@ size limit: writing past it fails with EFBIG, as a full disk fails with ENOSPC),
 
 from __future__ import annotations
 
+import errno
+import json
+import os
+import random
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -51,6 +56,16 @@ def flip_byte(path: Path, from_end: int = 100) -> None:
     data = bytearray(path.read_bytes())
     data[-from_end] ^= 0xFF  # inside the last tensor's data, past the header: still a well-formed file
     path.write_bytes(bytes(data))
+
+
+def as_written_before_checksums(directory: Path, described_by: str) -> None:
+    """What a checkpoint or resume state written before checksums existed looks like: no sha256.json, and no marker
+    saying one was written in the JSON file describing it."""
+    (directory / "sha256.json").unlink()
+    path = directory / described_by
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    del raw["checksums"]
+    path.write_text(json.dumps(raw), encoding="utf-8")
 
 
 def garbage(path: Path) -> None:
@@ -107,6 +122,7 @@ DAMAGED_STATE = {  # case: (damage(run), what the error names)
     "optimizer.pt corrupt": (lambda r: garbage(state_file(r, "optimizer.pt")), ["optimizer.pt"]),
     "trainer.json corrupt": (lambda r: state_file(r, "trainer.json").write_text('{"step": 8, "form'), ["trainer.json"]),
     "sha256.json corrupt": (lambda r: state_file(r, "sha256.json").write_text("[1, 2"), ["sha256.json"]),
+    "sha256.json missing": (lambda r: state_file(r, "sha256.json").unlink(), ["sha256.json", "incomplete or damaged"]),
     "LATEST corrupt": (lambda r: (r / "state" / "LATEST").write_text("../../etc"), ["LATEST"]),
     "plan.json corrupt": (lambda r: (r / "plan.json").write_text('{"budget": "8st'), ["plan.json", "damaged"]),
     "recipe.json corrupt": (lambda r: (r / "recipe.json").write_bytes(b"\x00\xff\xfe"), ["recipe.json", "damaged"]),
@@ -127,7 +143,7 @@ def test_damaged_resume_state(case, resumable, cli_env, monkeypatch, capsys):
 def test_damaged_resume_state_without_checksums(case, resumable, cli_env):
     """A state written before checksums existed (no sha256.json): the loaders' own errors are one line too, and the
     optimizer state's does not repeat torch's advice to load with weights_only=False."""
-    state_file(resumable, "sha256.json").unlink()
+    as_written_before_checksums(state_file(resumable, "trainer.json").parent, "trainer.json")
     damage, needles = DAMAGED_STATE[case]
     damage(resumable)
     assert_one_line(*subprocess_run([*TRAIN, "--out", str(resumable), "--resume"], cli_env), needles[0])
@@ -151,12 +167,30 @@ def test_flipped_byte_in_a_checkpoint_is_named(done_run, tmp_path, cli_env, monk
 
 
 def test_truncated_checkpoint_without_checksums(done_run, tmp_path, cli_env, monkeypatch, capsys):
+    """A checkpoint written before checksums existed: a warning naming it, and the loader's own checks still hold."""
     ckpt = tmp_path / "ckpt-10000"
     shutil.copytree(done_run / "ckpt-10000", ckpt)
-    (ckpt / "sha256.json").unlink()
+    as_written_before_checksums(ckpt, "config.json")
     truncate(ckpt / "generator.safetensors")
     code, err = in_process(["export", str(ckpt), "--out", str(tmp_path / "hf")], cli_env, monkeypatch, capsys)
     assert_one_line(code, err, "generator.safetensors")
+    assert f"warning: {ckpt}: the checkpoint has no sha256.json (written before checksums existed)" in err
+
+
+@pytest.mark.parametrize("command", ["export", "glue"])
+def test_checkpoint_without_its_sha256_json_is_refused(command, done_run, tmp_path, cli_env, monkeypatch, capsys):
+    """Every checkpoint this version writes has a sha256.json (its config.json says so): deleting it from a damaged
+    checkpoint does not make the damage pass unchecked."""
+    ckpt = tmp_path / "ckpt-10000"
+    shutil.copytree(done_run / "ckpt-10000", ckpt)
+    flip_byte(ckpt / "discriminator.safetensors")
+    (ckpt / "sha256.json").unlink()
+    args = {"export": ["export", str(ckpt), "--out", str(tmp_path / "hf")],
+            "glue": ["glue", "--checkpoint", str(ckpt), "--glue-dir", str(sst2(tmp_path / "glue")), "--tasks", "sst2",
+                     "--device", "cpu", "--out", str(tmp_path / "g")]}[command]
+    code, err = in_process(args, cli_env, monkeypatch, capsys)
+    assert_one_line(code, err, str(ckpt), "no sha256.json", "incomplete or damaged")
+    assert not (tmp_path / "hf").exists()
 
 
 def test_export_without_a_tokenizer(done_run, tmp_path, cli_env, monkeypatch, capsys):
@@ -189,6 +223,50 @@ def sst2(glue_dir: Path) -> Path:
     for name in ("train", "dev"):
         (folder / f"{name}.tsv").write_text("sentence\tlabel\n" + rows, encoding="utf-8")
     return glue_dir
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# damaged inputs of `report`: one line naming the file, never a quiet omission
+
+
+def glue_json(run: Path, text: str) -> None:
+    (run / "glue" / "ckpt-10000").mkdir(parents=True)
+    (run / "glue" / "ckpt-10000" / "glue.json").write_text(text, encoding="utf-8")
+
+
+DAMAGED_REPORT = {  # case: (damage(run), what the error names)
+    "metrics.jsonl random bytes": (lambda r: (r / "metrics.jsonl").write_bytes(random.Random(0).randbytes(2000)),
+                                   ["metrics.jsonl", "damaged"]),
+    "summary.json a list": (lambda r: (r / "summary.json").write_text("[]"), ["summary.json", "not the object"]),
+    "plan.json a number": (lambda r: (r / "plan.json").write_text("3"), ["plan.json", "not the object"]),
+    "summary.json FLOPs a string": (lambda r: (r / "summary.json").write_text('{"train_flops_paper": "many"}'),
+                                    ["summary.json", "train_flops_paper", "not a number"]),
+    "glue.json cut short": (lambda r: glue_json(r, '{"format": "tinyelectra-glue", "tasks": {"ss'),
+                            ["glue.json", "cannot read it as JSON"]),
+    "glue.json a task that is not a table": (lambda r: glue_json(r, '{"format": "tinyelectra-glue", "tasks": {"sst2": 3}}'),
+                                             ["glue.json", "damaged"]),
+    "glue.json a score that is text": (lambda r: glue_json(r, json.dumps({"format": "tinyelectra-glue", "tasks": {"sst2": {
+        "paper_metric": "accuracy", "glue_metric": "accuracy", "median_paper": "high", "std_paper": None,
+        "median_glue": 1.0, "std_glue": None, "seeds": []}}})), ["glue.json", "median_paper", "not a number"]),
+    "glue.json not tinyelectra's": (lambda r: glue_json(r, '{"tasks": {}}'), ["glue.json", "not GLUE results"]),
+}
+
+
+@pytest.mark.parametrize("case", list(DAMAGED_REPORT))
+def test_damaged_report_input(case, done_run, tmp_path, cli_env, monkeypatch, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(done_run, run)
+    damage, needles = DAMAGED_REPORT[case]
+    damage(run)
+    code, err = in_process(["report", str(run)], cli_env, monkeypatch, capsys)
+    assert_one_line(code, err, *needles)
+    assert not (run / "report.md").exists() and not (run / "report.json").exists()
+
+
+def test_report_on_a_file_says_it_is_a_file(done_run, cli_env, monkeypatch, capsys):
+    code, err = in_process(["report", str(done_run / "summary.json")], cli_env, monkeypatch, capsys)
+    line = assert_one_line(code, err, "summary.json", "a file, not a run directory")
+    assert "no such" not in line
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -239,6 +317,75 @@ def test_full_output_location(command, done_run, tmp_path, cli_env):
     if command in ("prepare", "export"):  # all or nothing
         assert not out.exists()
     no_temporary_files(tmp_path)
+
+
+@pytest.mark.parametrize("what,target", [("checkpoint", "ckpt-0625"), ("resume state", "step-000000000")])
+def test_full_disk_names_the_path_and_what_was_written(what, target, tmp_path, cli_env, monkeypatch, capsys):
+    """A write that fails as on a full disk (ENOSPC from write(), which names no file): the one line says which
+    checkpoint or resume state was being written, and no half-written directory stays."""
+    real = Path.write_bytes
+
+    def full(path: Path, data) -> int:
+        if path.parent.name.startswith(f"{target}.tmp-"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(path, data)
+
+    monkeypatch.setattr(Path, "write_bytes", full)
+    run = tmp_path / "run"
+    code, err = in_process([*TRAIN, "--out", str(run)], cli_env, monkeypatch, capsys)
+    line = assert_one_line(code, err, "No space left on device", f"while writing the {what}", target)
+    assert "nothing half-written was kept" in line
+    assert not list(run.rglob(f"{target}*"))
+    no_temporary_files(tmp_path)
+
+
+def test_full_disk_while_appending_to_the_metrics_log_leaves_no_torn_line(tmp_path, monkeypatch):
+    from tinyelectra import files
+
+    log = tmp_path / "metrics.jsonl"
+    log.write_text('{"step": 1}\n')
+
+    class Full:  # writes half the bytes, then fails as a full disk does
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, data: bytes):
+            self.f.write(data[: len(data) // 2])
+            self.f.flush()
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    monkeypatch.setattr(files, "open", lambda *a, **k: Full(open(*a, **k)), raising=False)
+    with pytest.raises(files.WriteError) as e:
+        files.append_line(log, '{"step": 2, "gen_loss": 1.0}', "metrics log")
+    assert files.os_error_line(e.value) == (f"{log}: No space left on device while writing the metrics log "
+                                            "(nothing half-written was kept)")
+    assert log.read_text() == '{"step": 1}\n'
+
+
+def test_export_is_readable_by_others(done_run, tmp_path, cli_env, monkeypatch, capsys):
+    """safetensors (like mkstemp) creates its files 0600; an export is meant to be shared: 0644 under umask 022, as
+    every other file tinyelectra writes (the run's own files: 0666 minus the umask it was written under)."""
+    ambient = os.umask(0o022)
+    try:
+        out = tmp_path / "hf"
+        code, _ = in_process(["export", str(done_run / "ckpt-10000"), "--out", str(out)], cli_env, monkeypatch, capsys)
+    finally:
+        os.umask(ambient)
+    assert code == 0
+    exported = [p for p in out.rglob("*") if p.is_file()]
+    assert {p.name for p in exported} >= {"model.safetensors", "config.json", "README.md"}
+    assert {oct(stat.S_IMODE(p.stat().st_mode)) for p in exported} == {"0o644"}, exported
+    run_files = [p for p in done_run.rglob("*") if p.is_file()]
+    assert {oct(stat.S_IMODE(p.stat().st_mode)) for p in run_files} == {oct(0o666 & ~ambient)}, run_files
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -330,3 +477,54 @@ def test_bad_input_after_the_run_directory_check_leaves_no_out(done_run, tmp_pat
                             "--set", "train.seq_len=64", "--out", str(out)], cli_env, monkeypatch, capsys)
     assert_one_line(code, err, "128-token", "train.seq_len = 64")
     assert not (tmp_path / "new").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# settings that are not finite numbers, do not fit or cannot work: one line in every command that takes --set
+
+
+IMPOSSIBLE = {  # --set: what the error names ("1e400" is infinity; "1e30" steps does not fit int64)
+    "optim.lr=inf": "optim.lr", "optim.lr=-inf": "optim.lr", "optim.eps=inf": "optim.eps",
+    "optim.weight_decay=inf": "optim.weight_decay", "objective.temperature=inf": "objective.temperature",
+    "objective.disc_weight=nan": "objective.disc_weight", "optim.clip_norm=inf": "optim.clip_norm",
+    "model.dropout=nan": "model.dropout", "model.layer_norm_eps=inf": "model.layer_norm_eps",
+    "train.resume_every_seconds=inf": "train.resume_every_seconds",
+    "train.steps=1e400": "train.steps", "model.hidden_size=1e400": "model.hidden_size",
+    "train.steps=1e30": "train.steps", "optim.warmup_steps=99999999999999999999": "optim.warmup_steps",
+    "objective.mask_prob=0.001": "objective.mask_prob",  # no masked position in 128 tokens: was a oneDNN traceback
+}
+
+
+@pytest.mark.parametrize("command", ["train", "flops", "recipe"])
+@pytest.mark.parametrize("setting", list(IMPOSSIBLE))
+def test_impossible_setting(setting, command, tmp_path, cli_env, monkeypatch, capsys):
+    args = {"train": [*TRAIN, "--out", str(tmp_path / "r")], "flops": ["flops", "--recipe", "tiny"],
+            "recipe": ["recipe", "tiny"]}[command]
+    code, err = in_process([*args, "--set", setting], cli_env, monkeypatch, capsys)
+    assert_one_line(code, err, IMPOSSIBLE[setting], setting.split("=")[1])
+    assert not (tmp_path / "r").exists()
+
+
+FINETUNE_NOT_FINITE = {"lr=inf": "'inf' is not a finite number", "finetune.weight_decay=inf": "'inf'",
+                       "warmup_fraction=nan": "'nan'", "clip_norm=-inf": "'-inf'", "epochs=1e400": "'1e400'",
+                       "batch_size=1e400": "'1e400'", "layerwise_decay=nan": "'nan'", "dropout=nan": "'nan'",
+                       "seed=-1": "must be >= 0"}
+
+
+@pytest.mark.parametrize("setting", list(FINETUNE_NOT_FINITE))
+def test_fine_tuning_setting_that_is_not_a_finite_number(setting, tmp_path, cli_env, monkeypatch, capsys):
+    key = setting.split("=")[0].removeprefix("finetune.")
+    code, err = in_process(["glue", "--checkpoint", str(tmp_path), "--glue-dir", str(sst2(tmp_path / "glue")),
+                            "--set", setting], cli_env, monkeypatch, capsys)
+    assert_one_line(code, err, key, FINETUNE_NOT_FINITE[setting])
+
+
+@pytest.mark.parametrize("command", ["flops", "glue"])
+def test_toml_setting_that_is_not_a_finite_number(command, tmp_path, cli_env, monkeypatch, capsys):
+    """TOML spells inf and nan too: a recipe file (--recipe) or a [finetune] table (glue --config)."""
+    path = tmp_path / "settings.toml"
+    path.write_text("[optim]\nlr = inf\n" if command == "flops" else "[finetune]\nlr = nan\n", encoding="utf-8")
+    args = (["flops", "--recipe", str(path)] if command == "flops" else
+            ["glue", "--checkpoint", str(tmp_path), "--glue-dir", str(tmp_path), "--config", str(path)])
+    code, err = in_process(args, cli_env, monkeypatch, capsys)
+    assert_one_line(code, err, "settings.toml", "lr", "not a finite number")

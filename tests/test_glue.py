@@ -579,7 +579,7 @@ def test_interrupted_glue_keeps_every_finished_seed(ckpt, tmp_path, monkeypatch,
     assert done["complete"] and "partial" not in done
     assert done["tasks"]["sst2"]["seeds"][:2] == partial["partial"]["sst2"]["seeds"]
     assert [r["seed"] for r in done["tasks"]["sst2"]["seeds"]] == [0, 1, 2]
-    assert (out / "ckpt-10000" / "submission").is_dir() and not list((out / "ckpt-10000" / "partial").iterdir())
+    assert (out / "ckpt-10000" / "submission").is_dir() and not (out / "ckpt-10000" / "partial").exists()
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -116,6 +116,33 @@ def test_a_tsv_task_of_ones_own_learns_with_the_glue_protocol(ckpt, tmp_path, ca
         assert mode(f) == 0o644, (f, oct(mode(f)))
 
 
+def test_a_task_of_ones_own_says_its_majority_class_and_leaves_a_clean_log_and_folder(ckpt, tmp_path, capsys):
+    """An unbalanced task (train 2:1, dev 20 'sim' : 10 'não'): the line and glue.json give the score of always
+    answering the training rows' most frequent class, 20/30 = 66.7% (hand-computed), and no "leaderboard" (a task of
+    one's own has none); under a non-terminal only plain lines (no progress-bar line); after the run no partial/
+    folder is left beside glue.json."""
+    data = tmp_path / "d"
+    data.mkdir()
+    rng = random.Random(5)
+    labels = {"train": ["sim"] * 32 + ["não"] * 16, "dev": ["sim"] * 20 + ["não"] * 10, "test": [None] * 6}
+    for split, ys in labels.items():
+        rows_ = [(sentiment_sentence(rng, y == "sim"), y) for y in ys]
+        write_tsv(data / f"{split}.tsv", rows_, with_label=split != "test")
+    spec = task_file(tmp_path / "t.toml", name="desbalanceada", train="d/train.tsv", dev="d/dev.tsv", test="d/test.tsv",
+                     text_columns=["frase"], label_column="rótulo", metric="accuracy", epochs=1, index_column="id")
+    capsys.readouterr()
+    paths = run(ckpt, tmp_path / "out", [spec], seeds=2)
+    said = capsys.readouterr().out
+    t = json.loads(paths[0].read_text())["tasks"]["desbalanceada"]
+    assert t["majority_class"]["label"] == "sim"
+    assert t["majority_class"]["paper_score"] == pytest.approx(100 * 20 / 30)
+    line = next(x for x in said.splitlines() if x.startswith("ckpt-10000 desbalanceada: accuracy median"))
+    assert "always answering the majority class 'sim': 66.7" in line and "leaderboard" not in said
+    assert "━" not in said and "ETA 0:" not in said, said  # rich's bar and its columns
+    assert "seed 2/2: step 2/2" in said  # the plain lines are there
+    assert sorted(p.name for p in paths[0].parent.iterdir()) == ["glue.json", "submission"]  # no partial/
+
+
 def test_csv_and_jsonl_tasks_pairs_regression_and_their_metrics(ckpt, tmp_path):
     """CSV with quoted commas and a binary F1; JSONL pairs with numeric scores (regression, Spearman) and a
     3-class macro F1: read, fine-tuned (1 epoch: the machinery), scored with the metric each file names."""

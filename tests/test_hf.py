@@ -333,6 +333,14 @@ def test_not_electra_directories(tmp_path):
         hf.load_backbone(act)
 
 
+def as_written_before_checksums(ck: Path) -> None:
+    """A checkpoint as written before checksums existed: no sha256.json and no marker in config.json saying one was."""
+    (ck / "sha256.json").unlink(missing_ok=True)
+    raw = json.loads((ck / "config.json").read_text())
+    raw.pop("checksums")
+    (ck / "config.json").write_text(json.dumps(raw))
+
+
 def test_run_directory_and_missing_files(tmp_path):
     m = tiny_model()
     ck = save_checkpoint(tmp_path / "run" / "ckpt-0625", m, recipe_for(TINY), META, None)
@@ -344,7 +352,10 @@ def test_run_directory_and_missing_files(tmp_path):
     (ck / "discriminator.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(UserError, match="discriminator.safetensors: damaged .*sha256"):
         load_checkpoint(ck)
-    (ck / "sha256.json").unlink()  # a checkpoint written before checksums: the reader's own check
+    (ck / "sha256.json").unlink()  # its absence is damage: config.json says one was written
+    with pytest.raises(UserError, match="no sha256.json.*incomplete or damaged"):
+        load_checkpoint(ck)
+    as_written_before_checksums(ck)  # a checkpoint written before checksums: the reader's own check
     with pytest.raises(UserError, match="not a readable safetensors"):
         load_checkpoint(ck)
 
@@ -358,7 +369,7 @@ def test_vocabulary_size_mismatches(tmp_path):
     (ck / "config.json").write_text(json.dumps(raw))
     with pytest.raises(UserError, match="config.json: damaged"):  # an edited file no longer matches its checksum
         load_checkpoint(ck)
-    (ck / "sha256.json").unlink()  # ... without checksums (an older checkpoint), the sizes are still checked
+    as_written_before_checksums(ck)  # ... without checksums (an older checkpoint), the sizes are still checked
     with pytest.raises(UserError, match="vocabulary size mismatch.*119.*200"):
         load_checkpoint(ck)
     with pytest.raises(UserError, match="vocabulary size mismatch"):

@@ -35,6 +35,17 @@ def test_every_recipe_in_the_repository_is_found_as_package_data():
     assert pyproject["package-dir"]["tinyelectra.recipes"] == "recipes" and "*.toml" in pyproject["package-data"]["tinyelectra.recipes"]
 
 
+def test_license_file_is_the_apache_2_0_text_the_metadata_names():
+    """pyproject says Apache-2.0; LICENSE holds that license's text as the Apache Software Foundation publishes it
+    (apache.org/licenses/LICENSE-2.0.txt, whose sha256 this is)."""
+    import hashlib
+
+    assert tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["license"] == {"text": "Apache-2.0"}
+    text = (REPO / "LICENSE").read_bytes()
+    assert b"Apache License\n                           Version 2.0, January 2004" in text
+    assert hashlib.sha256(text).hexdigest() == "cfc7749b96f63bd31c3c42b5c471bf756814053e847c10f3eb003417bc523d30"
+
+
 @pytest.mark.parametrize("name", SOURCE_RECIPES)
 def test_printed_recipe_reads_back_the_same(name, tmp_path):
     """`tinyelectra recipe NAME --set ...` prints TOML that --recipe FILE turns back into the same recipe."""
@@ -71,12 +82,14 @@ def test_wheel_in_a_fresh_venv_finds_every_recipe_and_exports_for_transformers(t
     src = tmp_path / "src"
     for part in ("tinyelectra", "recipes"):
         shutil.copytree(REPO / part, src / part, ignore=shutil.ignore_patterns("__pycache__"))
-    for part in ("pyproject.toml", "README.md"):
+    for part in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy2(REPO / part, src / part)
     run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", tmp_path / "dist", src], tmp_path)
     wheel = next((tmp_path / "dist").glob("tinyelectra-*.whl"))
     shipped = sorted(Path(n).stem for n in zipfile.ZipFile(wheel).namelist() if n.startswith("tinyelectra/recipes/") and n.endswith(".toml"))
     assert shipped == SOURCE_RECIPES
+    licenses = [n for n in zipfile.ZipFile(wheel).namelist() if ".dist-info/" in n and Path(n).name == "LICENSE"]
+    assert len(licenses) == 1 and zipfile.ZipFile(wheel).read(licenses[0]) == (REPO / "LICENSE").read_bytes()
 
     venv = tmp_path / "venv"
     run([sys.executable, "-m", "venv", venv], tmp_path)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -208,5 +209,10 @@ def test_help_shows_whole_option_names_at_80_columns_and_version():
         assert max(map(len, r.stdout.splitlines())) <= 80
         for option in options:
             assert option in r.stdout, (command, option)
+    for command in ("prepare", "train", "flops", "recipe", "export", "glue", "report"):  # metavars, not Python types
+        r = subprocess.run([sys.executable, "-m", "tinyelectra", command, "-h"], capture_output=True, text=True,
+                           env=env, timeout=600)
+        assert r.returncode == 0 and max(map(len, r.stdout.splitlines())) <= 80, r.stdout
+        assert not re.search(r"<(list\[|str>|int>|float>|path>|bool>)", r.stdout, flags=re.IGNORECASE), r.stdout
     r = subprocess.run([sys.executable, "-m", "tinyelectra", "--version"], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0 and r.stdout.strip() == f"tinyelectra {__version__}"

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from tinyelectra.budget import make_plan, parse_budget
-from tinyelectra.config import SECTIONS, load_recipe
+from tinyelectra.config import SECTIONS, load_recipe, recipe_command
+from tinyelectra.errors import UserError
 from tinyelectra.flops import flops_command, paper_train_flops_per_step
 
 RECIPES = {p.stem: str(p) for p in sorted((Path(__file__).resolve().parents[1] / "recipes").glob("*.toml"))}
@@ -53,3 +54,40 @@ def test_no_two_recipes_resolve_to_the_same_configuration():
     resolved = {name: {s: load_recipe(RECIPES[name]).to_dict()[s] for s in SECTIONS} for name in SHIPPED}
     same = [(a, b) for a, b in itertools.combinations(SHIPPED, 2) if resolved[a] == resolved[b]]
     assert not same
+
+
+def test_recipe_list_and_show_are_the_plain_forms(capsys, monkeypatch):
+    """`recipe list` and `recipe show NAME` (what other tools take) print what `recipe` and `recipe NAME` print;
+    the listing keeps a description's first clause whole, "(Clark et al. 2020, ...)" included."""
+    import sys
+
+    from tinyelectra import cli
+
+    def run(*args: str) -> str:
+        monkeypatch.setattr(sys, "argv", ["tinyelectra", "recipe", *args])
+        with pytest.raises(SystemExit) as e:
+            cli.main()
+        assert e.value.code == 0
+        return capsys.readouterr().out
+
+    listing = run()
+    assert run("list") == listing and run("show", "tiny") == run("tiny")
+    assert [line.split()[0] for line in listing.splitlines()] == SHIPPED
+    small = next(line for line in listing.splitlines() if line.startswith("electra-small "))
+    assert small.endswith("ELECTRA-Small exactly as the paper trained it (Clark et al. 2020, Table 1 and Appendix A)")
+    with pytest.raises(UserError, match="unknown recipe 'nope'"):
+        recipe_command("nope", [])
+
+
+@pytest.mark.parametrize("text,seconds", [("4d", 345_600), ("36h", 129_600), ("90m", 5_400), ("45s", 45),
+                                          ("1h30m", 5_400), ("2d12h", 216_000), ("1h30m15s", 5_415), ("1.5h", 5_400),
+                                          ("1h 30m", 5_400)])
+def test_time_budgets_in_several_units(text, seconds):
+    budget = parse_budget(text)
+    assert budget.kind == "time" and budget.value == seconds
+
+
+@pytest.mark.parametrize("text", ["30m1h", "1h1h", "1m30", "h", "-1h30m", "0h0m"])
+def test_time_budgets_that_are_not_understood_or_not_positive(text):
+    with pytest.raises(UserError, match=f"budget '{text}'"):
+        parse_budget(text)

@@ -224,6 +224,26 @@ def test_report_needs_a_run_or_results(tmp_path):
         build_report(tmp_path)
     with pytest.raises(UserError, match="no such run directory"):
         build_report(tmp_path / "missing")
+    (tmp_path / "a.json").write_text("{}")
+    with pytest.raises(UserError, match="a.json: a file, not a run directory"):
+        build_report(tmp_path / "a.json")
+
+
+def test_damaged_metrics_lines_are_a_stated_warning(run_dir, tmp_path, capsys):
+    """Two damaged lines amid good ones: the report is written, says how many were skipped and where (report.md's
+    notes, report.json's and stderr), and the curves keep every good line."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    lines = (run / "metrics.jsonl").read_text().split("\n")
+    lines[3], lines[7] = "\x00\x13garbage", '{"step": "four", "gen_loss": 1.0}'
+    (run / "metrics.jsonl").write_text("\n".join(lines))
+    rep = report_command(run, None)
+    note = f"{run / 'metrics.jsonl'}: 2 damaged line(s) skipped (line 4, 8)"
+    assert any(n.startswith(note) for n in rep["notes"]) and note in (run / "report.md").read_text()
+    assert f"warning: {note}" in capsys.readouterr().err
+    assert rep["pretraining"]["log_records"] == 160 - 2  # the fixture's 160 log lines, less the two damaged
 
 
 def test_end_to_end_after_tinyelectra_glue(tmp_path):

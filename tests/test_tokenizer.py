@@ -244,6 +244,27 @@ def test_sentencepiece_on_korean_japanese_chinese(tmp_path):
     assert [auto.decode(auto(line)["input_ids"], skip_special_tokens=True) for line in CJK_LINES] == [tok.decode(r) for r in ids]
 
 
+SPACED = ["two  spaces", "x   y    z", "trailing  ", "  leading", " ", "tab\there", "code(x)  # comment", "한국어  문장"]
+
+
+def test_trained_sentencepiece_keeps_runs_of_spaces_as_written(tmp_path):
+    """`prepare --tokenizer-type sentencepiece` keeps the text as written (its help says so): runs of spaces are not
+    collapsed (SentencePiece's default remove_extra_whitespaces is off), so decode returns the text, and the copy
+    written for transformers encodes and decodes the same."""
+    from transformers import AutoTokenizer
+
+    from tinyelectra.tokenizer import read_sentencepiece
+
+    tok = Tokenizer.train_sentencepiece(english_lines()[:1500], 1000)
+    assert read_sentencepiece(tok._sp_bytes)[1]["remove_extra_whitespaces"] == 0
+    ids = tok.encode_batch(SPACED)
+    assert [tok.decode(row) for row in ids] == SPACED
+    tok.save(tmp_path / "saved")
+    auto = AutoTokenizer.from_pretrained(str(tmp_path / "saved"))
+    assert [auto(t, add_special_tokens=False)["input_ids"] for t in SPACED] == ids
+    assert [auto.decode(row) for row in ids] == SPACED
+
+
 def test_sentencepiece_missing_mask_names_it(tmp_path):
     model = train_sentencepiece(tmp_path, ["<cls>", "<sep>"])
     with pytest.raises(UserError, match=r"no \[MASK\] token \(also looked for <mask>\)"):

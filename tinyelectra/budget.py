@@ -44,11 +44,15 @@ class Budget:
 
 
 def parse_budget(text: str) -> Budget:
+    """'paper', a time ('4d', '90m', '1h30m', '2d12h', '1h30m15s': units d h m s, largest first, each once), FLOPs
+    ('1.4e18flops') or steps ('62500steps', '1Msteps') -> a Budget; anything else is one UserError."""
     t = text.strip()
     if t == "paper":
         return Budget("paper", 0.0, t)
-    if m := re.fullmatch(r"([+-]?[0-9]*\.?[0-9]+)\s*([smhd])", t):
-        return Budget("time", _positive(float(m.group(1)), t) * _TIME_UNITS[m.group(2)], t)
+    units = "dhms"  # the order a time is written in
+    if (m := re.fullmatch(r"([+-]?)\s*" + "".join(rf"(?:([0-9]*\.?[0-9]+)\s*{u}\s*)?" for u in units), t)) and any(m.groups()[1:]):
+        seconds = sum(float(n) * _TIME_UNITS[u] for n, u in zip(m.groups()[1:], units) if n is not None)
+        return Budget("time", _positive(-seconds if m.group(1) == "-" else seconds, t), t)
     if m := re.fullmatch(r"([+-]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*flops", t, flags=re.IGNORECASE):
         return Budget("flops", _positive(float(m.group(1)), t), t)
     if m := re.fullmatch(r"([+-]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKM]?)\s*steps?", t):

@@ -4,14 +4,17 @@
 A checkpoint directory (fraction x 10^4 in its name, e.g. ckpt-0625 = 6.25% of the budget) holds:
   discriminator.safetensors  `Electra.discriminator_state_dict()` (absent for objective "mlm")
   generator.safetensors      `Electra.generator_state_dict()`
-  config.json                {"format": "tinyelectra-checkpoint", "format_version": 1, "recipe": {...}, "objective": ...}
+  config.json                {"format": "tinyelectra-checkpoint", "format_version": 1, "recipe": {...}, "objective": ...,
+                             "checksums": "sha256.json"} (the marker: without it, written before checksums existed)
   meta.json                  step, fraction, tokens_seen, train_flops_paper, train_flops_hardware, train_seconds (the
                              budget's clock; wall_seconds before issue 13), eval, ...
   tokenizer/                 written by `tinyelectra.tokenizer.Tokenizer.save()`
-  sha256.json                the sha256 of the weights, config.json and meta.json, checked on load (files.verify_sha256)
+  sha256.json                the sha256 of the weights, config.json and meta.json, checked on load (files.verify_sha256);
+                             its absence is damage where config.json says it was written
 
 And a run's exact-resume state, `RUN/state/step-N/` (model.safetensors, optimizer.pt read back with
-`torch.load(weights_only=True)`, trainer.json: step, clocks, data cursor, plan, recipe; sha256.json), named by
+`torch.load(weights_only=True)`, trainer.json: step, clocks, data cursor, plan, recipe, the checksums marker;
+sha256.json), named by
 `RUN/state/LATEST`. Not here: transformers' formats (hf.py). Everything is written into `NAME.tmp-<pid>`, fsynced, then
 renamed into place (files.staged_dir), so a crash never leaves half a checkpoint or a LATEST pointing at an incomplete state; a file
 damaged afterwards is a one-line error naming it, never a silently different model.
@@ -30,7 +33,8 @@ from typing import TYPE_CHECKING, Any
 from tinyelectra.budget import Plan, checkpoint_name  # noqa: F401  (checkpoint_name lives with the plan's schedule)
 from tinyelectra.config import Recipe, recipe_from_dict
 from tinyelectra.errors import UserError
-from tinyelectra.files import first_line, staged_dir, verify_sha256, write_atomic, write_sha256
+from tinyelectra.files import (CHECKSUMS_KEY, SHA256_FILE, first_line, staged_dir, verify_sha256, write_atomic,
+                              write_sha256, written_with_checksums)
 from tinyelectra.tokenizer import Tokenizer
 
 FORMAT = "tinyelectra-checkpoint"
@@ -86,12 +90,13 @@ def save_checkpoint(directory: Path, model, recipe: Recipe, meta: dict[str, Any]
     directory = Path(directory)
     if model.objective != recipe.objective.kind:
         raise ValueError(f"model objective {model.objective!r} differs from the recipe's {recipe.objective.kind!r}")
-    with staged_dir(directory) as tmp:
+    with staged_dir(directory, "checkpoint") as tmp:
         if model.discriminator is not None:
             _save_tensors(model.discriminator_state_dict(), tmp / "discriminator.safetensors", {"format": "pt"})
         _save_tensors(model.generator_state_dict(), tmp / "generator.safetensors", {"format": "pt"})
         _write_json(tmp / "config.json", {
             "format": FORMAT, "format_version": FORMAT_VERSION, "recipe": recipe.to_dict(), "objective": model.objective,
+            CHECKSUMS_KEY: SHA256_FILE,
         })
         _write_json(tmp / "meta.json", meta)
         write_sha256(tmp)  # the weights, config and meta (a tokenizer may be replaced; its size is checked)
@@ -198,13 +203,18 @@ def read_meta(directory: Path) -> dict[str, Any]:
     return meta
 
 
+def verify_checkpoint(directory: Path) -> None:
+    """A checkpoint's files against its sha256.json (required where its config.json says one was written)."""
+    verify_sha256(directory, "the checkpoint", required=written_with_checksums(Path(directory) / "config.json"))
+
+
 def load_checkpoint(directory: Path):
     """Read a checkpoint back: (Electra in eval mode on the CPU, Recipe, meta dict). Every problem is one UserError."""
     from tinyelectra.model import Electra
 
     d = Path(directory)
     recipe, objective = read_checkpoint_config(d)
-    verify_sha256(d, "the checkpoint")
+    verify_checkpoint(d)
     meta = read_meta(d)
     vocab = recipe.model.vocab_size
     disc = read_weights(d / "discriminator.safetensors", vocab) if objective == "electra" else None
@@ -232,16 +242,16 @@ def save_resume_state(run_dir: Path, model, optimizer, scaler, loader, **info) -
 
     root = run_dir / "state"
     name = f"step-{info['step']:09d}"
-    with staged_dir(root / name) as tmp:
+    with staged_dir(root / name, "resume state") as tmp:
         _save_tensors(model.state_dict(), tmp / "model.safetensors")
         buffer = io.BytesIO()  # through memory, as `_save_tensors`
         torch.save({"optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
                     "torch_rng": torch.get_rng_state()}, buffer)
         (tmp / "optimizer.pt").write_bytes(buffer.getbuffer())
-        _write_json(tmp / "trainer.json",
-                    {"format": RESUME_FORMAT, "loader": loader.state_dict(), **info, "recipe": info["recipe"].to_dict()})
+        _write_json(tmp / "trainer.json", {"format": RESUME_FORMAT, "loader": loader.state_dict(), **info,
+                                           "recipe": info["recipe"].to_dict(), CHECKSUMS_KEY: SHA256_FILE})
         write_sha256(tmp)
-    write_atomic(root / "LATEST", name + "\n")
+    write_atomic(root / "LATEST", name + "\n", "resume state pointer")
     for old in root.iterdir():
         if old.name not in (name, "LATEST"):
             shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
@@ -266,7 +276,7 @@ def read_state_info(d: Path) -> dict:
     """trainer.json of the resume state `d` (its files checked against sha256.json first)."""
     if not d.is_dir():
         raise UserError(f"{d}: the resume state named by {d.parent / 'LATEST'} is missing")
-    verify_sha256(d, "the resume state")
+    verify_sha256(d, "the resume state", required=written_with_checksums(d / "trainer.json"))
     path = d / "trainer.json"
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))

@@ -49,30 +49,30 @@ def _main(
 @app.command()
 def prepare(
     corpus: list[str] = typer.Option(
-        ..., "--corpus", help="Text sources: files, folders, globs, .gz/.bz2/.xz, .jsonl (text field), .parquet, "
+        ..., "--corpus", metavar="SOURCE", help="Text sources: files, folders, globs, .gz/.bz2/.xz, .jsonl (text field), .parquet, "
         "WikiExtractor output, hf:NAME[:CONFIG], or 'builtin' (offline smoke-test corpus). Repeat or list several."
     ),
-    out: Path = typer.Option(..., "--out", help="Output data directory (shards, tokenizer, manifest.json)."),
+    out: Path = typer.Option(..., "--out", metavar="DIR", help="Output data directory (shards, tokenizer, manifest.json)."),
     tokenizer: Optional[str] = typer.Option(
-        None, "--tokenizer", help="Use this vocab.txt, tokenizer.json or SentencePiece .model instead of training one."
+        None, "--tokenizer", metavar="FILE", help="Use this vocab.txt, tokenizer.json or SentencePiece .model instead of training one."
     ),
     tokenizer_type: str = typer.Option(
-        "wordpiece", "--tokenizer-type", help="Train a 'wordpiece' (BERT's) or a 'sentencepiece' model "
-        "([PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4; text kept as written, so decode returns it)."
+        "wordpiece", "--tokenizer-type", metavar="wordpiece|sentencepiece", help="Train a 'wordpiece' (BERT's) or a 'sentencepiece' model "
+        "([PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4; text kept as written, runs of spaces included, so decode returns it)."
     ),
-    vocab_size: int = typer.Option(30522, "--vocab-size", help="Size of the vocabulary to train."),
-    seq_len: int = typer.Option(128, "--seq-len", help="Tokens per example, 8 to 512."),
+    vocab_size: int = typer.Option(30522, "--vocab-size", metavar="N", help="Size of the vocabulary to train."),
+    seq_len: int = typer.Option(128, "--seq-len", metavar="N", help="Tokens per example, 8 to 512."),
     casing: str = typer.Option(
-        "auto", "--casing", help="WordPiece normalisation: 'uncased' (lower-case and strip accents, as the paper), "
+        "auto", "--casing", metavar="auto|uncased|cased", help="WordPiece normalisation: 'uncased' (lower-case and strip accents, as the paper), "
         "'cased', or 'auto': uncased only for English-like text, cased when uncased would strip accents, kana voicing "
         "marks or Hangul syllables. The choice and its reason go into manifest.json."
     ),
     character_coverage: float = typer.Option(
-        CHARACTER_COVERAGE, "--character-coverage", help="Share of character occurrences the WordPiece alphabet (at "
+        CHARACTER_COVERAGE, "--character-coverage", metavar="SHARE", help="Share of character occurrences the WordPiece alphabet (at "
         "least 1,000 characters when present, at most a third of the vocabulary) or the SentencePiece model covers; "
         "rarer characters become [UNK] (or byte pieces)."
     ),
-    sentencepiece_model: str = typer.Option("unigram", "--sentencepiece-model", help="'unigram' or 'bpe' (with --tokenizer-type sentencepiece)."),
+    sentencepiece_model: str = typer.Option("unigram", "--sentencepiece-model", metavar="unigram|bpe", help="'unigram' or 'bpe' (with --tokenizer-type sentencepiece)."),
     byte_fallback: bool = typer.Option(
         True, "--byte-fallback/--no-byte-fallback", help="SentencePiece: spell characters outside the model as UTF-8 byte pieces instead of [UNK]."
     ),
@@ -80,12 +80,12 @@ def prepare(
         False, "--pack-documents", help="Let short documents share examples (for text of short paragraphs or records, "
         "where one padded example per document would be mostly padding; prepare reports the fill ratio)."
     ),
-    workers: int = typer.Option(0, "--workers", help="Tokenization processes (0 = one per CPU core)."),
+    workers: int = typer.Option(0, "--workers", metavar="N", help="Tokenization processes (0 = one per CPU core)."),
     force: bool = typer.Option(False, "--force", help="Replace an output directory that holds a different dataset."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the example builder's random choices."),
-    validation_fraction: float = typer.Option(0.01, "--validation-fraction", help="Share of documents held out for validation."),
+    seed: int = typer.Option(0, "--seed", metavar="N", help="Seed of the example builder's random choices."),
+    validation_fraction: float = typer.Option(0.01, "--validation-fraction", metavar="SHARE", help="Share of documents held out for validation."),
     tokenizer_sample_mb: float = typer.Option(
-        32.0, "--tokenizer-sample-mb", help="Train the tokenizer on the first N MB of text (0 = all of it, held in memory; more is slower)."
+        32.0, "--tokenizer-sample-mb", metavar="MB", help="Train the tokenizer on the first N MB of text (0 = all of it, held in memory; more is slower)."
     ),
 ) -> None:
     """Turn raw text into a tokenizer and packed ELECTRA pre-training examples.
@@ -113,23 +113,23 @@ def prepare(
 @app.command()
 def train(
     budget: str = typer.Option(
-        ..., "--budget", help="Wall clock on this machine (4d, 36h, 90m, 45s), paper-convention FLOPs (1.4e18flops), "
+        ..., "--budget", metavar="BUDGET", help="Wall clock on this machine (4d, 36h, 90m, 1h30m, 45s), paper-convention FLOPs (1.4e18flops), "
         "steps (62500steps, 1Msteps), or 'paper' (the recipe's full schedule). Step and FLOP budgets reproduce a run "
         "(the same steps; bit-identical weights with --set train.deterministic=true); a time budget does not, by "
         "design: how many steps fit depends on the machine's speed and load."
     ),
     data: Optional[Path] = typer.Option(
-        None, "--data", help="A directory written by `tinyelectra prepare`. Without --data or --corpus the run trains "
+        None, "--data", metavar="DIR", help="A directory written by `tinyelectra prepare`. Without --data or --corpus the run trains "
         "on the built-in smoke-test corpus (about 2 MB of Python's own documentation: for trying things, not for "
         "pre-training)."),
-    corpus: Optional[list[str]] = typer.Option(None, "--corpus", help="Prepare these sources first (cached under the run)."),
+    corpus: Optional[list[str]] = typer.Option(None, "--corpus", metavar="SOURCE", help="Prepare these sources first (cached under the run)."),
     recipe: str = typer.Option(
-        "electra-small", "--recipe", help="A shipped recipe's name (`tinyelectra recipe` lists them) or a .toml path. "
+        "electra-small", "--recipe", metavar="NAME|FILE", help="A shipped recipe's name (`tinyelectra recipe` lists them) or a .toml path. "
         "The default, electra-small, is the paper's model with its 1M-step schedule (4 days on a V100); 'tiny' is a "
         "small CPU recipe."),
-    gpu: Optional[int] = typer.Option(None, "--gpu", help="CUDA device index."),
-    device: Optional[str] = typer.Option(None, "--device", help="'cpu' (or a torch device string)."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default runs/RECIPE-BUDGET)."),
+    gpu: Optional[int] = typer.Option(None, "--gpu", metavar="INDEX", help="CUDA device index."),
+    device: Optional[str] = typer.Option(None, "--device", metavar="DEVICE", help="'cpu' (or a torch device string)."),
+    out: Optional[Path] = typer.Option(None, "--out", metavar="DIR", help="Run directory (default runs/RECIPE-BUDGET)."),
     resume: bool = typer.Option(
         False, "--resume", help="Continue the run in --out where it stopped (from step 0 if it stopped during "
         "start-up, before its first resume state). A finished run is left as it is."),
@@ -138,10 +138,10 @@ def train(
         "checkpoints, plan, metrics, summary, and the GLUE results and report made from them), listing what it "
         "deleted. Nothing is ever deleted without it."),
     init: Optional[Path] = typer.Option(
-        None, "--init", help="Start from these weights (continued pre-training): a tinyelectra checkpoint, a "
+        None, "--init", metavar="DIR", help="Start from these weights (continued pre-training): a tinyelectra checkpoint, a "
         "`tinyelectra export` directory, or a transformers ELECTRA discriminator directory. Shapes must match the recipe."
     ),
-    set_: Optional[list[str]] = typer.Option(None, "--set", help="Override a recipe field: section.key=value (repeatable)."),
+    set_: Optional[list[str]] = typer.Option(None, "--set", metavar="SECTION.KEY=VALUE", help="Override a recipe field: section.key=value (repeatable)."),
 ) -> None:
     """Pre-train within a budget; checkpoints at 6.25%, 12.5%, 25%, 50% and 100% of it.
 
@@ -168,11 +168,11 @@ def train(
 
 @app.command()
 def flops(
-    recipe: str = typer.Option("electra-small", "--recipe", help="A shipped recipe's name (`tinyelectra recipe` lists them) or a .toml path."),
-    steps: Optional[int] = typer.Option(None, "--steps", help="Training steps (default: the recipe's)."),
-    batch: Optional[int] = typer.Option(None, "--batch", help="Sequences per step (default: the recipe's)."),
-    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Tokens per sequence (default: the recipe's)."),
-    set_: Optional[list[str]] = typer.Option(None, "--set", help="Override a recipe field: section.key=value."),
+    recipe: str = typer.Option("electra-small", "--recipe", metavar="NAME|FILE", help="A shipped recipe's name (`tinyelectra recipe` lists them) or a .toml path."),
+    steps: Optional[int] = typer.Option(None, "--steps", metavar="N", help="Training steps (default: the recipe's)."),
+    batch: Optional[int] = typer.Option(None, "--batch", metavar="N", help="Sequences per step (default: the recipe's)."),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", metavar="N", help="Tokens per sequence (default: the recipe's)."),
+    set_: Optional[list[str]] = typer.Option(None, "--set", metavar="SECTION.KEY=VALUE", help="Override a recipe field: section.key=value."),
 ) -> None:
     """FLOPs of a recipe in the paper's convention and the hardware convention (for MFU)."""
     from tinyelectra.flops import flops_command
@@ -182,26 +182,40 @@ def flops(
 
 @app.command()
 def recipe(
-    name: Optional[str] = typer.Argument(None, help="A shipped recipe's name or a .toml path; without it, list the shipped recipes."),
-    set_: Optional[list[str]] = typer.Option(None, "--set", help="Override a recipe field: section.key=value (repeatable)."),
+    first: Optional[str] = typer.Argument(None, metavar="list|show|NAME", hidden=True),
+    second: Optional[str] = typer.Argument(None, metavar="NAME", hidden=True),
+    set_: Optional[list[str]] = typer.Option(None, "--set", metavar="SECTION.KEY=VALUE", help="Override a recipe field: section.key=value (repeatable)."),
 ) -> None:
-    """Print a recipe as a run would use it (after --set), as TOML that --recipe accepts; or list the shipped ones."""
+    """Print a recipe as a run would use it (after --set), as TOML that --recipe accepts; or list the shipped ones.
+
+    `tinyelectra recipe NAME` (or `recipe show NAME`): NAME is a shipped recipe's name or a .toml path.
+    `tinyelectra recipe` (or `recipe list`): the shipped recipes, one line each.
+    """
     from tinyelectra.config import recipe_command
 
-    recipe_command(name, list(set_ or []))
+    if first == "show":
+        if second is None:
+            raise UserError("recipe show: name a recipe (`tinyelectra recipe list` lists the shipped ones)")
+        first, second = second, None
+    if second is not None:
+        raise UserError(f"recipe {first} {second}: give one recipe (recipe NAME, recipe show NAME or recipe list)")
+    recipe_command(None if first == "list" else first, list(set_ or []))
 
 
 @app.command()
 def export(
-    checkpoint: Path = typer.Argument(..., help="A fraction checkpoint directory (e.g. runs/X/ckpt-10000)."),
-    out: Path = typer.Option(..., "--out", help="New output directory: discriminator/ (ElectraForPreTraining) and generator/ "
+    checkpoint: Path = typer.Argument(..., metavar="CHECKPOINT", hidden=True),
+    out: Path = typer.Option(..., "--out", metavar="DIR", help="New output directory: discriminator/ (ElectraForPreTraining) and generator/ "
                              "(ElectraForMaskedLM), each with tokenizer files; an MLM checkpoint writes generator/ only."),
     language: Optional[list[str]] = typer.Option(
-        None, "--language", help="Language code(s) for the model card's metadata (default: those prepare guessed "
+        None, "--language", metavar="CODE", help="Language code(s) for the model card's metadata (default: those prepare guessed "
         "from the text's scripts: ko, ja, zh, en)."),
-    license_id: Optional[str] = typer.Option(None, "--license", help="License of the weights for the model card (e.g. apache-2.0, cc-by-sa-4.0)."),
+    license_id: Optional[str] = typer.Option(None, "--license", metavar="ID", help="License of the weights for the model card (e.g. apache-2.0, cc-by-sa-4.0)."),
 ) -> None:
-    """Write a checkpoint as transformers ElectraForPreTraining / ElectraForMaskedLM directories (from_pretrained loads them offline)."""
+    """Write a checkpoint as transformers ElectraForPreTraining / ElectraForMaskedLM directories (from_pretrained loads them offline).
+
+    CHECKPOINT is a fraction checkpoint directory (e.g. runs/X/ckpt-10000).
+    """
     from tinyelectra.hf import export_command
 
     export_command(checkpoint=checkpoint, out_dir=out, languages=list(language or []), license_id=license_id)
@@ -209,24 +223,24 @@ def export(
 
 @app.command()
 def glue(
-    checkpoint: Path = typer.Option(..., "--checkpoint", help="A run directory (every fraction), one checkpoint, or a transformers ELECTRA directory."),
-    glue_dir: Optional[Path] = typer.Option(None, "--glue-dir", help="The classic glue_data directory."),
+    checkpoint: Path = typer.Option(..., "--checkpoint", metavar="DIR", help="A run directory (every fraction), one checkpoint, or a transformers ELECTRA directory."),
+    glue_dir: Optional[Path] = typer.Option(None, "--glue-dir", metavar="DIR", help="The classic glue_data directory."),
     hf: bool = typer.Option(False, "--hf", help="Read GLUE through Hugging Face `datasets` (needs the hub)."),
     task_file: Optional[list[Path]] = typer.Option(
-        None, "--task-file", help="A task of your own (KLUE, JGLUE, CLUE, ASSIN, ...): a TOML file naming its TSV/CSV/JSONL "
+        None, "--task-file", metavar="FILE", help="A task of your own (KLUE, JGLUE, CLUE, ASSIN, ...): a TOML file naming its TSV/CSV/JSONL "
         "files, text column(s), label column and metric (README: custom tasks). Repeatable; without --glue-dir/--hf "
         "only these run."),
-    tasks: str = typer.Option("all", "--tasks", help="Comma-separated tasks, or 'all' (those with data)."),
-    seeds: int = typer.Option(3, "--seeds", help="Fine-tuning seeds per task; medians are reported."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Where OUT/<checkpoint>/glue.json goes (default: RUN/glue for a run or its checkpoints, else CHECKPOINT/glue)."),
-    gpu: Optional[int] = typer.Option(None, "--gpu", help="CUDA device index."),
-    device: Optional[str] = typer.Option(None, "--device", help="'cpu' (or a torch device string)."),
-    max_train_rows: Optional[int] = typer.Option(None, "--max-train-rows", help="Use only the first N training rows per task (quick checks)."),
+    tasks: str = typer.Option("all", "--tasks", metavar="TASKS", help="Comma-separated tasks, or 'all' (those with data)."),
+    seeds: int = typer.Option(3, "--seeds", metavar="N", help="Fine-tuning seeds per task; medians are reported."),
+    out: Optional[Path] = typer.Option(None, "--out", metavar="DIR", help="Where OUT/<checkpoint>/glue.json goes (default: RUN/glue for a run or its checkpoints, else CHECKPOINT/glue)."),
+    gpu: Optional[int] = typer.Option(None, "--gpu", metavar="INDEX", help="CUDA device index."),
+    device: Optional[str] = typer.Option(None, "--device", metavar="DEVICE", help="'cpu' (or a torch device string)."),
+    max_train_rows: Optional[int] = typer.Option(None, "--max-train-rows", metavar="N", help="Use only the first N training rows per task (quick checks)."),
     config: Optional[Path] = typer.Option(
-        None, "--config", help="A TOML file whose [finetune] table sets the keys below (a file of its own, or a recipe "
+        None, "--config", metavar="FILE", help="A TOML file whose [finetune] table sets the keys below (a file of its own, or a recipe "
         "TOML that carries one); --set applies on top."),
     set_: Optional[list[str]] = typer.Option(
-        None, "--set", help="Override a fine-tuning setting, finetune.key=value as train's section.key=value (the section may be left out): lr, layerwise (intended|official|none), "
+        None, "--set", metavar="KEY=VALUE", help="Override a fine-tuning setting, finetune.key=value as train's section.key=value (the section may be left out): lr, layerwise (intended|official|none), "
         "layerwise_decay, weight_decay, warmup_fraction, clip_norm, batch_size, batching (random|length), max_length, "
         "epochs, dropout, eval_batch_size, precision, seed, test_predictions."
     ),
@@ -248,10 +262,13 @@ def glue(
 
 @app.command()
 def report(
-    run_dir: Path = typer.Argument(..., help="A run directory with GLUE results (from `tinyelectra glue`)."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Where report.md, report.json and plots go (default: RUN_DIR)."),
+    run_dir: Path = typer.Argument(..., metavar="RUN_DIR", hidden=True),
+    out: Optional[Path] = typer.Option(None, "--out", metavar="DIR", help="Where report.md, report.json and plots go (default: RUN_DIR)."),
 ) -> None:
-    """FLOPs-versus-GLUE report beside the paper's Table 1: report.md, report.json, PNG plots."""
+    """FLOPs-versus-GLUE report beside the paper's Table 1: report.md, report.json, PNG plots.
+
+    RUN_DIR is a run directory with GLUE results (from `tinyelectra glue`), or the --out of `tinyelectra glue`.
+    """
     from tinyelectra.report import report_command
 
     report_command(run_dir=run_dir, out_dir=out)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -43,8 +44,10 @@ class ModelConfig:
     sharing: str = "embeddings"  # embeddings (paper) | all (generator == discriminator encoder) | none
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "embedding_size", "hidden_size", "num_layers", "num_heads", "ffn_size"):
+        for name in ("vocab_size", "embedding_size", "hidden_size", "num_layers", "num_heads", "ffn_size", "max_positions"):
             _check(getattr(self, name) > 0, f"model.{name}", "must be positive")
+        _check(self.type_vocab_size >= 2, "model.type_vocab_size", "must be >= 2 (segments A and B have ids 0 and 1)")
+        _check(0.0 < self.layer_norm_eps < 1.0, "model.layer_norm_eps", "must be in (0, 1)")
         _check(self.hidden_size % self.num_heads == 0, "model.hidden_size", "must be divisible by num_heads")
         _check(0.0 <= self.dropout < 1.0, "model.dropout", "must be in [0, 1)")
         _check(0.0 <= self.attention_dropout < 1.0, "model.attention_dropout", "must be in [0, 1)")
@@ -138,7 +141,7 @@ class TrainConfig:
         for name in ("batch_size", "steps", "log_every_steps", "resume_every_seconds"):
             _check(getattr(self, name) > 0, f"train.{name}", "must be > 0")
         _check(8 <= self.seq_len <= 512, "train.seq_len", "must be between 8 and 512")
-        for name in ("micro_batch_size", "eval_rows"):
+        for name in ("micro_batch_size", "eval_rows", "seed"):
             _check(getattr(self, name) >= 0, f"train.{name}", "must be >= 0")
         _check(self.precision in ("auto", "bf16", "fp16", "fp32"), "train.precision", "must be auto, bf16, fp16 or fp32")
         _check(self.compile in ("auto", "on", "off", "reduce-overhead"), "train.compile", "must be auto, on, off or reduce-overhead")
@@ -219,23 +222,36 @@ def _parse_scalar(text: str, typ: type, where: str) -> Any:
     try:
         if typ is bool:
             return _BOOLS[text.lower()]
-        if typ is int:
-            try:
-                return int(text.replace("_", ""))
-            except ValueError:
-                as_float = float(text)  # accepts 1e6
-                if as_float != int(as_float):
-                    raise
-                return int(as_float)
         if typ is float:
-            return float(text)
-        return text
+            value: Any = float(text)
+        elif typ is int:
+            try:
+                value = int(text.replace("_", ""))
+            except ValueError:
+                value = float(text)  # 1e6 is a whole number; 1e400 is infinity, refused by _coerce
+                if math.isfinite(value):
+                    if value != int(value):
+                        raise
+                    value = int(value)
+        else:
+            return text
     except (KeyError, ValueError):
         raise UserError(f"{where}: {text!r} is not a valid {typ.__name__}") from None
+    return _coerce(value, typ, where, shown=repr(text))
 
 
-def _coerce(value: Any, typ: type, where: str) -> Any:
-    """Type-check a TOML value against a dataclass field type (ints are accepted for floats)."""
+INT_LIMIT = 2**63  # an int setting must fit torch's and numpy's int64 (steps, sizes and seeds become tensors or arrays)
+
+
+def _coerce(value: Any, typ: type, where: str, shown: str = "") -> Any:
+    """Type-check a value (from TOML or `--set`, written as `shown`) against a dataclass field type (ints are
+    accepted for floats): a number must be finite (TOML and `--set` both spell inf and nan, and 1e400 is infinity)
+    and an int must fit int64."""
+    shown = shown or repr(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise UserError(f"{where}: {shown} is not a finite number")
+    if typ in (int, float) and isinstance(value, int) and not isinstance(value, bool) and not -INT_LIMIT < value < INT_LIMIT:
+        raise UserError(f"{where}: {shown} is out of range (at most {INT_LIMIT - 1:.3e})")
     if typ is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):  # bool is a subclass of int
@@ -273,6 +289,9 @@ def recipe_from_dict(raw: dict[str, Any], where: str = "recipe") -> Recipe:
     recipe = Recipe(name=name, description=str(raw.get("description", "")), deviations=tuple(deviations), **sections)
     if recipe.train.seq_len > recipe.model.max_positions:
         raise UserError(f"{where}: train.seq_len {recipe.train.seq_len} exceeds model.max_positions {recipe.model.max_positions}")
+    if recipe.objective.num_masked(recipe.train.seq_len) < 1:
+        raise UserError(f"{where}: objective.mask_prob {recipe.objective.mask_prob:g} chooses no position of "
+                        f"train.seq_len {recipe.train.seq_len} tokens (int((mask_prob + 0.005) x seq_len) = 0)")
     return recipe
 
 
@@ -330,12 +349,20 @@ def recipe_toml(recipe: Recipe) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _first_clause(text: str) -> str:
+    """A description up to its first ": " or ". " outside parentheses ("(Clark et al. 2020, ...)" stays whole)."""
+    depth = 0
+    for i, ch in enumerate(text):
+        depth += (ch == "(") - (ch == ")")
+        if depth == 0 and text[i:i + 2] in (": ", ". "):
+            return text[:i]
+    return text.rstrip(".")
+
+
 def recipe_command(name: str | None, overrides: list[str]) -> None:
     """`tinyelectra recipe [NAME] [--set ...]`: print the resolved recipe as TOML, or list the shipped recipes."""
     if name is None:
         for shipped, path in recipe_files().items():
-            description = str(tomllib.loads(path.read_text(encoding="utf-8")).get("description", ""))
-            first = description.split(": ")[0].split(". ")[0]
-            print(f"{shipped:20} {first[:100]}{'...' if len(first) > 100 else ''}")
+            print(f"{shipped:20} {_first_clause(str(tomllib.loads(path.read_text(encoding='utf-8')).get('description', '')))}")
         return
     print(recipe_toml(load_recipe(name, overrides)), end="")

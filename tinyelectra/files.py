@@ -5,12 +5,16 @@
   only their owner can read (0600), which teammates on a shared server could not open; the result here is 0666 minus
   the umask (0644 under the usual 022), as `open()` would give.
 - `write_sha256` / `verify_sha256`: a `sha256.json` beside the files of a checkpoint or resume state, written last and
-  checked on load; a flipped byte or a truncated file is a one-line error naming the file.
+  checked on load; a flipped byte or a truncated file is a one-line error naming the file, and so is a missing
+  sha256.json where the directory's description says one was written (`written_with_checksums`).
 - `check_writable`: proves an output location can be written before any long work, and leaves nothing behind.
-- `os_error_line`: the one-line text for an OSError of the place written to (a full disk, a read-only location).
+- `os_error_line`: the one-line text for an OSError of the place written to (a full disk, a read-only location):
+  the path meant and, for a `WriteError`, what was being written ("... while writing the checkpoint").
 - `replace_dir`: a finished temporary directory renamed onto its final name (a prepared dataset, an export), an
-  older one renamed away first, then deleted; `staged_dir`: a temporary directory to write into, its files fsynced
-  and put in place by `replace_dir` on success, removed on any error (checkpoints, resume states, exports).
+  older one renamed away first, then deleted; `staged_dir`: a temporary directory to write into, its files fsynced,
+  given an ordinary file's permissions (safetensors, like mkstemp, creates 0600 files) and put in place by
+  `replace_dir` on success, removed on any error (checkpoints, resume states, exports).
+- `append_line`: one line added to a log; a failed write takes back what it wrote.
 Not here: what the files hold.
 """
 
@@ -22,6 +26,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,10 +40,29 @@ WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, 
                           errno.ENOTDIR, errno.EISDIR, errno.ENAMETOOLONG, errno.ENOENT, errno.EEXIST, errno.EIO})
 
 
+class WriteError(OSError):
+    """An OSError of the place written to (errno in WRITE_ERRNOS) that names the path meant and what was being written
+    (`what`: "checkpoint", "resume state", ...). Raised only where the half-written output was removed."""
+
+    what = ""
+
+
+def _write_error(e: OSError, path: str | Path, what: str) -> WriteError:
+    """`e`, an error of the place written to, as a WriteError naming `path` (not a temporary file inside it) and
+    `what`; one that already names them is kept."""
+    if isinstance(e, WriteError):
+        return e
+    named = WriteError(e.errno, e.strerror or str(e), str(path))
+    named.what = what
+    return named
+
+
 def os_error_line(e: OSError) -> str:
-    """'PATH: No space left on device' — the file and the system's reason, on one line."""
+    """'PATH: No space left on device' — the file and the system's reason, on one line; for a WriteError also what
+    was being written and that nothing half-written was kept."""
     where = f"{e.filename}: " if e.filename is not None else ""
-    return f"{where}{e.strerror or e}"
+    what = f" while writing the {e.what} (nothing half-written was kept)" if isinstance(e, WriteError) and e.what else ""
+    return f"{where}{e.strerror or e}{what}"
 
 
 def _umask() -> int:
@@ -63,9 +87,10 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: str | Path, data: bytes | str) -> Path:
+def write_atomic(path: str | Path, data: bytes | str, what: str = "") -> Path:
     """Write `data` (str as UTF-8) to `path` all at once: a reader sees the old file or the new one, never half. A
-    failed write (a full disk) leaves the old file and no temporary one, and its OSError names `path`."""
+    failed write (a full disk) leaves the old file and no temporary one, and its OSError names `path` (and `what`
+    it holds, where the name does not say it: "report", "GLUE results")."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -78,11 +103,29 @@ def write_atomic(path: str | Path, data: bytes | str) -> Path:
         os.replace(tmp, path)
     except OSError as e:
         Path(tmp).unlink(missing_ok=True)
+        if e.errno in WRITE_ERRNOS:
+            raise _write_error(e, path, what) from None
         raise OSError(e.errno, e.strerror, str(path)) from None  # name the file meant, not the temporary one
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def append_line(path: Path, line: str, what: str) -> None:
+    """Add `line` and a newline to the end of `path` in one write; a failed write (a full disk) cuts the file back to
+    its old length, so no torn line stays, and raises a WriteError naming `path` and `what`."""
+    with open(path, "ab") as f:
+        size = f.tell()
+        try:
+            f.write(line.encode("utf-8") + b"\n")
+            f.flush()
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                f.truncate(size)
+            if e.errno not in WRITE_ERRNOS:
+                raise
+            raise _write_error(e, path, what) from None
 
 
 def replace_dir(tmp: Path, final: Path) -> None:
@@ -99,27 +142,38 @@ def replace_dir(tmp: Path, final: Path) -> None:
 
 
 @contextlib.contextmanager
-def staged_dir(directory: Path) -> Iterator[Path]:
-    """A fresh `NAME.tmp-<pid>` beside `directory` to write into: on success its files are fsynced and it replaces
-    `directory`; on any error or interrupt it is removed, leaving `directory` as it was."""
-    directory.parent.mkdir(parents=True, exist_ok=True)
+def staged_dir(directory: Path, what: str) -> Iterator[Path]:
+    """A fresh `NAME.tmp-<pid>` beside `directory` to write into: on success its files get an ordinary file's
+    permissions (0644 under the usual umask), are fsynced and it replaces `directory`; on any error or interrupt it is
+    removed, leaving `directory` as it was, and an OSError of the place written to names `directory` and `what`
+    (e.g. "checkpoint") was being written."""
     tmp = directory.with_name(f"{directory.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
     try:
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
         yield tmp
+        mode = 0o666 & ~_umask()
         for p in tmp.rglob("*"):
             if p.is_file():
+                os.chmod(p, mode)
                 fsync_file(p)
         replace_dir(tmp, directory)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        elsewhere = e.filename is not None and not str(e.filename).startswith(str(tmp))  # e.g. a file being read
+        if e.errno not in WRITE_ERRNOS or elsewhere:
+            raise
+        raise _write_error(e, directory, what) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
-def write_json(path: str | Path, obj) -> Path:
-    """`obj` as indented JSON, atomically; text outside ASCII (a Korean path, a Japanese task name) stays readable."""
-    return write_atomic(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+def write_json(path: str | Path, obj, what: str = "") -> Path:
+    """`obj` as indented JSON, atomically (`write_atomic`); text outside ASCII (a Korean path, a Japanese task name)
+    stays readable."""
+    return write_atomic(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n", what)
 
 
 def sha256_of(path: Path) -> str:
@@ -140,12 +194,24 @@ def write_sha256(directory: Path, paths: list[Path] | None = None) -> None:
     (directory / SHA256_FILE).write_text(json.dumps(sums, indent=2) + "\n", encoding="utf-8")
 
 
-def verify_sha256(directory: Path, what: str) -> bool:
+_WARNED: set[str] = set()
+
+
+def verify_sha256(directory: Path, what: str, required: bool) -> bool:
     """Check every file listed in `directory/sha256.json`; a missing or changed one is a UserError naming it.
-    Returns False (nothing checked) for a directory written before checksums existed."""
+    Without sha256.json: where `required` (the directory says this version wrote it, see `written_with_checksums`)
+    a UserError, for its absence is itself damage; else (written before checksums existed) a one-line warning on
+    stderr naming the directory, and False (nothing checked)."""
     directory = Path(directory)
     listing = directory / SHA256_FILE
     if not listing.exists():
+        if required:
+            raise UserError(f"{directory}: {what} has no {SHA256_FILE}, which is written with every one: it is "
+                            "incomplete or damaged, and its files cannot be checked")
+        if str(directory) not in _WARNED:  # once per directory: a resume reads its state twice
+            _WARNED.add(str(directory))
+            print(f"warning: {directory}: {what} has no {SHA256_FILE} (written before checksums existed), so its "
+                  "files cannot be checked", file=sys.stderr)
         return False
     try:
         sums = json.loads(listing.read_text(encoding="utf-8"))
@@ -160,6 +226,18 @@ def verify_sha256(directory: Path, what: str) -> bool:
         if sha256_of(path) != digest:
             raise UserError(f"{path}: damaged (its sha256 differs from the one written with it); {what} cannot be used")
     return True
+
+
+CHECKSUMS_KEY = "checksums"  # in the JSON file that describes a checkpoint or resume state: "sha256.json" = one is written
+
+
+def written_with_checksums(described_by: Path) -> bool:
+    """Whether the JSON file describing a directory (a checkpoint's config.json, a resume state's trainer.json) says
+    a sha256.json was written with it; False when it does not or cannot be read (its reader reports that)."""
+    try:
+        return json.loads(Path(described_by).read_text(encoding="utf-8")).get(CHECKSUMS_KEY) == SHA256_FILE
+    except (OSError, ValueError, UnicodeDecodeError, AttributeError):
+        return False
 
 
 def check_writable(directory: Path, flag: str) -> None:

@@ -77,6 +77,7 @@ class FinetuneConfig:
         check(0 <= self.dropout < 1, "dropout", "must be in [0, 1)")
         check(self.eval_batch_size > 0, "eval_batch_size", "must be > 0")
         check(self.precision in ("auto", "fp32", "bf16", "fp16"), "precision", "must be auto, fp32, bf16 or fp16")
+        check(self.seed >= 0, "seed", "must be >= 0")
 
     @classmethod
     def from_overrides(cls, assignments: list[str], config: Path | None = None) -> "FinetuneConfig":

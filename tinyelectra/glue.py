@@ -26,6 +26,7 @@ from length-sorted rows for the same reason, and the predictions put back in fil
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import io
@@ -45,7 +46,7 @@ from tinyelectra.errors import Interrupted, UserError
 from tinyelectra.files import check_writable, write_atomic, write_json
 from tinyelectra.finetune import MEGABATCH, EncodedTask, FinetuneConfig, finetune, plan_steps, predict, size_defaults
 from tinyelectra.glue_data import (
-    CUSTOM_FILES, PAPER_TASK_NAMES, GlueSplit, encode_split, find_split_file, get_task, load_hf_split, load_task_file,
+    CUSTOM_FILES, GLUE_TASK_NAMES, PAPER_TASK_NAMES, GlueSplit, encode_split, find_split_file, get_task, load_hf_split, load_task_file,
     read_split, resolve_tasks, with_swapped_pairs, write_submission,
 )
 from tinyelectra.metrics import METRIC_TITLES, average_score, score_task
@@ -335,7 +336,7 @@ def run_checkpoint(ref: CheckpointRef, data: dict[str, TaskData], fc: FinetuneCo
         seed_results, test_outputs = [], []
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"),
                       TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), TextColumn("loss {task.fields[loss]}"),
-                      console=console, transient=False) as progress:
+                      console=console, transient=False, disable=not console.is_terminal) as progress:
             bar = progress.add_task(f"{ref.name} {task}", total=steps * len(seeds), loss="-")
             lines = _PlainProgress(console, steps)  # a log file (nohup, CI) gets plain lines instead of the bar
             for k, seed in enumerate(seeds):
@@ -373,10 +374,11 @@ def run_checkpoint(ref: CheckpointRef, data: dict[str, TaskData], fc: FinetuneCo
                 if data[task].test:
                     _save_seed_outputs(target, task, seed, test_outputs[-1])
                 result.setdefault("partial", {})[task] = {"seeds": list(seed_results), "data": described}
-                write_json(target, result)
+                write_json(target, result, "GLUE results")
         entry = {"epochs": fc.task_epochs(task), "train_rows": len(enc.train), "steps_per_epoch": per_epoch,
                  "steps": steps, "peak_lr": fc.peak_lr(cfg.hidden_size), "truncated_train_rows": enc.train.truncated,
-                 "seeds": seed_results, **summarize_task(task, seed_results)}
+                 "seeds": seed_results, **summarize_task(task, seed_results),
+                 "majority_class": majority_class_baseline(data[task])}
         if data[task].test:
             chosen = median_seed_index([s["paper_score"] for s in seed_results])
             sub_dir = out_dir / ref.name / "submission"
@@ -388,16 +390,18 @@ def run_checkpoint(ref: CheckpointRef, data: dict[str, TaskData], fc: FinetuneCo
         (result.get("partial") or {}).pop(task, None)
         if not result.get("partial"):
             result.pop("partial", None)
-        write_json(target, result)  # after every task: a long run keeps what it finished
+        write_json(target, result, "GLUE results")  # after every task: a long run keeps what it finished
         for seed in seeds:
             _seed_outputs_path(target, task, seed).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # the folder of unfinished tasks' outputs, once empty
+            _seed_outputs_path(target, task, seeds[0]).parent.rmdir()
         console.print(_task_line(ref.name, task, entry))
         if ref.run_dir is not None and result["meta"].get("step") is not None:
             _tensorboard_scalar(ref.run_dir, f"glue/{task}", entry["median_paper"], result["meta"]["step"])
     result["averages"] = task_averages(result["tasks"])
     result["seconds_total"] = time.perf_counter() - started
     result["complete"] = True
-    write_json(target, result)
+    write_json(target, result, "GLUE results")
     return result
 
 
@@ -496,14 +500,34 @@ def _fmt(x: float | None) -> str:
 
 
 def _task_line(name: str, task: str, entry: dict) -> str:
+    """One finished task: the paper metric's median over seeds, the GLUE leaderboard's metric where it differs (a
+    task of one's own has no leaderboard), the majority-class baseline beside it."""
     scores = ", ".join(f"{s['paper_score']:.1f}" for s in entry["seeds"])
     seconds = sum(s["train_seconds"] + s["eval_seconds"] for s in entry["seeds"])
     line = (f"{name} {task}: {METRIC_TITLES[entry['paper_metric']]} median {_fmt(entry['median_paper'])} ± "
-            f"{_fmt(entry['std_paper'])} (seeds {scores}); leaderboard {METRIC_TITLES[entry['glue_metric']]} "
-            f"{_fmt(entry['median_glue'])}; {seconds:.0f} s")
+            f"{_fmt(entry['std_paper'])} (seeds {scores})")
+    if task in GLUE_TASK_NAMES and entry["glue_metric"] != entry["paper_metric"]:
+        line += f"; GLUE leaderboard {METRIC_TITLES[entry['glue_metric']]} {_fmt(entry['median_glue'])}"
+    if majority := entry.get("majority_class"):
+        line += f"; always answering the majority class {majority['label']!r}: {_fmt(majority['paper_score'])}"
+        if entry["median_paper"] <= majority["paper_score"]:
+            line += " (no better than that)"
+    line += f"; {seconds:.0f} s"
     for split, e in (entry.get("splits") or {}).items():
         line += f"; {split} {_fmt(e['median_paper'])}"
     return line
+
+
+def majority_class_baseline(data: TaskData) -> dict[str, Any] | None:
+    """For a classification task: the primary dev split's scores when every row gets the training rows' most frequent
+    class (the score a model that learned nothing reaches; 0 Matthews correlation by definition). None for regression."""
+    spec = get_task(data.task)
+    if spec.is_regression:
+        return None
+    majority = int(np.argmax(np.bincount(data.train.labels.astype(np.int64), minlength=spec.num_labels)))
+    dev = data.dev[spec.primary_dev_split]
+    score = score_task(data.task, np.full(len(dev), majority), dev.labels)
+    return {"label": spec.label_names[majority], "paper_score": score.paper_score, "glue_score": score.glue_score}
 
 
 # ----------------------------------------------------------------------------------------------------------------

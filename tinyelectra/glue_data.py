@@ -556,15 +556,18 @@ def _label_problem(spec: TaskSpec, value: str) -> str | None:
 # Hugging Face `datasets`
 # ----------------------------------------------------------------------------------------------------------------
 
-def load_hf_split(task: str, split: str, dataset_name: str = HF_DATASET) -> GlueSplit:
-    """Read one split through Hugging Face `datasets` (`load_dataset("nyu-mll/glue", "rte", split="validation")`);
-    a missing `datasets` package or an unreachable hub is a UserError, one line."""
+def load_hf_split(task: str, split: str, dataset_name: str | None = None) -> GlueSplit:
+    """Read one split through Hugging Face `datasets` (`load_dataset("nyu-mll/glue", "rte", split="validation")`;
+    `dataset_name` default HF_DATASET, or a local copy of that repository); a missing `datasets` package or an
+    unreachable hub is a UserError, one line. datasets' progress bars stay off: plain lines in logs."""
     spec = _spec_and_split(task, split)
+    dataset_name = dataset_name or HF_DATASET
     try:
         import datasets
     except ImportError:
         raise UserError("reading GLUE from Hugging Face needs the `datasets` package (pip install "
                         "'tinyelectra[data]'); or use --glue-dir with the classic glue_data folders") from None
+    datasets.disable_progress_bars()
     hf_split = split.replace("dev", "validation")  # dev_matched -> validation_matched; train, test_* unchanged
     try:
         ds = datasets.load_dataset(dataset_name, spec.name, split=hf_split)

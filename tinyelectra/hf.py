@@ -23,10 +23,10 @@ import torch
 from torch import Tensor
 
 from tinyelectra.checkpoint import (check_tokenizer, check_vocab_rows, is_checkpoint, load_checkpoint,
-                                   read_checkpoint_config, read_weights)
+                                   read_checkpoint_config, read_weights, verify_checkpoint)
 from tinyelectra.config import ModelConfig
 from tinyelectra.errors import UserError
-from tinyelectra.files import check_writable, first_line, staged_dir, verify_sha256
+from tinyelectra.files import check_writable, first_line, staged_dir
 from tinyelectra.model import Electra
 from tinyelectra.tokenizer import PROFILE_FILE, Tokenizer
 
@@ -264,7 +264,7 @@ def load_backbone(path: Path) -> Backbone:
     p = Path(path)
     if is_checkpoint(p):
         recipe, objective = read_checkpoint_config(p)
-        verify_sha256(p, "the checkpoint")
+        verify_checkpoint(p)
         name = "discriminator" if objective == "electra" else "generator"
         sd = read_weights(p / f"{name}.safetensors", recipe.model.vocab_size)
         cfg = dataclasses.replace(recipe.model, generator_fraction=1.0, sharing="embeddings")
@@ -418,7 +418,7 @@ def export(model, recipe, meta: dict[str, Any], tokenizer_dir: Path | None, out_
     if model.discriminator is not None:
         parts.append(("discriminator", "ElectraForPreTraining", to_hf_discriminator(model, pad_id)))
     parts.append(("generator", "ElectraForMaskedLM", to_hf_generator(model, pad_id)))
-    with staged_dir(out_dir) as tmp:
+    with staged_dir(out_dir, "export") as tmp:
         for kind, cls_name, hf_model in parts:
             card = _model_card(kind, cls_name, recipe, meta, languages, license_id, source)
             _write_hf_dir(hf_model, tmp / kind, tokenizer, card, recipe.model.max_positions)

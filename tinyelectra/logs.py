@@ -21,7 +21,7 @@ from rich.text import Text
 from tinyelectra.budget import Plan
 from tinyelectra.config import Recipe
 from tinyelectra.console import make_console
-from tinyelectra.files import write_atomic
+from tinyelectra.files import append_line, write_atomic
 from tinyelectra.flops import format_flops
 
 
@@ -60,8 +60,7 @@ class Log:
     def metrics(self, rec: dict) -> None:
         if not self.main:
             return
-        with self.path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(rec) + "\n")  # one write per line; a line cut short by a full disk is dropped on resume
+        append_line(self.path, json.dumps(rec), "metrics log")  # a failed write leaves no torn line
         tb = self._tensorboard()
         if tb is None:
             return

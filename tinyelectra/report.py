@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,12 +20,13 @@ from tinyelectra import paper
 from tinyelectra.budget import fractions_off_text
 from tinyelectra.checkpoint import train_seconds_of
 from tinyelectra.errors import UserError
-from tinyelectra.files import check_writable, write_atomic
+from tinyelectra.files import check_writable, first_line, write_atomic
 from tinyelectra.glue_data import GLUE_TASK_NAMES, PAPER_TASK_NAMES, get_task, task_title
 from tinyelectra.plots import fmt_fraction, plot_curves, plot_glue
 
 FORMAT = "tinyelectra-report"
 CURVE_KEYS = ("gen_loss", "disc_loss", "gen_acc", "disc_acc")
+HELDOUT_KEYS = ("disc_acc", "baseline_acc", "disc_auc", "disc_precision", "disc_recall", "gen_acc", "unigram_acc")
 
 
 def _task_order(names) -> list[str]:
@@ -56,43 +58,98 @@ def fmt_score_std(median: float | None, std: float | None) -> str:
     return fmt_score(median) if std is None else f"{fmt_score(median)} ± {std:.1f}"
 
 
-# ---------- Reading
-def _read_json(path: Path) -> Any:
+# ---------- Reading (a damaged file is one error naming it, or a warning in the report: never a quiet omission)
+def _read_json(path: Path) -> dict[str, Any]:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        obj = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, UnicodeDecodeError) as e:
         raise UserError(f"{path}: cannot read it as JSON ({e})") from None
+    if not isinstance(obj, dict):
+        raise UserError(f"{path}: damaged (a JSON {type(obj).__name__}, not the object tinyelectra writes)")
+    return obj
 
 
-def read_metrics(path: Path) -> tuple[list[dict], list[dict]]:
-    """metrics.jsonl -> (log records with a step, checkpoint events). A torn last line (a run in progress) is skipped."""
-    records, events = [], []
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _numbers(obj: dict, keys, path: Path) -> dict:
+    """`obj`, with each of `keys` it holds checked to be a number (or null); else one error naming the file."""
+    for k in keys:
+        if obj.get(k) is not None and not _is_number(obj[k]):
+            raise UserError(f"{path}: damaged ({k} is {obj[k]!r}, not a number)")
+    return obj
+
+
+def _metrics_record(line: str) -> dict | None:
+    """One line of metrics.jsonl as a log record or an event, None when it is not one tinyelectra wrote."""
+    try:
+        rec = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(rec, dict):
+        return None
+    ev = rec.get("eval") or {}  # a checkpoint event's held-out diagnostics
+    if not isinstance(ev, dict) or ev.get("learned") not in (True, False, None):
+        return None
+    numbers = [rec.get(k) for k in (*CURVE_KEYS, "tokens_per_second", "train_seconds")] + [ev.get(k) for k in HELDOUT_KEYS]
+    return rec if isinstance(rec.get("step"), int) and all(x is None or _is_number(x) for x in numbers) else None
+
+
+def read_metrics(path: Path) -> tuple[list[dict], list[dict], list[int]]:
+    """metrics.jsonl -> (log records with a step, checkpoint events, numbers of the lines that are neither). A last
+    line without its newline (a run writing it) is skipped without counting. A file with text but no record: one
+    UserError naming it."""
+    records, events, damaged = [], [], []
     if not path.is_file():
-        return records, events
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:  # blank lines and a torn last line are not JSON
-            rec = json.loads(line)
-        except ValueError:
+        return records, events, damaged
+    lines = path.read_bytes().decode("utf-8", errors="replace").split("\n")
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
             continue
-        if not isinstance(rec, dict):
-            continue
-        if rec.get("event") == "checkpoint":
+        rec = _metrics_record(line)
+        if rec is None:
+            if number < len(lines):  # the last piece has no newline after it: still being written
+                damaged.append(number)
+        elif rec.get("event") == "checkpoint":
             events.append(rec)
-        elif rec.get("event") is None and "step" in rec:
+        elif rec.get("event") is None:
             records.append(rec)
-    return records, events
+    if not records and not events and any(line.strip() for line in lines):
+        raise UserError(f"{path}: damaged (no line is a record tinyelectra wrote); move it away to report without the "
+                        "pre-training curves")
+    return records, events, damaged
+
+
+def damaged_lines_note(path: Path, damaged: list[int]) -> str:
+    shown = ", ".join(map(str, damaged[:5])) + (f" and {len(damaged) - 5} more" if len(damaged) > 5 else "")
+    return (f"{path}: {len(damaged)} damaged line(s) skipped (line {shown}): the pre-training curves and facts "
+            "leave them out")
 
 
 # ---------- Building report.json
 def _checkpoint_entry(path: Path, glue: dict) -> dict[str, Any]:
-    meta = glue.get("meta") or {}
+    """One checkpoint's GLUE results (its glue.json) as the report shows them; damaged: one error naming the file."""
+    if glue.get("format") != "tinyelectra-glue":
+        raise UserError(f"{path}: not GLUE results written by tinyelectra (no \"format\": \"tinyelectra-glue\")")
+    try:
+        return _glue_entry(path, glue)
+    except (KeyError, TypeError, AttributeError, ValueError) as e:
+        raise UserError(f"{path}: damaged ({type(e).__name__}: {first_line(e)}); run `tinyelectra glue` again for this "
+                        "checkpoint") from None
+
+
+def _glue_entry(path: Path, glue: dict) -> dict[str, Any]:
+    meta = _numbers(glue.get("meta") or {}, ("step", "tokens_seen", "train_flops_paper", "train_flops_hardware",
+                                             "train_seconds", "wall_seconds", "fraction"), path)
     tasks, raw = {}, glue.get("tasks") or {}
     for task in _task_order([name for name, t in raw.items() if t is not None]):
-        t = raw[task]
+        t = _numbers(raw[task], ("median_paper", "std_paper", "median_glue", "std_glue"), path)
         tasks[task] = {
             **{k: t[k] for k in ("paper_metric", "glue_metric", "median_paper", "std_paper", "median_glue", "std_glue")},
-            "seed_paper_scores": [s["paper_score"] for s in t["seeds"]], "seeds": [s["seed"] for s in t["seeds"]],
-            "train_seconds": sum(s["train_seconds"] for s in t["seeds"]),
+            "seed_paper_scores": [_numbers(s, ("paper_score",), path)["paper_score"] for s in t["seeds"]],
+            "seeds": [s["seed"] for s in t["seeds"]], "train_seconds": sum(s["train_seconds"] for s in t["seeds"]),
+            "majority_class": _numbers(t["majority_class"], ("paper_score",), path) if t.get("majority_class") else None,
         }
         for split, e in (t.get("splits") or {}).items():
             tasks[task].setdefault("splits", {})[split] = {"median_paper": e["median_paper"], "std_paper": e["std_paper"]}
@@ -130,11 +187,17 @@ def _paper_average_over(tasks: list[str]) -> list[dict]:
 def build_report(run_dir: Path) -> dict[str, Any]:
     """Everything the report shows, as one JSON-ready dict."""
     run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"{run_dir}: a file, not a run directory (give the directory that `tinyelectra train` or "
+                        "`tinyelectra glue --out` wrote)")
     if not run_dir.is_dir():
         raise UserError(f"{run_dir}: no such run directory")
     plan, recipe, summary = (_read_json(run_dir / f"{name}.json") if (run_dir / f"{name}.json").is_file() else None
                              for name in ("plan", "recipe", "summary"))
-    records, events = read_metrics(run_dir / "metrics.jsonl")
+    if summary is not None:
+        _numbers(summary, ("steps", "tokens_seen", "train_flops_paper", "train_flops_hardware", "train_seconds"),
+                 run_dir / "summary.json")
+    records, events, damaged = read_metrics(run_dir / "metrics.jsonl")
     # what `tinyelectra glue --checkpoint RUN` writes, or RUN/*/glue.json when RUN is itself a glue output directory
     glue_paths = sorted(run_dir.glob("glue/*/glue.json")) or sorted(run_dir.glob("*/glue.json"))
     if plan is None and not glue_paths:
@@ -183,6 +246,8 @@ def build_report(run_dir: Path) -> dict[str, Any]:
     }
     heldout = [_heldout_entry(e) for e in events if e.get("eval")]
     notes = [paper.PAPER_GLUE_NOTE]
+    if damaged:
+        notes.append(damaged_lines_note(run_dir / "metrics.jsonl", damaged))
     unlearned = [h["name"] for h in heldout if h["learned"] is False]
     finetuned_unlearned = [c["name"] for c in checkpoints if c["name"] in unlearned]
     if finetuned_unlearned:
@@ -214,8 +279,6 @@ def build_report(run_dir: Path) -> dict[str, Any]:
         "paper": paper.published(), "notes": notes, "plots": [],
     }
 
-
-HELDOUT_KEYS = ("disc_acc", "baseline_acc", "disc_auc", "disc_precision", "disc_recall", "gen_acc", "unigram_acc")
 
 
 def _heldout_entry(event: dict) -> dict[str, Any]:
@@ -310,11 +373,14 @@ def render_markdown(rep: dict[str, Any]) -> str:
         for c in (c for c in cks if "splits" in c["tasks"].get("mnli", {})):
             e = c["tasks"]["mnli"]["splits"]["dev_mismatched"]
             L.append(f"MNLI mismatched, {c['name']}: {fmt_score_std(e['median_paper'], e['std_paper'])}.")
-        L += ["", "Seeds (paper metric each):", ""]
+        L += ["", "Seeds (paper metric each), and the score of always answering the training rows' most frequent "
+              "class (classification tasks):", ""]
         for c in cks:
             for t in (t for t in tasks if t in c["tasks"]):
                 e = c["tasks"][t]
                 scores = ", ".join(f"seed {s}: {fmt_score(v)}" for s, v in zip(e["seeds"], e["seed_paper_scores"]))
+                if majority := e.get("majority_class"):
+                    scores += f"; majority class {majority['label']!r}: {fmt_score(majority['paper_score'])}"
                 L.append(f"- {c['name']} {task_title(t)}: {scores}")
         L.append("")
 
@@ -364,10 +430,13 @@ def report_command(run_dir: Path, out_dir: Path | None) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     if plot_glue(rep, out / "glue_vs_compute.png"):
         rep["plots"].append("glue_vs_compute.png")
-    if plot_curves(*read_metrics(run_dir / "metrics.jsonl"), rep, out / "pretraining_curves.png"):
+    records, events, damaged = read_metrics(run_dir / "metrics.jsonl")
+    if damaged:
+        print(f"warning: {damaged_lines_note(run_dir / 'metrics.jsonl', damaged)}", file=sys.stderr)
+    if plot_curves(records, events, rep, out / "pretraining_curves.png"):
         rep["plots"].append("pretraining_curves.png")
-    write_atomic(out / "report.json", json.dumps(_finite(rep), indent=2) + "\n")
-    write_atomic(out / "report.md", render_markdown(rep))
+    write_atomic(out / "report.json", json.dumps(_finite(rep), indent=2) + "\n", "report")
+    write_atomic(out / "report.md", render_markdown(rep), "report")
     print(f"wrote {out / 'report.md'}, {out / 'report.json'}" + "".join(f", {out / p}" for p in rep["plots"]))
     return rep
 

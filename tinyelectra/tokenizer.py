@@ -247,8 +247,9 @@ class Tokenizer:
                             character_coverage: float = CHARACTER_COVERAGE, byte_fallback: bool = True,
                             threads: int = 1) -> "Tokenizer":
         """Train a SentencePiece model (unigram or BPE) with BERT's five special pieces first (no <s>/</s>) and the
-        text kept as written (normalization "identity": decode gives the input back; NFKC would fold full-width
-        punctuation). Characters outside `character_coverage` become byte pieces with `byte_fallback`, else [UNK]."""
+        text kept as written (normalization "identity": NFKC would fold full-width punctuation; runs of spaces kept,
+        where SentencePiece's default collapses them): decode gives the input back. Characters outside
+        `character_coverage` become byte pieces with `byte_fallback`, else [UNK]."""
         import sentencepiece as spm
 
         if model_type not in SENTENCEPIECE_MODELS:
@@ -265,6 +266,7 @@ class Tokenizer:
                 character_coverage=character_coverage, byte_fallback=byte_fallback,
                 pad_id=0, unk_id=1, bos_id=-1, eos_id=-1, pad_piece="[PAD]", unk_piece="[UNK]",
                 control_symbols=["[CLS]", "[SEP]", "[MASK]"], normalization_rule_name="identity",
+                remove_extra_whitespaces=False,
                 max_sentence_length=1 << 16, num_threads=max(1, threads), minloglevel=2,
             )
         except RuntimeError as e:  # sentencepiece reports bad input as RuntimeError("INTERNAL: ...")
@@ -622,11 +624,13 @@ def _sentencepiece_to_tokenizers(model: bytes, specials: list[str]):
     else:
         raise UserError(f"SentencePiece model type {cfg['model_type']} (word or char) cannot be written for transformers")
     steps = [normalizers.Precompiled(cfg["precompiled_charsmap"])] if cfg["precompiled_charsmap"] else []
+    prefix = bool(cfg["add_dummy_prefix"])
     if cfg["remove_extra_whitespaces"]:
         steps += [normalizers.Strip(), normalizers.Replace(Regex(" {2,}"), " ")]
+    elif prefix:  # Metaspace adds no prefix to a text that starts with a space; SentencePiece does: give it one
+        steps += [normalizers.Replace(Regex(r"\A "), "\u2581 ")]
     if steps:
         hf.normalizer = normalizers.Sequence(steps)
-    prefix = bool(cfg["add_dummy_prefix"])
     hf.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always" if prefix else "never",
                                                 split=bool(cfg["split_by_whitespace"]))
     hf.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
