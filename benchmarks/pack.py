@@ -20,7 +20,6 @@ and the first 40 training and 20 dev rows of each task.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -33,10 +32,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 ROOT = Path(__file__).resolve().parents[1]
-from common import git_commit, run_main  # noqa: E402
+import suite  # noqa: E402  (no torch: unpacking is the GPU run's first stage, on a cold machine)
 
 from tinyelectra.errors import UserError  # noqa: E402
-from tinyelectra.glue_data import get_task  # noqa: E402
 
 TASKS = ("cola", "sst2", "stsb", "mrpc", "rte")  # by value: CoLA shows pre-training first; RTE and MRPC last
 LIMIT_BYTES = 56 * 2**20
@@ -73,12 +71,15 @@ def _first_lines(src: Path, dst: Path, lines: int, header: bool) -> int:
 
 def build(out_dir: Path, shared: Path, shards: int, smoke: bool) -> dict:
     """Prepare, compress and describe the pack in a staging folder, then put it in place of `out_dir`."""
-    from tinyelectra.config import load_recipe  # noqa: PLC0415
-
     enwiki, glue = shared / "enwiki", shared / "glue"
     shard_files = sorted(enwiki.glob("*.gz")) if enwiki.is_dir() else []
     if not shard_files or not glue.is_dir():
         raise UserError(f"--shared {shared}: expected enwiki/*.gz and glue/ (the project's data folder, ../shared/data)")
+    from common import git_commit  # noqa: PLC0415
+
+    from tinyelectra.config import load_recipe  # noqa: PLC0415
+    from tinyelectra.glue_data import get_task  # noqa: PLC0415
+
     if smoke:
         shards = SMOKE["shards"]
     if not 1 <= shards <= len(shard_files):
@@ -157,8 +158,6 @@ def describe(doc: dict, where: Path) -> None:
           f"({len(p['shards'])} enwiki shards; {p['tokens']['validation']:,} held-out tokens), a {p['vocab_size']:,}-entry "
           f"WordPiece (fingerprint {p['tokenizer_fingerprint'][:12]})")
     if doc["kind"] == "gpu":
-        import suite  # noqa: PLC0415
-
         seconds = suite.gpu_plan()["pretrain_train_s"]
         low, high = (rate * seconds for rate in suite.EXPECTED_TOKENS_PER_S)
         print(f"  the GPU run trains at least {seconds} s (more when earlier stages finish early): at "
@@ -189,9 +188,9 @@ def unpack(lease: Path, work: Path) -> dict:
     return doc
 
 
-def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="command", required=True)
+def parser() -> suite.OneLineParser:
+    ap = suite.OneLineParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="command", required=True, parser_class=suite.OneLineParser)
     b = sub.add_parser("build", help="build a pack from the project's data folder")
     b.add_argument("dir", nargs="?", default=str(ROOT / ".lease"), help="where the pack goes (default .lease/)")
     b.add_argument("--shared", default=str(ROOT.parent / "shared" / "data"), help="the data folder (default ../shared/data)")
@@ -211,4 +210,8 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    run_main(main)
+    try:
+        main()
+    except UserError as e:  # bad input: one line, exit code 2, as the command line does
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)

@@ -52,8 +52,9 @@ PRETRAIN = {"gpu": {"recipe": "electra-small", "sets": ()},
 # their swapped pairs), the paper's protocol otherwise, in fp32 on both sides (the CPU baseline's precision; fp32
 # also keeps fine-tuning off cuDNN's bf16 attention kernels), no test-set predictions (the pack holds no test sets).
 # Sized for the CPU baseline, the slower side: about 2.5 CPU-seconds per row of the cap on one thread of this
-# project's AMD EPYC (benchmarks/results/glue_cpu_estimate_small_t1.json: 0.6-3.1 s per step of 32; 1,314 steps at
-# 1,000 rows), an hour or so; the GPU's 1,314 steps are estimated at 10-15 ms each (launch-bound): 20-40 s.
+# project's AMD EPYC (benchmarks/results/glue_cpu_estimate_small_t1.json: 0.6-3.1 s per step of 32; 1,331 steps at
+# 1,000 rows: CoLA 96, SST-2 96, STS-B 630, MRPC 189, RTE 320), an hour or so; the GPU's are estimated at 10-15 ms
+# each (small, launch-bound): 20-40 s.
 GLUE = {"gpu": {"seeds": 1, "max_train_rows": 1000}, "smoke": {"seeds": 1, "max_train_rows": 16}}
 GLUE_SETTINGS = ("precision=fp32", "test_predictions=false")
 BASELINE_RESULT = BENCH / "results" / "glue_no_pretraining_cpu.json"
@@ -91,8 +92,8 @@ REMAINDER, TIME_LEFT = "remainder", "time left"
 # budget; "cpu": computed beforehand on the CPU, never on the GPU.
 PLAN = {
     "unpack": (20, "fixed"),
-    "env": (30, "fixed"),
-    "checks": (40, "fixed"),
+    "env": (45, "fixed"),  # a cold machine's first torch import can take 10-20 s
+    "checks": (45, "fixed"),
     "eager": (60, "fixed"),
     "compiled": (150, "fixed"),
     "pretrain": (None, REMAINDER),
@@ -245,14 +246,6 @@ STAGES = {  # stage -> its command (or why it cannot run), built when the stage 
 # ---------------------------------------------------------------------------------------------------------------
 
 
-class Interrupted(Exception):
-    """SIGTERM or SIGINT reached the suite: the running stage is stopped, the summary and the archive are written."""
-
-
-def _raise_interrupted(signum, frame) -> None:
-    raise Interrupted(signal.Signals(signum).name)
-
-
 def _load(path: Path) -> dict | None:
     try:
         return json.loads(Path(path).read_text())
@@ -274,6 +267,7 @@ class Run:
         self.records: list[dict] = []
         self.notes: dict[str, list[str]] = {}
         self.limits: dict[str, int] = {}  # limits a stage's builder decided (pretrain's remainder)
+        self.interrupted: str | None = None  # SIGTERM or SIGINT: the running stage is stopped, the results written
         (self.stage_dir / "logs").mkdir(parents=True, exist_ok=True)
         self.log = open(out_dir / "suite.log", "w", encoding="utf-8")  # noqa: SIM115 - open for the whole run
         self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
@@ -319,21 +313,28 @@ class Run:
             out.flush()
             proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT,
                                     env=self.env, start_new_session=True)  # its own process group: stopped whole
-            try:
-                rc, status = proc.wait(timeout=limit), None
-            except subprocess.TimeoutExpired:
-                rc, status = _stop(proc), "timed_out"
-            except Interrupted:
-                _stop(proc)
-                self.record(name, "interrupted", None, time.monotonic() - t0, limit, "the suite was interrupted", command)
-                raise
-        status = status or ("ok" if rc == 0 else "failed")
-        note = "; ".join(self.notes.get(name, []))
-        if status != "ok":
+            rc, status = self.wait(proc, t0 + limit)
+        note = "; ".join(self.notes.get(name, []) + (["the suite was interrupted"] if status == "interrupted" else []))
+        if status not in ("ok", "interrupted"):
             tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-25:]
             note = "; ".join(filter(None, [note, tail[-1][:300] if tail else ""]))
             self.say(f"[suite] --- last lines of logs/{name}.log ---\n" + "\n".join(tail) + "\n[suite] ---")
-        self.record(name, status, 124 if status == "timed_out" else rc, time.monotonic() - t0, limit, note, command)
+        self.record(name, status, rc, time.monotonic() - t0, limit, note, command)
+
+    def wait(self, proc: subprocess.Popen, until: float) -> tuple[int | None, str]:
+        """(exit code, status) of a stage: ok / failed when it ends, timed_out at its limit (stopped, exit code 124),
+        interrupted when a signal reached the suite (stopped). Looks twice a second."""
+        while True:
+            if self.interrupted:
+                _stop(proc)
+                return None, "interrupted"
+            try:
+                rc = proc.wait(timeout=max(0.0, min(0.5, until - time.monotonic())))
+                return rc, "ok" if rc == 0 else "failed"
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= until:
+                    _stop(proc)
+                    return 124, "timed_out"
 
     def record(self, name: str, status: str, rc: int | None, seconds: float, limit: int, note: str, command: list[str]) -> None:
         planned, kind = PLAN[name]
@@ -405,34 +406,36 @@ def run_suite(args) -> int:
     out_dir = Path(os.environ.get("OUT") or args.out or BENCH / "results" / f"{mode}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
     lease = Path(args.lease).resolve() if args.lease else None
     if mode == "gpu" and not ((lease or ROOT / ".lease") / "pack.json").is_file():
-        raise SystemExit(f"error: {(lease or ROOT / '.lease') / 'pack.json'} not found: build the pack first "
-                         "(bash benchmarks/gpu_suite.sh --pack)")
+        _fail(f"{(lease or ROOT / '.lease') / 'pack.json'} not found: build the pack first (bash benchmarks/gpu_suite.sh --pack)")
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         work = Path(os.environ.get("SUITE_WORK") or _mkdtemp())
         work.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise SystemExit(f"error: {e.filename}: {e.strerror}") from None
+        _fail(f"{e.filename}: {e.strerror}")
     run = Run(mode, lease or (ROOT / ".lease" if mode == "gpu" else work.resolve() / "lease"), out_dir.resolve(), work.resolve())
-    signal.signal(signal.SIGTERM, _raise_interrupted)
-    signal.signal(signal.SIGINT, _raise_interrupted)
-    interrupted = None
-    try:
-        run.say(f"[suite] {mode}: deadline {run.deadline_s} s, pack {run.lease}, work folder {work}, results in {out_dir}")
-        if mode == "smoke" and lease is None:  # the toy pack (seconds), before the clock's stages
-            with open(run.stage_dir / "logs" / "smoke_pack.log", "w", encoding="utf-8") as f:
-                built = subprocess.run([run.python, _script("pack.py"), "build", str(run.lease), "--smoke"], stdout=f,
-                                       stderr=subprocess.STDOUT, cwd=ROOT, env=run.env)
-            if built.returncode != 0:
-                run.say("[suite] could not build the smoke pack (it needs ../shared/data): see logs/smoke_pack.log")
-        for name in PLAN:
-            run.stage(name)
-    except Interrupted as e:
-        interrupted = str(e)
-        run.say(f"[suite] interrupted ({e}): writing the summary and the archive")
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the results are written once, whatever arrives now
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    return finish(run, interrupted)
+    for sig in (signal.SIGTERM, signal.SIGINT):  # noted; the stage waiting stops its process and the suite ends
+        signal.signal(sig, lambda signum, frame: setattr(run, "interrupted", signal.Signals(signum).name))
+    run.say(f"[suite] {mode}: deadline {run.deadline_s} s, pack {run.lease}, work folder {work}, results in {out_dir}")
+    if mode == "smoke" and lease is None:  # the toy pack (seconds), before the stages
+        with open(run.stage_dir / "logs" / "smoke_pack.log", "w", encoding="utf-8") as f:
+            built = subprocess.run([run.python, _script("pack.py"), "build", str(run.lease), "--smoke"], stdout=f,
+                                   stderr=subprocess.STDOUT, cwd=ROOT, env=run.env)
+        if built.returncode != 0:
+            run.say("[suite] could not build the smoke pack (it needs ../shared/data): see logs/smoke_pack.log")
+    for name in PLAN:
+        if run.interrupted:
+            break
+        run.stage(name)
+    if run.interrupted:
+        run.say(f"[suite] interrupted ({run.interrupted}): writing the summary and the archive")
+    return finish(run, run.interrupted)
+
+
+def _fail(message: str) -> None:
+    """Bad input: one line on stderr, exit code 2, nothing started."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
 
 
 def _mkdtemp() -> str:
@@ -687,8 +690,7 @@ class OneLineParser(argparse.ArgumentParser):
     """Bad arguments are one line on stderr starting with "error:", exit code 2."""
 
     def error(self, message: str) -> None:
-        print(f"error: {message} (see --help)", file=sys.stderr)
-        sys.exit(2)
+        _fail(f"{message} (see --help)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -710,7 +712,7 @@ def main(argv: list[str] | None = None) -> int:
     d = Path(args.dir)
     doc = _load(d / "summary.json")
     if doc is None:
-        raise SystemExit(f"error: {d / 'summary.json'}: not found or not JSON (an extracted suite archive?)")
+        _fail(f"{d / 'summary.json'}: not found or not JSON (an extracted suite archive?)")
     print(table(summarize(d, doc["stages"], doc["mode"], doc["seconds"], doc["deadline_s"], doc.get("interrupted"))))
     return 0
 

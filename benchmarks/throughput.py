@@ -256,6 +256,12 @@ def attention_seen(kernels: list[str]) -> str:
     return "none seen"
 
 
+def launch_counts(events: list[tuple[str, int]]) -> tuple[int, int]:
+    """(kernel and graph launches, graph launches) from a profile's (runtime API event name, calls) pairs."""
+    graphs = sum(n for key, n in events if GRAPH_LAUNCH.match(key))
+    return graphs + sum(n for key, n in events if KERNEL_LAUNCH.match(key)), graphs
+
+
 def cudagraph_skips(text: str) -> list[str]:
     """The reasons inductor gave for not using CUDA graphs ("skipping cudagraphs due to ..."), each once, in order."""
     return list(dict.fromkeys(m.group(1).strip() for m in CUDAGRAPH_SKIP.finditer(text)))
@@ -307,8 +313,7 @@ def profile_steps(step, steps: int, device: torch.device, top: int = 15) -> dict
     rows = sorted((e for e in events if self_us(e) > 0 and (cuda or e.key.startswith("aten::"))), key=self_us, reverse=True)
     total = sum(self_us(e) for e in rows) or 1.0
     kernels = [{"name": e.key[:200], "calls_per_step": e.count / steps, "ms_per_step": self_us(e) / 1000 / steps} for e in rows]
-    launches = sum(e.count for e in events if KERNEL_LAUNCH.match(e.key) or GRAPH_LAUNCH.match(e.key)) if cuda else None
-    graphs = sum(e.count for e in events if GRAPH_LAUNCH.match(e.key)) if cuda else None
+    launches, graphs = launch_counts([(e.key, e.count) for e in events])
     return {"steps": steps, "kind": "CUDA kernels, self device time" if cuda else "aten operators, self CPU time",
             "total_ms_per_step": total / 1000 / steps,
             "kernel_launches_per_step": launches / steps if cuda else None,

@@ -176,7 +176,7 @@ def test_memory_cpu_path_on_tiny(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# quality.py and gpu_suite.sh (issue 6, items 3 and 4): the CPU paths at a toy scale
+# quality.py and gpu_suite.sh: the CPU paths at a toy scale
 # ----------------------------------------------------------------------------------------------------------------
 
 import os  # noqa: E402
@@ -367,9 +367,29 @@ def test_gpu_suite_passes_bash_n_and_shellcheck():
     assert p.returncode == 0, p.stdout
 
 
-SUITE_STAGES = ["env", "te_compiled_bf16", "te_eager_bf16", "hf_eager_bf16", "hf_compiled_bf16", "te_cudagraphs_bf16",
-                "te_compiled_fp16", "memory_small", "attention", "te_compiled_bf16_b256", "te_compiled_bf16_b512",
-                "loss_check"]
+import suite  # noqa: E402
+
+SUITE_STAGES = list(suite.PLAN)
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@pytest.fixture(scope="module")
+def smoke_lease(tmp_path_factory) -> Path:
+    """The CPU smoke run's toy pack, built once from ../shared/data."""
+    if not (SHARED / "enwiki").is_dir() or not (SHARED / "glue").is_dir():
+        pytest.skip(f"{SHARED} (enwiki/ and glue/) is absent: the smoke run's pack is built from it")
+    import pack
+
+    out = tmp_path_factory.mktemp("smoke-lease") / "lease"
+    pack.build(out, SHARED, 1, smoke=True)
+    return out
+
+
+def run_suite(tmp_path: Path, args: list[str], **env: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHON=sys.executable, SUITE_WORK=str(tmp_path / "w"), **env)
+    env.pop("OUT", None)
+    return subprocess.run(["bash", str(SUITE), *args, "--out", str(tmp_path / "o")], env=env, capture_output=True,
+                          text=True, timeout=7200)
 
 
 def suite_output(out: Path) -> tuple[dict, list[str]]:
@@ -388,92 +408,88 @@ def suite_output(out: Path) -> tuple[dict, list[str]]:
         inner = json.loads(tar.extractfile(f"{archive.name[:-len('.tar.gz')]}/summary.json").read())
     summary = json.loads((out / "summary.json").read_text())
     assert inner == summary
+    assert [s["stage"] for s in summary["stages"]] == SUITE_STAGES
+    assert all({"stage", "status", "budget_s"} <= set(s) for s in summary["stages"])
+    assert summary["gpu_plan_total_s"] <= 570 and summary["mode"] == "smoke"
     return summary, names
 
 
-def test_gpu_suite_records_a_timed_out_stage_and_skips_past_its_time_limit(tmp_path):
-    """A 1 s budget for `env` (importing torch takes longer): timed out and recorded; a 20 s suite has then no
-    room for another stage (10 s are kept for the summary): each is recorded as skipped; the output folder still
-    holds the archive, the summary and the log, and the summary lists every figure as unmeasured."""
-    env = dict(os.environ, PYTHON=sys.executable, SUITE_TOTAL_S="20", SUITE_BUDGET_ENV="1", SUITE_WORK=str(tmp_path / "w"))
-    p = subprocess.run(["bash", str(SUITE), "--cpu-smoke", "--out", str(tmp_path / "o")], env=env, capture_output=True,
-                       text=True, timeout=600)
-    assert p.returncode == 1, p.stdout + p.stderr  # a stage did not finish
+def test_gpu_suite_records_a_timed_out_stage_and_the_stages_not_run(smoke_lease, tmp_path):
+    """SUITE_BUDGET_ENV=0: the env stage is stopped at once (no Python process finishes between its start and the
+    suite's first look) and recorded as timed out, exit code 124; the stages not selected are recorded as skipped;
+    the three files are written, the table printed last, and the exit code says a stage did not finish."""
+    p = run_suite(tmp_path, ["--cpu-smoke", "--lease", str(smoke_lease)], SUITE_ONLY="unpack,env", SUITE_BUDGET_ENV="0")
+    assert p.returncode == 1, p.stdout + p.stderr
     summary, names = suite_output(tmp_path / "o")
-    stages = summary["stages"]
-    assert [s["stage"] for s in stages] == SUITE_STAGES
-    assert stages[0]["status"] == "timed_out" and stages[0]["rc"] == 124
-    assert stages[0]["budget_s"] == 1 and stages[0]["log"] == "logs/env.log" and "logs/env.log" in names
-    assert all(s["status"] == "skipped" and s["note"] == "suite time limit reached" for s in stages[1:])
-    assert summary["mode"] == "smoke" and "none of these figures is a GPU figure" in summary["note"]
-    assert len(summary["unmeasured"]) >= len(summary["figures"]) and "timed_out" in (tmp_path / "o" / "suite.log").read_text()
+    stages = {s["stage"]: s for s in summary["stages"]}
+    assert stages["unpack"]["status"] == "ok" and "pack/pack.json" in names
+    assert stages["env"]["status"] == "timed_out" and stages["env"]["rc"] == 124 and stages["env"]["budget_s"] == 0
+    assert stages["env"]["log"] == "logs/env.log" and "logs/env.log" in names
+    assert all(s["status"] == "skipped" and s["note"] == "not selected (SUITE_ONLY=unpack,env)"
+               for name, s in stages.items() if name not in ("unpack", "env"))
+    assert p.stdout.strip().splitlines()[-1].startswith("note: CPU smoke run")  # the table comes last
+    assert "timed_out" in (tmp_path / "o" / "suite.log").read_text()
 
 
-def test_gpu_suite_keeps_its_results_when_interrupted(tmp_path):
-    """SIGTERM while a stage runs (as a command that reaches its time limit gets): the stage is stopped, and the
-    archive, summary and log are written all the same."""
+def test_gpu_suite_keeps_its_results_when_interrupted(smoke_lease, tmp_path):
+    """SIGTERM while a stage runs (as a command that reaches its time limit gets): the stage's process group is
+    stopped, and the archive, summary and log are written all the same; exit code 130."""
     import signal
     import time
 
-    env = dict(os.environ, PYTHON=sys.executable, SUITE_WORK=str(tmp_path / "w"), SUITE_ONLY="te_eager_bf16")
-    p = subprocess.Popen(["bash", str(SUITE), "--cpu-smoke", "--out", str(tmp_path / "o")], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    while p.poll() is None and not list((tmp_path / "w").glob("*/logs/te_eager_bf16.log")):  # the stage has begun
+    env = dict(os.environ, PYTHON=sys.executable, SUITE_WORK=str(tmp_path / "w"), SUITE_ONLY="eager")
+    env.pop("OUT", None)
+    p = subprocess.Popen(["bash", str(SUITE), "--cpu-smoke", "--lease", str(smoke_lease), "--out", str(tmp_path / "o")],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    while p.poll() is None and not list((tmp_path / "w").glob("*/logs/eager.log")):  # the stage has begun
         time.sleep(0.1)
     p.send_signal(signal.SIGTERM)
     out, _ = p.communicate(timeout=600)
     assert p.returncode == 130, out
-    summary, names = suite_output(tmp_path / "o")
-    assert [s["stage"] for s in summary["stages"]][:1] == ["env"] and "logs/te_eager_bf16.log" in names
-    assert "interrupted" in (tmp_path / "o" / "suite.log").read_text()
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert [s["stage"] for s in summary["stages"]] == SUITE_STAGES[:SUITE_STAGES.index("eager") + 1]
+    assert summary["stages"][-1]["status"] == "interrupted" and summary["interrupted"] == "SIGTERM"
+    assert len(list((tmp_path / "o").iterdir())) == 3 and "INTERRUPTED (SIGTERM)" in out
 
 
 def test_gpu_suite_rejects_bad_arguments(tmp_path):
-    for args in (["--bogus"], ["--data", str(tmp_path)]):
-        p = subprocess.run(["bash", str(SUITE), *args, "--out", str(tmp_path / "o")], capture_output=True, text=True)
-        assert p.returncode == 2 and p.stderr.startswith("error: ") and len(p.stderr.strip().splitlines()) == 1
+    for args in (["--bogus"], ["--lease", str(tmp_path)], ["--pack", "--shards", "x"],
+                 ["--pack", str(tmp_path / "p"), "--shared", str(tmp_path / "none")]):
+        p = subprocess.run(["bash", str(SUITE), *args], capture_output=True, text=True,
+                           env=dict(os.environ, PYTHON=sys.executable, OUT=str(tmp_path / "o")))
+        assert p.returncode == 2 and p.stderr.startswith("error: ") and len(p.stderr.strip().splitlines()) == 1, (args, p.stderr)
+    assert not (tmp_path / "o").exists() and not (tmp_path / "p").exists()  # nothing written
 
 
 @pytest.mark.slow
 def test_gpu_suite_cpu_smoke_runs_every_stage(tmp_path):
-    """Every stage at a toy size (about 100 s on the shared 2-core machine): all ok; the output folder holds three
-    files; the archive holds each stage's JSON and log; the summary's figures are the stages' own numbers, each
-    saying what it measured, and the smoke run says that none of them is a GPU figure."""
-    # the stages' time limits are the GPU's; on a busy CPU importing torch alone can take longer than env's 20 s, so
-    # each stage gets 30 minutes here (the limits themselves are tested above, with a simulated overrun)
-    roomy = {f"SUITE_BUDGET_{stage.upper()}": "1800" for stage in SUITE_STAGES}
-    env = dict(os.environ, PYTHON=sys.executable, SUITE_WORK=str(tmp_path / "w"), SUITE_TOTAL_S="36000", **roomy)
-    p = subprocess.run(["bash", str(SUITE), "--cpu-smoke", "--out", str(tmp_path / "o")], env=env, capture_output=True,
-                       text=True, timeout=7200)
+    """`bash benchmarks/gpu_suite.sh --cpu-smoke` as documented: it builds its toy pack, then every stage runs at
+    toy size under the smoke run's own limits (a loaded 2-core CPU's, not a GPU's) and succeeds, `pretrain` and
+    `glue` included; the output folder holds three files; the summary's figures are the stages' own numbers."""
+    if not (SHARED / "enwiki").is_dir() or not (SHARED / "glue").is_dir():
+        pytest.skip(f"{SHARED} (enwiki/ and glue/) is absent: the smoke run's pack is built from it")
+    p = run_suite(tmp_path, ["--cpu-smoke"])
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     summary, names = suite_output(tmp_path / "o")
-    assert [s["stage"] for s in summary["stages"]] == SUITE_STAGES
-    assert {s["status"] for s in summary["stages"]} == {"ok"}
-    for stage in SUITE_STAGES:
+    assert {s["status"] for s in summary["stages"]} == {"ok"} and summary["within_deadline"]
+    for stage in ("env", "checks", "eager", "compiled", "glue_baseline", "cudagraphs", "hf_compiled", "loss_check", "fp16", "batch_256"):
         assert f"{stage}.json" in names and f"logs/{stage}.log" in names
-    assert "stages.jsonl" in names and "suite.log" in names
-    tmp = tmp_path / "x"
-    import tarfile
-
-    with tarfile.open(next((tmp_path / "o").glob("*.tar.gz"))) as tar:
-        tar.extractall(tmp, filter="data")
-    root = next(tmp.iterdir())
-    te = json.loads((root / "te_compiled_bf16.json").read_text())
-    assert te["complete"] and te["device"] == "cpu" and te["precision"] == "bf16" and te["compile"] == "on"
-    assert te["tinyelectra"]["compile_note"].startswith("compile: torch.compile (aot_eager backend")
-    assert te["tinyelectra"]["compile"]["graph_breaks_at_first_call"] == 0 and te["graphs_compiled_while_timing"] == 0
-    assert te["tinyelectra"]["profile"]["top"] and te["tinyelectra"]["attention"]["summary"].startswith("attention on the CPU")
-    fig = summary["figures"]["tinyelectra tokens/s, compiled, bf16, batch 128"]
-    assert fig["value"] == te["tinyelectra"]["tokens_per_s"] and "cpu, tiny" in fig["measured_as"] and "batch 2 x 16" in fig["measured_as"]
-    assert json.loads((root / "te_compiled_fp16.json").read_text())["precision"] == "fp32"  # the smoke's stand-in
-    hf = json.loads((root / "hf_compiled_bf16.json").read_text())
-    assert hf["sides"] == ["transformers"] and hf["transformers"]["compiled"] in (True, False)
-    assert json.loads((root / "loss_check.json").read_text())["finite"]
-    assert json.loads((root / "attention.json").read_text())["results"]["discriminator"]["math"]["ran"]
-    assert "tiny" in json.loads((root / "memory_small.json").read_text())["sizes"]
-    assert summary["env"]["cuda_available"] in (True, False) and summary["env"]["torch"] == torch.__version__
-    assert summary["within_time_limit"] and "none of these figures is a GPU figure" in summary["note"]
-    assert "hardware MFU, compiled, bf16" in summary["unmeasured"]  # no MFU on a CPU
+    assert {"pretrain/summary.json", "pretrain/metrics.jsonl", "pretrain/ckpt-10000/meta.json", "glue/ckpt-10000/glue.json",
+            "glue/ckpt-0625/glue.json", "stages.jsonl", "suite.log"} <= set(names)
+    pre = summary["pretrain"]
+    assert pre["finished"] and pre["steps"] > 0 and list(pre["checkpoints"]) == ["ckpt-0625", "ckpt-1250", "ckpt-2500",
+                                                                                 "ckpt-5000", "ckpt-10000"]
+    assert pre["budget"] == f"{suite.SMOKE_TRAIN_S}s" and pre["final_verdict"].startswith("ckpt-10000: ")
+    g = summary["glue"]
+    assert g["checkpoint"] == "ckpt-10000" and g["protocol_differences_from_baseline"] == []
+    assert list(g["tasks"]) == ["cola", "sst2", "stsb", "mrpc", "rte"]
+    assert all(v["pre-trained"] is not None and v["no pre-training"] is not None for v in g["tasks"].values())
+    te = summary["speed"]["tinyelectra compiled"]
+    assert te["compile_note"].startswith("compile: torch.compile (aot_eager backend") and te["tokens_per_s"] > 0
+    assert summary["speed"]["tinyelectra eager"]["attention_seen"] and summary["ratios"]["eager (paired rounds in one process)"]
+    assert summary["checks"]["train_step"]["finite"] and "math" in summary["checks"]["sdpa_gradients"]["safe"]
+    assert summary["env"]["torch"] == torch.__version__ and "none of these figures is a GPU figure" in summary["note"]
+    assert p.stdout.strip().splitlines()[-1] == "note: " + summary["note"]  # the table comes last
 
 
 def test_checkpoint_eval_scores_what_the_trainer_scored(quality_data, tmp_path, restore_threads):
