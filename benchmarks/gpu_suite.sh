@@ -7,12 +7,15 @@
 #   bash benchmarks/gpu_suite.sh [--lease DIR] [--out DIR]                  # the GPU run ($OUT when set)
 #   bash benchmarks/gpu_suite.sh --cpu-smoke [--out DIR]                    # every stage at toy size on the CPU
 #
-# PYTHON=... chooses the interpreter (default python3). The stages, their limits and the summary: benchmarks/suite.py
-# and benchmarks/README.md.
+# PYTHON=... chooses the interpreter (default: the checkout's .venv/bin/python, else python3). The stages, their
+# limits and the summary: benchmarks/suite.py and benchmarks/README.md.
 
 set -u -o pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if [[ -z "${PYTHON:-}" && -x "$ROOT/.venv/bin/python" ]]; then
+    PYTHON="$ROOT/.venv/bin/python" # the checkout's own environment (it does not travel: a GPU machine has python3)
+fi
 PY="${PYTHON:-$(command -v python3 || true)}"
 if [[ -z "$PY" ]]; then
     echo "error: no python3 on PATH (set PYTHON=/path/to/python)" >&2

@@ -20,7 +20,6 @@ and the first 40 training and 20 dev rows of each task.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -35,20 +34,13 @@ ROOT = Path(__file__).resolve().parents[1]
 import suite  # noqa: E402  (no torch: unpacking is the GPU run's first stage, on a cold machine)
 
 from tinyelectra.errors import UserError  # noqa: E402
+from tinyelectra.files import sha256_of  # noqa: E402
 
 TASKS = ("cola", "sst2", "stsb", "mrpc", "rte")  # by value: CoLA shows pre-training first; RTE and MRPC last
 LIMIT_BYTES = 56 * 2**20
 DEFAULT_SHARDS = 360
 FORMAT = "tinyelectra-gpu-pack"
 SMOKE = {"shards": 1, "vocab_size": 2048, "seq_len": 32, "validation_fraction": 0.1, "train_lines": 40, "dev_lines": 20}
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def write_tar_xz(path: Path, files: list[tuple[Path, str]]) -> None:
@@ -120,7 +112,7 @@ def build(out_dir: Path, shared: Path, shards: int, smoke: bool) -> dict:
             tasks[name] = {"dir": spec.dir_name, "train_rows": rows["train"], "dev_rows": rows["dev"]}
         write_tar_xz(stage / "glue.tar.xz", glue_files)
         manifest = json.loads((data / "manifest.json").read_text())
-        files = {n: {"bytes": (stage / n).stat().st_size, "sha256": sha256(stage / n)} for n in ("pretrain.tar.xz", "glue.tar.xz")}
+        files = {n: {"bytes": (stage / n).stat().st_size, "sha256": sha256_of(stage / n)} for n in ("pretrain.tar.xz", "glue.tar.xz")}
         doc = {
             "format": FORMAT, "format_version": 1, "kind": "smoke" if smoke else "gpu",
             "pretrain": {"shards": [p.name for p in shard_files[:shards]], "tokens": manifest["tokens"],
@@ -176,7 +168,7 @@ def unpack(lease: Path, work: Path) -> dict:
     if doc.get("format") != FORMAT:
         raise UserError(f"{info}: not a tinyelectra GPU pack")
     for name, f in doc["files"].items():
-        if not (lease / name).is_file() or sha256(lease / name) != f["sha256"]:
+        if not (lease / name).is_file() or sha256_of(lease / name) != f["sha256"]:
             raise UserError(f"{lease / name}: missing or not the file pack.json describes (sha256); build the pack again")
     work.mkdir(parents=True, exist_ok=True)
     for name in doc["files"]:

