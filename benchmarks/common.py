@@ -490,7 +490,7 @@ def add_step_arguments(ap, recipe: str = "electra-small") -> None:
     ap.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"))
     ap.add_argument("--batch", type=int, default=None, help="sequences per step (default: 16 on CPU, 128 on GPU)")
     ap.add_argument("--seq-len", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    ap.add_argument("--threads", type=int, default=os.cpu_count(), help="torch CPU threads, set and recorded (default: one per core)")
     ap.add_argument("--name", default=None, help="result file name (default: from the configuration)")
     ap.add_argument("--out-dir", default=None)
 
@@ -499,8 +499,7 @@ def step_setup(args) -> tuple[torch.device, str, str, int]:
     """From `add_step_arguments`' options: threads set, (device, precision, its reason, batch); `args.batch` filled."""
     from tinyelectra import runtime  # noqa: PLC0415
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)  # pinned, and recorded by machine() in every result
     device = runtime.pick_device(None, args.device)
     precision, reason = runtime.pick_precision(args.precision, device)
     args.batch = args.batch or (128 if device.type == "cuda" else 16)

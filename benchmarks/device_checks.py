@@ -102,7 +102,7 @@ def env(args, argv: list[str]) -> dict:
         except Exception as e:  # noqa: BLE001 - a missing or broken package is recorded, not fatal
             info[pkg] = f"missing ({type(e).__name__})"
     info["cuda_available"] = torch.cuda.is_available()
-    device = torch.device("cuda" if mode == "gpu" else "cpu")
+    device = torch.device("cuda" if mode == "gpu" and info["cuda_available"] else "cpu")
 
     def save() -> Path:
         return write_result(args.name, info, device, out_dir=args.out_dir, command=command_line("benchmarks/device_checks.py", argv))

@@ -91,7 +91,7 @@ REMAINDER, TIME_LEFT = "remainder", "time left"
 # of the deadline (more when they finish early); "time left" stages run only when time is left, under at most their
 # budget; "cpu": computed beforehand on the CPU, never on the GPU.
 PLAN = {
-    "unpack": (20, "fixed"),
+    "unpack": (30, "fixed"),  # 52 MB of xz: 8 s on this project's loaded 2-core CPU
     "env": (45, "fixed"),  # a cold machine's first torch import can take 10-20 s
     "checks": (45, "fixed"),
     "eager": (60, "fixed"),
@@ -652,7 +652,7 @@ def _n(x, fmt: str = "{:,.0f}", none: str = "-") -> str:
 
 def table(doc: dict) -> str:
     """The short table printed last: the last lines of the output alone say what happened."""
-    out = [f"== tinyelectra GPU suite ({doc['mode']}): {doc['device']}, torch {doc['torch']}, commit {str(doc['git_commit'])[:12]}; "
+    out = [f"== tinyelectra GPU suite ({doc['mode']}): {doc['device'] or 'device unknown'}, torch {doc['torch'] or '-'}, commit {str(doc['git_commit'])[:12]}; "
            f"{doc['seconds']:.0f} s of {doc['deadline_s']} s" + (f"; INTERRUPTED ({doc['interrupted']})" if doc["interrupted"] else "")]
     out.append("stages: " + ", ".join(f"{r['stage']} {r['status']}" + (f" {r['seconds']:.0f}s" if r["status"] != "skipped" else "")
                                       for r in doc["stages"]))
@@ -685,11 +685,14 @@ def table(doc: dict) -> str:
     cg = sp.get("tinyelectra CUDA graphs")
     out.append(f"  CUDA graphs: {(cg or {}).get('cuda_graphs') or 'not measured (extra stage not run)'}")
     p = doc["pretrain"]
-    out.append(f"pretrain: {_n(p['steps'])} steps, {_n((p['tokens_seen'] or 0) / 1e6 if p['tokens_seen'] else None, '{:.1f}')}M tokens "
-               f"({_n(p['epochs'], '{:.1f}')} epochs of the pack) in {_n(p['train_seconds'], '{:.0f}')} s of training (--budget {p['budget']}), "
-               f"+{_n(p['overhead_s'], '{:.0f}')} s start-up and checkpoints; {_n(p['metrics_median_tokens_per_second'])} tokens/s median"
-               + ("" if p["finished"] else "; STOPPED before its end"))
-    out.append(f"  {p['final_verdict'] or 'no checkpoint'}")
+    if p["steps"] is None:
+        out.append("pretrain: no step recorded (see its stage)")
+    else:
+        out.append(f"pretrain: {_n(p['steps'])} steps, {_n(p['tokens_seen'] / 1e6 if p['tokens_seen'] else None, '{:.1f}')}M tokens "
+                   f"({_n(p['epochs'], '{:.1f}')} epochs of the pack) in {_n(p['train_seconds'], '{:.0f}')} s of training (--budget "
+                   f"{p['budget']}), +{_n(p['overhead_s'], '{:.0f}')} s start-up and checkpoints; "
+                   f"{_n(p['metrics_median_tokens_per_second'])} tokens/s median" + ("" if p["finished"] else "; STOPPED before its end"))
+        out.append(f"  {p['final_verdict'] or 'no checkpoint'}")
     g = doc["glue"]
     proto = g["protocol"] or {}
     same = g["protocol_differences_from_baseline"]
