@@ -26,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import time
+from importlib import metadata
 from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -96,11 +97,11 @@ def env(args, argv: list[str]) -> dict:
                   "python": platform.python_version(), "platform": platform.platform(), "executable": sys.executable,
                   "cpu_count": os.cpu_count(), "c_compiler": shutil.which("cc") or shutil.which("gcc") or "none (Triton needs one)",
                   "inductor_cache": cache, "inductor_cache_empty_at_start": not (cache and Path(cache).is_dir() and any(Path(cache).iterdir()))}
-    for pkg in PACKAGES:
+    for pkg in PACKAGES:  # from the installed metadata: importing transformers or tensorboard here would take seconds
         try:
-            info[pkg] = __import__(pkg).__version__
-        except Exception as e:  # noqa: BLE001 - a missing or broken package is recorded, not fatal
-            info[pkg] = f"missing ({type(e).__name__})"
+            info[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            info[pkg] = "missing"
     info["cuda_available"] = torch.cuda.is_available()
     device = torch.device("cuda" if mode == "gpu" and info["cuda_available"] else "cpu")
 
