@@ -42,7 +42,6 @@ BENCH = ROOT / "benchmarks"
 # The protocol: the recipe pre-trained, and how GLUE is run on it (benchmarks/glue_baseline.py runs the same).
 # ---------------------------------------------------------------------------------------------------------------
 
-MODES = ("gpu", "smoke")
 # The recipe `pretrain` trains and whose initial weights the no-pre-training baseline fine-tunes. The smoke run: one
 # layer of the tiny recipe, rows of 32 tokens (its pack's), a few rows per batch and per evaluation.
 PRETRAIN = {"gpu": {"recipe": "electra-small", "sets": ()},
@@ -567,7 +566,10 @@ def glue_figures(d: Path, baseline: dict | None, pack: dict | None) -> dict:
     tasks: dict = {}
     for label, g in sides.items():
         for task, entry in (_get(g, "tasks") or {}).items():
-            tasks.setdefault(task, {"metric": entry.get("paper_metric")})[label] = entry.get("median_paper")
+            t = tasks.setdefault(task, {"metric": entry.get("paper_metric")})
+            t[label] = entry.get("median_paper")
+            if "majority_class" in entry:  # glue.json's own: every dev row given the training rows' commonest class
+                t["majority class"] = _get(entry, "majority_class", "paper_score")
     averages = {}
     shared = [t for t, v in tasks.items() if v.get("pre-trained") is not None and v.get("no pre-training") is not None]
     for label in sides:
@@ -700,10 +702,11 @@ def table(doc: dict) -> str:
                f"{_n(len(proto.get('seeds') or []) or None)} seed, <= {_n(proto.get('max_train_rows'))} train rows; no pre-training: "
                f"{(g['baseline'] or {}).get('machine') or 'none recorded'}; "
                f"protocol {'identical' if same == [] else 'DIFFERS: ' + '; '.join(same) if same else 'not compared'})")
-    out.append(f"  {'task (metric)':<28}{'pre-trained':>12}{'ckpt-0625':>11}{'no pre-training':>17}")
+    out.append(f"  {'task (metric)':<28}{'pre-trained':>12}{'ckpt-0625':>11}{'no pre-training':>17}{'majority class':>16}")
     for task, v in g["tasks"].items():
         out.append(f"  {task + ' (' + str(v.get('metric')) + ')':<28}{_n(v.get('pre-trained'), '{:.1f}'):>12}"
-                   f"{_n(v.get('ckpt-0625'), '{:.1f}'):>11}{_n(v.get('no pre-training'), '{:.1f}'):>17}")
+                   f"{_n(v.get('ckpt-0625'), '{:.1f}'):>11}{_n(v.get('no pre-training'), '{:.1f}'):>17}"
+                   f"{_n(v.get('majority class'), '{:.1f}'):>16}")
     a = g["averages"]
     out.append(f"  {'average of ' + str(len(g['averages_over'])) + ' tasks':<28}{_n(a.get('pre-trained'), '{:.1f}'):>12}"
                f"{_n(a.get('ckpt-0625'), '{:.1f}'):>11}{_n(a.get('no pre-training'), '{:.1f}'):>17}")

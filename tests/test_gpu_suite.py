@@ -294,9 +294,11 @@ def test_glue_side_by_side_and_the_verdict(tmp_path):
         g["tasks"]["cola"]["median_paper"] = score
         (d / "glue" / ckpt / "glue.json").write_text(json.dumps(g))
     baseline = {"glue": glue_json(), "pack": {"tokenizer_fingerprint": "tok"}, "machine": {"cpu": "AMD EPYC"}}
+    baseline["glue"]["tasks"]["cola"]["majority_class"] = {"label": "acceptable", "paper_score": 0.0}
     g = suite.glue_figures(d, baseline, {"pretrain": {"tokenizer_fingerprint": "tok"}})
     assert g["checkpoint"] == "ckpt-10000" and g["tasks"]["cola"] == {"metric": "matthews_corr", "pre-trained": 20.0,
-                                                                       "ckpt-0625": 5.0, "no pre-training": 10.0}
+                                                                       "ckpt-0625": 5.0, "no pre-training": 10.0,
+                                                                       "majority class": 0.0}
     assert g["averages"] == {"pre-trained": 20.0, "ckpt-0625": 5.0, "no pre-training": 10.0}
     assert g["pretrained_better_on"] == "1 of 1 tasks" and g["protocol_differences_from_baseline"] == []
 
