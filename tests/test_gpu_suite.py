@@ -303,6 +303,25 @@ def test_glue_side_by_side_and_the_verdict(tmp_path):
     assert g["pretrained_better_on"] == "1 of 1 tasks" and g["protocol_differences_from_baseline"] == []
 
 
+def test_the_recorded_cpu_baseline_has_the_protocol_the_gpu_stage_runs():
+    """benchmarks/results/glue_no_pretraining_cpu.json was computed beforehand; if the suite's protocol or the
+    package's fine-tuning settings change, it must be computed again (benchmarks/glue_baseline.py, about an hour)."""
+    import dataclasses
+
+    import pack
+
+    from tinyelectra.finetune import FinetuneConfig
+
+    doc = json.loads(suite.BASELINE_RESULT.read_text())
+    g = doc["glue"]
+    assert doc["recipe"] == suite.PRETRAIN["gpu"]["recipe"] and doc["protocol"]["mode"] == "gpu"
+    assert list(g["tasks"]) == list(pack.TASKS) and len(g["seeds"]) == suite.GLUE["gpu"]["seeds"]
+    assert g["protocol"]["max_train_rows"] == suite.GLUE["gpu"]["max_train_rows"]
+    assert g["protocol"]["settings"] == dataclasses.asdict(FinetuneConfig.from_overrides(list(suite.GLUE_SETTINGS)))
+    assert g["model"]["hidden_size"] == 256 and g["meta"]["step"] == 0  # ELECTRA-Small, never pre-trained
+    assert doc["threads"] == 1 and g["device"].startswith("CPU") and g["complete"]
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The pack
 # ----------------------------------------------------------------------------------------------------------------
