@@ -10,6 +10,11 @@ inputs is recorded with torch's reason. `default` is what SDPA picks by itself (
       -> benchmarks/results/attention_<device>_<precision>.json  (or --name)
 
 Timing: --iters calls back to back, one device synchronisation at the end, median of --rounds rounds.
+
+`gradient_safety` (the GPU suite's checks stage) asks a different question of the same backends: are the output and
+the gradients finite, and close to an fp32 math reference, at GLUE-like lengths with a padding mask? torch 2.11's
+cuDNN attention backward returns NaN on Hopper for masked inputs whose length mod 128 is 64
+(pytorch/pytorch#196678); fine-tuning's dynamic padding meets such lengths.
 """
 
 from __future__ import annotations
@@ -63,6 +68,75 @@ def time_case(q, k, v, mask, p: float, backend, device: torch.device, iters: int
     return {"ran": True, "fwd_bwd_ms_median": statistics.median(times) * 1000, "fwd_bwd_ms_min": min(times) * 1000}
 
 
+def sdpa_backends(device: torch.device) -> dict:
+    """Each SDPA backend that may exist on `device`, by name (one that cannot run an input says so when asked)."""
+    from torch.nn.attention import SDPBackend  # noqa: PLC0415
+
+    if device.type == "cuda":
+        return {"flash": SDPBackend.FLASH_ATTENTION, "memory-efficient": SDPBackend.EFFICIENT_ATTENTION,
+                "cuDNN": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
+    return {"flash (CPU kernel)": SDPBackend.FLASH_ATTENTION, "math": SDPBackend.MATH}
+
+
+def padding_mask(batch: int, seq_len: int, device: torch.device, padded_every: int, padded_len: int) -> torch.Tensor:
+    """A boolean (B, 1, 1, T) mask, True = attend: every `padded_every`-th row (the first included) keeps only its
+    first `padded_len` tokens."""
+    lengths = torch.full((batch,), seq_len, device=device)
+    lengths[::padded_every] = padded_len
+    return (torch.arange(seq_len, device=device)[None, :] < lengths[:, None])[:, None, None, :]
+
+
+def _forward_backward(qkvg: list[torch.Tensor], mask: torch.Tensor, ctx, dtype: torch.dtype) -> list[torch.Tensor]:
+    """SDPA's output and the gradients of q, k, v (for the upstream gradient qkvg[3]) in `dtype`, under `ctx`."""
+    leaves = [t.detach().to(dtype).requires_grad_() for t in qkvg[:3]]
+    with ctx:
+        out = F.scaled_dot_product_attention(*leaves, attn_mask=mask)
+        out.backward(qkvg[3].to(dtype))
+    return [out.detach().float()] + [t.grad.float() for t in leaves]
+
+
+SAFE_REL_ERROR = 0.05  # bf16 operands land at 1e-3 to 1e-2 against an fp32 reference; NaN or 5% is a broken kernel
+
+
+def gradient_safety(device: torch.device, dtypes: list[torch.dtype], lengths: list[int], batch: int = 8,
+                    heads: int = 4, head_dim: int = 64) -> dict:
+    """Forward + backward of SDPA without dropout under each backend alone and under the dispatcher's own choice,
+    with a padding mask (a quarter of the rows half padded), at each dtype and length: "ok" when the output and the
+    three gradients are finite and within SAFE_REL_ERROR (relative norm) of the math backend's in fp32 on the same
+    inputs; else "NaN/inf" or "differs (relative error)"; a backend that cannot run the input: "not available".
+    Returns {"cases": {backend: {"<dtype> T=<length>": verdict}}, "safe": [backends ok wherever they ran]}."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: PLC0415
+
+    backends: dict = {"default (dispatcher)": None, **sdpa_backends(device)}
+    g = torch.Generator(device=device).manual_seed(0)
+    cases: dict = {name: {} for name in backends}
+    for dtype in dtypes:
+        for T in lengths:
+            qkvg = [torch.randn(batch, heads, T, head_dim, device=device, dtype=dtype, generator=g) for _ in range(4)]
+            mask = padding_mask(batch, T, device, padded_every=4, padded_len=max(1, T // 2))
+            reference = _forward_backward(qkvg, mask, sdpa_kernel([SDPBackend.MATH]), torch.float32)
+            key = f"{str(dtype).replace('torch.', '')} T={T}"
+            for name, backend in backends.items():
+                try:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")  # an unavailable backend warns, then raises
+                        ctx = sdpa_kernel([backend]) if backend is not None else contextlib.nullcontext()
+                        got = _forward_backward(qkvg, mask, ctx, dtype)
+                except RuntimeError as e:
+                    cases[name][key] = f"not available ({' '.join(str(e).split())[:120]})"
+                    continue
+                if not all(bool(torch.isfinite(t).all()) for t in got):
+                    cases[name][key] = "NaN/inf"
+                    continue
+                err = max(float((a - b).norm() / b.norm().clamp_min(1e-12)) for a, b in zip(got, reference))
+                cases[name][key] = "ok" if err <= SAFE_REL_ERROR else f"differs (relative error {err:.3g})"
+    ran = {n: [v for v in c.values() if not v.startswith("not available")] for n, c in cases.items()}
+    return {"cases": cases, "safe": [n for n, vs in ran.items() if vs and all(v == "ok" for v in vs)],
+            "unsafe": [n for n, vs in ran.items() if any(v != "ok" for v in vs)],
+            "inputs": f"batch {batch}, {heads} heads of {head_dim}, bool mask (B, 1, 1, T) with every 4th row half padded, "
+                      "no dropout; reference: the math backend in fp32"}
+
+
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -76,22 +150,16 @@ def main(argv: list[str] | None = None) -> dict:
     dtype = runtime.autocast_dtype(precision, device)
     iters = args.iters or (50 if device.type == "cuda" else 3)
     cfg = load_recipe(args.recipe).model
-    backends = {"memory-efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
-    if device.type == "cuda":
-        backends["cuDNN"] = SDPBackend.CUDNN_ATTENTION
-    else:
-        backends["flash (CPU kernel)"] = SDPBackend.FLASH_ATTENTION
+    backends = {n: b for n, b in sdpa_backends(device).items() if n != "flash"}  # flash takes no mask: timed below
     results: dict = {}
     g = torch.Generator(device=device).manual_seed(0)
     for role, c in (("discriminator", cfg), ("generator", cfg.generator())):
         hd = c.hidden_size // c.num_heads
         shape = (batch, c.num_heads, args.seq_len, hd)
         q, k, v = (torch.randn(shape, device=device, dtype=dtype, generator=g).requires_grad_() for _ in range(3))
-        lengths = torch.full((batch,), args.seq_len, device=device)
-        lengths[: max(1, batch // 20)] = args.seq_len // 2  # ~5% short rows, as the official builder's
-        mask = (torch.arange(args.seq_len, device=device)[None, :] < lengths[:, None])[:, None, None, :]  # (B, 1, 1, T)
+        mask = padding_mask(batch, args.seq_len, device, padded_every=20, padded_len=args.seq_len // 2)  # ~5% short rows
         p = c.attention_dropout
-        row: dict = {"shape_b_h_t_d": list(shape), "dropout": p, "mask": "bool (B, 1, 1, T), ~5% rows half padded",
+        row: dict = {"shape_b_h_t_d": list(shape), "dropout": p, "mask": "bool (B, 1, 1, T), every 20th row half padded",
                      "sdpa_choice": runtime.sdpa_kernel(q, k, v, mask, p)}
         row["default"] = time_case(q, k, v, mask, p, None, device, iters, args.rounds)
         for label, b in backends.items():

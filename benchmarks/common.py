@@ -2,7 +2,8 @@
 memory, and the two pre-training steps every speed benchmark compares.
 
 - `machine()`, `git_commit()`, `write_result(name, payload)`: every result file names the device, torch version,
-  commit and exact command.
+  commit and exact command; `save_initial_checkpoint`: a recipe's untrained weights as a checkpoint (the
+  no-pre-training control).
 - `alternate(steps, ...)`: runs the candidates in turn (A B, then B A, ...) in one process after warm-up, so that a
   noisy neighbour slows both equally; `summarize` gives medians and quartiles.
 - `PeakMemory`: CUDA `max_memory_allocated`, or on CPU the process's peak RSS (VmHWM, reset through
@@ -100,6 +101,26 @@ def write_result(name: str, payload: dict, device: torch.device | None = None, o
     tmp.write_text(json.dumps(doc, indent=2) + "\n")
     os.replace(tmp, path)
     return path
+
+
+def save_initial_checkpoint(recipe, data_dir: Path, target: Path, note: str) -> Path:
+    """The weights a pre-training run of `recipe` starts from (its seed, built as `tinyelectra.train.train` builds
+    them), saved as a checkpoint with the data's tokenizer and the held-out diagnostics of those untrained weights:
+    the no-pre-training control of a GLUE comparison. `recipe` must already carry the data's vocabulary size."""
+    from tinyelectra.checkpoint import save_checkpoint  # noqa: PLC0415
+    from tinyelectra.data import PretrainData  # noqa: PLC0415
+    from tinyelectra.diagnostics import evaluate  # noqa: PLC0415
+    from tinyelectra.electra import SpecialIds  # noqa: PLC0415
+    from tinyelectra.model import Electra  # noqa: PLC0415
+
+    data = PretrainData(data_dir)
+    torch.manual_seed(recipe.train.seed)  # as train() does right before building the model
+    model = Electra(recipe.model, recipe.objective.kind)
+    ev = evaluate(model, data, recipe, SpecialIds.from_tokenizer(data.tokenizer), torch.device("cpu"),
+                  contextlib.nullcontext(), micro=recipe.train.batch_size)
+    meta = {"name": Path(target).name, "step": 0, "fraction": 0.0, "tokens_seen": 0, "train_flops_paper": 0.0,
+            "train_flops_hardware": 0.0, "eval": ev, "recipe": recipe.name, "note": note}
+    return save_checkpoint(Path(target), model, recipe, meta, data.path / "tokenizer")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -469,7 +490,7 @@ def add_step_arguments(ap, recipe: str = "electra-small") -> None:
     ap.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"))
     ap.add_argument("--batch", type=int, default=None, help="sequences per step (default: 16 on CPU, 128 on GPU)")
     ap.add_argument("--seq-len", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    ap.add_argument("--threads", type=int, default=os.cpu_count(), help="torch CPU threads, set and recorded (default: one per core)")
     ap.add_argument("--name", default=None, help="result file name (default: from the configuration)")
     ap.add_argument("--out-dir", default=None)
 
@@ -478,8 +499,7 @@ def step_setup(args) -> tuple[torch.device, str, str, int]:
     """From `add_step_arguments`' options: threads set, (device, precision, its reason, batch); `args.batch` filled."""
     from tinyelectra import runtime  # noqa: PLC0415
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)  # pinned, and recorded by machine() in every result
     device = runtime.pick_device(None, args.device)
     precision, reason = runtime.pick_precision(args.precision, device)
     args.batch = args.batch or (128 if device.type == "cuda" else 16)

@@ -42,14 +42,18 @@ def run(step: TrainerStep, steps: int) -> list[float]:
     return losses
 
 
-def main(argv: list[str] | None = None) -> dict:
-    argv = sys.argv[1:] if argv is None else argv
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_step_arguments(ap)
     ap.add_argument("--compile", default="on", choices=("on", "reduce-overhead"))
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--set", action="append", default=[], help="recipe overrides, e.g. model.num_layers=1")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser().parse_args(argv)
     device, precision, _, batch = step_setup(args)
     runtime.configure_matmul(precision, device)
     if device.type == "cpu":

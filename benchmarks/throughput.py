@@ -20,8 +20,12 @@ Timing: rounds of --calls-per-round steps run back to back with one device synch
 round (20 steps on a GPU: the host queues the next step while the GPU runs this one, as in training); with both
 sides, rounds alternate between them (A B, B A, ...) and the speed-up is the median of per-round ratios. With
 --compile, the graphs compiled at the first call, graph breaks (and reasons) and any graph compiled while timing
-(a recompilation) are recorded; --profile N adds a table of the top kernels (operators on the CPU) and the kernel
-launches per step. The result file is rewritten after each part ("complete": false until the end).
+(a recompilation) are recorded; --profile N adds the kernels (operators on the CPU) with their time per step, the
+kernel and CUDA-graph launches per step, and the attention kernel SEEN in the profile (`attention_seen`: flash,
+memory-efficient cutlass fmha, cuDNN, or math) beside the dispatcher's choice (`attention_dispatcher`, asked with
+tensors of the real shapes); with --compile reduce-overhead, `cuda_graphs` says whether CUDA graphs ran (graph
+launches per step) and gives inductor's "skipping cudagraphs due to ..." reasons: no launches, no "CUDA graphs".
+The result file is rewritten after each part ("complete": false until the end).
 Peak memory: CUDA, torch.cuda.max_memory_allocated over one step of each side; CPU, the peak resident set of a
 fresh process that builds one side and runs 3 steps (so the two do not share an allocator).
 
@@ -33,7 +37,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -227,44 +233,97 @@ def dynamo_counts() -> dict:
             "graph_break_reasons": dict(sorted(breaks.items(), key=lambda kv: -kv[1])[:10])}
 
 
+# What torch.profiler names in a step, as recorded on an H100 (tests/fixtures/gpu/ holds recorded profiles and cites
+# where each name comes from). The attention kernel SEEN is read from these, beside the dispatcher's choice.
+ATTENTION_KERNELS = (  # (label, pattern), first match wins; cuDNN's names contain "flash" too, so it comes first
+    ("cuDNN", re.compile(r"cudnn\w*sdpa|cudnn_attention", re.I)),
+    ("flash", re.compile(r"pytorch_flash::|flash_attention", re.I)),
+    ("memory-efficient (cutlass fmha)", re.compile(r"fmha_cutlass[FB]|efficient_attention", re.I)),
+)
+SOFTMAX = re.compile(r"softmax", re.I)  # an unfused (math) attention shows only its softmax and matmul kernels
+KERNEL_LAUNCH = re.compile(r"^(cudaLaunchKernel|cuLaunchKernel|cudaLaunchKernelExC|cuLaunchKernelEx)(_v\d+)?$")
+GRAPH_LAUNCH = re.compile(r"^(cudaGraphLaunch|cuGraphLaunch)(_v\d+)?$")
+CUDAGRAPH_SKIP = re.compile(r"skipping cudagraphs due to (.+?)(?:\. Found from :|$)", re.M)  # torch/_inductor/cudagraph_utils.py
+
+
+def attention_seen(kernels: list[str]) -> str:
+    """The attention kernels a profile's kernel (CUDA) or operator (CPU) names show, in words."""
+    seen = [label for label, pattern in ATTENTION_KERNELS if any(pattern.search(k) for k in kernels)]
+    if seen:
+        return " + ".join(seen)
+    if any(SOFTMAX.search(k) for k in kernels):
+        return "math (no fused attention kernel: softmax and matmul kernels)"
+    return "none seen"
+
+
+def launch_counts(events: list[tuple[str, int]]) -> tuple[int, int]:
+    """(kernel and graph launches, graph launches) from a profile's (runtime API event name, calls) pairs."""
+    graphs = sum(n for key, n in events if GRAPH_LAUNCH.match(key))
+    return graphs + sum(n for key, n in events if KERNEL_LAUNCH.match(key)), graphs
+
+
+def cudagraph_skips(text: str) -> list[str]:
+    """The reasons inductor gave for not using CUDA graphs ("skipping cudagraphs due to ..."), each once, in order."""
+    return list(dict.fromkeys(m.group(1).strip() for m in CUDAGRAPH_SKIP.finditer(text)))
+
+
+def cuda_graphs_label(graph_launches_per_step: float | None, skips: list[str]) -> str:
+    """CUDA graphs as the profile shows them: graph launches per step, and inductor's reasons for skipping any."""
+    why = f"; inductor skipped {'some' if graph_launches_per_step else 'them'}: {'; '.join(skips)}" if skips else ""
+    if graph_launches_per_step is None:
+        return "unknown: no CUDA profile"
+    if graph_launches_per_step > 0:
+        return f"CUDA graphs: {graph_launches_per_step:g} graph launches per step{why}"
+    return f"no CUDA graphs: 0 graph launches per step{why or '; no skip reason logged'}"
+
+
+class CudagraphSkips(logging.Handler):
+    """Collects inductor's "skipping cudagraphs due to ..." warnings in this process (they also reach stderr)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+        logging.getLogger("torch._inductor").addHandler(self)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        if "skipping cudagraphs" in text:
+            self.messages.append(text)
+
+
 def profile_steps(step, steps: int, device: torch.device, top: int = 15) -> dict:
-    """torch.profiler over `steps` steps after the timing: the kernels (CUDA) or operators (CPU) that took the most
-    device (CPU) time, with calls per step, and the kernel launches per step — a host-bound step shows many."""
+    """torch.profiler over `steps` steps after the timing: the kernels (CUDA) or operators (CPU) that ran with their
+    calls and device (CPU) time per step, the top ones, the attention kernels seen, and the kernel and CUDA-graph
+    launches per step — a host-bound step shows many launches."""
     from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
 
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     synchronize(device)
     with profile(activities=activities) as prof:
         for _ in range(steps):
             step()
         synchronize(device)
     events = prof.key_averages()
-    cuda = device.type == "cuda"
 
     def self_us(e) -> float:
         return float(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0)) if cuda else e.self_cpu_time_total)
 
-    if cuda:  # device kernels (memcpy / memset included); operators have no self device time of their own
-        rows = [e for e in events if self_us(e) > 0]
-    else:
-        rows = [e for e in events if e.key.startswith("aten::") and self_us(e) > 0]
+    # CUDA: device kernels (memcpy / memset included; operators have no self device time). CPU: aten operators
+    rows = sorted((e for e in events if self_us(e) > 0 and (cuda or e.key.startswith("aten::"))), key=self_us, reverse=True)
     total = sum(self_us(e) for e in rows) or 1.0
-    rows.sort(key=self_us, reverse=True)
-    launches = None
-    if cuda:
-        launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC",
-                                                           "cuLaunchKernelEx", "cudaGraphLaunch"))
+    kernels = [{"name": e.key[:200], "calls_per_step": e.count / steps, "ms_per_step": self_us(e) / 1000 / steps} for e in rows]
+    launches, graphs = launch_counts([(e.key, e.count) for e in events])
     return {"steps": steps, "kind": "CUDA kernels, self device time" if cuda else "aten operators, self CPU time",
             "total_ms_per_step": total / 1000 / steps,
-            "kernel_launches_per_step": launches / steps if launches is not None else None,
+            "kernel_launches_per_step": launches / steps if cuda else None,
+            "graph_launches_per_step": graphs / steps if cuda else None,
             "device_kernels_per_step": sum(e.count for e in rows) / steps if cuda else None,
-            "graph_launches_per_step": (sum(e.count for e in events if e.key == "cudaGraphLaunch") / steps) if cuda else None,
-            "top": [{"name": e.key[:160], "calls_per_step": e.count / steps, "ms_per_step": self_us(e) / 1000 / steps,
-                     "share": self_us(e) / total} for e in rows[:top]]}
+            "attention_seen": attention_seen([k["name"] for k in kernels]),
+            "top": [{**k, "share": k["ms_per_step"] * 1000 * steps / total} for k in kernels[:top]], "kernels": kernels}
 
 
-def main(argv: list[str] | None = None) -> dict | None:
-    argv = sys.argv[1:] if argv is None else argv
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_step_arguments(ap)
     ap.add_argument("--compile", default="off", choices=("off", "on", "reduce-overhead"),
@@ -280,7 +339,12 @@ def main(argv: list[str] | None = None) -> dict | None:
     ap.add_argument("--set", action="append", default=[], help="recipe overrides, e.g. model.num_layers=1 (toy runs)")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
     ap.add_argument("--memory-probe", default=None, choices=SIDES, help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser().parse_args(argv)
 
     device, precision, precision_reason, batch = step_setup(args)
     matmul_note = runtime.configure_matmul(precision, device)
@@ -314,6 +378,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     def save() -> Path:  # after every part, so a stage cut short by its time limit keeps what it measured
         return write_result(name, payload, device, out_dir=args.out_dir, command=command_line("benchmarks/throughput.py", argv))
 
+    skips = CudagraphSkips() if args.compile == "reduce-overhead" else None
     steps = {side: build(side, args, recipe, device, precision) for side in sides}
     payload["data"] = next(iter(steps.values())).batches.source
     for side, step in steps.items():  # the first call compiles (if asked) and warms the allocator
@@ -331,10 +396,10 @@ def main(argv: list[str] | None = None) -> dict | None:
         print(f"{side}: first call {payload[side]['first_call_s']:.1f} s; {step.compile_note}", flush=True)
     if "tinyelectra" in steps:
         te = steps["tinyelectra"]
-        payload["tinyelectra"]["attention"] = attention_kernel(recipe.model, batch, args.seq_len, device,
+        payload["tinyelectra"]["attention_dispatcher"] = attention_kernel(recipe.model, batch, args.seq_len, device,
                                                                runtime.autocast_dtype(precision, device), compiled=te.compiled)
     if "transformers" in steps:
-        payload["transformers"]["attention"] = getattr(steps["transformers"].hf.disc.config, "_attn_implementation", "unknown")
+        payload["transformers"]["attention_dispatcher"] = getattr(steps["transformers"].hf.disc.config, "_attn_implementation", "unknown")
     save()
 
     def show(r: int, d: dict[str, float]) -> None:
@@ -378,6 +443,14 @@ def main(argv: list[str] | None = None) -> dict | None:
     if args.profile:
         for side, step in steps.items():
             payload[side]["profile"] = profile_steps(step, args.profile, device)
+            if skips is not None:
+                from torch._dynamo.utils import counters  # noqa: PLC0415
+
+                reasons = cudagraph_skips("\n".join(skips.messages))
+                payload[side]["cuda_graphs"] = {
+                    "label": cuda_graphs_label(payload[side]["profile"]["graph_launches_per_step"], reasons),
+                    "skip_reasons": reasons, "skips_counted": int(counters["inductor"]["cudagraph_skips"]),
+                    "graph_launches_per_step": payload[side]["profile"]["graph_launches_per_step"]}
         path = save()
     payload["complete"] = True
     path = save()

