@@ -177,6 +177,10 @@ def _lookup(recipe: Recipe, assignment: str):
 RUN_FILES = ("plan.json", "recipe.json", "summary.json", "metrics.jsonl")  # written by train (with state/, ckpt-*)
 DERIVED = ("glue", "tensorboard", "report.md", "report.json", "glue_vs_compute.png", "pretraining_curves.png")
 FRACTION_OF = {budgeting.checkpoint_name(f): f for f in budgeting.FRACTIONS}  # "ckpt-0625": 0.0625, ...
+# what `--resume --set` may change (a diverged run continued at a lower learning rate): the peak learning rate (the
+# schedule's shape and steps stay the plan's) and the clipping norm, both read afresh at every step and held in no
+# saved state. Recorded: plan.json's and summary.json's `resumed_with_changes`, metrics.jsonl, the report.
+CHANGEABLE_ON_RESUME = ("optim.lr", "optim.clip_norm")
 
 
 def open_run_dir(run_dir: Path, resume: bool, force: bool, recipe: Recipe, bud: budgeting.Budget, console) -> str:
@@ -209,17 +213,21 @@ def open_run_dir(run_dir: Path, resume: bool, force: bool, recipe: Recipe, bud: 
     strict = state_dir is not None  # a run with a resume state must be checked exactly; one without can restart
     saved_recipe = _read_record(run_dir / "recipe.json", strict)
     saved_plan = _read_record(run_dir / "plan.json", strict)
-    if saved_recipe is not None:  # as this version writes it (older key names read as their new ones)
+    if saved_recipe is not None:
         try:
-            saved_recipe = recipe_from_dict(saved_recipe, where=str(run_dir / "recipe.json")).to_dict()
+            saved_recipe = _settings(saved_recipe, str(run_dir / "recipe.json"))
         except UserError:
             if strict:
                 raise
             saved_recipe = None
-    mismatch = _run_mismatch(run_dir, saved_recipe, saved_plan, recipe, bud)
     info = read_state_info(state_dir) if state_dir is not None else None
+    if info is not None:  # the recipe in effect at the resume state: an earlier --resume may have changed it
+        saved_recipe = _settings(info["recipe"], str(state_dir / "trainer.json"))
+    mismatch = _run_mismatch(run_dir, saved_recipe, saved_plan, recipe, bud,
+                             changeable=CHANGEABLE_ON_RESUME if resume and info is not None else ())
     if mismatch and (info is not None or resume or ckpts):
-        raise UserError(f"{'--resume: ' if resume else ''}{mismatch}; use the same --recipe, --set and --budget, "
+        may = f" (--resume may change only {' and '.join(CHANGEABLE_ON_RESUME)})" if resume and info is not None else ""
+        raise UserError(f"{'--resume: ' if resume else ''}{mismatch}; use the same --recipe, --set and --budget{may}, "
                         "choose another --out, or start over with --force")
     if info is None:  # it stopped during start-up, before its first resume state
         if mismatch:  # nothing of value there: this command's run replaces it
@@ -257,27 +265,39 @@ def _read_record(path: Path, strict: bool) -> dict | None:
 
 
 def _run_mismatch(run_dir: Path, saved_recipe: dict | None, saved_plan: dict | None, recipe: Recipe,
-                  bud: budgeting.Budget) -> str | None:
-    """Why this command is not the run in `run_dir` (another recipe, --set or budget), naming both; None if it is."""
+                  bud: budgeting.Budget, changeable: tuple[str, ...] = ()) -> str | None:
+    """Why this command is not the run in `run_dir` (another recipe, --set or budget), naming both; None if it is.
+    `saved_recipe` is `_settings`'s; differences in the `changeable` keys do not count."""
     if saved_recipe is not None:
-        now = json.loads(json.dumps(recipe.to_dict()))
-        saved = dict(saved_recipe)
-        saved.pop("deviations", None), now.pop("deviations", None)  # recipe.json's also lists the --set changes
-        if saved != now:
-            there, here = saved.get("name"), now.get("name")
+        now = _settings(recipe.to_dict(), "--set")
+        differences = [d for d in _differences(saved_recipe, now) if d[0] not in changeable]
+        if differences:
+            there, here = saved_recipe.get("name"), now.get("name")
             how = ", this command gives recipe" if there != here else " with other settings than this command's recipe"
-            return f"{run_dir} was trained with recipe {there!r}{how} {here!r} ({_first_difference(saved, now)})"
+            return f"{run_dir} was trained with recipe {there!r}{how} {here!r} ({_difference_text(differences[0])})"
     if saved_plan is not None and saved_plan.get("budget") != bud.text:
         return f"{run_dir} was planned for --budget {saved_plan.get('budget')}, this command gives --budget {bud.text}"
     return None
 
 
-def _first_difference(a, b, path: str = "") -> str:
+def _settings(raw: dict, where: str) -> dict:
+    """A recipe's settings as two runs are compared: as this version writes them (older key names read as their new
+    ones), in JSON's types, without the deviations (recipe.json's also list the --set changes)."""
+    settings = json.loads(json.dumps(recipe_from_dict(raw, where=where).to_dict()))
+    settings.pop("deviations")
+    return settings
+
+
+def _differences(a, b, path: str = "") -> list[tuple[str, object, object]]:
+    """Where two JSON-like values differ: (dotted key, value in `a`, value in `b`) for each differing leaf."""
     if isinstance(a, dict) and isinstance(b, dict):
-        for k in sorted(set(a) | set(b)):
-            if a.get(k) != b.get(k):
-                return _first_difference(a.get(k), b.get(k), f"{path}.{k}" if path else k)
-    return f"{path}: {a!r} there, {b!r} now"
+        return [d for k in sorted(set(a) | set(b)) for d in _differences(a.get(k), b.get(k), f"{path}.{k}" if path else k)]
+    return [] if a == b else [(path, a, b)]
+
+
+def _difference_text(difference: tuple[str, object, object]) -> str:
+    key, there, now = difference
+    return f"{key}: {there!r} there, {now!r} now"
 
 
 def resolve_data(data_dir: Path | None, corpus: list[str] | None, recipe: Recipe, run_dir: Path, dist: Dist,
@@ -521,12 +541,18 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
             state_saved = (step, state_dir)
             log.truncate_after(step)
             log.once(f"resumed from step {step} ({train_seconds:.1f} s of training time spent)")
+            changes = [{"step": step, "key": key, "old": old, "new": new} for key, old, new in _differences(
+                _settings(state["recipe"], str(state_dir / "trainer.json")), _settings(recipe.to_dict(), "--set"))]
+            plan.resumed_with_changes += changes
+            if changes:
+                log.once(f"resumed with changed settings: {budgeting.changes_text(changes)}; from here on this is not the "
+                         "recipe's run (plan.json, summary.json and the report say so)")
             later = [n for n in plan.checkpoint_steps if n not in done_ckpts and (run_dir / n).is_dir()]
             if later:
                 log.once(f"{', '.join(later)}: written after this resume state; kept until the run writes them again")
         else:
             plan = make_plan(bud, recipe)
-            step, tokens_seen, train_seconds, other_seconds, done_ckpts = 0, 0, 0.0, 0.0, set()
+            step, tokens_seen, train_seconds, other_seconds, done_ckpts, changes = 0, 0, 0.0, 0.0, set(), []
             if dist.main:  # the run directory appears only now, when the set-up has accepted everything
                 run_dir.mkdir(parents=True, exist_ok=True)
                 log.truncate_after(0)  # a run that stopped during start-up and starts again
@@ -578,8 +604,12 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
                     train_seconds=train_seconds, other_seconds=other_seconds, checkpoints=sorted(done_ckpts),
                     plan=plan.to_dict(), window=window, recipe=recipe))
 
-        if not resume:
-            save_state()  # right after start-up: from here on the run can always be continued
+        if not resume or changes:
+            save_state()  # right after start-up (or a change of settings): from here on the run continues so
+        if resume and changes:
+            log.metrics({"event": "resumed_with_changes", "step": step, "changes": changes})
+            if dist.main:
+                plan.save(run_dir / "plan.json")
         log.plan(plan, recipe, model, precision, device, command)
     except Interrupted as e:
         where = (f"its resume state ({run_dir / 'state'}) is unchanged; continue with: {continue_with}" if resume
@@ -750,6 +780,7 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
         "checkpoints": list(fractions_of_steps), "checkpoint_steps": {n: plan.checkpoint_steps[n] for n in fractions_of_steps},
         "checkpoint_fractions_of_steps": fractions_of_steps,
         "checkpoints_off_fraction": off_fraction,  # name -> its fraction, its share of the steps, and why they differ
+        "resumed_with_changes": plan.resumed_with_changes,  # settings a --resume changed: step, key, old, new
         "final_lr": lr_at(step, recipe.optim.lr, plan.warmup_steps, plan.total_steps),
         "conventions": plan.conventions,
         "runtime": {"strategy": engine.strategy_note, "compile": engine.compile_note, "attention": attention["summary"],
@@ -791,16 +822,17 @@ def _rerun_command(command: str, run_dir: Path, extra: list[str], without_set: s
 
 def _diverged_line(what: str, lr: float, peak_lr: float, state_saved: tuple[int, Path] | None, done: set[str],
                    run_dir: Path, command: str) -> str:
-    """Diverged's one line: what is not finite and where, what was kept, and what to try (half the peak learning
-    rate: start over with it, or continue pre-training from the last good checkpoint)."""
-    lower = f"{peak_lr / 2:.3g}"
-    restart = _rerun_command(command, run_dir, ["--set", f"optim.lr={lower}", "--force"], without_set="optim.lr")
-    last = max(done, key=FRACTION_OF.get) if done else None
-    from_ckpt = (f", or continue pre-training from the last good checkpoint with --init {run_dir / last} and that "
-                 "--set in a new --out") if last else ""
+    """Diverged's one line: what is not finite and where, what was kept, and what to try: half the peak learning
+    rate, continuing from the last resume state (`--resume --set optim.lr=...`), or starting over without one."""
+    lower = ["--set", f"optim.lr={peak_lr / 2:.3g}"]
+    if state_saved is not None:
+        how = (f"continue from the resume state at step {state_saved[0]} with it: "
+               f"{_rerun_command(command, run_dir, ['--resume', *lower], without_set='optim.lr')} (or start over with "
+               "it: --force instead of --resume)")
+    else:
+        how = f"start over with it: {_rerun_command(command, run_dir, [*lower, '--force'], without_set='optim.lr')}"
     return (f"training diverged: {what} (learning rate {lr:.3g}, peak {peak_lr:.3g}); stopped before writing anything "
-            f"after it ({_saved_text(state_saved, done)}). Try a lower learning rate, e.g. half the peak: {restart}"
-            f"{from_ckpt}")
+            f"after it ({_saved_text(state_saved, done)}). Try a lower learning rate, e.g. half the peak, and {how}")
 
 
 def next_commands(run_dir: Path, device: torch.device, last_checkpoint: str) -> list[tuple[str, str]]:
@@ -838,7 +870,7 @@ def initial_weights(path: Path, recipe: Recipe) -> Electra:
     if is_checkpoint(path):
         model, ckpt_recipe, _ = load_checkpoint(path)
         if ckpt_recipe.model != recipe.model:
-            raise UserError(f"--init {path}: {_first_difference(dataclasses.asdict(ckpt_recipe.model), dataclasses.asdict(recipe.model), 'model')}")
+            raise UserError(f"--init {path}: {_difference_text(_differences(dataclasses.asdict(ckpt_recipe.model), dataclasses.asdict(recipe.model), 'model')[0])}")
         return model
     export = (path / "discriminator").is_dir()  # a `tinyelectra export` directory
     gen = path / "generator" if export and (path / "generator").is_dir() else None
