@@ -528,3 +528,50 @@ def test_toml_setting_that_is_not_a_finite_number(command, tmp_path, cli_env, mo
             ["glue", "--checkpoint", str(tmp_path), "--glue-dir", str(tmp_path), "--config", str(path)])
     code, err = in_process(args, cli_env, monkeypatch, capsys)
     assert_one_line(code, err, "settings.toml", "lr", "not a finite number")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# usage errors (click's, raised before any command runs): one line naming the option, and where the help is; before,
+# a usage block, "Try 'tinyelectra flops -h' for help." and a blank line came first
+
+
+USAGE = {  # argv: what the one line names
+    "flops --steps 1e400": ["--steps '1e400'", "valid integer", "see tinyelectra flops --help"],
+    "train --budget 1m --gpu=first": ["--gpu 'first'", "valid integer", "see tinyelectra train --help"],
+    "prepare --corpus builtin --out OUT --vocab-size": ["--vocab-size", "requires an argument",
+                                                       "see tinyelectra prepare --help"],
+    "train --budget 1m --stpes 5": ["--stpes", "No such option", "see tinyelectra train --help"],
+    "train --out OUT": ["Missing option '--budget'", "see tinyelectra train --help"],
+    "glue --glue-dir OUT": ["Missing option '--checkpoint'", "see tinyelectra glue --help"],
+    "export --out OUT": ["Missing argument 'CHECKPOINT'", "see tinyelectra export --help"],
+    "prepare --corpus builtin --out OUT --force=yes": ["--force", "does not take a value"],
+    "recipe show tiny extra": ["unexpected extra argument", "(extra)", "see tinyelectra recipe --help"],
+    "pretrain --budget 1m": ["No such command 'pretrain'", "see tinyelectra --help"],
+}
+
+
+@pytest.mark.parametrize("argv", list(USAGE))
+def test_usage_error(argv, tmp_path, cli_env, monkeypatch, capsys):
+    code, err = in_process(argv.replace("OUT", str(tmp_path / "out")).split(), cli_env, monkeypatch, capsys)
+    line = assert_one_line(code, err, *USAGE[argv])
+    assert "Usage:" not in err and "Try '" not in err, err
+    assert line.count(";") == 1  # what was wrong; where the help is
+    assert not (tmp_path / "out").exists()
+
+
+def test_help_and_version_still_exit_0(cli_env, monkeypatch, capsys):
+    for argv in (["flops", "--help"], ["--version"]):
+        code, _ = in_process(argv, cli_env, monkeypatch, capsys)
+        assert code == 0, argv
+
+
+FLOPS_OPTIONS = {  # `tinyelectra flops` option: the value that it cannot take (before: named as "--set train.steps")
+    "--steps": "99999999999999999999999", "--batch": "9223372036854775808", "--seq-len": "1000",
+}
+
+
+@pytest.mark.parametrize("option", list(FLOPS_OPTIONS))
+def test_flops_option_out_of_range_names_the_option(option, cli_env, monkeypatch, capsys):
+    code, err = in_process(["flops", "--recipe", "tiny", option, FLOPS_OPTIONS[option]], cli_env, monkeypatch, capsys)
+    line = assert_one_line(code, err, option, FLOPS_OPTIONS[option])
+    assert "--set" not in line, line
