@@ -575,3 +575,32 @@ def test_flops_option_out_of_range_names_the_option(option, cli_env, monkeypatch
     code, err = in_process(["flops", "--recipe", "tiny", option, FLOPS_OPTIONS[option]], cli_env, monkeypatch, capsys)
     line = assert_one_line(code, err, option, FLOPS_OPTIONS[option])
     assert "--set" not in line, line
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# out of memory: the model's weights, or a training step (before: the allocator's RuntimeError as a traceback).
+# The sizes asked for exceed any machine's address space (2^59 and 2^60 bytes), so the allocation fails at once
+# whatever the kernel's overcommit policy: these tests never take memory.
+
+
+def test_a_model_too_large_for_memory_is_one_line(tmp_path, cli_env, monkeypatch, capsys):
+    out = tmp_path / "run"
+    code, err = in_process([*TRAIN, "--set", f"model.hidden_size={2**50}", "--out", str(out)], cli_env, monkeypatch,
+                           capsys)
+    assert_one_line(code, err, "the model of recipe tiny does not fit in CPU memory", "GiB", "try a smaller model",
+                    "model.hidden_size")
+    assert not out.exists()  # during start-up: no --out
+
+
+def test_a_training_step_out_of_memory_is_one_line(tmp_path, cli_env, monkeypatch, capsys):
+    import tinyelectra.train as train
+
+    def step_too_large(*args, **kwargs):
+        torch.empty(2**60, dtype=torch.uint8)  # the CPU allocator's own error
+
+    monkeypatch.setattr(train, "train_step", step_too_large)
+    out = tmp_path / "run"
+    code, err = in_process([*TRAIN, "--out", str(out)], cli_env, monkeypatch, capsys)
+    assert_one_line(code, err, "a training step of 8 sequences x 128 tokens does not fit in CPU memory (tried to "
+                    "allocate 1,073,741,824.0 GiB) after step 0", "--set train.micro_batch_size=4",
+                    "--set train.grad_checkpointing=true", "a smaller model", "resume state at step 0", "--force")

@@ -29,6 +29,7 @@ import errno
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import sys
@@ -476,6 +477,7 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
     process_seconds = ProcessSeconds()
     continue_with = _rerun_command(command, run_dir, ["--resume"])  # the command that continues this run
     step, state_saved = 0, None  # the last resume state written by this process (its step and directory)
+    micro: int | None = None  # sequences per micro-batch, once the model is built (what a failed allocation was for)
     try:
         # --- set-up ---------------------------------------------------------------------------------------------
         log.once(runtime.set_deterministic(tr.deterministic))  # before the first GPU work (train_command did it earlier)
@@ -611,6 +613,11 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
             if dist.main:
                 plan.save(run_dir / "plan.json")
         log.plan(plan, recipe, model, precision, device, command)
+    except RuntimeError as e:  # an allocation that failed: the model's weights, or a GPU probe's micro-batch
+        if (asked := allocation_failure(e)) is None:
+            raise
+        raise UserError(out_of_memory_line(asked, device, recipe, micro,
+                                           where="during start-up")) from None
     except Interrupted as e:
         where = (f"its resume state ({run_dir / 'state'}) is unchanged; continue with: {continue_with}" if resume
                  else "no resume state yet: run the same command again to start it"
@@ -752,6 +759,13 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
         how = stopped or f"interrupted ({e.signal_name})"
         log.once(f"{how} at step {step}: {_saved_text(state_saved, done_ckpts)}; continue with: {continue_with}")
         raise
+    except RuntimeError as e:  # out of memory in a step (or a checkpoint's evaluation)
+        progress.close()
+        if (asked := allocation_failure(e)) is None:
+            raise
+        restart = "; nothing was trained yet: start over with one of those --set and --force" if step == 0 else ""
+        raise UserError(f"{out_of_memory_line(asked, device, recipe, micro, where=f'after step {step}')}; training "
+                        f"stopped: {_saved_text(state_saved, done_ckpts)}{restart}") from None
     except OSError as e:  # a full disk, a location that became read-only, ...
         progress.close()
         room = "make room, then " if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) else ""
@@ -856,6 +870,33 @@ def _saved_text(state_saved: tuple[int, Path] | None, done: set[str]) -> str:
     if state_saved is None:
         return f"no resume state was written{kept}"
     return f"saved: resume state at step {state_saved[0]} ({state_saved[1]}){kept}"
+
+
+def allocation_failure(e: RuntimeError) -> str | None:
+    """What an allocation that failed asked for ("tried to allocate 2.00 GiB"; "" when torch does not say), or None
+    when `e` is not one (a GPU's torch.OutOfMemoryError, the CPU allocator's RuntimeError)."""
+    text = str(e)
+    if not isinstance(e, torch.OutOfMemoryError) and "can't allocate memory" not in text:
+        return None
+    if found := re.search(r"allocate (\d+) bytes", text):  # the CPU allocator's words
+        return f"tried to allocate {int(found.group(1)) / 2**30:,.1f} GiB"
+    found = re.search(r"allocate ([\d.]+ [KMGTP]?i?B)", text)  # CUDA's
+    return f"tried to allocate {found.group(1)}" if found else ""
+
+
+def out_of_memory_line(asked: str, device: torch.device, recipe: Recipe, micro: int | None, where: str) -> str:
+    """What did not fit in memory (`micro` None: the model's weights; else a training step of `micro` sequences),
+    `where`, how much was `asked`, and what to try: a smaller micro-batch, gradient checkpointing, a smaller model."""
+    memory = f"{'GPU' if device.type == 'cuda' else device.type.upper()} memory{f' ({asked})' if asked else ''}"
+    if micro is None:
+        return (f"the model of recipe {recipe.name} does not fit in {memory} {where}; try a smaller model (--set "
+                "model.hidden_size, model.num_layers, model.vocab_size)")
+    tries = ([f"a smaller micro-batch (--set train.micro_batch_size={micro // 2}: the same global batch, accumulated)"]
+             if micro > 1 else [])
+    tries += [] if recipe.train.grad_checkpointing else ["gradient checkpointing (--set train.grad_checkpointing=true)"]
+    tries += ["a smaller model"]
+    return (f"a training step of {micro} sequences x {recipe.train.seq_len} tokens does not fit in {memory} {where}; "
+            f"try {', '.join(tries[:-1])}{' or ' if len(tries) > 1 else ''}{tries[-1]}")
 
 
 def initial_weights(path: Path, recipe: Recipe) -> Electra:
