@@ -48,7 +48,7 @@ from tinyelectra.checkpoint import (
     CKPT_NAME, due_checkpoints, is_checkpoint, latest_state, load_checkpoint, load_resume_state, read_state_info,
     save_checkpoint, save_resume_state,
 )
-from tinyelectra.config import Recipe, load_recipe, recipe_from_dict
+from tinyelectra.config import Recipe, difference_text, differences, load_recipe, recipe_from_dict
 from tinyelectra.data import BatchLoader, PretrainData
 from tinyelectra.diagnostics import checkpoint_line, evaluate, unigram_distribution
 from tinyelectra.electra import STAT_KEYS, LossTerms, Masked, SpecialIds, combine, loss_terms, mask_batch, summarize
@@ -271,11 +271,11 @@ def _run_mismatch(run_dir: Path, saved_recipe: dict | None, saved_plan: dict | N
     `saved_recipe` is `_settings`'s; differences in the `changeable` keys do not count."""
     if saved_recipe is not None:
         now = _settings(recipe.to_dict(), "--set")
-        differences = [d for d in _differences(saved_recipe, now) if d[0] not in changeable]
-        if differences:
+        found = [d for d in differences(saved_recipe, now) if d[0] not in changeable]
+        if found:
             there, here = saved_recipe.get("name"), now.get("name")
             how = ", this command gives recipe" if there != here else " with other settings than this command's recipe"
-            return f"{run_dir} was trained with recipe {there!r}{how} {here!r} ({_difference_text(differences[0])})"
+            return f"{run_dir} was trained with recipe {there!r}{how} {here!r} ({difference_text(found[0])})"
     if saved_plan is not None and saved_plan.get("budget") != bud.text:
         return f"{run_dir} was planned for --budget {saved_plan.get('budget')}, this command gives --budget {bud.text}"
     return None
@@ -287,18 +287,6 @@ def _settings(raw: dict, where: str) -> dict:
     settings = json.loads(json.dumps(recipe_from_dict(raw, where=where).to_dict()))
     settings.pop("deviations")
     return settings
-
-
-def _differences(a, b, path: str = "") -> list[tuple[str, object, object]]:
-    """Where two JSON-like values differ: (dotted key, value in `a`, value in `b`) for each differing leaf."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        return [d for k in sorted(set(a) | set(b)) for d in _differences(a.get(k), b.get(k), f"{path}.{k}" if path else k)]
-    return [] if a == b else [(path, a, b)]
-
-
-def _difference_text(difference: tuple[str, object, object]) -> str:
-    key, there, now = difference
-    return f"{key}: {there!r} there, {now!r} now"
 
 
 def resolve_data(data_dir: Path | None, corpus: list[str] | None, recipe: Recipe, run_dir: Path, dist: Dist,
@@ -543,7 +531,7 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
             state_saved = (step, state_dir)
             log.truncate_after(step)
             log.once(f"resumed from step {step} ({train_seconds:.1f} s of training time spent)")
-            changes = [{"step": step, "key": key, "old": old, "new": new} for key, old, new in _differences(
+            changes = [{"step": step, "key": key, "old": old, "new": new} for key, old, new in differences(
                 _settings(state["recipe"], str(state_dir / "trainer.json")), _settings(recipe.to_dict(), "--set"))]
             plan.resumed_with_changes += changes
             if changes:
@@ -911,7 +899,7 @@ def initial_weights(path: Path, recipe: Recipe) -> Electra:
     if is_checkpoint(path):
         model, ckpt_recipe, _ = load_checkpoint(path)
         if ckpt_recipe.model != recipe.model:
-            raise UserError(f"--init {path}: {_difference_text(_differences(dataclasses.asdict(ckpt_recipe.model), dataclasses.asdict(recipe.model), 'model')[0])}")
+            raise UserError(f"--init {path}: {difference_text(differences(dataclasses.asdict(ckpt_recipe.model), dataclasses.asdict(recipe.model), 'model')[0])}")
         return model
     export = (path / "discriminator").is_dir()  # a `tinyelectra export` directory
     gen = path / "generator" if export and (path / "generator").is_dir() else None
