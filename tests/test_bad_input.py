@@ -604,3 +604,19 @@ def test_a_training_step_out_of_memory_is_one_line(tmp_path, cli_env, monkeypatc
     assert_one_line(code, err, "a training step of 8 sequences x 128 tokens does not fit in CPU memory (tried to "
                     "allocate 1,073,741,824.0 GiB) after step 0", "--set train.micro_batch_size=4",
                     "--set train.grad_checkpointing=true", "a smaller model", "resume state at step 0", "--force")
+
+
+def test_a_gpu_out_of_memory_error_reads_as_one_line():
+    """torch's CUDA allocator's words (c10/cuda/CUDACachingAllocator.cpp), read without a GPU."""
+    from tinyelectra.config import load_recipe
+    from tinyelectra.train import allocation_failure, out_of_memory_line
+
+    e = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 "
+                               "GiB of which 1.06 GiB is free. Of the allocated memory 75.2 GiB is allocated by PyTorch")
+    assert allocation_failure(e) == "tried to allocate 2.00 GiB"
+    assert allocation_failure(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) is None
+    line = out_of_memory_line("tried to allocate 2.00 GiB", torch.device("cuda", 0), load_recipe("electra-small"), 32,
+                              "after step 7")
+    assert line == ("a training step of 32 sequences x 128 tokens does not fit in GPU memory (tried to allocate 2.00 GiB) "
+                    "after step 7; try a smaller micro-batch (--set train.micro_batch_size=16: the same global batch, "
+                    "accumulated), gradient checkpointing (--set train.grad_checkpointing=true) or a smaller model")
