@@ -155,3 +155,16 @@ def test_a_changed_learning_rate_without_resume_is_refused(diverged, cli_env, tm
         cli.main()
     err = capsys.readouterr().err.strip().splitlines()
     assert exc.value.code == 2 and len(err) == 1 and "optim.lr: 100000000.0 there, 0.001 now" in err[0], err
+
+
+def test_a_finished_run_is_not_resumed_with_changes(resumed, cli_env, tmp_path, monkeypatch, capsys):
+    """Nothing is left to continue: a changed learning rate on a finished run is another run's (refused)."""
+    from tinyelectra import cli
+
+    monkeypatch.setenv("TINYELECTRA_CACHE", cli_env["TINYELECTRA_CACHE"])
+    monkeypatch.setattr(sys, "argv", ["tinyelectra", *ARGS, "--out", str(resumed[0]), "--resume", "--set",
+                                      "optim.lr=0.002"])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1 and "optim.lr: 0.001 there, 0.002 now" in err[0], err

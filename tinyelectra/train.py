@@ -222,12 +222,15 @@ def open_run_dir(run_dir: Path, resume: bool, force: bool, recipe: Recipe, bud: 
                 raise
             saved_recipe = None
     info = read_state_info(state_dir) if state_dir is not None else None
+    total = ((info or {}).get("plan") or saved_plan or {}).get("total_steps")
+    finished = info is not None and (run_dir / "summary.json").is_file() and total is not None and info["step"] >= total
+    continuing = resume and info is not None and not finished  # may change CHANGEABLE_ON_RESUME
     if info is not None:  # the recipe in effect at the resume state: an earlier --resume may have changed it
         saved_recipe = _settings(info["recipe"], str(state_dir / "trainer.json"))
     mismatch = _run_mismatch(run_dir, saved_recipe, saved_plan, recipe, bud,
-                             changeable=CHANGEABLE_ON_RESUME if resume and info is not None else ())
+                             changeable=CHANGEABLE_ON_RESUME if continuing else ())
     if mismatch and (info is not None or resume or ckpts):
-        may = f" (--resume may change only {' and '.join(CHANGEABLE_ON_RESUME)})" if resume and info is not None else ""
+        may = f" (--resume may change only {' and '.join(CHANGEABLE_ON_RESUME)})" if continuing else ""
         raise UserError(f"{'--resume: ' if resume else ''}{mismatch}; use the same --recipe, --set and --budget{may}, "
                         "choose another --out, or start over with --force")
     if info is None:  # it stopped during start-up, before its first resume state
@@ -238,8 +241,7 @@ def open_run_dir(run_dir: Path, resume: bool, force: bool, recipe: Recipe, bud: 
         kept = f"; kept {', '.join(ckpts)} until the run writes them again" if ckpts else ""
         say(f"{run_dir}: the run stopped before its first resume state (during start-up): starting it again from step 0{kept}")
         return "start"
-    total = (info.get("plan") or saved_plan or {}).get("total_steps")
-    if (run_dir / "summary.json").is_file() and total is not None and info["step"] >= total:
+    if finished:
         say(f"{run_dir} already holds this run, finished ({info['step']:,} steps; {', '.join(ckpts) or 'no checkpoints'}): "
             "nothing to do. To train it again from the start: --force")
         return "done"
