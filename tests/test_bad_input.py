@@ -528,3 +528,95 @@ def test_toml_setting_that_is_not_a_finite_number(command, tmp_path, cli_env, mo
             ["glue", "--checkpoint", str(tmp_path), "--glue-dir", str(tmp_path), "--config", str(path)])
     code, err = in_process(args, cli_env, monkeypatch, capsys)
     assert_one_line(code, err, "settings.toml", "lr", "not a finite number")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# usage errors (click's, raised before any command runs): one line naming the option, and where the help is; before,
+# a usage block, "Try 'tinyelectra flops -h' for help." and a blank line came first
+
+
+USAGE = {  # argv: what the one line names
+    "flops --steps 1e400": ["--steps '1e400'", "valid integer", "see tinyelectra flops --help"],
+    "train --budget 1m --gpu=first": ["--gpu 'first'", "valid integer", "see tinyelectra train --help"],
+    "prepare --corpus builtin --out OUT --vocab-size": ["--vocab-size", "requires an argument",
+                                                       "see tinyelectra prepare --help"],
+    "train --budget 1m --stpes 5": ["--stpes", "No such option", "see tinyelectra train --help"],
+    "train --out OUT": ["Missing option '--budget'", "see tinyelectra train --help"],
+    "glue --glue-dir OUT": ["Missing option '--checkpoint'", "see tinyelectra glue --help"],
+    "export --out OUT": ["Missing argument 'CHECKPOINT'", "see tinyelectra export --help"],
+    "prepare --corpus builtin --out OUT --force=yes": ["--force", "does not take a value"],
+    "recipe show tiny extra": ["unexpected extra argument", "(extra)", "see tinyelectra recipe --help"],
+    "pretrain --budget 1m": ["No such command 'pretrain'", "see tinyelectra --help"],
+}
+
+
+@pytest.mark.parametrize("argv", list(USAGE))
+def test_usage_error(argv, tmp_path, cli_env, monkeypatch, capsys):
+    code, err = in_process(argv.replace("OUT", str(tmp_path / "out")).split(), cli_env, monkeypatch, capsys)
+    line = assert_one_line(code, err, *USAGE[argv])
+    assert "Usage:" not in err and "Try '" not in err, err
+    assert line.count(";") == 1  # what was wrong; where the help is
+    assert not (tmp_path / "out").exists()
+
+
+def test_help_and_version_still_exit_0(cli_env, monkeypatch, capsys):
+    for argv in (["flops", "--help"], ["--version"]):
+        code, _ = in_process(argv, cli_env, monkeypatch, capsys)
+        assert code == 0, argv
+
+
+FLOPS_OPTIONS = {  # `tinyelectra flops` option: the value that it cannot take (before: named as "--set train.steps")
+    "--steps": "99999999999999999999999", "--batch": "9223372036854775808", "--seq-len": "1000",
+}
+
+
+@pytest.mark.parametrize("option", list(FLOPS_OPTIONS))
+def test_flops_option_out_of_range_names_the_option(option, cli_env, monkeypatch, capsys):
+    code, err = in_process(["flops", "--recipe", "tiny", option, FLOPS_OPTIONS[option]], cli_env, monkeypatch, capsys)
+    line = assert_one_line(code, err, option, FLOPS_OPTIONS[option])
+    assert "--set" not in line, line
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# out of memory: the model's weights, or a training step (before: the allocator's RuntimeError as a traceback).
+# The sizes asked for exceed any machine's address space (2^59 and 2^60 bytes), so the allocation fails at once
+# whatever the kernel's overcommit policy: these tests never take memory.
+
+
+def test_a_model_too_large_for_memory_is_one_line(tmp_path, cli_env, monkeypatch, capsys):
+    out = tmp_path / "run"
+    code, err = in_process([*TRAIN, "--set", f"model.hidden_size={2**50}", "--out", str(out)], cli_env, monkeypatch,
+                           capsys)
+    assert_one_line(code, err, "the model of recipe tiny does not fit in CPU memory", "GiB", "try a smaller model",
+                    "model.hidden_size")
+    assert not out.exists()  # during start-up: no --out
+
+
+def test_a_training_step_out_of_memory_is_one_line(tmp_path, cli_env, monkeypatch, capsys):
+    import tinyelectra.train as train
+
+    def step_too_large(*args, **kwargs):
+        torch.empty(2**60, dtype=torch.uint8)  # the CPU allocator's own error
+
+    monkeypatch.setattr(train, "train_step", step_too_large)
+    out = tmp_path / "run"
+    code, err = in_process([*TRAIN, "--out", str(out)], cli_env, monkeypatch, capsys)
+    assert_one_line(code, err, "a training step of 8 sequences x 128 tokens does not fit in CPU memory (tried to "
+                    "allocate 1,073,741,824.0 GiB) after step 0", "--set train.micro_batch_size=4",
+                    "--set train.grad_checkpointing=true", "a smaller model", "resume state at step 0", "--force")
+
+
+def test_a_gpu_out_of_memory_error_reads_as_one_line():
+    """torch's CUDA allocator's words (c10/cuda/CUDACachingAllocator.cpp), read without a GPU."""
+    from tinyelectra.config import load_recipe
+    from tinyelectra.train import allocation_failure, out_of_memory_line
+
+    e = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 "
+                               "GiB of which 1.06 GiB is free. Of the allocated memory 75.2 GiB is allocated by PyTorch")
+    assert allocation_failure(e) == "tried to allocate 2.00 GiB"
+    assert allocation_failure(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) is None
+    line = out_of_memory_line("tried to allocate 2.00 GiB", torch.device("cuda", 0), load_recipe("electra-small"), 32,
+                              "after step 7")
+    assert line == ("a training step of 32 sequences x 128 tokens does not fit in GPU memory (tried to allocate 2.00 GiB) "
+                    "after step 7; try a smaller micro-batch (--set train.micro_batch_size=16: the same global batch, "
+                    "accumulated), gradient checkpointing (--set train.grad_checkpointing=true) or a smaller model")

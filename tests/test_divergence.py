@@ -72,10 +72,12 @@ def test_a_diverging_pretraining_run_stops_with_one_line_and_keeps_only_finite_w
     assert records[-1]["event"] == "diverged" and records[-1]["message"] == line.removeprefix("error: ")
 
 
-def test_the_suggested_command_starts_over_with_half_the_learning_rate(diverged):
+def test_the_suggested_command_continues_with_half_the_learning_rate(diverged):
+    """From the last resume state (tests/test_resume_changes.py runs it)."""
     run, p = diverged
-    words = shlex.split(the_error_line(p).split("half the peak: ", 1)[1].split(", or ")[0])
-    assert words[:2] == ["tinyelectra", "train"] and "--force" in words
+    words = shlex.split(the_error_line(p).split("half the peak, and continue from the resume state at step ", 1)[1]
+                        .split(" with it: ", 1)[1].split(" (or start over", 1)[0])
+    assert words[:2] == ["tinyelectra", "train"] and "--resume" in words and "--force" not in words
     assert words[words.index("--out") + 1] == str(run)
     sets = [words[i + 1] for i, w in enumerate(words) if w == "--set"]
     assert [s for s in sets if s.startswith("optim.lr")] == ["optim.lr=5e+07"]  # the old one replaced, not repeated

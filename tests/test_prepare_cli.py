@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import random
 import re
 import subprocess
 import sys
@@ -216,3 +217,69 @@ def test_help_shows_whole_option_names_at_80_columns_and_version():
         assert not re.search(r"<(list\[|str>|int>|float>|path>|bool>)", r.stdout, flags=re.IGNORECASE), r.stdout
     r = subprocess.run([sys.executable, "-m", "tinyelectra", "--version"], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0 and r.stdout.strip() == f"tinyelectra {__version__}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# what a cached dataset is checked against: before, an earlier tinyelectra's SentencePiece dataset (its model collapsed
+# runs of spaces) was reused by the same command, and an `hf:DIR` folder's files were not part of the key
+
+
+def test_sentencepiece_dataset_of_an_earlier_tinyelectra_is_not_reused(tmp_path, monkeypatch, capsys):
+    rng = random.Random(0)  # text of 400 made-up words: enough pieces for a 200-entry model
+    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 9))) for _ in range(400)]
+    corpus, out = tmp_path / "c.txt", tmp_path / "out"
+    corpus.write_text("\n\n".join(" ".join(rng.choices(words, k=12)) for _ in range(300)), encoding="utf-8")
+    command = ["prepare", "--corpus", str(corpus), "--out", str(out), "--vocab-size", "200", "--seq-len", "32",
+               "--tokenizer-type", "sentencepiece", "--no-byte-fallback"]
+    assert run_cli(command, monkeypatch, capsys)[0] == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["request"]["tokenizer"].pop("version", None) == P.SENTENCEPIECE_TRAINING_VERSION
+    (out / "manifest.json").write_text(json.dumps(manifest))  # the request as a tinyelectra without the version wrote it
+    code, _, err = run_cli(command, monkeypatch, capsys)
+    assert_clean_failure(code, err, "different dataset", "an earlier tinyelectra", "tokenizer.version: None there, 2 now",
+                         "--force")
+    assert run_cli([*command, "--force"], monkeypatch, capsys)[0] == 0  # prepared again, with today's tokenizer
+    assert json.loads((out / "manifest.json").read_text())["request"]["tokenizer"]["version"] == 2
+
+
+def test_a_local_hf_folder_is_identified_by_its_files(tmp_path):
+    """hf:DIR's cache key holds each file's path, size and modification time, as a local --corpus file's does; a hub
+    dataset's name stays its key."""
+    from tinyelectra.corpus import resolve_inputs
+
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "train.jsonl").write_text('{"text": "one"}\n', encoding="utf-8")
+    key = lambda: resolve_inputs([f"hf:{folder}"])[0].identity()  # noqa: E731
+    first = key()
+    assert first["local_files"] == [["train.jsonl", 16, (folder / "train.jsonl").stat().st_mtime_ns]]
+    assert key() == first  # nothing changed: the same key
+    os.utime(folder / "train.jsonl", ns=(1, 1))
+    assert key()["local_files"] == [["train.jsonl", 16, 1]]  # touched
+    (folder / "train.jsonl").write_text('{"text": "two!"}\n', encoding="utf-8")
+    assert key()["local_files"][0][1] == 17  # rewritten
+    (folder / "more.jsonl").write_text('{"text": "three"}\n', encoding="utf-8")
+    assert [f[0] for f in key()["local_files"]] == ["more.jsonl", "train.jsonl"]  # a file added
+    assert resolve_inputs(["hf:no-such-user/no-such-dataset"])[0].identity() == {
+        "kind": "hf", "path": "no-such-user/no-such-dataset", "size_bytes": 0, "mtime_ns": 0}
+
+
+@pytest.mark.slow
+def test_a_changed_local_hf_folder_is_not_reused(tmp_path, monkeypatch, capsys):
+    """Prepared from hf:DIR (`datasets`, offline), then a record added: the same command does not reuse the dataset
+    (before: "already holds this dataset: reusing it")."""
+    pytest.importorskip("datasets")
+    folder, out = tmp_path / "corpus", tmp_path / "out"
+    folder.mkdir()
+    records = "".join(json.dumps({"text": f"Document {i} has a first sentence.\nAnd a second one about {i}."}) + "\n"
+                      for i in range(60))
+    (folder / "train.jsonl").write_text(records, encoding="utf-8")
+    command = ["prepare", "--corpus", f"hf:{folder}", "--out", str(out), "--vocab-size", "300", "--seq-len", "32"]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
+    r = subprocess.run([sys.executable, "-m", "tinyelectra", *command], capture_output=True, text=True, env=env,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    with (folder / "train.jsonl").open("a", encoding="utf-8") as f:
+        f.write(json.dumps({"text": "A record added later."}) + "\n")
+    code, _, err = run_cli(command, monkeypatch, capsys)  # refused before the folder is read: no `datasets` needed
+    assert_clean_failure(code, err, "different dataset", "local_files[0][1]", "--force")

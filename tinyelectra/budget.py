@@ -99,6 +99,7 @@ class Plan:
     conventions: dict[str, str] = field(default_factory=lambda: {
         "paper": flops.PAPER_CONVENTION, "hardware": flops.HARDWARE_CONVENTION})
     notes: list[str] = field(default_factory=list)
+    resumed_with_changes: list[dict] = field(default_factory=list)  # settings a --resume changed: step, key, old, new
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -223,6 +224,11 @@ def fractions_off_text(off: dict[str, dict]) -> str:
         at = f"{100 * o['fraction_of_steps']:.1f}%" + ("" if groups.get(o["why"]) else " of the steps")
         groups.setdefault(o["why"], []).append(f"{name} at {at}")
     return "; ".join(f"{', '.join(names)}: {why}" for why, names in groups.items())
+
+
+def changes_text(changes: list[dict]) -> str:
+    """A Plan's `resumed_with_changes` in words: "optim.lr 1e+08 -> 0.0001 at step 1; ..."."""
+    return "; ".join(f"{c['key']} {c['old']:g} -> {c['new']:g} at step {c['step']}" for c in changes)
 
 
 def _schedule_note(total: int, steps: dict[str, int]) -> str | None:
@@ -370,6 +376,7 @@ class TimeBudgetPlanner:
                         "checkpoint has its own step")
             self.stretched = True
         new.notes = warmup_notes + list(self.events)
+        new.resumed_with_changes = old.resumed_with_changes
         self.plan = new
         return lines
 

@@ -287,7 +287,8 @@ def read_state_info(d: Path) -> dict:
     if not isinstance(meta, dict) or meta.get("format") != RESUME_FORMAT:
         found = meta.get("format") if isinstance(meta, dict) else None
         raise UserError(f"{path}: state format {found!r}, this tinyelectra reads {RESUME_FORMAT}")
-    missing = [k for k in ("step", "tokens_seen", "train_seconds", "other_seconds", "checkpoints", "loader") if k not in meta]
+    missing = [k for k in ("step", "tokens_seen", "train_seconds", "other_seconds", "checkpoints", "loader", "recipe")
+               if k not in meta]
     if missing:
         raise UserError(f"{path}: damaged (no {', '.join(missing)})")
     return meta

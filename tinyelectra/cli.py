@@ -1,7 +1,8 @@
 """The command line: parses arguments, then calls one function per command. No logic lives here.
 
 Heavy imports (torch, transformers) happen inside the commands so that `--help` is instant.
-Bad input raises `UserError`; `main()` prints it as one line on stderr and exits with code 2.
+Bad input raises `UserError`; `main()` prints it as one line on stderr and exits with code 2, as it does click's
+usage errors (a missing or unknown option, a value of the wrong type), which would print a usage block.
 """
 
 from __future__ import annotations
@@ -15,6 +16,12 @@ import typer
 
 from tinyelectra.errors import UserError
 from tinyelectra.tokenizer import CHARACTER_COVERAGE  # stdlib imports only: --help stays instant
+
+try:  # the exceptions of the click that typer runs on: its own copy (typer 0.2x), or click itself (earlier typer)
+    from typer._click import exceptions as click_errors
+except ImportError:
+    from click import exceptions as click_errors
+HELP_FOR_NO_ARGS = getattr(click_errors, "NoArgsIsHelpError", ())  # `tinyelectra` alone (click < 8.2 prints it itself)
 
 app = typer.Typer(
     name="tinyelectra",  # the help text is _main's docstring
@@ -294,7 +301,13 @@ def main() -> None:
     sys.argv[1:] = _expand_multi_value(sys.argv[1:], "--corpus")
     try:
         with interrupts_raise():  # SIGTERM too runs clean-up; commands say what they kept before this ends them
-            app()
+            code = app(standalone_mode=False)  # click's usage errors are raised here, not printed as a usage block
+    except HELP_FOR_NO_ARGS as e:  # `tinyelectra` alone: the help
+        e.show()
+        sys.exit(e.exit_code)
+    except click_errors.ClickException as e:  # a missing or unknown option, a value of the wrong type, ...
+        print(f"error: {_usage_error_line(e)}", file=sys.stderr)
+        sys.exit(2)
     except UserError as e:
         print(f"error: {_one_line(str(e))}", file=sys.stderr)
         sys.exit(e.exit_code)
@@ -306,6 +319,30 @@ def main() -> None:
     except (Interrupted, KeyboardInterrupt) as e:
         print(f"interrupted ({getattr(e, 'signal_name', 'SIGINT')})", file=sys.stderr)
         sys.exit(getattr(e, "exit_code", 130))
+    sys.exit(code if isinstance(code, int) else 0)  # --help and --version end as typer.Exit(0): returned here
+
+
+def _usage_error_line(e) -> str:
+    """click's usage error as one line: what was wrong (the option, and the value typed when it was given once) and
+    where the help is ("see tinyelectra train --help")."""
+    ctx, param = getattr(e, "ctx", None), getattr(e, "param", None)
+    names = []
+    while ctx is not None and ctx.parent is not None:  # the subcommand's name (the program's is "tinyelectra")
+        names.append(ctx.info_name)
+        ctx = ctx.parent
+    if getattr(e, "ctx", None) is None and sys.argv[1:] and not sys.argv[1].startswith("-"):  # the option parser's
+        names.append(sys.argv[1])  # errors (an option without its value) come without a context: the command typed
+    message = e.format_message()
+    if type(e) is click_errors.BadParameter and param is not None and param.opts:  # a value that is not of its type
+        typed = [v for flag in param.opts for v in _values_typed(sys.argv[1:], flag)]
+        message = f"{param.opts[0]}{f' {typed[0]!r}' if len(typed) == 1 else ''}: {e.message[:1].lower()}{e.message[1:]}"
+    return f"{_one_line(message).rstrip('.')}; see {' '.join(['tinyelectra', *reversed(names)])} --help"
+
+
+def _values_typed(argv: list[str], flag: str) -> list[str]:
+    """The values given to `flag` on the command line: `--flag VALUE` or `--flag=VALUE`."""
+    return [argv[i + 1] if arg == flag else arg.split("=", 1)[1] for i, arg in enumerate(argv)
+            if (arg == flag and i + 1 < len(argv)) or arg.startswith(flag + "=")]
 
 
 def _one_line(text: str) -> str:

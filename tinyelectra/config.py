@@ -295,6 +295,23 @@ def recipe_from_dict(raw: dict[str, Any], where: str = "recipe") -> Recipe:
     return recipe
 
 
+def differences(a: Any, b: Any, path: str = "") -> list[tuple[str, Any, Any]]:
+    """Where two JSON-like values (recipes, prepare requests) differ: (key, value in `a`, value in `b`) for each
+    differing leaf, keys dotted ("optim.lr") and list items indexed ("inputs[3].size_bytes")."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b)) for d in differences(a.get(k), b.get(k), f"{path}.{k}" if path else k)]
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{path}[{i}]")]
+    return [] if a == b else [(path, a, b)]
+
+
+def difference_text(difference: tuple[str, Any, Any], width: int = 80) -> str:
+    """"key: A there, B now", each value's repr cut at `width` characters."""
+    key, there, now = difference
+    shown = [r if len(r := repr(v)) <= width else r[:width] + "..." for v in (there, now)]
+    return f"{key}: {shown[0]} there, {shown[1]} now"
+
+
 def recipe_files() -> dict[str, Any]:
     """The shipped recipes by name: the package data of `tinyelectra.recipes` (recipes/*.toml in the repository),
     found through importlib.resources alike in an editable install, a wheel and `pip install .`."""

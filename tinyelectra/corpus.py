@@ -48,12 +48,15 @@ class Input:
     path: str = ""  # absolute path for files; "NAME[:CONFIG]" for hf
     size_bytes: int = 0  # on disk (compressed size for .gz/.bz2/.xz); 0 when unknown
     mtime_ns: int = 0
+    local_files: tuple[tuple[str, int, int], ...] = ()  # hf:DIR on this machine: (path in DIR, size, mtime_ns) each
 
     def identity(self) -> dict:
-        """What decides whether two prepare requests read the same text (the cache key)."""
+        """What decides whether two prepare requests read the same text (the cache key): a file's path, size and
+        modification time; a hub dataset's name; a local `hf:DIR`'s name and the same of each file in it."""
         if self.kind == "builtin":
             return {"kind": "builtin", "python": ".".join(map(str, sys.version_info[:3]))}
-        return {"kind": self.kind, "path": self.path, "size_bytes": self.size_bytes, "mtime_ns": self.mtime_ns}
+        identity = {"kind": self.kind, "path": self.path, "size_bytes": self.size_bytes, "mtime_ns": self.mtime_ns}
+        return identity | ({"local_files": [list(f) for f in self.local_files]} if self.local_files else {})
 
 
 def resolve_inputs(specs: list[str]) -> list[Input]:
@@ -69,13 +72,15 @@ def resolve_inputs(specs: list[str]) -> list[Input]:
             name = spec[3:]
             if not name or name.startswith(":"):
                 raise UserError(f"--corpus {spec}: expected hf:NAME or hf:NAME:CONFIG")
-            inputs.append(Input(spec, "hf", name))
+            local = Path(name.partition(":")[0]).expanduser()  # hf:DIR: `datasets` reads a folder on this machine
+            files = [(str(q.relative_to(local)), q.stat()) for q in (_files_in(local) if local.is_dir() else [])]
+            inputs.append(Input(spec, "hf", name, local_files=tuple((f, st.st_size, st.st_mtime_ns) for f, st in files)))
             continue
         p = Path(spec).expanduser()
         if p.is_file():
             paths = [p]
         elif p.is_dir():
-            paths = sorted(q for q in p.rglob("*") if q.is_file() and not any(s.startswith(".") for s in q.relative_to(p).parts))
+            paths = _files_in(p)
             if not paths:
                 raise UserError(f"--corpus {spec}: the folder holds no files")
         elif glob.has_magic(spec):
@@ -88,6 +93,11 @@ def resolve_inputs(specs: list[str]) -> list[Input]:
             st = q.stat()
             inputs.append(Input(spec, "file", str(q.resolve()), st.st_size, st.st_mtime_ns))
     return inputs
+
+
+def _files_in(folder: Path) -> list[Path]:
+    """The files under `folder`, recursively, sorted; hidden ones (a part starting with ".") left out."""
+    return sorted(q for q in folder.rglob("*") if q.is_file() and not any(s.startswith(".") for s in q.relative_to(folder).parts))
 
 
 @dataclass

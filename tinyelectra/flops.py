@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from tinyelectra.config import ModelConfig, ObjectiveConfig, Recipe, load_recipe
+from tinyelectra.config import INT_LIMIT, ModelConfig, ObjectiveConfig, Recipe, load_recipe, recipe_from_dict
 from tinyelectra.console import make_console
 from tinyelectra.errors import UserError
 
@@ -363,14 +363,21 @@ def format_flops(value: float) -> str:
 def recipe_for_flops(
     recipe_name: str, steps: int | None, batch: int | None, seq_len: int | None, overrides: list[str],
 ) -> Recipe:
-    """Load the recipe and apply --steps/--batch/--seq-len on top of the --set overrides (validated there)."""
-    extra = []
+    """Load the recipe with its --set overrides, then apply --steps/--batch/--seq-len on top: a value the recipe
+    cannot take is an error naming the option typed (not the train.* key it sets)."""
+    recipe = load_recipe(recipe_name, overrides)
     for value, flag, key in ((steps, "--steps", "steps"), (batch, "--batch", "batch_size"), (seq_len, "--seq-len", "seq_len")):
-        if value is not None and value <= 0:
-            raise UserError(f"{flag} must be a positive integer, got {value}")
-        if value is not None:
-            extra.append(f"train.{key}={value}")
-    return load_recipe(recipe_name, list(overrides) + extra)
+        if value is None:
+            continue
+        if not 0 < value < INT_LIMIT:  # an int setting must fit int64
+            raise UserError(f"{flag} must be a positive integer below 2^63 ({INT_LIMIT:.3e}), got {value}")
+        raw = recipe.to_dict()
+        raw["train"][key] = value
+        try:
+            recipe = recipe_from_dict(raw, where=flag)
+        except UserError as e:
+            raise UserError(str(e) if str(e).startswith(flag) else f"{flag} {value}: {e}") from None
+    return recipe
 
 
 def flops_command(

@@ -31,6 +31,7 @@ from typing import Iterator
 import numpy as np
 
 from tinyelectra import __version__
+from tinyelectra.config import difference_text, differences
 from tinyelectra.console import make_console
 from tinyelectra.corpus import CorpusReader, Document, resolve_inputs
 from tinyelectra.data import FORMAT_VERSION, SPLITS, files_present
@@ -40,6 +41,9 @@ from tinyelectra.tokenizer import (CASINGS, CHARACTER_COVERAGE, MAX_VOCAB_SIZE, 
                                    SPECIAL_ROLES, TOKENIZER_TYPES, Tokenizer, choose_casing, text_profile)
 
 BUILDER_VERSION = "electra-official-1"  # bump when the builder's output for the same input changes
+# bump when a SentencePiece model trained from the same text and settings changes; part of the request, so a dataset
+# prepared before is not reused (2: runs of spaces kept; before, SentencePiece's default collapsed them)
+SENTENCEPIECE_TRAINING_VERSION = 2
 MIN_SEQ_LEN, MAX_SEQ_LEN = 8, 512
 CHUNK_CHARS = 1 << 20  # documents are grouped into chunks of about this many characters (fixed: decides the seeds)
 ROWS_PER_SHARD = 1 << 19  # 128 MiB of uint16 rows at T = 128
@@ -255,7 +259,8 @@ def prepare(
     if tokenizer is not None:
         tokenizer_request: dict = {"file_fingerprint": tokenizer.fingerprint()}
     elif tokenizer_type == "sentencepiece":
-        tokenizer_request = {"type": "sentencepiece", "train_vocab_size": vocab_size, "model": sentencepiece_model,
+        tokenizer_request = {"type": "sentencepiece", "version": SENTENCEPIECE_TRAINING_VERSION,
+                             "train_vocab_size": vocab_size, "model": sentencepiece_model,
                              "byte_fallback": byte_fallback, "character_coverage": character_coverage,
                              "sample_mb": tokenizer_sample_mb}
     else:
@@ -501,8 +506,10 @@ def _check_out_dir(out_dir: Path, request: dict, force: bool) -> dict | None:
     if manifest.get("request") == request:  # ours; with files missing, rebuild it in place
         return manifest if files_present(out_dir, manifest) else None
     if not force:
-        raise UserError(f"--out {out_dir} already holds a different dataset (other sources or settings); "
-                        f"add --force to replace it, or choose another --out")
+        saved = manifest.get("request")
+        why = difference_text(differences(saved, request)[0]) if isinstance(saved, dict) else "no request recorded"
+        raise UserError(f"--out {out_dir} already holds a different dataset (other sources or settings, or prepared by "
+                        f"an earlier tinyelectra: {why}); add --force to replace it, or choose another --out")
     return None
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tinyelectra import paper
-from tinyelectra.budget import fractions_off_text
+from tinyelectra.budget import changes_text, fractions_off_text
 from tinyelectra.checkpoint import train_seconds_of
 from tinyelectra.errors import UserError
 from tinyelectra.files import check_writable, first_line, write_atomic
@@ -262,6 +262,8 @@ def build_report(run_dir: Path) -> dict[str, Any]:
     if off := {c["name"]: c["fraction_off"] for c in checkpoints if c["fraction_off"]}:
         notes.append(f"checkpoints off their fraction (marked *; summary.json): {fractions_off_text(off)}. Their "
                      "points stand for that share of the run, not for the fraction they are named after")
+    if changed := (summary or plan or {}).get("resumed_with_changes"):
+        notes.append(f"NOT THE RECIPE'S RUN: settings changed on --resume ({changes_text(changed)}; summary.json)")
     incomplete = [c["name"] for c in checkpoints if not c["complete"]]
     if incomplete:
         notes.append(f"GLUE still running or interrupted for: {', '.join(incomplete)}")

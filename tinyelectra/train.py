@@ -29,6 +29,7 @@ import errno
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import sys
@@ -47,7 +48,7 @@ from tinyelectra.checkpoint import (
     CKPT_NAME, due_checkpoints, is_checkpoint, latest_state, load_checkpoint, load_resume_state, read_state_info,
     save_checkpoint, save_resume_state,
 )
-from tinyelectra.config import Recipe, load_recipe, recipe_from_dict
+from tinyelectra.config import Recipe, difference_text, differences, load_recipe, recipe_from_dict
 from tinyelectra.data import BatchLoader, PretrainData
 from tinyelectra.diagnostics import checkpoint_line, evaluate, unigram_distribution
 from tinyelectra.electra import STAT_KEYS, LossTerms, Masked, SpecialIds, combine, loss_terms, mask_batch, summarize
@@ -177,6 +178,10 @@ def _lookup(recipe: Recipe, assignment: str):
 RUN_FILES = ("plan.json", "recipe.json", "summary.json", "metrics.jsonl")  # written by train (with state/, ckpt-*)
 DERIVED = ("glue", "tensorboard", "report.md", "report.json", "glue_vs_compute.png", "pretraining_curves.png")
 FRACTION_OF = {budgeting.checkpoint_name(f): f for f in budgeting.FRACTIONS}  # "ckpt-0625": 0.0625, ...
+# what `--resume --set` may change (a diverged run continued at a lower learning rate): the peak learning rate (the
+# schedule's shape and steps stay the plan's) and the clipping norm, both read afresh at every step and held in no
+# saved state. Recorded: plan.json's and summary.json's `resumed_with_changes`, metrics.jsonl, the report.
+CHANGEABLE_ON_RESUME = ("optim.lr", "optim.clip_norm")
 
 
 def open_run_dir(run_dir: Path, resume: bool, force: bool, recipe: Recipe, bud: budgeting.Budget, console) -> str:
@@ -209,17 +214,24 @@ def open_run_dir(run_dir: Path, resume: bool, force: bool, recipe: Recipe, bud: 
     strict = state_dir is not None  # a run with a resume state must be checked exactly; one without can restart
     saved_recipe = _read_record(run_dir / "recipe.json", strict)
     saved_plan = _read_record(run_dir / "plan.json", strict)
-    if saved_recipe is not None:  # as this version writes it (older key names read as their new ones)
+    if saved_recipe is not None:
         try:
-            saved_recipe = recipe_from_dict(saved_recipe, where=str(run_dir / "recipe.json")).to_dict()
+            saved_recipe = _settings(saved_recipe, str(run_dir / "recipe.json"))
         except UserError:
             if strict:
                 raise
             saved_recipe = None
-    mismatch = _run_mismatch(run_dir, saved_recipe, saved_plan, recipe, bud)
     info = read_state_info(state_dir) if state_dir is not None else None
+    total = ((info or {}).get("plan") or saved_plan or {}).get("total_steps")
+    finished = info is not None and (run_dir / "summary.json").is_file() and total is not None and info["step"] >= total
+    continuing = resume and info is not None and not finished  # may change CHANGEABLE_ON_RESUME
+    if info is not None:  # the recipe in effect at the resume state: an earlier --resume may have changed it
+        saved_recipe = _settings(info["recipe"], str(state_dir / "trainer.json"))
+    mismatch = _run_mismatch(run_dir, saved_recipe, saved_plan, recipe, bud,
+                             changeable=CHANGEABLE_ON_RESUME if continuing else ())
     if mismatch and (info is not None or resume or ckpts):
-        raise UserError(f"{'--resume: ' if resume else ''}{mismatch}; use the same --recipe, --set and --budget, "
+        may = f" (--resume may change only {' and '.join(CHANGEABLE_ON_RESUME)})" if continuing else ""
+        raise UserError(f"{'--resume: ' if resume else ''}{mismatch}; use the same --recipe, --set and --budget{may}, "
                         "choose another --out, or start over with --force")
     if info is None:  # it stopped during start-up, before its first resume state
         if mismatch:  # nothing of value there: this command's run replaces it
@@ -229,8 +241,7 @@ def open_run_dir(run_dir: Path, resume: bool, force: bool, recipe: Recipe, bud: 
         kept = f"; kept {', '.join(ckpts)} until the run writes them again" if ckpts else ""
         say(f"{run_dir}: the run stopped before its first resume state (during start-up): starting it again from step 0{kept}")
         return "start"
-    total = (info.get("plan") or saved_plan or {}).get("total_steps")
-    if (run_dir / "summary.json").is_file() and total is not None and info["step"] >= total:
+    if finished:
         say(f"{run_dir} already holds this run, finished ({info['step']:,} steps; {', '.join(ckpts) or 'no checkpoints'}): "
             "nothing to do. To train it again from the start: --force")
         return "done"
@@ -257,27 +268,27 @@ def _read_record(path: Path, strict: bool) -> dict | None:
 
 
 def _run_mismatch(run_dir: Path, saved_recipe: dict | None, saved_plan: dict | None, recipe: Recipe,
-                  bud: budgeting.Budget) -> str | None:
-    """Why this command is not the run in `run_dir` (another recipe, --set or budget), naming both; None if it is."""
+                  bud: budgeting.Budget, changeable: tuple[str, ...] = ()) -> str | None:
+    """Why this command is not the run in `run_dir` (another recipe, --set or budget), naming both; None if it is.
+    `saved_recipe` is `_settings`'s; differences in the `changeable` keys do not count."""
     if saved_recipe is not None:
-        now = json.loads(json.dumps(recipe.to_dict()))
-        saved = dict(saved_recipe)
-        saved.pop("deviations", None), now.pop("deviations", None)  # recipe.json's also lists the --set changes
-        if saved != now:
-            there, here = saved.get("name"), now.get("name")
+        now = _settings(recipe.to_dict(), "--set")
+        found = [d for d in differences(saved_recipe, now) if d[0] not in changeable]
+        if found:
+            there, here = saved_recipe.get("name"), now.get("name")
             how = ", this command gives recipe" if there != here else " with other settings than this command's recipe"
-            return f"{run_dir} was trained with recipe {there!r}{how} {here!r} ({_first_difference(saved, now)})"
+            return f"{run_dir} was trained with recipe {there!r}{how} {here!r} ({difference_text(found[0])})"
     if saved_plan is not None and saved_plan.get("budget") != bud.text:
         return f"{run_dir} was planned for --budget {saved_plan.get('budget')}, this command gives --budget {bud.text}"
     return None
 
 
-def _first_difference(a, b, path: str = "") -> str:
-    if isinstance(a, dict) and isinstance(b, dict):
-        for k in sorted(set(a) | set(b)):
-            if a.get(k) != b.get(k):
-                return _first_difference(a.get(k), b.get(k), f"{path}.{k}" if path else k)
-    return f"{path}: {a!r} there, {b!r} now"
+def _settings(raw: dict, where: str) -> dict:
+    """A recipe's settings as two runs are compared: as this version writes them (older key names read as their new
+    ones), in JSON's types, without the deviations (recipe.json's also list the --set changes)."""
+    settings = json.loads(json.dumps(recipe_from_dict(raw, where=where).to_dict()))
+    settings.pop("deviations")
+    return settings
 
 
 def resolve_data(data_dir: Path | None, corpus: list[str] | None, recipe: Recipe, run_dir: Path, dist: Dist,
@@ -456,6 +467,7 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
     process_seconds = ProcessSeconds()
     continue_with = _rerun_command(command, run_dir, ["--resume"])  # the command that continues this run
     step, state_saved = 0, None  # the last resume state written by this process (its step and directory)
+    micro: int | None = None  # sequences per micro-batch, once the model is built (what a failed allocation was for)
     try:
         # --- set-up ---------------------------------------------------------------------------------------------
         log.once(runtime.set_deterministic(tr.deterministic))  # before the first GPU work (train_command did it earlier)
@@ -521,12 +533,18 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
             state_saved = (step, state_dir)
             log.truncate_after(step)
             log.once(f"resumed from step {step} ({train_seconds:.1f} s of training time spent)")
+            changes = [{"step": step, "key": key, "old": old, "new": new} for key, old, new in differences(
+                _settings(state["recipe"], str(state_dir / "trainer.json")), _settings(recipe.to_dict(), "--set"))]
+            plan.resumed_with_changes += changes
+            if changes:
+                log.once(f"resumed with changed settings: {budgeting.changes_text(changes)}; from here on this is not the "
+                         "recipe's run (plan.json, summary.json and the report say so)")
             later = [n for n in plan.checkpoint_steps if n not in done_ckpts and (run_dir / n).is_dir()]
             if later:
                 log.once(f"{', '.join(later)}: written after this resume state; kept until the run writes them again")
         else:
             plan = make_plan(bud, recipe)
-            step, tokens_seen, train_seconds, other_seconds, done_ckpts = 0, 0, 0.0, 0.0, set()
+            step, tokens_seen, train_seconds, other_seconds, done_ckpts, changes = 0, 0, 0.0, 0.0, set(), []
             if dist.main:  # the run directory appears only now, when the set-up has accepted everything
                 run_dir.mkdir(parents=True, exist_ok=True)
                 log.truncate_after(0)  # a run that stopped during start-up and starts again
@@ -578,9 +596,18 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
                     train_seconds=train_seconds, other_seconds=other_seconds, checkpoints=sorted(done_ckpts),
                     plan=plan.to_dict(), window=window, recipe=recipe))
 
-        if not resume:
-            save_state()  # right after start-up: from here on the run can always be continued
+        if not resume or changes:
+            save_state()  # right after start-up (or a change of settings): from here on the run continues so
+        if resume and changes:
+            log.metrics({"event": "resumed_with_changes", "step": step, "changes": changes})
+            if dist.main:
+                plan.save(run_dir / "plan.json")
         log.plan(plan, recipe, model, precision, device, command)
+    except RuntimeError as e:  # an allocation that failed: the model's weights, or a GPU probe's micro-batch
+        if (asked := allocation_failure(e)) is None:
+            raise
+        raise UserError(out_of_memory_line(asked, device, recipe, micro,
+                                           where="during start-up")) from None
     except Interrupted as e:
         where = (f"its resume state ({run_dir / 'state'}) is unchanged; continue with: {continue_with}" if resume
                  else "no resume state yet: run the same command again to start it"
@@ -722,6 +749,13 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
         how = stopped or f"interrupted ({e.signal_name})"
         log.once(f"{how} at step {step}: {_saved_text(state_saved, done_ckpts)}; continue with: {continue_with}")
         raise
+    except RuntimeError as e:  # out of memory in a step (or a checkpoint's evaluation)
+        progress.close()
+        if (asked := allocation_failure(e)) is None:
+            raise
+        restart = "; nothing was trained yet: start over with one of those --set and --force" if step == 0 else ""
+        raise UserError(f"{out_of_memory_line(asked, device, recipe, micro, where=f'after step {step}')}; training "
+                        f"stopped: {_saved_text(state_saved, done_ckpts)}{restart}") from None
     except OSError as e:  # a full disk, a location that became read-only, ...
         progress.close()
         room = "make room, then " if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) else ""
@@ -750,6 +784,7 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
         "checkpoints": list(fractions_of_steps), "checkpoint_steps": {n: plan.checkpoint_steps[n] for n in fractions_of_steps},
         "checkpoint_fractions_of_steps": fractions_of_steps,
         "checkpoints_off_fraction": off_fraction,  # name -> its fraction, its share of the steps, and why they differ
+        "resumed_with_changes": plan.resumed_with_changes,  # settings a --resume changed: step, key, old, new
         "final_lr": lr_at(step, recipe.optim.lr, plan.warmup_steps, plan.total_steps),
         "conventions": plan.conventions,
         "runtime": {"strategy": engine.strategy_note, "compile": engine.compile_note, "attention": attention["summary"],
@@ -791,16 +826,17 @@ def _rerun_command(command: str, run_dir: Path, extra: list[str], without_set: s
 
 def _diverged_line(what: str, lr: float, peak_lr: float, state_saved: tuple[int, Path] | None, done: set[str],
                    run_dir: Path, command: str) -> str:
-    """Diverged's one line: what is not finite and where, what was kept, and what to try (half the peak learning
-    rate: start over with it, or continue pre-training from the last good checkpoint)."""
-    lower = f"{peak_lr / 2:.3g}"
-    restart = _rerun_command(command, run_dir, ["--set", f"optim.lr={lower}", "--force"], without_set="optim.lr")
-    last = max(done, key=FRACTION_OF.get) if done else None
-    from_ckpt = (f", or continue pre-training from the last good checkpoint with --init {run_dir / last} and that "
-                 "--set in a new --out") if last else ""
+    """Diverged's one line: what is not finite and where, what was kept, and what to try: half the peak learning
+    rate, continuing from the last resume state (`--resume --set optim.lr=...`), or starting over without one."""
+    lower = ["--set", f"optim.lr={peak_lr / 2:.3g}"]
+    if state_saved is not None:
+        how = (f"continue from the resume state at step {state_saved[0]} with it: "
+               f"{_rerun_command(command, run_dir, ['--resume', *lower], without_set='optim.lr')} (or start over with "
+               "it: --force instead of --resume)")
+    else:
+        how = f"start over with it: {_rerun_command(command, run_dir, [*lower, '--force'], without_set='optim.lr')}"
     return (f"training diverged: {what} (learning rate {lr:.3g}, peak {peak_lr:.3g}); stopped before writing anything "
-            f"after it ({_saved_text(state_saved, done)}). Try a lower learning rate, e.g. half the peak: {restart}"
-            f"{from_ckpt}")
+            f"after it ({_saved_text(state_saved, done)}). Try a lower learning rate, e.g. half the peak, and {how}")
 
 
 def next_commands(run_dir: Path, device: torch.device, last_checkpoint: str) -> list[tuple[str, str]]:
@@ -826,6 +862,33 @@ def _saved_text(state_saved: tuple[int, Path] | None, done: set[str]) -> str:
     return f"saved: resume state at step {state_saved[0]} ({state_saved[1]}){kept}"
 
 
+def allocation_failure(e: RuntimeError) -> str | None:
+    """What an allocation that failed asked for ("tried to allocate 2.00 GiB"; "" when torch does not say), or None
+    when `e` is not one (a GPU's torch.OutOfMemoryError, the CPU allocator's RuntimeError)."""
+    text = str(e)
+    if not isinstance(e, torch.OutOfMemoryError) and "can't allocate memory" not in text:
+        return None
+    if found := re.search(r"allocate (\d+) bytes", text):  # the CPU allocator's words
+        return f"tried to allocate {int(found.group(1)) / 2**30:,.1f} GiB"
+    found = re.search(r"allocate ([\d.]+ [KMGTP]?i?B)", text)  # CUDA's
+    return f"tried to allocate {found.group(1)}" if found else ""
+
+
+def out_of_memory_line(asked: str, device: torch.device, recipe: Recipe, micro: int | None, where: str) -> str:
+    """What did not fit in memory (`micro` None: the model's weights; else a training step of `micro` sequences),
+    `where`, how much was `asked`, and what to try: a smaller micro-batch, gradient checkpointing, a smaller model."""
+    memory = f"{'GPU' if device.type == 'cuda' else device.type.upper()} memory{f' ({asked})' if asked else ''}"
+    if micro is None:
+        return (f"the model of recipe {recipe.name} does not fit in {memory} {where}; try a smaller model (--set "
+                "model.hidden_size, model.num_layers, model.vocab_size)")
+    tries = ([f"a smaller micro-batch (--set train.micro_batch_size={micro // 2}: the same global batch, accumulated)"]
+             if micro > 1 else [])
+    tries += [] if recipe.train.grad_checkpointing else ["gradient checkpointing (--set train.grad_checkpointing=true)"]
+    tries += ["a smaller model"]
+    return (f"a training step of {micro} sequences x {recipe.train.seq_len} tokens does not fit in {memory} {where}; "
+            f"try {', '.join(tries[:-1])}{' or ' if len(tries) > 1 else ''}{tries[-1]}")
+
+
 def initial_weights(path: Path, recipe: Recipe) -> Electra:
     """Weights to continue pre-training from: our checkpoint, an export directory, or a transformers directory."""
     from tinyelectra.hf import electra_from_hf
@@ -838,7 +901,7 @@ def initial_weights(path: Path, recipe: Recipe) -> Electra:
     if is_checkpoint(path):
         model, ckpt_recipe, _ = load_checkpoint(path)
         if ckpt_recipe.model != recipe.model:
-            raise UserError(f"--init {path}: {_first_difference(dataclasses.asdict(ckpt_recipe.model), dataclasses.asdict(recipe.model), 'model')}")
+            raise UserError(f"--init {path}: {difference_text(differences(dataclasses.asdict(ckpt_recipe.model), dataclasses.asdict(recipe.model), 'model')[0])}")
         return model
     export = (path / "discriminator").is_dir()  # a `tinyelectra export` directory
     gen = path / "generator" if export and (path / "generator").is_dir() else None
