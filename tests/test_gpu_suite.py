@@ -70,6 +70,42 @@ def test_cuda_graphs_are_named_only_when_graphs_were_launched():
     assert throughput.cuda_graphs_label(None, []) == "unknown: no CUDA profile"
 
 
+def profiled_events(case: str) -> list:
+    """`key_averages()` as torch.profiler gives it for a recorded profile: each kernel (a CUDA event) beside the
+    operator that launched it, which carries the kernel's time as its own self device time (aten::mm's is its
+    GEMM's: torch/autograd/profiler_util.py, FunctionEvent.self_device_time_total of a CPU event), and the runtime
+    calls (CPU events, no device time)."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    p = PROFILES[case]
+    steps = p["steps"]
+
+    def event(key, calls, device_us, device_type):
+        return SimpleNamespace(key=key, count=calls, self_device_time_total=device_us, self_cpu_time_total=5.0 * calls,
+                               device_type=device_type)
+
+    kernels = [event(k["name"], k["calls_per_step"] * steps, k["ms_per_step"] * 1000 * steps, DeviceType.CUDA) for k in p["kernels"]]
+    operators = [event(f"aten::op_{i}", k.count, k.self_device_time_total, DeviceType.CPU) for i, k in enumerate(kernels)]
+    return kernels + operators + [event(name, calls, 0.0, DeviceType.CPU) for name, calls in p["runtime_events"]]
+
+
+def test_the_kernel_table_counts_each_kernel_once():
+    """Only the device's own events are the kernel table (before the fix the launching operators were counted too,
+    doubling the device time per step and each kernel's share); the attention kernel and launches as recorded."""
+    p = PROFILES["compiled_bf16"]
+    table = throughput.kernel_table(profiled_events("compiled_bf16"), p["steps"], cuda=True)
+    by_hand = sum(k["ms_per_step"] for k in p["kernels"])
+    assert table["total_ms_per_step"] == pytest.approx(by_hand)
+    assert [k["name"] for k in table["kernels"]] == [k["name"] for k in sorted(p["kernels"], key=lambda k: -k["ms_per_step"])]
+    assert table["top"][0]["share"] == pytest.approx(2.75 / by_hand)
+    assert table["device_kernels_per_step"] == pytest.approx(sum(k["calls_per_step"] for k in p["kernels"]))
+    assert table["attention_seen"] == "cuDNN" and table["kernel_launches_per_step"] == (702 + 171) / 3
+    cpu = throughput.kernel_table(profiled_events("compiled_bf16"), p["steps"], cuda=False)  # aten operators, CPU time
+    assert {k["name"] for k in cpu["kernels"]} == {f"aten::op_{i}" for i in range(len(p["kernels"]))}
+
+
 def recorded_stage_folder(d: Path) -> Path:
     """A suite folder as the stages write it, with the recorded profiles' labels and by-hand numbers."""
     d.mkdir()
