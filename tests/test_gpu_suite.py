@@ -126,11 +126,16 @@ def recorded_stage_folder(d: Path) -> Path:
     reasons = throughput.cudagraph_skips((FIX / "cudagraphs_skipped.log").read_text())
     docs = {"eager": {**common, "compile": "off", "tinyelectra": side("eager_bf16", 1.0e6), "speedup": {"median_of_round_ratios": 2.2},
                       "transformers": side("eager_bf16", 0.5e6)},
-            "compiled": {**common, "compile": "on", "tinyelectra": side("compiled_bf16", 2.0e6, peak_memory_bytes=1.25 * 2**30)},
+            "compiled": {**common, "compile": "on", "tinyelectra": side("compiled_bf16", 2.0e6, peak_memory_bytes=1.25 * 2**30,
+                                                                       first_call_s=95.4)},
             "cudagraphs": {**common, "compile": "reduce-overhead", "tinyelectra": side(
                 "cudagraphs_skipped", 1.9e6, cuda_graphs={"label": throughput.cuda_graphs_label(0.0, reasons)})}}
     for name, doc in docs.items():
         (d / f"{name}.json").write_text(json.dumps(doc))
+    (d / "pretrain").mkdir()
+    (d / "pretrain" / "summary.json").write_text(json.dumps({
+        "steps": 30000, "tokens_seen": 4.9e8, "train_seconds": 200.0, "excluded_seconds": {"startup_and_first_step": 12.3},
+        "process_seconds": {"wall": 230.0, "training": 200.0}, "runtime": {"compile": "compile: torch.compile (inductor, fullgraph)"}}))
     return d
 
 
@@ -152,6 +157,10 @@ def test_summary_reports_what_the_profile_saw_and_mfu_both_ways(tmp_path):
     text = suite.table(doc)
     assert "seen in the profile: eager memory-efficient (cutlass fmha), compiled cuDNN" in text
     assert "CUDA graphs: no CUDA graphs" in text and "25.0%" in text
+    # pretrain's start-up beside the compiled stage's cold compile: whether it found the inductor cache
+    assert doc["pretrain"]["compiled_stage_first_call_s"] == 95.4 and doc["pretrain"]["startup_s"] == 12.3
+    assert ("  start-up 12 s, compile included (the compiled stage's first call, a cold compile: 95 s); "
+            "compile: torch.compile (inductor, fullgraph)") in text.splitlines()
     assert "transformers compiled" in doc["unmeasured"]
 
 
@@ -213,15 +222,15 @@ def test_a_fault_of_the_suite_fails_one_stage_and_still_leaves_the_three_files(t
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def gpu_run(tmp_path: Path, compiled: bool, checkpoints: list[str]) -> suite.Run:
+def gpu_run(tmp_path: Path, compiled: bool, checkpoints: list[str], first_call_s: float = 60.0) -> suite.Run:
     (tmp_path / "out").mkdir()
     run = suite.Run("gpu", tmp_path / "lease", tmp_path / "out", tmp_path / "w")
     (run.pack / "pretrain").mkdir(parents=True)
     (run.pack / "pretrain" / "manifest.json").write_text("{}")
     (run.pack / "pack.json").write_text(json.dumps({"glue": {"tasks": {"cola": {}, "sst2": {}, "rte": {}}}}))
     (run.stage_dir / "compiled.json").write_text(json.dumps({"tinyelectra": {
-        "compiled": compiled, "compile_note": "compile: torch.compile (inductor, fullgraph)" if compiled else
-        "compile: failed in the first forward + backward (BackendCompilerFailed: ...); running eager"}}))
+        "compiled": compiled, "first_call_s": first_call_s, "compile_note": "compile: torch.compile (inductor, fullgraph)"
+        if compiled else "compile: failed in the first forward + backward (BackendCompilerFailed: ...); running eager"}}))
     for name in checkpoints:
         (run.work / "pretrain" / name).mkdir(parents=True)
         (run.work / "pretrain" / name / "config.json").write_text("{}")
@@ -300,6 +309,24 @@ def test_pretrain_runs_eager_when_compiling_failed_and_glue_takes_the_last_check
     assert run.notes["glue"] == ["pretrain stopped before its end: GLUE on ckpt-5000, its last checkpoint"]
     shutil.rmtree(run.work / "pretrain")
     assert suite.STAGES["glue"](run) == "no checkpoint (pretrain wrote none)"
+    run.log.close()
+
+
+def test_pretrain_runs_eager_when_a_cold_compile_would_outlast_its_training(tmp_path):
+    """The compiled stage compiled, but slowly: pretrain (which should find that compile in the inductor cache) runs
+    eager when the cold compile took longer than its training budget, so that a cache miss cannot use up its limit;
+    a shorter compile is trusted. With the whole deadline left: a 460 s stage, 390 s of training (by hand)."""
+    assert suite.pretrain_seconds(suite.DEADLINE_S["gpu"]) == (570 - 20 - 90, 570 - 20 - 90 - suite.PRETRAIN_OVERHEAD_S)
+    run = gpu_run(tmp_path, compiled=True, checkpoints=[], first_call_s=400.0)
+    pretrain = suite.STAGES["pretrain"](run)
+    budget = int(pretrain[pretrain.index("--budget") + 1][:-1])
+    assert "train.compile=off" in pretrain and 385 <= budget <= 390
+    assert run.notes["pretrain"] == [f"eager: the compiled stage's cold compile took 400 s, more than pretrain's {budget} s "
+                                     "of training (a miss of its inductor cache would be compiled again inside pretrain's limit)"]
+    run.log.close()
+    (tmp_path / "fast").mkdir()
+    run = gpu_run(tmp_path / "fast", compiled=True, checkpoints=[], first_call_s=120.0)
+    assert "train.compile=off" not in suite.STAGES["pretrain"](run) and "pretrain" not in run.notes
     run.log.close()
 
 
