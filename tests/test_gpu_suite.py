@@ -312,6 +312,67 @@ def test_pretrain_runs_eager_when_compiling_failed_and_glue_takes_the_last_check
     run.log.close()
 
 
+@pytest.mark.slow
+def test_pretrain_compiles_the_graph_the_compiled_stage_left_in_the_cache(tmp_path, monkeypatch, one_thread):
+    """pretrain (`tinyelectra train`: train.compile auto, inductor on CUDA) must find what the compiled stage compiled
+    in their shared inductor cache, or it compiles cold inside its own limit. The cache's keys are the graph and its
+    inputs (shapes, dtypes, strides) besides versions and settings: (1) the two GPU commands build the same step
+    (recipe and vocabulary, batch, sequence length, bf16 on an H100, torch.compile's arguments); (2) at toy size,
+    dynamo hands the backend the same graph with the same inputs from both programs. Measured with inductor's CPU
+    backend (torch 2.13, benchmarks/README.md): the second process hit the AOTAutograd and FX graph caches."""
+    from tinyelectra import runtime
+    from tinyelectra.config import load_recipe
+    from tinyelectra.prepare import prepare
+    from tinyelectra.train import train_command
+
+    run = gpu_run(tmp_path, compiled=True, checkpoints=[])
+    stage = throughput.parser().parse_args(suite.STAGES["compiled"](run)[2:])
+    pretrain = suite.STAGES["pretrain"](run)
+    run.log.close()
+    recipe = load_recipe(pretrain[pretrain.index("--recipe") + 1], [a for a, b in zip(pretrain, pretrain[1:]) if b == "--set"])
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    compiled_with = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compiled_with.append(kw) or fn)
+    assert (stage.recipe, stage.batch, stage.seq_len) == (recipe.name, recipe.train.batch_size, recipe.train.seq_len)
+    assert stage.precision == runtime.pick_precision(recipe.train.precision, gpu)[0] == "bf16"
+    assert not stage.set and json.loads(suite.BASELINE_RESULT.read_text())["glue"]["model"]["vocab_size"] == recipe.model.vocab_size
+    for setting in (stage.compile, recipe.train.compile):  # "on" and "auto": the same torch.compile call on CUDA
+        runtime.maybe_compile(len, setting, gpu, fullgraph=True)
+    assert compiled_with[0] == compiled_with[1] == {"fullgraph": True, "mode": None}
+    monkeypatch.undo()
+
+    graphs: dict[str, list] = {"compiled": [], "pretrain": []}
+    side = ["compiled"]
+
+    def record(gm, example_inputs):
+        graphs[side[0]].append((gm.code, [(tuple(t.shape), t.dtype, t.stride(), t.requires_grad) for t in example_inputs]))
+        return gm.forward
+
+    if "tinyelectra_test_record" not in torch._dynamo.list_backends(exclude_tags=()):
+        torch._dynamo.register_backend(record, name="tinyelectra_test_record")
+    monkeypatch.setenv("TINYELECTRA_COMPILE_BACKEND", "tinyelectra_test_record")
+    words = ["".join("etaoinshrdlucmfwyp"[(w * 7 + 3 * i * i) % 18] for i in range(3 + w % 5)) + str(w) for w in range(3000)]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(" ".join(words[(d * 37 + i * 11) % 3000] for i in range(40)) + " ." for d in range(300)))
+    prepare(sources=[str(corpus)], out_dir=tmp_path / "data", vocab_size=2048, seq_len=32, workers=1, validation_fraction=0.05)
+    vocab = json.loads((tmp_path / "data" / "manifest.json").read_text())["tokenizer"]["vocab_size"]
+    assert vocab > 1000  # the synthetic batches of the compiled stage draw words from 1000 up
+    toy = ["model.num_layers=1", "train.eval_rows=8", "train.log_every_steps=1"]
+    throughput.main(["--device", "cpu", "--threads", "1", "--recipe", "tiny", "--batch", "4", "--seq-len", "32", "--compile", "on",
+                     "--sides", "tinyelectra", "--rounds", "1", "--warmup", "0", "--calls-per-round", "1", "--no-memory",
+                     "--out-dir", str(tmp_path), *(a for s in [*toy, f"model.vocab_size={vocab}"] for a in ("--set", s))])
+    torch._dynamo.reset()
+    side[0] = "pretrain"
+    train_command("3steps", tmp_path / "data", None, "tiny", None, "cpu", tmp_path / "run", False,
+                  [*toy, "train.batch_size=4", "train.seq_len=32", "train.compile=on"], "test")
+    torch._dynamo.reset()
+    assert len(graphs["compiled"]) == len(graphs["pretrain"]) == 1
+    assert graphs["compiled"][0][0] == graphs["pretrain"][0][0]  # the graph's code
+    assert graphs["compiled"][0][1] == graphs["pretrain"][0][1]  # its inputs
+
+
 def test_pretrain_runs_eager_when_a_cold_compile_would_outlast_its_training(tmp_path):
     """The compiled stage compiled, but slowly: pretrain (which should find that compile in the inductor cache) runs
     eager when the cold compile took longer than its training budget, so that a cache miss cannot use up its limit;
