@@ -447,8 +447,13 @@ def run_suite(args) -> int:
     mode = "smoke" if args.cpu_smoke else "gpu"
     out_dir = Path(os.environ.get("OUT") or args.out or BENCH / "results" / f"{mode}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
     lease = Path(args.lease).resolve() if args.lease else None
-    if mode == "gpu" and not ((lease or ROOT / ".lease") / "pack.json").is_file():
-        _fail(f"{(lease or ROOT / '.lease') / 'pack.json'} not found: build the pack first (bash benchmarks/gpu_suite.sh --pack)")
+    if mode == "gpu":
+        info = (lease or ROOT / ".lease") / "pack.json"
+        if not info.is_file():
+            _fail(f"{info} not found: build the pack first (bash benchmarks/gpu_suite.sh --pack)")
+        if (kind := (_load(info) or {}).get("kind")) != "gpu":
+            _fail(f"{info}: a {kind or 'unknown'} pack, not the GPU run's (its rows would not fit electra-small): build it "
+                  "with bash benchmarks/gpu_suite.sh --pack")
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         work = Path(os.environ.get("SUITE_WORK") or _mkdtemp())

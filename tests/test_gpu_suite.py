@@ -580,7 +580,9 @@ def test_gpu_suite_keeps_its_results_when_interrupted(smoke_pack, tmp_path):
 
 
 def test_gpu_suite_rejects_bad_arguments(tmp_path):
-    for args in (["--bogus"], ["--lease", str(tmp_path)], ["--pack", "--shards", "x"],
+    (tmp_path / "toy").mkdir()
+    (tmp_path / "toy" / "pack.json").write_text(json.dumps({"format": "tinyelectra-gpu-pack", "kind": "smoke"}))
+    for args in (["--bogus"], ["--lease", str(tmp_path)], ["--lease", str(tmp_path / "toy")], ["--pack", "--shards", "x"],
                  ["--pack", str(tmp_path / "p"), "--shared", str(tmp_path / "none")]):
         p = subprocess.run(["bash", str(SUITE), *args], capture_output=True, text=True,
                            env=dict(os.environ, PYTHON=sys.executable, OUT=str(tmp_path / "o")))
