@@ -330,7 +330,9 @@ class Run:
             with open(log, "w", encoding="utf-8") as out:
                 out.write(f"[suite] {name}: {' '.join(command)}\n")
                 out.flush()
-                proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT,
+                # in the work folder: `python -m` and `-c` put the current folder first on the path, and the checkout's
+                # tinyelectra/ (no recipes in it) would shadow the installed copy on a machine where nothing is installed
+                proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.work,
                                         env=self.env, start_new_session=True)  # its own process group: stopped whole
                 rc, status = self.wait(proc, t0 + limit)
         except Exception as e:  # noqa: BLE001 - recorded; the next stages and the summary still run

@@ -299,6 +299,22 @@ def test_stages_import_the_package_as_installed_on_a_machine_where_nothing_is(tm
         sorted(f.name for f in (BENCH.parent / "recipes").glob("*.toml"))
 
 
+def test_a_stage_imports_the_installed_copy_not_the_checkout(tmp_path, monkeypatch):
+    """`python -m tinyelectra ...` (pretrain, glue) and `python -c` put the folder they start in first on sys.path.
+    Before the fix the stages started in the checkout, whose tinyelectra/ (no recipes in it) came before the
+    installed copy: on a GPU machine, where nothing is installed, pretrain and glue would have stopped at "No module
+    named 'tinyelectra.recipes'" (here the editable install loads a recipe either way, so the module's file tells)."""
+    monkeypatch.delenv("SUITE_ONLY", raising=False)
+    (tmp_path / "out").mkdir()
+    run = suite.Run("smoke", tmp_path / "lease", tmp_path / "out", tmp_path / "w")
+    monkeypatch.setitem(suite.STAGES, "env", lambda r: [r.python, "-c", "import tinyelectra; print('FROM', tinyelectra.__file__)"])
+    run.stage("env")
+    run.log.close()
+    assert run.records[-1]["status"] == "ok", run.records[-1]
+    line = next(x for x in (run.stage_dir / "logs" / "env.log").read_text().splitlines() if x.startswith("FROM "))
+    assert Path(line[5:]).resolve() == (run.work / "site" / "tinyelectra" / "__init__.py").resolve()
+
+
 def test_pretrain_runs_eager_when_compiling_failed_and_glue_takes_the_last_checkpoint(tmp_path):
     run = gpu_run(tmp_path, compiled=False, checkpoints=["ckpt-0625", "ckpt-1250", "ckpt-5000"])
     pretrain = suite.STAGES["pretrain"](run)
