@@ -529,7 +529,7 @@ def test_gpu_suite_passes_bash_n_and_shellcheck():
 
 
 def run_suite(tmp_path: Path, args: list[str], **env: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHON=sys.executable, SUITE_WORK=str(tmp_path / "w"), **env)
+    env = {**os.environ, "PYTHON": sys.executable, "SUITE_WORK": str(tmp_path / "w"), **env}
     env.pop("OUT", None)
     return subprocess.run(["bash", str(SUITE), *args, "--out", str(tmp_path / "o")], env=env, capture_output=True,
                           text=True, timeout=7200)
@@ -606,14 +606,33 @@ def test_gpu_suite_rejects_bad_arguments(tmp_path):
     assert not (tmp_path / "o").exists() and not (tmp_path / "p").exists()  # nothing written
 
 
+def bare_python(where: Path) -> str:
+    """An interpreter like the GPU machine's python3: this environment's packages (torch, transformers, ...)
+    importable, tinyelectra not installed (a virtual environment whose .pth adds this one's site-packages, whose own
+    .pth files, the editable install's among them, are then not run). The project's editable install once hid from
+    the smoke run that stages started in the checkout imported its tinyelectra/, which holds no recipes."""
+    import sysconfig
+    import venv
+
+    venv.EnvBuilder(with_pip=False).create(where)
+    python = where / "bin" / "python"
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    Path(site, "host.pth").write_text("\n".join(dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))) + "\n")
+    assert subprocess.run([str(python), "-c", "import torch, typer"], cwd=where).returncode == 0
+    assert subprocess.run([str(python), "-c", "import tinyelectra"], cwd=where, capture_output=True).returncode != 0
+    return str(python)
+
+
 @pytest.mark.slow
 def test_gpu_suite_cpu_smoke_runs_every_stage(tmp_path):
     """`bash benchmarks/gpu_suite.sh --cpu-smoke` as documented: it builds its toy pack, then every stage runs at
     toy size under the smoke run's own limits (a loaded 2-core CPU's, not a GPU's) and succeeds, `pretrain` and
-    `glue` included; the output folder holds three files; the summary's figures are the stages' own numbers."""
+    `glue` included; the output folder holds three files; the summary's figures are the stages' own numbers. The
+    interpreter has tinyelectra's dependencies but not tinyelectra, as on the GPU machine (`bare_python`)."""
     if not (SHARED / "enwiki").is_dir() or not (SHARED / "glue").is_dir():
         pytest.skip(f"{SHARED} (enwiki/ and glue/) is absent: the smoke run's pack is built from it")
-    p = run_suite(tmp_path, ["--cpu-smoke"])
+    p = run_suite(tmp_path, ["--cpu-smoke"], PYTHON=bare_python(tmp_path / "bare"))
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     summary, names = suite_output(tmp_path / "o")
     assert {s["status"] for s in summary["stages"]} == {"ok"} and summary["within_deadline"]
