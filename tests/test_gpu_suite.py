@@ -1,8 +1,11 @@
 """The GPU suite (benchmarks/gpu_suite.sh) checked on the CPU: its labels read from recorded H100 profiles and logs
-(tests/fixtures/gpu/, sources cited there), MFU against the datasheet and against the measured matrix-product peak,
-the plan's arithmetic, the GLUE protocol comparison, every GPU stage's command accepted by the program it runs (the
-paths the CPU smoke run cannot take), the pack's round trip; then the command itself: a stage that times out, an
-interrupted run, bad arguments, and the CPU smoke run of every stage. benchmarks/ scripts are imported as modules."""
+(tests/fixtures/gpu/, sources cited there), each kernel counted once, MFU against the datasheet and against the
+measured matrix-product peak, the plan's arithmetic, the GLUE protocol comparison, every GPU stage's command accepted
+by the program it runs (the paths the CPU smoke run cannot take), pretrain compiling the graph the compiled stage left
+in the inductor cache (and running eager when a miss would cost more than its training), the stages importing the
+installed copy, the pack's round trip; then the command itself: a stage that times out, an interrupted run, bad
+arguments (a pack of the wrong kind), and the CPU smoke run of every stage with an interpreter where tinyelectra is
+not installed, as on the GPU machine. benchmarks/ scripts are imported as modules."""
 
 from __future__ import annotations
 
