@@ -170,16 +170,26 @@ def _checkpoints(run_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name[5:]))
 
 
+def why_eager(compiled: dict, train_s: int | None) -> str | None:
+    """Why `pretrain` should run eager (train.compile=off), from the compiled stage's tinyelectra side, or None.
+    Compilation failed there or never finished; or (`train_s` given: the GPU) its cold compile took longer than
+    pretrain's training budget. pretrain compiles the same graph (tests/test_gpu_suite.py) and finds it in the
+    inductor cache the compiled stage filled; should that ever miss, it would compile cold inside its own limit, and
+    a compile longer than the training budget would leave it little time to train or to write its checkpoints."""
+    if not compiled.get("compiled"):
+        return f"compilation did not work in the compiled stage ({compiled.get('compile_note') or 'the compiled stage did not finish'})"
+    cold = compiled.get("first_call_s")
+    if train_s is not None and cold is not None and cold > train_s:
+        return (f"the compiled stage's cold compile took {cold:.0f} s, more than pretrain's {train_s} s of training "
+                "(a miss of its inductor cache would be compiled again inside pretrain's limit)")
+    return None
+
+
 def stage_pretrain(run: "Run") -> list[str] | str:
     if not (run.pack / "pretrain" / "manifest.json").is_file():
         return "no unpacked pre-training data (the unpack stage did not finish)"
     z, p = SIZES[run.mode], PRETRAIN[run.mode]
     sets = list(p["sets"])
-    compiled = _load(run.stage_dir / "compiled.json") or {}
-    if not (compiled.get("tinyelectra") or {}).get("compiled"):
-        note = (compiled.get("tinyelectra") or {}).get("compile_note") or "the compiled stage did not finish"
-        sets.append("train.compile=off")
-        run.note("pretrain", f"eager: compilation did not work in the compiled stage ({note})")
     if run.mode == "gpu":
         limit, train_s = pretrain_seconds(run.left())
         if limit < MIN_STAGE_S + MIN_TRAIN_S:
@@ -187,6 +197,10 @@ def stage_pretrain(run: "Run") -> list[str] | str:
         run.limits["pretrain"] = limit
     else:
         train_s = SMOKE_TRAIN_S
+    compiled = _get(_load(run.stage_dir / "compiled.json"), "tinyelectra") or {}
+    if why := why_eager(compiled, train_s if run.mode == "gpu" else None):
+        sets.append("train.compile=off")
+        run.note("pretrain", f"eager: {why}")
     return [run.python, "-m", "tinyelectra", "train", "--recipe", p["recipe"], "--data", str(run.pack / "pretrain"),
             "--budget", f"{train_s}s", *z["train_device"], "--out", str(run.work / "pretrain"),
             *(a for s in sets for a in ("--set", s))]
@@ -316,7 +330,9 @@ class Run:
             with open(log, "w", encoding="utf-8") as out:
                 out.write(f"[suite] {name}: {' '.join(command)}\n")
                 out.flush()
-                proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT,
+                # in the work folder: `python -m` and `-c` put the current folder first on the path, and the checkout's
+                # tinyelectra/ (no recipes in it) would shadow the installed copy on a machine where nothing is installed
+                proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.work,
                                         env=self.env, start_new_session=True)  # its own process group: stopped whole
                 rc, status = self.wait(proc, t0 + limit)
         except Exception as e:  # noqa: BLE001 - recorded; the next stages and the summary still run
@@ -433,8 +449,13 @@ def run_suite(args) -> int:
     mode = "smoke" if args.cpu_smoke else "gpu"
     out_dir = Path(os.environ.get("OUT") or args.out or BENCH / "results" / f"{mode}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
     lease = Path(args.lease).resolve() if args.lease else None
-    if mode == "gpu" and not ((lease or ROOT / ".lease") / "pack.json").is_file():
-        _fail(f"{(lease or ROOT / '.lease') / 'pack.json'} not found: build the pack first (bash benchmarks/gpu_suite.sh --pack)")
+    if mode == "gpu":
+        info = (lease or ROOT / ".lease") / "pack.json"
+        if not info.is_file():
+            _fail(f"{info} not found: build the pack first (bash benchmarks/gpu_suite.sh --pack)")
+        if (kind := (_load(info) or {}).get("kind")) != "gpu":
+            _fail(f"{info}: a {kind or 'unknown'} pack, not the GPU run's (its rows would not fit electra-small): build it "
+                  "with bash benchmarks/gpu_suite.sh --pack")
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         work = Path(os.environ.get("SUITE_WORK") or _mkdtemp())
@@ -627,7 +648,9 @@ def summarize(d: Path, records: list[dict], mode: str, seconds: float, deadline_
         "gpu_plan": plan["stages"], "gpu_plan_total_s": plan["total_s"], "gpu_plan_pretrain_train_s": plan["pretrain_train_s"],
         "stages": records, "env": env, "ceilings": _get(env, "ceilings"), "checks": docs.get("checks"),
         "speed": speed, "ratios": ratios, "targets": targets,
-        "pretrain": pretrain_figures(d, pack, record.get("pretrain")), "glue": glue_figures(d, baseline, pack), "pack": pack,
+        "pretrain": {**pretrain_figures(d, pack, record.get("pretrain")),
+                     "compiled_stage_first_call_s": _get(docs.get("compiled"), "tinyelectra", "first_call_s")},
+        "glue": glue_figures(d, baseline, pack), "pack": pack,
         "loss_check": {k: _get(docs.get("loss_check"), k) for k in ("max_abs_loss_difference", "max_rel_loss_difference", "finite")},
     }
     doc["unmeasured"] = [k for k, v in {**speed, **ratios}.items() if v is None] + \
@@ -694,6 +717,8 @@ def table(doc: dict) -> str:
                    f"({_n(p['epochs'], '{:.1f}')} epochs of the pack) in {_n(p['train_seconds'], '{:.0f}')} s of training (--budget "
                    f"{p['budget']}), +{_n(p['overhead_s'], '{:.0f}')} s start-up and checkpoints; "
                    f"{_n(p['metrics_median_tokens_per_second'])} tokens/s median" + ("" if p["finished"] else "; STOPPED before its end"))
+        out.append(f"  start-up {_n(p['startup_s'], '{:.0f}')} s, compile included (the compiled stage's first call, a cold "
+                   f"compile: {_n(p['compiled_stage_first_call_s'], '{:.0f}')} s); {p['compile'] or 'compile: not recorded'}")
         out.append(f"  {p['final_verdict'] or 'no checkpoint'}")
     g = doc["glue"]
     proto = g["protocol"] or {}

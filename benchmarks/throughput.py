@@ -48,6 +48,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see step_cpu.py: the CPU is shared with other jobs
 
 import torch  # noqa: E402
+from torch.autograd import DeviceType  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
@@ -292,9 +293,7 @@ class CudagraphSkips(logging.Handler):
 
 
 def profile_steps(step, steps: int, device: torch.device, top: int = 15) -> dict:
-    """torch.profiler over `steps` steps after the timing: the kernels (CUDA) or operators (CPU) that ran with their
-    calls and device (CPU) time per step, the top ones, the attention kernels seen, and the kernel and CUDA-graph
-    launches per step — a host-bound step shows many launches."""
+    """torch.profiler over `steps` steps after the timing: `kernel_table` of what ran."""
     from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
 
     cuda = device.type == "cuda"
@@ -304,13 +303,24 @@ def profile_steps(step, steps: int, device: torch.device, top: int = 15) -> dict
         for _ in range(steps):
             step()
         synchronize(device)
-    events = prof.key_averages()
+    return kernel_table(prof.key_averages(), steps, cuda, top)
 
+
+def kernel_table(events, steps: int, cuda: bool, top: int = 15) -> dict:
+    """From a profile's `key_averages()` over `steps` steps: the kernels (CUDA) or operators (CPU) that ran with their
+    calls and device (CPU) time per step, the top ones, the attention kernels seen, and the kernel and CUDA-graph
+    launches per step — a host-bound step shows many launches.
+
+    CUDA: the device's own events (kernels, memcpy, memset). The operator that launched a kernel carries the kernel's
+    time as its own "self device time" too (aten::mm's is its GEMM's), so counting operators would count every
+    kernel twice. CPU: aten operators, self CPU time."""
     def self_us(e) -> float:
-        return float(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0)) if cuda else e.self_cpu_time_total)
+        return float(e.self_device_time_total if cuda else e.self_cpu_time_total)
 
-    # CUDA: device kernels (memcpy / memset included; operators have no self device time). CPU: aten operators
-    rows = sorted((e for e in events if self_us(e) > 0 and (cuda or e.key.startswith("aten::"))), key=self_us, reverse=True)
+    def measured(e) -> bool:
+        return e.device_type == DeviceType.CUDA if cuda else e.key.startswith("aten::")
+
+    rows = sorted((e for e in events if self_us(e) > 0 and measured(e)), key=self_us, reverse=True)
     total = sum(self_us(e) for e in rows) or 1.0
     kernels = [{"name": e.key[:200], "calls_per_step": e.count / steps, "ms_per_step": self_us(e) / 1000 / steps} for e in rows]
     launches, graphs = launch_counts([(e.key, e.count) for e in events])

@@ -267,8 +267,8 @@ def test_reduce_overhead_refuses_accumulation_and_ddp():
 def test_graph_safe_update_equals_the_fused_paper_adam():
     """GraphSafeUpdate (clip + paper Adam with a tensor learning rate, as reduce-overhead compiles it; eager here)
     against the trainer's apply_update (clip_grad_norm_ + PaperAdam on torch's fused kernel), 6 steps with a moving
-    learning rate and gradients large enough to be clipped: the same weights and state to float rounding; and its
-    dry run changes nothing."""
+    learning rate and gradients large enough to be clipped: the same weights and state to float rounding, the
+    gradients left as they were; and its dry run changes nothing."""
     from tinyelectra.model import Electra
     from tinyelectra.optim import GraphSafeUpdate, build_optimizer
 
@@ -295,7 +295,11 @@ def test_graph_safe_update_equals_the_fused_paper_adam():
             update.dry_run()
             assert all(torch.equal(v, models[1].state_dict()[k]) for k, v in before[0].items())
             assert all(torch.equal(v, opts[1].state[p][k]) for p in opts[1].state for k, v in before[1][id(p)].items())
+        given = [(p.grad, p.grad._version, p.grad.clone()) for p in models[1].parameters()]
         update()
+        # the gradients are only read (clipped copies): inductor skips CUDA graphs for a function that writes in
+        # place to an input without a static address ("mutated inputs"), which new gradients every step are not
+        assert all(g._version == version and torch.equal(g, copy) for g, version, copy in given), step
     for a, b in zip(models[0].state_dict().values(), models[1].state_dict().values()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     sa, sb = opts[0].state_dict(), opts[1].state_dict()

@@ -1,8 +1,11 @@
 """The GPU suite (benchmarks/gpu_suite.sh) checked on the CPU: its labels read from recorded H100 profiles and logs
-(tests/fixtures/gpu/, sources cited there), MFU against the datasheet and against the measured matrix-product peak,
-the plan's arithmetic, the GLUE protocol comparison, every GPU stage's command accepted by the program it runs (the
-paths the CPU smoke run cannot take), the pack's round trip; then the command itself: a stage that times out, an
-interrupted run, bad arguments, and the CPU smoke run of every stage. benchmarks/ scripts are imported as modules."""
+(tests/fixtures/gpu/, sources cited there), each kernel counted once, MFU against the datasheet and against the
+measured matrix-product peak, the plan's arithmetic, the GLUE protocol comparison, every GPU stage's command accepted
+by the program it runs (the paths the CPU smoke run cannot take), pretrain compiling the graph the compiled stage left
+in the inductor cache (and running eager when a miss would cost more than its training), the stages importing the
+installed copy, the pack's round trip; then the command itself: a stage that times out, an interrupted run, bad
+arguments (a pack of the wrong kind), and the CPU smoke run of every stage with an interpreter where tinyelectra is
+not installed, as on the GPU machine. benchmarks/ scripts are imported as modules."""
 
 from __future__ import annotations
 
@@ -70,6 +73,42 @@ def test_cuda_graphs_are_named_only_when_graphs_were_launched():
     assert throughput.cuda_graphs_label(None, []) == "unknown: no CUDA profile"
 
 
+def profiled_events(case: str) -> list:
+    """`key_averages()` as torch.profiler gives it for a recorded profile: each kernel (a CUDA event) beside the
+    operator that launched it, which carries the kernel's time as its own self device time (aten::mm's is its
+    GEMM's: torch/autograd/profiler_util.py, FunctionEvent.self_device_time_total of a CPU event), and the runtime
+    calls (CPU events, no device time)."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    p = PROFILES[case]
+    steps = p["steps"]
+
+    def event(key, calls, device_us, device_type):
+        return SimpleNamespace(key=key, count=calls, self_device_time_total=device_us, self_cpu_time_total=5.0 * calls,
+                               device_type=device_type)
+
+    kernels = [event(k["name"], k["calls_per_step"] * steps, k["ms_per_step"] * 1000 * steps, DeviceType.CUDA) for k in p["kernels"]]
+    operators = [event(f"aten::op_{i}", k.count, k.self_device_time_total, DeviceType.CPU) for i, k in enumerate(kernels)]
+    return kernels + operators + [event(name, calls, 0.0, DeviceType.CPU) for name, calls in p["runtime_events"]]
+
+
+def test_the_kernel_table_counts_each_kernel_once():
+    """Only the device's own events are the kernel table (before the fix the launching operators were counted too,
+    doubling the device time per step and each kernel's share); the attention kernel and launches as recorded."""
+    p = PROFILES["compiled_bf16"]
+    table = throughput.kernel_table(profiled_events("compiled_bf16"), p["steps"], cuda=True)
+    by_hand = sum(k["ms_per_step"] for k in p["kernels"])
+    assert table["total_ms_per_step"] == pytest.approx(by_hand)
+    assert [k["name"] for k in table["kernels"]] == [k["name"] for k in sorted(p["kernels"], key=lambda k: -k["ms_per_step"])]
+    assert table["top"][0]["share"] == pytest.approx(2.75 / by_hand)
+    assert table["device_kernels_per_step"] == pytest.approx(sum(k["calls_per_step"] for k in p["kernels"]))
+    assert table["attention_seen"] == "cuDNN" and table["kernel_launches_per_step"] == (702 + 171) / 3
+    cpu = throughput.kernel_table(profiled_events("compiled_bf16"), p["steps"], cuda=False)  # aten operators, CPU time
+    assert {k["name"] for k in cpu["kernels"]} == {f"aten::op_{i}" for i in range(len(p["kernels"]))}
+
+
 def recorded_stage_folder(d: Path) -> Path:
     """A suite folder as the stages write it, with the recorded profiles' labels and by-hand numbers."""
     d.mkdir()
@@ -90,11 +129,16 @@ def recorded_stage_folder(d: Path) -> Path:
     reasons = throughput.cudagraph_skips((FIX / "cudagraphs_skipped.log").read_text())
     docs = {"eager": {**common, "compile": "off", "tinyelectra": side("eager_bf16", 1.0e6), "speedup": {"median_of_round_ratios": 2.2},
                       "transformers": side("eager_bf16", 0.5e6)},
-            "compiled": {**common, "compile": "on", "tinyelectra": side("compiled_bf16", 2.0e6, peak_memory_bytes=1.25 * 2**30)},
+            "compiled": {**common, "compile": "on", "tinyelectra": side("compiled_bf16", 2.0e6, peak_memory_bytes=1.25 * 2**30,
+                                                                       first_call_s=95.4)},
             "cudagraphs": {**common, "compile": "reduce-overhead", "tinyelectra": side(
                 "cudagraphs_skipped", 1.9e6, cuda_graphs={"label": throughput.cuda_graphs_label(0.0, reasons)})}}
     for name, doc in docs.items():
         (d / f"{name}.json").write_text(json.dumps(doc))
+    (d / "pretrain").mkdir()
+    (d / "pretrain" / "summary.json").write_text(json.dumps({
+        "steps": 30000, "tokens_seen": 4.9e8, "train_seconds": 200.0, "excluded_seconds": {"startup_and_first_step": 12.3},
+        "process_seconds": {"wall": 230.0, "training": 200.0}, "runtime": {"compile": "compile: torch.compile (inductor, fullgraph)"}}))
     return d
 
 
@@ -116,6 +160,10 @@ def test_summary_reports_what_the_profile_saw_and_mfu_both_ways(tmp_path):
     text = suite.table(doc)
     assert "seen in the profile: eager memory-efficient (cutlass fmha), compiled cuDNN" in text
     assert "CUDA graphs: no CUDA graphs" in text and "25.0%" in text
+    # pretrain's start-up beside the compiled stage's cold compile: whether it found the inductor cache
+    assert doc["pretrain"]["compiled_stage_first_call_s"] == 95.4 and doc["pretrain"]["startup_s"] == 12.3
+    assert ("  start-up 12 s, compile included (the compiled stage's first call, a cold compile: 95 s); "
+            "compile: torch.compile (inductor, fullgraph)") in text.splitlines()
     assert "transformers compiled" in doc["unmeasured"]
 
 
@@ -177,15 +225,15 @@ def test_a_fault_of_the_suite_fails_one_stage_and_still_leaves_the_three_files(t
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def gpu_run(tmp_path: Path, compiled: bool, checkpoints: list[str]) -> suite.Run:
+def gpu_run(tmp_path: Path, compiled: bool, checkpoints: list[str], first_call_s: float = 60.0) -> suite.Run:
     (tmp_path / "out").mkdir()
     run = suite.Run("gpu", tmp_path / "lease", tmp_path / "out", tmp_path / "w")
     (run.pack / "pretrain").mkdir(parents=True)
     (run.pack / "pretrain" / "manifest.json").write_text("{}")
     (run.pack / "pack.json").write_text(json.dumps({"glue": {"tasks": {"cola": {}, "sst2": {}, "rte": {}}}}))
     (run.stage_dir / "compiled.json").write_text(json.dumps({"tinyelectra": {
-        "compiled": compiled, "compile_note": "compile: torch.compile (inductor, fullgraph)" if compiled else
-        "compile: failed in the first forward + backward (BackendCompilerFailed: ...); running eager"}}))
+        "compiled": compiled, "first_call_s": first_call_s, "compile_note": "compile: torch.compile (inductor, fullgraph)"
+        if compiled else "compile: failed in the first forward + backward (BackendCompilerFailed: ...); running eager"}}))
     for name in checkpoints:
         (run.work / "pretrain" / name).mkdir(parents=True)
         (run.work / "pretrain" / name / "config.json").write_text("{}")
@@ -254,6 +302,22 @@ def test_stages_import_the_package_as_installed_on_a_machine_where_nothing_is(tm
         sorted(f.name for f in (BENCH.parent / "recipes").glob("*.toml"))
 
 
+def test_a_stage_imports_the_installed_copy_not_the_checkout(tmp_path, monkeypatch):
+    """`python -m tinyelectra ...` (pretrain, glue) and `python -c` put the folder they start in first on sys.path.
+    Before the fix the stages started in the checkout, whose tinyelectra/ (no recipes in it) came before the
+    installed copy: on a GPU machine, where nothing is installed, pretrain and glue would have stopped at "No module
+    named 'tinyelectra.recipes'" (here the editable install loads a recipe either way, so the module's file tells)."""
+    monkeypatch.delenv("SUITE_ONLY", raising=False)
+    (tmp_path / "out").mkdir()
+    run = suite.Run("smoke", tmp_path / "lease", tmp_path / "out", tmp_path / "w")
+    monkeypatch.setitem(suite.STAGES, "env", lambda r: [r.python, "-c", "import tinyelectra; print('FROM', tinyelectra.__file__)"])
+    run.stage("env")
+    run.log.close()
+    assert run.records[-1]["status"] == "ok", run.records[-1]
+    line = next(x for x in (run.stage_dir / "logs" / "env.log").read_text().splitlines() if x.startswith("FROM "))
+    assert Path(line[5:]).resolve() == (run.work / "site" / "tinyelectra" / "__init__.py").resolve()
+
+
 def test_pretrain_runs_eager_when_compiling_failed_and_glue_takes_the_last_checkpoint(tmp_path):
     run = gpu_run(tmp_path, compiled=False, checkpoints=["ckpt-0625", "ckpt-1250", "ckpt-5000"])
     pretrain = suite.STAGES["pretrain"](run)
@@ -264,6 +328,85 @@ def test_pretrain_runs_eager_when_compiling_failed_and_glue_takes_the_last_check
     assert run.notes["glue"] == ["pretrain stopped before its end: GLUE on ckpt-5000, its last checkpoint"]
     shutil.rmtree(run.work / "pretrain")
     assert suite.STAGES["glue"](run) == "no checkpoint (pretrain wrote none)"
+    run.log.close()
+
+
+@pytest.mark.slow
+def test_pretrain_compiles_the_graph_the_compiled_stage_left_in_the_cache(tmp_path, monkeypatch, one_thread):
+    """pretrain (`tinyelectra train`: train.compile auto, inductor on CUDA) must find what the compiled stage compiled
+    in their shared inductor cache, or it compiles cold inside its own limit. The cache's keys are the graph and its
+    inputs (shapes, dtypes, strides) besides versions and settings: (1) the two GPU commands build the same step
+    (recipe and vocabulary, batch, sequence length, bf16 on an H100, torch.compile's arguments); (2) at toy size,
+    dynamo hands the backend the same graph with the same inputs from both programs. Measured with inductor's CPU
+    backend (torch 2.13, benchmarks/README.md): the second process hit the AOTAutograd and FX graph caches."""
+    from tinyelectra import runtime
+    from tinyelectra.config import load_recipe
+    from tinyelectra.prepare import prepare
+    from tinyelectra.train import train_command
+
+    run = gpu_run(tmp_path, compiled=True, checkpoints=[])
+    stage = throughput.parser().parse_args(suite.STAGES["compiled"](run)[2:])
+    pretrain = suite.STAGES["pretrain"](run)
+    run.log.close()
+    recipe = load_recipe(pretrain[pretrain.index("--recipe") + 1], [a for a, b in zip(pretrain, pretrain[1:]) if b == "--set"])
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    compiled_with = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compiled_with.append(kw) or fn)
+    assert (stage.recipe, stage.batch, stage.seq_len) == (recipe.name, recipe.train.batch_size, recipe.train.seq_len)
+    assert stage.precision == runtime.pick_precision(recipe.train.precision, gpu)[0] == "bf16"
+    assert not stage.set and json.loads(suite.BASELINE_RESULT.read_text())["glue"]["model"]["vocab_size"] == recipe.model.vocab_size
+    for setting in (stage.compile, recipe.train.compile):  # "on" and "auto": the same torch.compile call on CUDA
+        runtime.maybe_compile(len, setting, gpu, fullgraph=True)
+    assert compiled_with[0] == compiled_with[1] == {"fullgraph": True, "mode": None}
+    monkeypatch.undo()
+
+    graphs: dict[str, list] = {"compiled": [], "pretrain": []}
+    side = ["compiled"]
+
+    def record(gm, example_inputs):
+        graphs[side[0]].append((gm.code, [(tuple(t.shape), t.dtype, t.stride(), t.requires_grad) for t in example_inputs]))
+        return gm.forward
+
+    if "tinyelectra_test_record" not in torch._dynamo.list_backends(exclude_tags=()):
+        torch._dynamo.register_backend(record, name="tinyelectra_test_record")
+    monkeypatch.setenv("TINYELECTRA_COMPILE_BACKEND", "tinyelectra_test_record")
+    words = ["".join("etaoinshrdlucmfwyp"[(w * 7 + 3 * i * i) % 18] for i in range(3 + w % 5)) + str(w) for w in range(3000)]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(" ".join(words[(d * 37 + i * 11) % 3000] for i in range(40)) + " ." for d in range(300)))
+    prepare(sources=[str(corpus)], out_dir=tmp_path / "data", vocab_size=2048, seq_len=32, workers=1, validation_fraction=0.05)
+    vocab = json.loads((tmp_path / "data" / "manifest.json").read_text())["tokenizer"]["vocab_size"]
+    assert vocab > 1000  # the synthetic batches of the compiled stage draw words from 1000 up
+    toy = ["model.num_layers=1", "train.eval_rows=8", "train.log_every_steps=1"]
+    throughput.main(["--device", "cpu", "--threads", "1", "--recipe", "tiny", "--batch", "4", "--seq-len", "32", "--compile", "on",
+                     "--sides", "tinyelectra", "--rounds", "1", "--warmup", "0", "--calls-per-round", "1", "--no-memory",
+                     "--out-dir", str(tmp_path), *(a for s in [*toy, f"model.vocab_size={vocab}"] for a in ("--set", s))])
+    torch._dynamo.reset()
+    side[0] = "pretrain"
+    train_command("3steps", tmp_path / "data", None, "tiny", None, "cpu", tmp_path / "run", False,
+                  [*toy, "train.batch_size=4", "train.seq_len=32", "train.compile=on"], "test")
+    torch._dynamo.reset()
+    assert len(graphs["compiled"]) == len(graphs["pretrain"]) == 1
+    assert graphs["compiled"][0][0] == graphs["pretrain"][0][0]  # the graph's code
+    assert graphs["compiled"][0][1] == graphs["pretrain"][0][1]  # its inputs
+
+
+def test_pretrain_runs_eager_when_a_cold_compile_would_outlast_its_training(tmp_path):
+    """The compiled stage compiled, but slowly: pretrain (which should find that compile in the inductor cache) runs
+    eager when the cold compile took longer than its training budget, so that a cache miss cannot use up its limit;
+    a shorter compile is trusted. With the whole deadline left: a 460 s stage, 390 s of training (by hand)."""
+    assert suite.pretrain_seconds(suite.DEADLINE_S["gpu"]) == (570 - 20 - 90, 570 - 20 - 90 - suite.PRETRAIN_OVERHEAD_S)
+    run = gpu_run(tmp_path, compiled=True, checkpoints=[], first_call_s=400.0)
+    pretrain = suite.STAGES["pretrain"](run)
+    budget = int(pretrain[pretrain.index("--budget") + 1][:-1])
+    assert "train.compile=off" in pretrain and 385 <= budget <= 390
+    assert run.notes["pretrain"] == [f"eager: the compiled stage's cold compile took 400 s, more than pretrain's {budget} s "
+                                     "of training (a miss of its inductor cache would be compiled again inside pretrain's limit)"]
+    run.log.close()
+    (tmp_path / "fast").mkdir()
+    run = gpu_run(tmp_path / "fast", compiled=True, checkpoints=[], first_call_s=120.0)
+    assert "train.compile=off" not in suite.STAGES["pretrain"](run) and "pretrain" not in run.notes
     run.log.close()
 
 
@@ -389,7 +532,7 @@ def test_gpu_suite_passes_bash_n_and_shellcheck():
 
 
 def run_suite(tmp_path: Path, args: list[str], **env: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHON=sys.executable, SUITE_WORK=str(tmp_path / "w"), **env)
+    env = {**os.environ, "PYTHON": sys.executable, "SUITE_WORK": str(tmp_path / "w"), **env}
     env.pop("OUT", None)
     return subprocess.run(["bash", str(SUITE), *args, "--out", str(tmp_path / "o")], env=env, capture_output=True,
                           text=True, timeout=7200)
@@ -456,7 +599,9 @@ def test_gpu_suite_keeps_its_results_when_interrupted(smoke_pack, tmp_path):
 
 
 def test_gpu_suite_rejects_bad_arguments(tmp_path):
-    for args in (["--bogus"], ["--lease", str(tmp_path)], ["--pack", "--shards", "x"],
+    (tmp_path / "toy").mkdir()
+    (tmp_path / "toy" / "pack.json").write_text(json.dumps({"format": "tinyelectra-gpu-pack", "kind": "smoke"}))
+    for args in (["--bogus"], ["--lease", str(tmp_path)], ["--lease", str(tmp_path / "toy")], ["--pack", "--shards", "x"],
                  ["--pack", str(tmp_path / "p"), "--shared", str(tmp_path / "none")]):
         p = subprocess.run(["bash", str(SUITE), *args], capture_output=True, text=True,
                            env=dict(os.environ, PYTHON=sys.executable, OUT=str(tmp_path / "o")))
@@ -464,14 +609,33 @@ def test_gpu_suite_rejects_bad_arguments(tmp_path):
     assert not (tmp_path / "o").exists() and not (tmp_path / "p").exists()  # nothing written
 
 
+def bare_python(where: Path) -> str:
+    """An interpreter like the GPU machine's python3: this environment's packages (torch, transformers, ...)
+    importable, tinyelectra not installed (a virtual environment whose .pth adds this one's site-packages, whose own
+    .pth files, the editable install's among them, are then not run). The project's editable install once hid from
+    the smoke run that stages started in the checkout imported its tinyelectra/, which holds no recipes."""
+    import sysconfig
+    import venv
+
+    venv.EnvBuilder(with_pip=False).create(where)
+    python = where / "bin" / "python"
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    Path(site, "host.pth").write_text("\n".join(dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))) + "\n")
+    assert subprocess.run([str(python), "-c", "import torch, typer"], cwd=where).returncode == 0
+    assert subprocess.run([str(python), "-c", "import tinyelectra"], cwd=where, capture_output=True).returncode != 0
+    return str(python)
+
+
 @pytest.mark.slow
 def test_gpu_suite_cpu_smoke_runs_every_stage(tmp_path):
     """`bash benchmarks/gpu_suite.sh --cpu-smoke` as documented: it builds its toy pack, then every stage runs at
     toy size under the smoke run's own limits (a loaded 2-core CPU's, not a GPU's) and succeeds, `pretrain` and
-    `glue` included; the output folder holds three files; the summary's figures are the stages' own numbers."""
+    `glue` included; the output folder holds three files; the summary's figures are the stages' own numbers. The
+    interpreter has tinyelectra's dependencies but not tinyelectra, as on the GPU machine (`bare_python`)."""
     if not (SHARED / "enwiki").is_dir() or not (SHARED / "glue").is_dir():
         pytest.skip(f"{SHARED} (enwiki/ and glue/) is absent: the smoke run's pack is built from it")
-    p = run_suite(tmp_path, ["--cpu-smoke"])
+    p = run_suite(tmp_path, ["--cpu-smoke"], PYTHON=bare_python(tmp_path / "bare"))
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     summary, names = suite_output(tmp_path / "o")
     assert {s["status"] for s in summary["stages"]} == {"ok"} and summary["within_deadline"]

@@ -127,10 +127,12 @@ class GraphSafeUpdate:
         return "update: clip + paper Adam as one graph-safe function, " + compile_note(self.fn, self._note).replace("compile: ", "", 1)
 
     def _step(self, params, grads, exp_avgs, exp_avg_sqs, steps, lrs) -> None:
-        flat = [g for group in grads for g in group]
         if self.clip_norm > 0:  # torch.nn.utils.clip_grad_norm_'s arithmetic, without its host-side grouping
-            total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(flat)))
-            torch._foreach_mul_(flat, torch.clamp(self.clip_norm / (total + 1e-6), max=1.0))
+            total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm([g for group in grads for g in group])))
+            coef = torch.clamp(self.clip_norm / (total + 1e-6), max=1.0)
+            # scaled copies: CUDA graphs are skipped for a function that writes in place to an input whose address is
+            # not static ("mutated inputs"), and the gradients are new tensors every step
+            grads = [torch._foreach_mul(group, coef) if group else group for group in grads]
         for i, (beta1, beta2, eps, wd) in enumerate(self.constants):
             if params[i]:
                 paper_adam_foreach_(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], lrs[i], beta1, beta2, eps, wd)
