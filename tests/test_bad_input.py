@@ -603,7 +603,8 @@ def test_a_training_step_out_of_memory_is_one_line(tmp_path, cli_env, monkeypatc
     code, err = in_process([*TRAIN, "--out", str(out)], cli_env, monkeypatch, capsys)
     assert_one_line(code, err, "a training step of 8 sequences x 128 tokens does not fit in CPU memory (tried to "
                     "allocate 1,073,741,824.0 GiB) after step 0", "--set train.micro_batch_size=4",
-                    "--set train.grad_checkpointing=true", "a smaller model", "resume state at step 0", "--force")
+                    "--set train.grad_checkpointing=true", "a smaller model", "resume state at step 0",
+                    "continue from the resume state with half the micro-batch: ", "--resume --set train.micro_batch_size=4")
 
 
 def test_a_gpu_out_of_memory_error_reads_as_one_line():

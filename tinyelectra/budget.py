@@ -100,6 +100,7 @@ class Plan:
         "paper": flops.PAPER_CONVENTION, "hardware": flops.HARDWARE_CONVENTION})
     notes: list[str] = field(default_factory=list)
     resumed_with_changes: list[dict] = field(default_factory=list)  # settings a --resume changed: step, key, old, new
+    resumed_with_runtime_changes: list[dict] = field(default_factory=list)  # the same, of config.RUNTIME_SETTINGS
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -227,8 +228,10 @@ def fractions_off_text(off: dict[str, dict]) -> str:
 
 
 def changes_text(changes: list[dict]) -> str:
-    """A Plan's `resumed_with_changes` in words: "optim.lr 1e+08 -> 0.0001 at step 1; ..."."""
-    return "; ".join(f"{c['key']} {c['old']:g} -> {c['new']:g} at step {c['step']}" for c in changes)
+    """A Plan's `resumed_with_changes` (or `resumed_with_runtime_changes`) in words: "optim.lr 1e+08 -> 0.0001 at
+    step 1; train.grad_checkpointing false -> true at step 6; ..." (each value as `--set` writes it)."""
+    shown = lambda v: f"{v:g}" if isinstance(v, float) else json.dumps(v).strip('"')  # noqa: E731
+    return "; ".join(f"{c['key']} {shown(c['old'])} -> {shown(c['new'])} at step {c['step']}" for c in changes)
 
 
 def _schedule_note(total: int, steps: dict[str, int]) -> str | None:
@@ -377,6 +380,7 @@ class TimeBudgetPlanner:
             self.stretched = True
         new.notes = warmup_notes + list(self.events)
         new.resumed_with_changes = old.resumed_with_changes
+        new.resumed_with_runtime_changes = old.resumed_with_runtime_changes
         self.plan = new
         return lines
 

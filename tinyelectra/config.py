@@ -152,6 +152,20 @@ class TrainConfig:
         return self.batch_size * self.seq_len
 
 
+# How the steps are computed, not what they compute: `train --resume --set` may change these at any step, recorded as
+# runtime changes (still the recipe's run). The micro-batch is accumulated to the same global batch (the same loss and
+# gradients up to float summation order; but each micro-batch's masks, samples and dropout are drawn from its own
+# seed, so a changed micro-batch draws others from there on, as a card that fits another one would: a tiny run's
+# losses moved by up to 0.3%); gradient checkpointing recomputes activations with the same draws; compile and
+# deterministic choose the kernels (compiled dropout draws its masks its own way); resume_every_seconds how often a
+# resume state is written. Not these: precision (other arithmetic, and fp16's loss scale is in the resume state),
+# strategy and deepspeed_offload (another optimizer-state format, which --resume cannot read), seed (the run's
+# randomness), log_every_steps (metrics.jsonl's loss windows keep one length through a run; DDP re-plans a time budget
+# at log steps) and eval_rows (the checkpoints' held-out scores would no longer compare).
+RUNTIME_SETTINGS = ("train.micro_batch_size", "train.grad_checkpointing", "train.compile", "train.deterministic",
+                    "train.resume_every_seconds")
+
+
 @dataclass(frozen=True)
 class DataConfig:
     """How `train --corpus` (and the built-in corpus) are prepared; `tinyelectra prepare` has the full set of options."""

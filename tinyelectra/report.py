@@ -264,6 +264,10 @@ def build_report(run_dir: Path) -> dict[str, Any]:
                      "points stand for that share of the run, not for the fraction they are named after")
     if changed := (summary or plan or {}).get("resumed_with_changes"):
         notes.append(f"NOT THE RECIPE'S RUN: settings changed on --resume ({changes_text(changed)}; summary.json)")
+    if runtime := (summary or plan or {}).get("resumed_with_runtime_changes"):
+        notes.append(f"runtime settings changed on --resume ({changes_text(runtime)}; summary.json): still the recipe's "
+                     "run, computed another way (a changed micro-batch or compile mode also draws other masks, samples "
+                     "or dropout from there on, so the losses are not an unchanged run's bit for bit)")
     incomplete = [c["name"] for c in checkpoints if not c["complete"]]
     if incomplete:
         notes.append(f"GLUE still running or interrupted for: {', '.join(incomplete)}")

@@ -48,7 +48,7 @@ from tinyelectra.checkpoint import (
     CKPT_NAME, due_checkpoints, is_checkpoint, latest_state, load_checkpoint, load_resume_state, read_state_info,
     save_checkpoint, save_resume_state,
 )
-from tinyelectra.config import Recipe, difference_text, differences, load_recipe, recipe_from_dict
+from tinyelectra.config import RUNTIME_SETTINGS, Recipe, difference_text, differences, load_recipe, recipe_from_dict
 from tinyelectra.data import BatchLoader, PretrainData
 from tinyelectra.diagnostics import checkpoint_line, evaluate, unigram_distribution
 from tinyelectra.electra import STAT_KEYS, LossTerms, Masked, SpecialIds, combine, loss_terms, mask_batch, summarize
@@ -180,7 +180,9 @@ DERIVED = ("glue", "tensorboard", "report.md", "report.json", "glue_vs_compute.p
 FRACTION_OF = {budgeting.checkpoint_name(f): f for f in budgeting.FRACTIONS}  # "ckpt-0625": 0.0625, ...
 # what `--resume --set` may change (a diverged run continued at a lower learning rate): the peak learning rate (the
 # schedule's shape and steps stay the plan's) and the clipping norm, both read afresh at every step and held in no
-# saved state. Recorded: plan.json's and summary.json's `resumed_with_changes`, metrics.jsonl, the report.
+# saved state. Recorded: plan.json's and summary.json's `resumed_with_changes`, metrics.jsonl, the report. The
+# runtime settings (config.RUNTIME_SETTINGS: the micro-batch, gradient checkpointing, ...) never tell two runs apart;
+# a --resume that changes them records `resumed_with_runtime_changes` instead.
 CHANGEABLE_ON_RESUME = ("optim.lr", "optim.clip_norm")
 
 
@@ -228,9 +230,10 @@ def open_run_dir(run_dir: Path, resume: bool, force: bool, recipe: Recipe, bud: 
     if info is not None:  # the recipe in effect at the resume state: an earlier --resume may have changed it
         saved_recipe = _settings(info["recipe"], str(state_dir / "trainer.json"))
     mismatch = _run_mismatch(run_dir, saved_recipe, saved_plan, recipe, bud,
-                             changeable=CHANGEABLE_ON_RESUME if continuing else ())
+                             changeable=RUNTIME_SETTINGS + (CHANGEABLE_ON_RESUME if continuing else ()))
     if mismatch and (info is not None or resume or ckpts):
-        may = f" (--resume may change only {' and '.join(CHANGEABLE_ON_RESUME)})" if continuing else ""
+        may = (f" (--resume may change only {' and '.join(CHANGEABLE_ON_RESUME)}, and how the steps are computed: "
+               f"{', '.join(RUNTIME_SETTINGS)})") if continuing else ""
         raise UserError(f"{'--resume: ' if resume else ''}{mismatch}; use the same --recipe, --set and --budget{may}, "
                         "choose another --out, or start over with --force")
     if info is None:  # it stopped during start-up, before its first resume state
@@ -533,18 +536,26 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
             state_saved = (step, state_dir)
             log.truncate_after(step)
             log.once(f"resumed from step {step} ({train_seconds:.1f} s of training time spent)")
-            changes = [{"step": step, "key": key, "old": old, "new": new} for key, old, new in differences(
+            found = [{"step": step, "key": key, "old": old, "new": new} for key, old, new in differences(
                 _settings(state["recipe"], str(state_dir / "trainer.json")), _settings(recipe.to_dict(), "--set"))]
+            changes = [c for c in found if c["key"] not in RUNTIME_SETTINGS]
+            runtime_changes = [c for c in found if c["key"] in RUNTIME_SETTINGS]
             plan.resumed_with_changes += changes
+            plan.resumed_with_runtime_changes += runtime_changes
             if changes:
                 log.once(f"resumed with changed settings: {budgeting.changes_text(changes)}; from here on this is not the "
                          "recipe's run (plan.json, summary.json and the report say so)")
+            if runtime_changes:
+                log.once(f"resumed with changed runtime settings: {budgeting.changes_text(runtime_changes)}; still the "
+                         "recipe's run: they change how the steps are computed, not what (plan.json and summary.json "
+                         "record them)")
             later = [n for n in plan.checkpoint_steps if n not in done_ckpts and (run_dir / n).is_dir()]
             if later:
                 log.once(f"{', '.join(later)}: written after this resume state; kept until the run writes them again")
         else:
             plan = make_plan(bud, recipe)
-            step, tokens_seen, train_seconds, other_seconds, done_ckpts, changes = 0, 0, 0.0, 0.0, set(), []
+            step, tokens_seen, train_seconds, other_seconds, done_ckpts = 0, 0, 0.0, 0.0, set()
+            changes, runtime_changes = [], []
             if dist.main:  # the run directory appears only now, when the set-up has accepted everything
                 run_dir.mkdir(parents=True, exist_ok=True)
                 log.truncate_after(0)  # a run that stopped during start-up and starts again
@@ -596,18 +607,19 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
                     train_seconds=train_seconds, other_seconds=other_seconds, checkpoints=sorted(done_ckpts),
                     plan=plan.to_dict(), window=window, recipe=recipe))
 
-        if not resume or changes:
+        if not resume or changes or runtime_changes:
             save_state()  # right after start-up (or a change of settings): from here on the run continues so
-        if resume and changes:
-            log.metrics({"event": "resumed_with_changes", "step": step, "changes": changes})
-            if dist.main:
-                plan.save(run_dir / "plan.json")
+        for event, these in (("resumed_with_changes", changes), ("resumed_with_runtime_changes", runtime_changes)):
+            if these:
+                log.metrics({"event": event, "step": step, "changes": these})
+        if (changes or runtime_changes) and dist.main:
+            plan.save(run_dir / "plan.json")
         log.plan(plan, recipe, model, precision, device, command)
     except RuntimeError as e:  # an allocation that failed: the model's weights, or a GPU probe's micro-batch
         if (asked := allocation_failure(e)) is None:
             raise
-        raise UserError(out_of_memory_line(asked, device, recipe, micro,
-                                           where="during start-up")) from None
+        raise UserError(out_of_memory_line(asked, device, recipe, micro, where="during start-up")
+                        + _out_of_memory_next(command, run_dir, recipe, micro, resume or state_saved is not None)) from None
     except Interrupted as e:
         where = (f"its resume state ({run_dir / 'state'}) is unchanged; continue with: {continue_with}" if resume
                  else "no resume state yet: run the same command again to start it"
@@ -753,9 +765,9 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
         progress.close()
         if (asked := allocation_failure(e)) is None:
             raise
-        restart = "; nothing was trained yet: start over with one of those --set and --force" if step == 0 else ""
         raise UserError(f"{out_of_memory_line(asked, device, recipe, micro, where=f'after step {step}')}; training "
-                        f"stopped: {_saved_text(state_saved, done_ckpts)}{restart}") from None
+                        f"stopped: {_saved_text(state_saved, done_ckpts)}"
+                        f"{_out_of_memory_next(command, run_dir, recipe, micro, state_saved is not None)}") from None
     except OSError as e:  # a full disk, a location that became read-only, ...
         progress.close()
         room = "make room, then " if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) else ""
@@ -785,6 +797,7 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
         "checkpoint_fractions_of_steps": fractions_of_steps,
         "checkpoints_off_fraction": off_fraction,  # name -> its fraction, its share of the steps, and why they differ
         "resumed_with_changes": plan.resumed_with_changes,  # settings a --resume changed: step, key, old, new
+        "resumed_with_runtime_changes": plan.resumed_with_runtime_changes,  # config.RUNTIME_SETTINGS it changed
         "final_lr": lr_at(step, recipe.optim.lr, plan.warmup_steps, plan.total_steps),
         "conventions": plan.conventions,
         "runtime": {"strategy": engine.strategy_note, "compile": engine.compile_note, "attention": attention["summary"],
@@ -887,6 +900,20 @@ def out_of_memory_line(asked: str, device: torch.device, recipe: Recipe, micro: 
     tries += ["a smaller model"]
     return (f"a training step of {micro} sequences x {recipe.train.seq_len} tokens does not fit in {memory} {where}; "
             f"try {', '.join(tries[:-1])}{' or ' if len(tries) > 1 else ''}{tries[-1]}")
+
+
+def _out_of_memory_next(command: str, run_dir: Path, recipe: Recipe, micro: int | None, resumable: bool) -> str:
+    """The end of an out-of-memory line: this run's command with the first of `out_of_memory_line`'s tries that
+    keeps it the recipe's run (half the micro-batch, else gradient checkpointing: config.RUNTIME_SETTINGS),
+    continuing from its resume state (`resumable`: --resume) or run again (no state yet). When only a smaller model
+    is left, a run with a resume state says that this is another run (--force)."""
+    if micro is None or (micro == 1 and recipe.train.grad_checkpointing):
+        return "; a smaller model is another run: start over with --force (or choose another --out)" if resumable else ""
+    setting, what = ((f"train.micro_batch_size={micro // 2}", "half the micro-batch") if micro > 1
+                     else ("train.grad_checkpointing=true", "gradient checkpointing"))
+    again = _rerun_command(command, run_dir, [*(["--resume"] if resumable else []), "--set", setting],
+                           without_set=setting.split("=")[0])
+    return f"; {'continue from the resume state' if resumable else 'run it again'} with {what}: {again}"
 
 
 def initial_weights(path: Path, recipe: Recipe) -> Electra:
