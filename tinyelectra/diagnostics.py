@@ -4,9 +4,15 @@
   ROC-AUC of its replaced-token scores (0.5 = chance, independent of the decision threshold), precision and recall
   of the "replaced" answer.
 - Context (ELECTRA): the discriminator's ROC-AUC when the same slots hold words drawn from the training rows' unigram
-  distribution instead of the generator's samples. Token identity alone cannot rank those (replacements and
-  originals follow the same word frequencies), so this AUC rises above 0.5 only with what the discriminator knows of
-  context — unlike the AUC above, which a discriminator can earn early by spotting a weak generator's odd words.
+  distribution instead of the generator's samples (`disc_auc_context`).
+- Identity-matched AUCs, the two numbers word frequency cannot fool: replaced tokens ranked only against original
+  occurrences of the same token id (special tokens left out), on unigram draws (`disc_auc_context_matched`: context
+  and nothing else) and on the generator's own fakes (`disc_auc_matched`). One number per side: the probability that
+  a replaced occurrence outscores an original occurrence of the same id (the per-id AUCs weighted by their pair
+  counts, metrics.roc_auc with groups). Why the raw AUCs are not enough: a discriminator that scores token identity
+  alone ranks above chance on both, since [CLS]/[SEP] are never replaced, a draw equal to the original counts as
+  "original" (more often for frequent words), and a weak generator's samples are rare words; on the matched AUCs such
+  a scorer gets exactly 0.5 (tests/test_diagnostics.py).
 - Generator (ELECTRA) or masked LM (BERT baseline): accuracy at the masked slots beside the unigram baseline (always
   answering the most frequent word of the training rows).
 - A verdict in words: has the checkpoint left its baselines yet? The trainer prints it at every checkpoint, the
@@ -56,7 +62,8 @@ def evaluate(model, data, recipe: Recipe, special: SpecialIds, device: torch.dev
     rng_state = torch.get_rng_state()
     sums = {k: 0.0 for k in STAT_KEYS}
     unigram_correct = 0.0
-    scores, labels, context_scores, context_labels = [], [], [], []
+    specials = torch.tensor([special.pad, special.cls, special.sep, special.mask], device=device)
+    generator_side, context_side = Ranked(specials), Ranked(specials)  # scores on the generator's / unigram fakes
     capture: dict = {}
     for start in range(0, rows, micro):
         b = data.batch("validation", np.arange(start, min(start + micro, rows))).to(device)
@@ -71,8 +78,7 @@ def evaluate(model, data, recipe: Recipe, special: SpecialIds, device: torch.dev
         unigram_correct += float(((m.targets == top_token).float() * m.weights).sum())
         if "disc_logits" in capture:
             real = m.attention_mask
-            scores.append(capture["disc_logits"][real].float().cpu().numpy())
-            labels.append(capture["disc_labels"][real].cpu().numpy())
+            generator_side.add(capture["disc_logits"], capture["disc_labels"], capture["disc_ids"], real)
             # the same slots filled with unigram draws (fixed per row block): what context alone can detect
             drawn = torch.multinomial(unigram, m.positions.numel(), replacement=True,
                                       generator=torch.Generator().manual_seed(start)).view(m.positions.shape).to(device)
@@ -80,8 +86,7 @@ def evaluate(model, data, recipe: Recipe, special: SpecialIds, device: torch.dev
             fake = m.input_ids.scatter(1, m.positions, drawn)  # (B, T)
             with autocast:
                 logits = model.discriminator_logits(fake, m.token_type_ids, m.attention_mask)
-            context_scores.append(logits[real].float().cpu().numpy())
-            context_labels.append((fake != m.input_ids)[real].cpu().numpy())
+            context_side.add(logits, fake != m.input_ids, fake, real)
     torch.set_rng_state(rng_state)
     model.train(was_training)
     out = {"rows": rows, "gen_loss": sums["mlm_sum"] / max(sums["mlm_count"], 1.0), **summarize(sums)}
@@ -89,11 +94,29 @@ def evaluate(model, data, recipe: Recipe, special: SpecialIds, device: torch.dev
     if sums["disc_count"]:
         out["disc_loss"] = sums["disc_sum"] / sums["disc_count"]
         out["baseline_acc"] = 1.0 - out["replaced_frac"]  # always answering "original"
-        out["disc_auc"] = roc_auc(np.concatenate(scores), np.concatenate(labels))
-        out["disc_auc_context"] = roc_auc(np.concatenate(context_scores), np.concatenate(context_labels).astype(np.float64))
+        out["disc_auc"], out["disc_auc_matched"] = generator_side.aucs()
+        out["disc_auc_context"], out["disc_auc_context_matched"] = context_side.aucs()
     learned, verdict_text = verdict(out)
     out["learned"], out["verdict"] = learned, verdict_text
     return out
+
+
+class Ranked:
+    """The discriminator's held-out scores on one kind of fake, gathered batch by batch, and their two AUCs."""
+
+    def __init__(self, specials: torch.Tensor) -> None:
+        self.specials = specials  # ids the matched AUC leaves out ([CLS], [SEP] are never replaced)
+        self.parts: list[tuple[np.ndarray, ...]] = []
+
+    def add(self, logits, labels, ids, real) -> None:
+        """(B, T) each: scores, replaced?, the token ids the discriminator saw, real tokens."""
+        words = ~torch.isin(ids[real], self.specials)
+        self.parts.append(tuple(x.cpu().numpy() for x in (logits[real].float(), labels[real], ids[real], words)))
+
+    def aucs(self) -> tuple[float, float]:
+        """(raw AUC over every real token, AUC matched by token id over the words)."""
+        scores, labels, ids, words = (np.concatenate(column) for column in zip(*self.parts))
+        return roc_auc(scores, labels), roc_auc(scores[words], labels[words], ids[words])
 
 
 def verdict(ev: dict) -> tuple[bool, str]:
