@@ -11,9 +11,11 @@ Without ../shared the test skips and says why.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -67,3 +69,46 @@ def test_short_run_leaves_its_priors(tmp_path):
     assert 0.0 <= final["disc_auc_context"] <= 1.0
     plan = json.loads((run / "plan.json").read_text())
     assert plan["warmup_steps"] == STEPS // 2  # the paper's Adam: min(1 / (1 - beta2), half the run)
+
+
+# The synthetic grammar: six word classes, each sentence the six classes in one of three fixed orders, 24 made-up
+# words per class drawn by Zipf's law (weight 1 / rank). A masked word's class shows only in its neighbours; knowing
+# it, the best answer (the class's first word) is right 1 / H(24) = 26% of the time, against about 26% / 6 = 4.4%
+# for the unigram answer (the most frequent word overall).
+CLASSES, WORDS_PER_CLASS = 6, 24
+ORDERS = [(0, 1, 2, 3, 4, 5), (0, 2, 1, 3, 5, 4), (3, 4, 5, 0, 1, 2)]
+GRAMMAR_STEPS = 500
+
+
+def grammar_corpus(path: Path, documents: int = 4000, sentences: int = 10, seed: int = 0) -> list[str]:
+    """Write the corpus (blank lines between documents, a sentence per line); return its words."""
+    rng = random.Random(seed)
+    syllables = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
+    words = rng.sample([a + b for a, b in itertools.product(syllables, syllables)], CLASSES * WORDS_PER_CLASS)
+    lexicon = [words[c * WORDS_PER_CLASS:(c + 1) * WORDS_PER_CLASS] for c in range(CLASSES)]
+    zipf = [1.0 / rank for rank in range(1, WORDS_PER_CLASS + 1)]
+    docs = ("\n".join(" ".join(rng.choices(lexicon[c], zipf)[0] for c in rng.choice(ORDERS)) for _ in range(sentences))
+            for _ in range(documents))
+    path.write_text("\n\n".join(docs) + "\n", encoding="utf-8")
+    return words
+
+
+@pytest.mark.slow
+def test_generator_learns_a_grammars_context(tmp_path):
+    """The whole trainer learns context, in minutes: a corpus generated here (above), prepared and trained through
+    the command line with the tiny recipe as shipped, only the data-derived settings changed (32-token rows, the
+    512-entry vocabulary the words need: each one a single token), for 500 steps. The generator's held-out accuracy
+    must reach at least twice the unigram answer's. Measured on this project's 2-core CPU (one thread, about 80 s of
+    training): 0.160 vs 0.038 (4.2x) at the shipped rate 2e-3; at the rate shipped before (1e-4) 0.037 vs 0.038."""
+    env = dict(os.environ, TINYELECTRA_CACHE=str(tmp_path / "cache"), PYTHONUNBUFFERED="1")
+    corpus, data, run = tmp_path / "grammar.txt", tmp_path / "grammar", tmp_path / "run"
+    words = grammar_corpus(corpus)
+    run_cli(["prepare", "--corpus", str(corpus), "--out", str(data), "--vocab-size", "512", "--seq-len", "32",
+             "--workers", "1", "--validation-fraction", "0.05"], env)
+    assert set(words) <= set((data / "tokenizer" / "vocab.txt").read_text(encoding="utf-8").split())  # whole words
+    run_cli(["train", "--recipe", "tiny", "--data", str(data), "--budget", f"{GRAMMAR_STEPS}steps", "--device", "cpu",
+             "--out", str(run), "--set", "train.seq_len=32"], env)
+    final = json.loads((run / "ckpt-10000" / "meta.json").read_text())["eval"]
+    assert final["rows"] >= 200
+    assert final["gen_acc"] >= 2 * final["unigram_acc"], final
+    assert "context through the generator" in final["learning"]
