@@ -9,7 +9,8 @@ fool them), the raw AUCs and discriminator accuracy beside its all-"original" pr
 - `recipe`: the recipe as it ships;
 - `lrX`: peak learning rate X, warm-up by today's rule (budget.warmup_for: the paper's Adam warms up for at least
   min(1 / (1 - beta2), half the run) steps);
-- `lrX-warmupN`: peak X, warm-up N% of the run's steps instead (budget.warmup_for replaced for that arm).
+- `lrX-warmupN`: peak X, warm-up N% of the run's steps instead (budget.warmup_for replaced for that arm);
+- any of these with `-seedN`: the same with train.seed = N (the recipe's is 0).
 
 Threads are pinned (`--threads`, default 1, also exported as OMP_NUM_THREADS): unpinned beside other work a trainer
 ran at 200-350 tokens/s on the 2-core machine these were measured on instead of 2,000-3,800.
@@ -40,7 +41,7 @@ from common import RESULTS, ROOT, command_line, run_main, write_result  # noqa: 
 from tinyelectra import budget  # noqa: E402
 from tinyelectra.errors import UserError  # noqa: E402
 
-ARM = re.compile(r"recipe|lr(?P<lr>\d+(\.\d+)?e-\d+)(-warmup(?P<percent>\d+))?")
+ARM = re.compile(r"(recipe|lr(?P<lr>\d+(\.\d+)?e-\d+)(-warmup(?P<percent>\d+))?)(-seed(?P<seed>\d+))?")
 EVAL_KEYS = ("gen_acc", "unigram_acc", "gen_loss", "disc_auc_matched", "disc_auc_context_matched", "disc_auc",
              "disc_auc_context", "disc_acc", "baseline_acc", "disc_recall", "learned")
 
@@ -49,9 +50,10 @@ def arm_settings(name: str) -> tuple[list[str], float | None]:
     """(recipe overrides, warm-up share of the run or None for today's rule) of an arm name."""
     m = ARM.fullmatch(name)
     if m is None:
-        raise UserError(f"arm {name!r}: expected recipe, lrX (e.g. lr2e-3) or lrX-warmupN (N% of the run)")
-    percent = m["percent"]
-    return ([f"optim.lr={m['lr']}"] if m["lr"] else []), (int(percent) / 100 if percent is not None else None)
+        raise UserError(f"arm {name!r}: expected recipe, lrX (e.g. lr2e-3) or lrX-warmupN (N% of the run), "
+                        "each optionally followed by -seedN")
+    overrides = ([f"optim.lr={m['lr']}"] if m["lr"] else []) + ([f"train.seed={m['seed']}"] if m["seed"] else [])
+    return overrides, (int(m["percent"]) / 100 if m["percent"] is not None else None)
 
 
 @contextlib.contextmanager
@@ -112,12 +114,12 @@ def render(doc: dict) -> str:
              "Generator: held-out accuracy at the masked slots, and its ratio to always answering the most frequent "
              "word. Matched AUCs: replaced vs original occurrences of the same token id (0.5 = no context), on the "
              "generator's fakes and on unigram draws. Raw AUCs and accuracy over the prior: word frequency counts.", "",
-             "| arm | peak lr | warm-up | step | gen. acc (unigram) | gen / unigram | matched AUC | matched context AUC "
+             "| arm | peak lr | warm-up | seed | step | gen. acc (unigram) | gen / unigram | matched AUC | matched context AUC "
              "| raw AUC | raw context AUC | disc. acc − prior | tokens/s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, a in doc["arms"].items():
         for c in a["checkpoints"]:
-            lines.append(f"| {name} | {a['lr']:g} | {a['warmup_steps']} | {c['step']} | {c['gen_acc']:.3f} "
+            lines.append(f"| {name} | {a['lr']:g} | {a['warmup_steps']} | {a['seed']} | {c['step']} | {c['gen_acc']:.3f} "
                          f"({c['unigram_acc']:.3f}) | {c['gen_over_unigram']:.2f} | {c['disc_auc_matched']:.3f} | "
                          f"{c['disc_auc_context_matched']:.3f} | {c['disc_auc']:.3f} | {c['disc_auc_context']:.3f} | "
                          f"{c['disc_gain']:+.4f} | {a['tokens_per_second']:,.0f} |")
@@ -151,7 +153,8 @@ def main(argv: list[str] | None = None) -> dict:
     def save() -> Path:
         arms = {p.parent.name: arm_facts(p.parent) for p in work.glob("*/summary.json")}
         doc = {"recipe": args.recipe, "steps": args.steps, "data": args.data, "eval_rows": args.eval_rows,
-               "threads": args.threads, "arms": dict(sorted(arms.items(), key=lambda a: (a[1]["lr"], a[1]["warmup_steps"]))),
+               "threads": args.threads,
+               "arms": dict(sorted(arms.items(), key=lambda a: (a[1]["lr"], a[1]["warmup_steps"], a[1]["seed"]))),
                "wall_seconds_this_invocation": time.perf_counter() - started}
         path = write_result(args.name, doc, torch.device("cpu"), out_dir=Path(args.out_dir) if args.out_dir else RESULTS,
                             command=command)
