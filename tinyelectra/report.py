@@ -277,7 +277,7 @@ def render_markdown(rep: dict[str, Any]) -> str:
                          "-" if h["disc_recall"] is None else f"{h['disc_precision']:.3f} / {h['disc_recall']:.3f}",
                          "-" if h["gen_acc"] is None else f"{h['gen_acc']:.4f} ({_v(h['unigram_acc'] and round(h['unigram_acc'], 4))})",
                          {True: "learned", False: "**NOT LEARNED YET**", None: "-"}[h["learned"]]
-                         + (f": {h['learning']}" if h["learned"] else "")])
+                         + (f": {h['learning']}" if h["learned"] and h["learning"] else "")])  # older runs: no 'learning'
         L += _table(["pre-training checkpoint", "step", "discriminator acc. (all-original prior, gain)", "disc. ROC-AUC",
                      "disc. AUC matched by token id (generator's / unigram draws)", "disc. precision / recall",
                      "generator / MLM acc. (unigram)", "verdict"], rows)
