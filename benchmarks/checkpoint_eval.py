@@ -1,10 +1,10 @@
 """What a run's checkpoints learned, scored again with today's diagnostics (issue 9, item 3).
 
 Every checkpoint of a run directory is scored on the same held-out rows with `diagnostics.evaluate`: discriminator
-accuracy beside its all-"original" prior, ROC-AUC against the run's own generator, the context AUC (the same
-discriminator ranking unigram draws put in the masked slots, which word frequency alone cannot rank), and generator
-accuracy beside the unigram answer. Useful for runs written before a metric existed, and to score more rows than
-the run did.
+accuracy beside its all-"original" prior, ROC-AUC against the run's own generator and on unigram draws put in the
+masked slots, both also matched by token id (the numbers word frequency cannot fool), and generator accuracy beside
+the unigram answer. Useful for runs written before a metric existed, and to score more rows than the run did.
+Threads are pinned (--threads, default 1): this was measured on a shared 2-core machine.
 
     python benchmarks/checkpoint_eval.py --run runs/quality-cpu/electra --data data/enwiki-v8k --rows 1024 \
         --name mini_electra_checkpoints_cpu   -> benchmarks/results/NAME.json and NAME.md
@@ -30,8 +30,6 @@ from tinyelectra.diagnostics import evaluate, unigram_distribution  # noqa: E402
 from tinyelectra.electra import SpecialIds  # noqa: E402
 from tinyelectra.errors import UserError  # noqa: E402
 
-COLUMNS = ("disc_acc", "baseline_acc", "disc_auc", "disc_auc_context", "disc_recall", "gen_acc", "unigram_acc")
-
 
 def score_run(run_dir: Path, data: PretrainData, rows: int, micro: int = 64) -> list[dict]:
     """One row per checkpoint, in step order: step, tokens seen and the `evaluate` metrics on `rows` held-out rows."""
@@ -48,11 +46,12 @@ def score_run(run_dir: Path, data: PretrainData, rows: int, micro: int = 64) -> 
 
 def markdown(title: str, rows: list[dict]) -> str:
     lines = [f"# {title}", "", f"Held-out rows per checkpoint: {rows[0]['rows'] if rows else 0}.", "",
-             "| checkpoint | step | disc. acc − prior | AUC (own generator) | context AUC (unigram draws) | recall "
-             "| gen. acc (unigram) | verdict |", "|---|---|---|---|---|---|---|---|"]
+             "| checkpoint | step | disc. acc − prior | AUC (own generator), raw / matched | context AUC (unigram draws), "
+             "raw / matched | recall | gen. acc (unigram) | verdict |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['checkpoint']} | {r['step']} | {r['disc_acc'] - r['baseline_acc']:+.4f} | "
-                     f"{r['disc_auc']:.3f} | {r['disc_auc_context']:.3f} | {r['disc_recall']:.3f} | "
+                     f"{r['disc_auc']:.3f} / {r['disc_auc_matched']:.3f} | {r['disc_auc_context']:.3f} / "
+                     f"{r['disc_auc_context_matched']:.3f} | {r['disc_recall']:.3f} | "
                      f"{r['gen_acc']:.3f} ({r['unigram_acc']:.3f}) | {r['verdict']} |")
     return "\n".join(lines) + "\n"
 
@@ -62,11 +61,10 @@ def main() -> None:
     ap.add_argument("--run", type=Path, required=True, help="a run directory (its ckpt-* are scored)")
     ap.add_argument("--data", type=Path, required=True, help="the prepared data the run trained on")
     ap.add_argument("--rows", type=int, default=1024, help="held-out rows per checkpoint")
-    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (pinned)")
     ap.add_argument("--name", required=True, help="result name: benchmarks/results/NAME.json and .md")
     args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)
     if not checkpoint_dirs(args.run):
         raise UserError(f"{args.run}: no checkpoints to score")
     rows = score_run(args.run, PretrainData(args.data), args.rows)

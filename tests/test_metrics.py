@@ -134,6 +134,34 @@ def test_roc_auc_by_hand():
     assert roc_auc([0.1, 0.2], [1, 1]) == 0.5  # one class only: nothing to rank
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_grouped_roc_auc_matches_a_pair_count(seed):
+    """The identity-matched AUC of the held-out diagnostics: every (positive, negative) pair of the same group counted
+    by brute force (ties one half) over small random inputs with ties, one-class groups and scores that differ by
+    group; a score that is a function of the group alone gets exactly 0.5; one group is the plain AUC."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 60))
+    g = rng.integers(0, 6, n) * 7 - 10  # group keys need not be small or positive
+    y = rng.random(n) < rng.uniform(0.1, 0.9)
+    s = np.round(rng.normal(size=n) + y + 0.5 * g, 1)
+    wins = pairs = 0.0
+    for i in np.flatnonzero(y):
+        for j in np.flatnonzero(~y & (g == g[i])):
+            pairs += 1
+            wins += 1.0 if s[i] > s[j] else 0.5 if s[i] == s[j] else 0.0
+    assert roc_auc(s, y, g) == pytest.approx(wins / pairs if pairs else 0.5, abs=1e-12)
+    assert roc_auc(np.sin(g), y, g) == 0.5
+    assert roc_auc(s, y, np.zeros(n)) == pytest.approx(roc_auc(s, y), abs=1e-12)
+
+
+def test_grouped_roc_auc_by_hand():
+    # group 0: positive 0.9 vs negative 0.4 (1 pair, won); group 1: positive 0.1 vs negatives 0.2, 0.1 (0 + 1/2);
+    # group 2: positives only (no pair). 1.5 wins of 3 pairs; ungrouped the same scores win 3 + 0.5 + 3 of 9 pairs
+    s, y, g = [0.9, 0.4, 0.1, 0.2, 0.1, 0.5], [1, 0, 1, 0, 0, 1], [0, 0, 1, 1, 1, 2]
+    assert roc_auc(s, y, g) == 0.5
+    assert roc_auc(s, y) == pytest.approx(6.5 / 9)
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_correlations_match_scipy(seed):
     stats = pytest.importorskip("scipy.stats")

@@ -61,8 +61,9 @@ def heldout_eval(i: int) -> dict:
     from tinyelectra.diagnostics import verdict
 
     ev = {"rows": 512, "disc_acc": 0.852 + (0.004 if i < 2 else 0.02 * i), "baseline_acc": 0.852, "disc_auc": 0.55 + 0.05 * i,
-          "disc_precision": 0.8, "disc_recall": 0.01 + 0.05 * i, "gen_acc": 0.06 + 0.02 * i, "unigram_acc": 0.06}
-    ev["learned"], ev["verdict"] = verdict(ev)
+          "disc_auc_matched": 0.5, "disc_auc_context_matched": 0.5, "disc_precision": 0.8, "disc_recall": 0.01 + 0.05 * i,
+          "gen_acc": 0.06 + 0.01 * i, "unigram_acc": 0.06}
+    ev.update(verdict(ev))
     return ev
 
 
@@ -282,7 +283,8 @@ def test_heldout_diagnostics_and_unlearned_checkpoints_are_said_plainly(run_dir)
     assert [h["learned"] for h in rep["heldout"]] == [False, False, True, True, True]
     assert rep["heldout"][2]["disc_acc"] == pytest.approx(heldout_eval(2)["disc_acc"])
     header, rows = _md_table(md, "pre-training checkpoint")
-    assert header[-1] == "verdict" and [r[-1] for r in rows] == ["**NOT LEARNED YET**"] * 2 + ["learned"] * 3
+    assert header[-1] == "verdict" and [r[-1] for r in rows[:2]] == ["**NOT LEARNED YET**"] * 2
+    assert all(r[-1].startswith("learned: frequency cues") for r in rows[2:])
     assert rows[2][2] == f"{heldout_eval(2)['disc_acc']:.4f} (0.8520, +{heldout_eval(2)['disc_acc'] - 0.852:.4f})"
     note = next(n for n in rep["notes"] if n.startswith("NOT LEARNED YET when fine-tuned"))
     assert "ckpt-0625, ckpt-1250" in note and "ckpt-2500" not in note and note in md

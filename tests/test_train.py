@@ -199,7 +199,8 @@ def test_tensorboard_holds_checkpoint_evaluations_or_its_absence_is_said_once(en
              "--set", "train.log_every_steps=4", "--out", str(run)], env)
     events = EventAccumulator(str(run / "tensorboard"))
     events.Reload()
-    assert {"gen_loss", "disc_loss", "heldout/disc_acc", "heldout/baseline_acc"} <= set(events.Tags()["scalars"])
+    assert {"gen_loss", "disc_loss", "heldout/disc_acc", "heldout/baseline_acc", "heldout/disc_auc_matched",
+            "heldout/disc_auc_context_matched"} <= set(events.Tags()["scalars"])
     ckpt_steps = [json.loads((run / name / "meta.json").read_text())["step"] for name in CKPTS]
     assert [e.step for e in events.Scalars("heldout/disc_acc")] == ckpt_steps == [1, 2, 4, 8, 16]
     final = json.loads((run / "ckpt-10000" / "meta.json").read_text())["eval"]["disc_acc"]

@@ -122,7 +122,7 @@ def gumbel_sample(logits: Tensor, temperature: float, generator: torch.Generator
 def electra_terms(model: Electra, m: Masked, cfg: ObjectiveConfig, generator: torch.Generator | None = None,
                   capture: dict | None = None) -> LossTerms:
     """Generator MLM at the masked slots, Gumbel-max replacements, then replaced-token detection on every token.
-    `capture` (held-out diagnostics only) receives the discriminator's logits and labels, (B, T) each."""
+    `capture` (held-out diagnostics only) receives the discriminator's input ids, logits and labels, (B, T) each."""
     logits, mlm = mlm_terms(model, m)
     sampled = gumbel_sample(logits.detach(), cfg.temperature, generator)  # (B, N)
     sampled = torch.where(m.weights > 0, sampled, m.targets)
@@ -131,7 +131,7 @@ def electra_terms(model: Electra, m: Masked, cfg: ObjectiveConfig, generator: to
     disc_logits = model.discriminator_logits(fake_ids, m.token_type_ids, m.attention_mask).float()  # (B, T)
     tok_w = m.attention_mask.float()
     if capture is not None:
-        capture["disc_logits"], capture["disc_labels"] = disc_logits.detach(), labels
+        capture["disc_ids"], capture["disc_logits"], capture["disc_labels"] = fake_ids, disc_logits.detach(), labels
     bce = F.binary_cross_entropy_with_logits(disc_logits, labels, reduction="none")
     disc_sum = (bce * tok_w).sum()
 

@@ -119,17 +119,31 @@ def average_ranks(x) -> np.ndarray:
     return ranks
 
 
-def roc_auc(scores, labels) -> float:
+def roc_auc(scores, labels, groups=None) -> float:
     """Area under the ROC curve of `scores` for binary `labels` (1 = positive): the probability that a random positive
     scores above a random negative, ties counting one half (Mann-Whitney U from average ranks). 0.5 when one class
-    is absent (no ranking to judge)."""
+    is absent (no ranking to judge).
+
+    With `groups` (one key per score, e.g. a token id), only pairs within a group are ranked: the probability that a
+    positive scores above a negative of its own group, over all such pairs, i.e. the per-group AUCs averaged with
+    weights n_pos x n_neg. A score that depends on the group alone gets exactly 0.5. Groups holding one class only
+    add no pair; 0.5 when no group holds both."""
     s, y = _pair(scores, labels)
     y = y.astype(bool)
-    n_pos, n_neg = int(y.sum()), int((~y).sum())
-    if n_pos == 0 or n_neg == 0:
+    g = np.zeros(len(s), dtype=np.int64) if groups is None else _pair(groups, labels)[0]
+    order = np.lexsort((s.astype(np.float64), g))  # by group, then by score
+    s, y, g = s[order], y[order], g[order]
+    new_group = np.r_[True, g[1:] != g[:-1]]
+    group_starts = np.flatnonzero(new_group)
+    tie_starts = np.flatnonzero(new_group | np.r_[True, s[1:] != s[:-1]])  # a tie: same group, same score
+    tie_sizes = np.diff(np.append(tie_starts, len(s)))
+    group_sizes = np.diff(np.append(group_starts, len(s)))
+    ranks = np.repeat(tie_starts + (tie_sizes + 1) / 2.0, tie_sizes) - np.repeat(group_starts, group_sizes)  # 1.. in group
+    n_pos = np.add.reduceat(y.astype(np.float64), group_starts)
+    pairs = float((n_pos * (group_sizes - n_pos)).sum())
+    if pairs == 0:
         return 0.5
-    rank_sum = average_ranks(s.astype(np.float64))[y].sum()
-    return float((rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+    return float((ranks[y].sum() - (n_pos * (n_pos + 1) / 2.0).sum()) / pairs)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -26,7 +26,8 @@ from tinyelectra.plots import fmt_fraction, plot_curves, plot_glue
 
 FORMAT = "tinyelectra-report"
 CURVE_KEYS = ("gen_loss", "disc_loss", "gen_acc", "disc_acc")
-HELDOUT_KEYS = ("disc_acc", "baseline_acc", "disc_auc", "disc_precision", "disc_recall", "gen_acc", "unigram_acc")
+HELDOUT_KEYS = ("disc_acc", "baseline_acc", "disc_auc", "disc_auc_matched", "disc_auc_context_matched", "disc_precision",
+                "disc_recall", "gen_acc", "unigram_acc")  # numbers; the verdict's text is "learning"
 
 
 def _task_order(names) -> list[str]:
@@ -286,12 +287,11 @@ def build_report(run_dir: Path) -> dict[str, Any]:
     }
 
 
-
 def _heldout_entry(event: dict) -> dict[str, Any]:
     """A checkpoint's held-out diagnostics as the trainer recorded them (diagnostics.evaluate); runs written before
     the verdict existed have learned = None."""
     ev = event["eval"]
-    return {"name": event.get("name"), "step": event.get("step"), **{k: ev.get(k) for k in HELDOUT_KEYS},
+    return {"name": event.get("name"), "step": event.get("step"), **{k: ev.get(k) for k in (*HELDOUT_KEYS, "learning")},
             "learned": ev.get("learned"), "verdict": ev.get("verdict")}
 
 
@@ -347,13 +347,19 @@ def render_markdown(rep: dict[str, Any]) -> str:
             rows.append([_v(h["name"]), _v(h["step"]),
                          "-" if h["disc_acc"] is None else f"{h['disc_acc']:.4f} ({h['baseline_acc']:.4f}, {gain:+.4f})",
                          "-" if h["disc_auc"] is None else f"{h['disc_auc']:.3f}",
+                         "-" if h["disc_auc_matched"] is None else
+                         f"{h['disc_auc_matched']:.3f} / {h['disc_auc_context_matched']:.3f}",
                          "-" if h["disc_recall"] is None else f"{h['disc_precision']:.3f} / {h['disc_recall']:.3f}",
                          "-" if h["gen_acc"] is None else f"{h['gen_acc']:.4f} ({_v(h['unigram_acc'] and round(h['unigram_acc'], 4))})",
-                         {True: "learned", False: "**NOT LEARNED YET**", None: "-"}[h["learned"]]])
+                         {True: "learned", False: "**NOT LEARNED YET**", None: "-"}[h["learned"]]
+                         + (f": {h['learning']}" if h["learned"] and h["learning"] else "")])  # older runs: no 'learning'
         L += _table(["pre-training checkpoint", "step", "discriminator acc. (all-original prior, gain)", "disc. ROC-AUC",
-                     "disc. precision / recall", "generator / MLM acc. (unigram)", "verdict"], rows)
-        L += ["", "A checkpoint has learned when its discriminator beats the all-\"original\" answer by at least one "
-              "point of accuracy (a masked LM: its predictions beat the unigram answer by two points).", ""]
+                     "disc. AUC matched by token id (generator's / unigram draws)", "disc. precision / recall",
+                     "generator / MLM acc. (unigram)", "verdict"], rows)
+        L += ["", "What each number shows: discriminator accuracy over its all-\"original\" prior and its raw AUC, "
+              "frequency cues (a weak generator's odd words give themselves away by their identity); generator accuracy "
+              "over the unigram answer, context learned through the generator; the AUC matched by token id (replaced "
+              "vs original occurrences of the same word; 0.5 = none) on unigram draws, context in the discriminator.", ""]
 
     L += ["## GLUE per checkpoint (ours)", ""]
     cks = rep["checkpoints"]
