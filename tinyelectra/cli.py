@@ -7,6 +7,7 @@ usage errors (a missing or unknown option, a value of the wrong type), which wou
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -298,6 +299,11 @@ def main() -> None:
     from tinyelectra.errors import Interrupted, interrupts_raise
     from tinyelectra.files import WRITE_ERRNOS, os_error_line
 
+    if "torch" not in sys.modules and not {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"} & os.environ.keys():
+        # torch's OpenMP threads wait for work by sleeping, not spinning: with another program busy on one of two
+        # cores, spinning made training 20x slower (benchmarks/NOTES.md). OpenMP reads this once, when torch loads
+        # it (inside a command); runtime.openmp_note says in the run's log who chose it.
+        os.environ.update(OMP_WAIT_POLICY="PASSIVE", TINYELECTRA_SET_OMP_WAIT_POLICY="1")
     sys.argv[1:] = _expand_multi_value(sys.argv[1:], "--corpus")
     try:
         with interrupts_raise():  # SIGTERM too runs clean-up; commands say what they kept before this ends them

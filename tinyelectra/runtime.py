@@ -375,6 +375,27 @@ def tune_cpu() -> str:
     return "CPU allocator: glibc mmap threshold 1 GiB, no trimming" if ok else "CPU allocator: mallopt refused; unchanged"
 
 
+def openmp_note() -> tuple[str, dict]:
+    """torch's CPU thread count and how its OpenMP threads wait for work, with who chose it: (log line, record).
+
+    The command line sets OMP_WAIT_POLICY=PASSIVE (and TINYELECTRA_SET_OMP_WAIT_POLICY=1, so that this can tell)
+    when neither it nor libgomp's GOMP_SPINCOUNT is set: libgomp's own default spins about 300,000 times before a
+    waiting thread sleeps, which on a CPU where another program keeps a core busy made training 20x slower
+    (benchmarks/NOTES.md). OpenMP reads these once, when torch is loaded."""
+    policy, spins = os.environ.get("OMP_WAIT_POLICY"), os.environ.get("GOMP_SPINCOUNT")
+    if policy == "PASSIVE" and os.environ.get("TINYELECTRA_SET_OMP_WAIT_POLICY") == "1":
+        set_by, how = "tinyelectra", "OMP_WAIT_POLICY=PASSIVE, tinyelectra's default (sleep, do not spin; set OMP_WAIT_POLICY to choose)"
+    elif policy is not None or spins is not None:
+        set_by = "environment"
+        how = ", ".join(f"{k}={v}" for k, v in (("OMP_WAIT_POLICY", policy), ("GOMP_SPINCOUNT", spins)) if v is not None)
+        how += " from the environment"
+    else:
+        set_by, how = None, "OpenMP's default (libgomp: spin, then sleep; OMP_WAIT_POLICY=PASSIVE is faster beside busy programs)"
+    threads = torch.get_num_threads()
+    record = {"threads": threads, "omp_wait_policy": policy, "gomp_spincount": spins, "set_by": set_by}
+    return f"CPU threads: {threads}; OpenMP waits: {how}", record
+
+
 def _onednn_mm(a: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
     """a (M, K) @ b_t (N, K)^T -> (M, N) in fp32 through oneDNN (strided inputs accepted, no copies)."""
     return torch.ops.mkldnn._linear_pointwise(a, b_t, None, "none", [], "")
