@@ -33,6 +33,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from tinyelectra.runtime import synchronize  # noqa: F401  (the benchmarks wait for the device as the trainer does)
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -126,11 +128,6 @@ def save_initial_checkpoint(recipe, data_dir: Path, target: Path, note: str) -> 
 # ----------------------------------------------------------------------------------------------------------
 # Timing and memory.
 # ----------------------------------------------------------------------------------------------------------
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def alternate(steps: dict[str, Callable[[], None]], warmup: int, repeats: int, device: torch.device,

@@ -301,7 +301,7 @@ def main() -> None:
 
     if "torch" not in sys.modules and not {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"} & os.environ.keys():
         # torch's OpenMP threads wait for work by sleeping, not spinning: with another program busy on one of two
-        # cores, spinning made training 20x slower (benchmarks/NOTES.md). OpenMP reads this once, when torch loads
+        # cores, spinning made training 2-21x slower (benchmarks/NOTES.md). OpenMP reads this once, when torch loads
         # it (inside a command); runtime.openmp_note says in the run's log who chose it.
         os.environ.update(OMP_WAIT_POLICY="PASSIVE", TINYELECTRA_SET_OMP_WAIT_POLICY="1")
     sys.argv[1:] = _expand_multi_value(sys.argv[1:], "--corpus")

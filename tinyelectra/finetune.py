@@ -265,10 +265,8 @@ def finetune(backbone, task: str, enc: EncodedTask, fc: FinetuneConfig, seed: in
     """Fine-tune a fresh Classifier from `backbone` on one task with one seed. Returns (model, facts dict). A loss
     that is not finite (checked where it is read: every 10th step and the last) or non-finite weights at the end
     raise Diverged: nothing of this seed is returned."""
-    import torch
-
     from tinyelectra.optim import lr_at
-    from tinyelectra.runtime import nonfinite_parameters
+    from tinyelectra.runtime import nonfinite_parameters, synchronize
 
     run = Finetuner(backbone, task, fc, seed, device, precision)
     n = len(enc.train)
@@ -294,8 +292,7 @@ def finetune(backbone, task: str, enc: EncodedTask, fc: FinetuneConfig, seed: in
                                               run.peak_lr))
         if on_step is not None:
             on_step(done, last_loss if report_now else None)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    synchronize(device)
     if names := nonfinite_parameters(run.model):  # a last update that left non-finite weights
         raise Diverged(_diverged_line(f"the weights hold non-finite values after the last step, {total} ({names[0]})",
                                       task, seed, lr, run.peak_lr))

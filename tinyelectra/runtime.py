@@ -380,7 +380,7 @@ def openmp_note() -> tuple[str, dict]:
 
     The command line sets OMP_WAIT_POLICY=PASSIVE (and TINYELECTRA_SET_OMP_WAIT_POLICY=1, so that this can tell)
     when neither it nor libgomp's GOMP_SPINCOUNT is set: libgomp's own default spins about 300,000 times before a
-    waiting thread sleeps, which on a CPU where another program keeps a core busy made training 20x slower
+    waiting thread sleeps, which on a CPU where another program keeps a core busy made training 2-21x slower
     (benchmarks/NOTES.md). OpenMP reads these once, when torch is loaded."""
     policy, spins = os.environ.get("OMP_WAIT_POLICY"), os.environ.get("GOMP_SPINCOUNT")
     if policy == "PASSIVE" and os.environ.get("TINYELECTRA_SET_OMP_WAIT_POLICY") == "1":

@@ -475,7 +475,8 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
         # --- set-up ---------------------------------------------------------------------------------------------
         log.once(runtime.set_deterministic(tr.deterministic))  # before the first GPU work (train_command did it earlier)
         log.once(runtime.tune_cpu() if device.type == "cpu" else "")
-        log.once(runtime.openmp_note()[0] if device.type == "cpu" else "")
+        cpu_threads_line, cpu_threads = runtime.openmp_note()
+        log.once(cpu_threads_line if device.type == "cpu" else "")
         data = PretrainData(data_dir)
         _check_data(data, recipe, data_dir)
         special = SpecialIds.from_tokenizer(data.tokenizer)
@@ -802,7 +803,7 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
         "final_lr": lr_at(step, recipe.optim.lr, plan.warmup_steps, plan.total_steps),
         "conventions": plan.conventions,
         "runtime": {"strategy": engine.strategy_note, "compile": engine.compile_note, "attention": attention["summary"],
-                    "deterministic": tr.deterministic, "cpu_threads": runtime.openmp_note()[1]},
+                    "deterministic": tr.deterministic, "cpu_threads": cpu_threads},
         # speed and memory: this process's logging windows after its first (start-up and compilation left out)
         "median_tokens_per_second": median_tokens_per_second(window_records),
         "peak_gpu_memory_gib": None if peak_gib is None else round(peak_gib, 3),
