@@ -121,3 +121,25 @@ def test_wheel_in_a_fresh_venv_finds_every_recipe_and_exports_for_transformers(t
     (tmp_path / "want.json").write_text(json.dumps(want), encoding="utf-8")
     facts = run([python, REPO / "tests" / "check_export.py", tmp_path / "export", tmp_path / "want.json"], tmp_path).stdout
     assert json.loads(facts.strip().splitlines()[-1])["model_max_length"] == 64
+
+
+def test_a_plain_checkout_that_is_not_installed_finds_its_recipes(tmp_path):
+    """`PYTHONPATH=. python benchmarks/...` and `python -m tinyelectra` in a checkout that was never installed: no
+    `tinyelectra.recipes` package exists there, and the recipes come from the checkout's recipes/ folder. Run with
+    `python -S` (no .pth files, so no editable install) and the dependencies' site-packages on PYTHONPATH; the copy
+    of the checkout must be what is imported (checked), and a recipe edited in the copy is the one read."""
+    checkout = tmp_path / "checkout"
+    for part in ("tinyelectra", "recipes"):
+        shutil.copytree(REPO / part, checkout / part, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "pyproject.toml", checkout / "pyproject.toml")
+    tiny = checkout / "recipes" / "tiny.toml"
+    tiny.write_text(tiny.read_text(encoding="utf-8").replace("[model]", "# edited in the checkout\n[model]", 1), encoding="utf-8")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join([str(checkout), *site.getsitepackages()])}
+    code = "import tinyelectra, tinyelectra.config as c; print(tinyelectra.__file__); f = c.recipe_files(); print(*f); print(f['tiny'].read_text().count('edited in the checkout'))"
+    out = subprocess.run([sys.executable, "-S", "-c", code], cwd=checkout, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    where = out.stdout.split("\n")
+    assert where[0].startswith(str(checkout)) and where[1].split() == SOURCE_RECIPES and where[2] == "1"
+    flops = subprocess.run([sys.executable, "-S", "-m", "tinyelectra", "flops", "--recipe", "electra-small"], cwd=checkout,
+                           env=env, capture_output=True, text=True, timeout=300)
+    assert flops.returncode == 0 and "electra-small" in flops.stdout, flops.stderr

@@ -326,10 +326,27 @@ def difference_text(difference: tuple[str, Any, Any], width: int = 80) -> str:
     return f"{key}: {shown[0]} there, {shown[1]} now"
 
 
+def checkout_recipes() -> Path | None:
+    """recipes/ of the checkout this package is imported from (tinyelectra/ beside recipes/ and a pyproject.toml that
+    names the project), or None for an installed copy. A plain checkout that is not installed (`PYTHONPATH=.`,
+    `python -m tinyelectra` in the repository) has no `tinyelectra.recipes` package: the folder is its one source."""
+    root = Path(__file__).resolve().parent.parent
+    folder = root / "recipes"
+    project = root / "pyproject.toml"
+    try:
+        names_us = project.is_file() and 'name = "tinyelectra"' in project.read_text(encoding="utf-8")
+    except OSError:
+        names_us = False
+    return folder if names_us and folder.is_dir() else None
+
+
 def recipe_files() -> dict[str, Any]:
-    """The shipped recipes by name: the package data of `tinyelectra.recipes` (recipes/*.toml in the repository),
-    found through importlib.resources alike in an editable install, a wheel and `pip install .`."""
-    found = {p.name[: -len(".toml")]: p for p in files("tinyelectra.recipes").iterdir() if p.name.endswith(".toml")}
+    """The shipped recipes by name: recipes/*.toml of the checkout when the package runs from one (installed
+    editable or not at all), else the package data of `tinyelectra.recipes`, found through importlib.resources in a
+    wheel and `pip install .`."""
+    folder = checkout_recipes()
+    candidates = folder.iterdir() if folder is not None else files("tinyelectra.recipes").iterdir()
+    found = {p.name[: -len(".toml")]: p for p in candidates if p.name.endswith(".toml")}
     return dict(sorted(found.items()))
 
 
