@@ -287,17 +287,19 @@ def test_every_stage_script_runs_with_help():
 
 
 def test_stages_import_the_package_as_installed_on_a_machine_where_nothing_is(tmp_path):
-    """A bare GPU machine has no tinyelectra installed: with the checkout alone on the path, a recipe cannot load
-    (the recipes are package data); the stages' path puts the suite's installed copy first, where it can. `python -S`
-    leaves out site-packages, so this venv's editable install cannot help (config.py needs only the standard library)."""
-    load = "from tinyelectra.config import load_recipe; print(load_recipe('electra-small').model.hidden_size)"
+    """A bare GPU machine has no tinyelectra installed: with the checkout alone on the path a recipe loads from the
+    checkout's recipes/ folder (tests/test_packaging.py); the stages' path puts the suite's installed copy first, and
+    the recipes then come from that copy's package data. `python -S` leaves out site-packages, so this venv's
+    editable install cannot help (config.py needs only the standard library)."""
+    load = ("import tinyelectra.config as c; from tinyelectra.config import load_recipe; "
+            "print(load_recipe('electra-small').model.hidden_size, c.recipe_files()['electra-small'])")
     bare = subprocess.run([sys.executable, "-S", "-c", load], capture_output=True, text=True, cwd=tmp_path,
                           env=dict(os.environ, PYTHONPATH=str(BENCH.parent)))
-    assert bare.returncode != 0 and "No module named 'tinyelectra.recipes'" in bare.stderr
+    assert bare.returncode == 0 and bare.stdout.split() == ["256", str(BENCH.parent / "recipes" / "electra-small.toml")], bare.stderr
     site = suite.installed_copy(tmp_path / "w")
     p = subprocess.run([sys.executable, "-S", "-c", load], capture_output=True, text=True, cwd=tmp_path,
                        env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(BENCH.parent)])))
-    assert p.returncode == 0 and p.stdout.strip() == "256", p.stderr
+    assert p.returncode == 0 and p.stdout.split() == ["256", str(site / "tinyelectra" / "recipes" / "electra-small.toml")], p.stderr
     assert sorted(f.name for f in (site / "tinyelectra" / "recipes").glob("*.toml")) == \
         sorted(f.name for f in (BENCH.parent / "recipes").glob("*.toml"))
 
