@@ -178,6 +178,7 @@ class Spec:
     # correction, no decay on LayerNorm and biases)
     eps: float = 1e-8
     wd: float = 0.01
+    body_lr_scale: float = 1.0  # the encoder and the head train at lr x this; the embeddings at lr
     hidden: int = 128
     layers: int = 4
     heads: int = 2
@@ -384,6 +385,30 @@ def arms() -> dict[str, tuple[str, Spec]]:
         out[f"electra-std{std:g}"] = (f"ELECTRA, initialised N(0, {std:g})", dataclasses.replace(ELECTRA, init_std=std))
     out["electra-init-act"] = ("ELECTRA, PyTorch's init and ReLU", dataclasses.replace(ELECTRA, init="torch", act="relu"))
     out["electra-act-norm"] = ("ELECTRA, ReLU and pre-LN", dataclasses.replace(ELECTRA, act="relu", norm="pre"))
+    # the tiny recipe's optimizer (the paper's Adam, eps 1e-6, peak 3e-3), with GELU and with ReLU
+    recipe_opt = dataclasses.replace(ELECTRA, opt="paper", eps=1e-6, lr=3e-3)
+    out["electra-recipeopt"] = ("ELECTRA, tiny's optimizer (the paper's Adam, eps 1e-6, peak lr 3e-3)", recipe_opt)
+    out["electra-recipeopt-act"] = ("ELECTRA with ReLU, tiny's optimizer", dataclasses.replace(recipe_opt, act="relu"))
+    out["electra-recipeopt-init"] = ("ELECTRA with PyTorch's init, tiny's optimizer", dataclasses.replace(recipe_opt, init="torch"))
+    out["electra-recipeopt-init-act"] = ("ELECTRA with PyTorch's init and ReLU, tiny's optimizer",
+                                         dataclasses.replace(recipe_opt, init="torch", act="relu"))
+    out["electra-recipeopt-norm"] = ("ELECTRA with pre-LN, tiny's optimizer", dataclasses.replace(recipe_opt, norm="pre"))
+    out["electra-recipeopt-act-norm"] = ("ELECTRA with ReLU and pre-LN, tiny's optimizer",
+                                         dataclasses.replace(recipe_opt, act="relu", norm="pre"))
+    plain_opt = dataclasses.replace(PLAIN, opt="paper", eps=1e-6, lr=3e-3)
+    for k, (_, electra_v) in SWITCHES.items():
+        out[f"plain-recipeopt+{k}"] = (f"plain with tiny's optimizer, {k} = {electra_v!r} (ELECTRA's)",
+                                       dataclasses.replace(plain_opt, **{k: electra_v}))
+    out["electra-lr1e-4"] = ("ELECTRA, peak lr 1e-4", dataclasses.replace(ELECTRA, lr=1e-4))
+    out["electra-recipeopt-lr3e-4"] = ("ELECTRA, the paper's Adam (eps 1e-6) at 3e-4",
+                                       dataclasses.replace(recipe_opt, lr=3e-4))
+    out["electra-recipeopt-body0.1"] = ("ELECTRA, tiny's optimizer, encoder and head at 1/10 of its rate (3e-4)",
+                                        dataclasses.replace(recipe_opt, body_lr_scale=0.1))
+    out["electra-act-lr3e-3"] = ("ELECTRA with ReLU, peak lr 3e-3", dataclasses.replace(ELECTRA, act="relu", lr=3e-3))
+    out["electra-act-paperadam"] = ("ELECTRA with ReLU, the paper's Adam (eps 1e-6) at 1e-3",
+                                    dataclasses.replace(ELECTRA, act="relu", opt="paper", eps=1e-6))
+    out["plain-lr3e-3"] = ("plain, peak lr 3e-3", dataclasses.replace(PLAIN, lr=3e-3))
+    out["plain-recipeopt"] = ("plain, tiny's optimizer", dataclasses.replace(PLAIN, opt="paper", eps=1e-6, lr=3e-3))
     return out
 
 
@@ -397,25 +422,53 @@ def build(arm: str, s: Spec, vocab_size: int, max_positions: int) -> nn.Module:
     return Net(s, vocab_size, max_positions)
 
 
+EMBEDDING_NAMES = ("word.", "position.", "token_type.", "emb_norm.")
+
+
 def optimizer(model: nn.Module, s: Spec) -> torch.optim.Optimizer:
+    """torch's AdamW (decay on every tensor) or the paper's Adam (tinyelectra's PaperAdam and parameter groups);
+    with body_lr_scale != 1, the groups past the embeddings carry lr_scale (as PaperAdam's set_lr reads it)."""
     if s.opt == "paper":
         from tinyelectra.optim import PaperAdam, param_groups  # noqa: PLC0415
 
-        return PaperAdam(param_groups(model, s.wd), lr=s.lr, betas=(0.9, 0.999), eps=s.eps, weight_decay=s.wd)
-    return torch.optim.AdamW(model.parameters(), lr=s.lr, eps=s.eps, weight_decay=s.wd)
+        groups = param_groups(model, s.wd)
+    else:
+        groups = [{"params": list(model.parameters()), "weight_decay": s.wd}]
+    if s.body_lr_scale != 1.0:
+        names = {id(p): n for n, p in model.named_parameters()}
+        split = []
+        for g in groups:
+            emb = [p for p in g["params"] if names[id(p)].startswith(EMBEDDING_NAMES)]
+            body = [p for p in g["params"] if not names[id(p)].startswith(EMBEDDING_NAMES)]
+            split += [{**g, "params": emb, "lr_scale": 1.0}, {**g, "params": body, "lr_scale": s.body_lr_scale}]
+        groups = [g for g in split if g["params"]]
+    if s.opt == "paper":
+        return PaperAdam(groups, lr=s.lr, betas=(0.9, 0.999), eps=s.eps, weight_decay=s.wd)
+    return torch.optim.AdamW(groups, lr=s.lr, eps=s.eps, weight_decay=s.wd)
 
 
 def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
     if hasattr(opt, "set_lr"):
-        opt.set_lr(lr)
+        opt.set_lr(lr)  # PaperAdam: lr x each group's lr_scale
     else:
         for g in opt.param_groups:
-            g["lr"] = lr
+            g["lr"] = lr * g.get("lr_scale", 1.0)
 
 
 # ---------------------------------------------------------------------------------------------------- one run
-def run_path(data: str, arm: str) -> Path:
-    return RUNS / f"{data}__{arm.replace(':', '_')}.json"
+def default_seq_len(data: str) -> int:
+    return 64 if data == "enwiki" else 32
+
+
+def run_key(data: str, batch_size: int, seq_len: int | None) -> str:
+    """A run's data key: the data's name, with -bBtT when the rows differ from the default (32 rows of
+    default_seq_len)."""
+    T = seq_len or default_seq_len(data)
+    return data if (batch_size, T) == (32, default_seq_len(data)) else f"{data}-b{batch_size}t{T}"
+
+
+def run_path(key: str, arm: str) -> Path:
+    return RUNS / f"{key}__{arm.replace(':', '_')}.json"
 
 
 @torch.no_grad()
@@ -443,20 +496,21 @@ def train_one(args, arm: str, data: str) -> dict:
     interrupted run resumes and a finished one extends to more steps with the same curve."""
     torch.set_num_threads(1)
     what, s = arms()[arm]
-    src = Source(data, args.enwiki, args.batch_size, args.seq_len, args.eval_rows, args.seed)
+    key = run_key(data, args.batch_size, args.seq_len)
+    src = Source(data, args.enwiki, args.batch_size, args.seq_len or default_seq_len(data), args.eval_rows, args.seed)
     torch.manual_seed(args.seed)
     model = build(arm, s, src.vocab_size, max(src.seq_len, 128))
     model.train()
     opt = optimizer(model, s)
     params = [p for p in model.parameters() if p.requires_grad]
     g_train = torch.Generator().manual_seed(args.seed + 1)
-    doc = {"arm": arm, "what": what, "spec": dataclasses.asdict(s), "data": data, "steps": args.steps,
+    doc = {"arm": arm, "what": what, "spec": dataclasses.asdict(s), "data": data, "key": key, "steps": args.steps,
            "batch_size": args.batch_size, "seq_len": src.seq_len, "vocab_size": src.vocab_size, "seed": args.seed,
            "held_out_rows": sum(len(b.input_ids) for b in src.val), "prior": None, "finished": False,
            "machine": machine(), "git_commit": git_commit(), "command": args.command, "evals": []}
     doc["prior"] = round(float(1.0 - torch.cat([lab[b.attention_mask] for b, (_, lab) in zip(src.val, src.val_fake)]).mean()), 4)
     start, seconds_before = 0, 0.0
-    state_path = WEIGHTS / "state" / f"{data}__{arm.replace(':', '_')}.pt"
+    state_path = WEIGHTS / "state" / f"{key}__{arm.replace(':', '_')}.pt"
     state_path.parent.mkdir(parents=True, exist_ok=True)
     if state_path.exists():
         st = torch.load(state_path, weights_only=False)
@@ -477,14 +531,14 @@ def train_one(args, arm: str, data: str) -> dict:
             doc["evals"].append({"step": step, **evaluate(model, src),
                                  "seconds": round(seconds_before + time.perf_counter() - t0, 1)})
             doc["finished"] = step == args.steps
-            write_json(run_path(data, arm), doc)
+            write_json(run_path(key, arm), doc)
             torch.save({"step": step, "model": model.state_dict(), "opt": opt.state_dict(), "np_rng": src.rng.bit_generator.state,
                         "g_train": g_train.get_state(), "torch_rng": torch.get_rng_state(), "doc": doc}, state_path)
-            print(json.dumps({"arm": arm, "data": data, **doc["evals"][-1]}), file=sys.stderr, flush=True)
+            print(json.dumps({"arm": arm, "data": key, **doc["evals"][-1]}), file=sys.stderr, flush=True)
         if step == args.steps:
             break
         if step in args.save_at:
-            save_weights(model, data, arm, step)
+            save_weights(model, key, arm, step)
         b = src.train_batch()
         fake, lab = corrupt(b, src.special, src.unigram, g_train)
         set_lr(opt, s.lr * min(1.0, (step + 1) / s.warmup) if s.warmup else s.lr)
@@ -496,8 +550,8 @@ def train_one(args, arm: str, data: str) -> dict:
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
     doc["finished"] = True
-    write_json(run_path(data, arm), doc)
-    save_weights(model, data, arm, args.steps)
+    write_json(run_path(key, arm), doc)
+    save_weights(model, key, arm, args.steps)
     return doc
 
 
@@ -524,7 +578,7 @@ def run_all(args) -> None:
     jobs = []
     for data in args.data:
         for arm in args.arms:
-            p = run_path(data, arm)
+            p = run_path(run_key(data, args.batch_size, args.seq_len), arm)
             done = json.loads(p.read_text()) if p.exists() else {}
             if done.get("finished") and done["evals"][-1]["step"] >= args.steps:
                 continue
@@ -532,7 +586,7 @@ def run_all(args) -> None:
     running: list[tuple[subprocess.Popen, str, str]] = []
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     base = [sys.executable, __file__, "one", "--steps", str(args.steps), "--batch-size", str(args.batch_size),
-            "--seq-len", str(args.seq_len), "--eval-every", str(args.eval_every), "--eval-rows", str(args.eval_rows),
+            *(["--seq-len", str(args.seq_len)] if args.seq_len else []), "--eval-every", str(args.eval_every), "--eval-rows", str(args.eval_rows),
             "--seed", str(args.seed), "--enwiki", str(args.enwiki), "--command", args.command,
             "--save-at", ",".join(map(str, args.save_at))]
     while jobs or running:
@@ -621,7 +675,7 @@ def check(args) -> dict:
     and every layer gets a gradient."""
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    src = Source("grammar0", None, 16, args.seq_len, 16, 0)
+    src = Source("grammar0", None, 16, 32, 16, 0)
     b = src.val[0]
     fake, lab = src.val_fake[0]
     V, P = src.vocab_size, 128
@@ -708,12 +762,14 @@ def analyse(args) -> dict:
     torch.set_num_threads(1)
     out = {}
     for path in sorted((WEIGHTS / "weights").glob("*.pt")):
-        data, arm, step = path.stem.split("__")
+        key, arm, step = path.stem.split("__")
+        m = re.fullmatch(r"(.+?)(?:-b(\d+)t(\d+))?", key)
+        data, T = m[1], int(m[3]) if m[3] else default_seq_len(m[1])
         arm = arm.replace("impl_", "impl:")
         if arm.startswith("impl:") or arm not in arms():
             continue
         s = arms()[arm][1]
-        src = Source(data, args.enwiki, args.batch_size, args.seq_len, args.eval_rows, args.seed)
+        src = Source(data, args.enwiki, args.batch_size, T, args.eval_rows, args.seed)
         net = Net(s, src.vocab_size, max(src.seq_len, 128))
         net.load_state_dict(torch.load(path))
         b = src.val[0]
@@ -721,9 +777,9 @@ def analyse(args) -> dict:
         att = attention_offsets(net, src.val_fake[0][0], b.token_type_ids, b.attention_mask)
         with torch.no_grad():  # every position the mean position vector: the model without word order
             net.position.weight.copy_(net.position.weight[: src.seq_len].mean(0, keepdim=True).expand_as(net.position.weight))
-        out[f"{data}/{arm}/{step}"] = {"auc_matched": auc, "auc_matched_positions_averaged": evaluate(net, src)["auc_matched"],
+        out[f"{key}/{arm}/{step}"] = {"auc_matched": auc, "auc_matched_positions_averaged": evaluate(net, src)["auc_matched"],
                                        "attention": att}
-        print(path.stem, json.dumps(out[f"{data}/{arm}/{step}"]), flush=True)
+        print(path.stem, json.dumps(out[f"{key}/{arm}/{step}"]), flush=True)
     return out
 
 
@@ -743,8 +799,10 @@ def report(args) -> Path:
     """benchmarks/results/plateau_cpu.json and .md from every run file: one table, then every arm's curve."""
     runs = [json.loads(p.read_text()) for p in sorted(RUNS.glob("*.json"))]
     known = list(arms())
-    datas = sorted({r["data"] for r in runs}, key=lambda d: (d == "enwiki", d))
-    by = {(r["data"], r["arm"]): r for r in runs}
+    for r in runs:
+        r.setdefault("key", r["data"])
+    datas = sorted({r["key"] for r in runs}, key=lambda d: (d.startswith("enwiki"), d))
+    by = {(r["key"], r["arm"]): r for r in runs}
     order = [a for a in known if any((d, a) in by for d in datas)]
     check_path = RESULTS / "plateau_check_cpu.json"
     payload = {"what": "replaced-token detection alone on unigram replacements, one switch at a time between a plain "
@@ -797,7 +855,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--enwiki", type=Path, default=Path("data/enwiki10-v8k"))
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--seq-len", type=int, default=32, help="tokens a row (enwiki rows: their first seq_len tokens)")
+    ap.add_argument("--seq-len", type=int, default=None, help="tokens a row (default 32 on a grammar, the first 64 of "
+                    "an enwiki row)")
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--eval-rows", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
