@@ -4,25 +4,33 @@ Replaced-token detection alone, as disc_context.py runs it (15% of the positions
 unigram distribution, so only context gives them away; the AUC matched by token id is the context number), on
 two kinds of rows:
 
-- a generated grammar (`Grammar`, several seeds of its generator): word classes of made-up words, each class
-  followed by one of two others, words Zipf-distributed inside a class. A unigram draw sits between neighbours it
-  does not follow or precede in most cases, so a model that reads its neighbours ranks it high;
-- enwiki rows (a prepared directory, `--enwiki`).
+- a generated grammar (`Grammar`; grammar0, grammar1, ... are seeds of its generator): 4 word classes of 16 ids,
+  each class followed by one other (fixed per seed), ids Zipf-distributed inside a class, rows of 32. A unigram
+  draw mostly belongs to another class than its neighbours allow, so a model that reads its neighbours (or the row's
+  class order, which its position gives) ranks it high; `grammarS-cCwWsN` gives other shapes;
+- enwiki rows (a prepared directory, `--enwiki`; their first 64 tokens).
 
-One configurable discriminator (`Net`) spans both ends: every difference between a plain pre-LN
-`torch.nn.TransformerEncoder` with PyTorch's default initialisation and a linear head, and ELECTRA's discriminator,
-is one switch (`Spec`). Its two ends are checked against the real modules on identical weights (`check`): the
-ELECTRA end against tinyelectra's `Electra` and transformers' `ElectraForPreTraining`, the plain end against
-`torch.nn.TransformerEncoder`. The arms walk from one end to the other one switch at a time and back; the real
-implementations run as arms of their own.
+One configurable discriminator (`Net`, `Spec`) spans both ends: every difference between a plain pre-LN
+`torch.nn.TransformerEncoder` with PyTorch's default initialisation and a linear head, and ELECTRA's discriminator
+(tiny's shape: 4 layers, hidden 128, 2 heads, embeddings 64), is one switch, and so are the optimizer's settings.
+Its two ends are checked against the real modules on identical weights (`check`: the ELECTRA end against
+tinyelectra's `Electra` and transformers' `ElectraForPreTraining`, forward and every gradient; the plain end against
+`torch.nn.TransformerEncoder`), and the real implementations also run as arms (`impl:*`). The arms walk from one
+end to the other one switch at a time (singly and cumulatively) and back, then through the learning rate and the
+CPU recipes' optimizer.
 
-    python benchmarks/plateau.py run --arms ARM,... --data grammar0,grammar1,grammar2,enwiki [--steps N]
-    python benchmarks/plateau.py check          # the end-point equivalences and the gradient reach, into the result
-    python benchmarks/plateau.py report         # -> benchmarks/results/plateau_cpu.json and .md
+    python benchmarks/plateau.py run --data grammar0,grammar1,grammar2 --steps 2000 --arms electra,plain,...
+    python benchmarks/plateau.py run --data enwiki --steps 2000 --arms ...   # data/enwiki10-v8k (benchmarks/README.md)
+    python benchmarks/plateau.py check     # -> plateau_check_cpu.json: the equivalences, gradient RMS per layer
+    python benchmarks/plateau.py analyse   # -> plateau_attention_cpu.json: what trained weights attend to
+    python benchmarks/plateau.py report    # -> plateau_cpu.json and .md: the tables and every run's curve
+    python benchmarks/plateau.py corpus --data grammar0 --out grammar0.txt   # the grammar as text, for full runs
 
-Each (arm, data) run is one process with one torch thread; at most `--parallel` (default 2) at a time. A run
-rewrites its curve in benchmarks/results/plateau_cpu/ after every evaluation; a finished one is skipped when the
-command runs again, an interrupted one starts over.
+Each (data, arm) run is one process with one torch thread, at most `--parallel` (default 2) at a time, 32 rows a
+step (`--batch-size`; another size or row length is a data key of its own, e.g. grammar0-b8t32), AdamW after a
+100-step linear warm-up then constant (`Spec`), clipping at 1.0, dropout 0.1. It rewrites its curve in
+benchmarks/results/plateau_cpu/ and its state in runs/plateau/ after every evaluation: run again, an interrupted run
+resumes and a finished one extends to more steps on the same curve.
 """
 
 from __future__ import annotations
@@ -404,6 +412,8 @@ def arms() -> dict[str, tuple[str, Spec]]:
                                        dataclasses.replace(recipe_opt, lr=3e-4))
     out["electra-recipeopt-body0.1"] = ("ELECTRA, tiny's optimizer, encoder and head at 1/10 of its rate (3e-4)",
                                         dataclasses.replace(recipe_opt, body_lr_scale=0.1))
+    out["electra-recipeopt-init-norm"] = ("ELECTRA with PyTorch's init and pre-LN, tiny's optimizer",
+                                          dataclasses.replace(recipe_opt, init="torch", norm="pre"))
     out["electra-act-lr3e-3"] = ("ELECTRA with ReLU, peak lr 3e-3", dataclasses.replace(ELECTRA, act="relu", lr=3e-3))
     out["electra-act-paperadam"] = ("ELECTRA with ReLU, the paper's Adam (eps 1e-6) at 1e-3",
                                     dataclasses.replace(ELECTRA, act="relu", opt="paper", eps=1e-6))
@@ -728,11 +738,26 @@ def check(args) -> dict:
     return out
 
 
+# ---------------------------------------------------------------------------------------------------- the grammar as text
+def write_corpus(data: str, out: Path, documents: int = 2000, words: int = 300, seed: int = 0) -> Path:
+    """The grammar as a text corpus for `tinyelectra prepare` (full ELECTRA runs on it): every id a made-up word of
+    two syllables, a document one walk of `words` words in lines of 30, documents between blank lines."""
+    g = grammar_from_name(data)
+    rng = np.random.default_rng(seed)
+    syllables = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
+    names = rng.choice([a + b for a in syllables for b in syllables], g.vocab_size, replace=False)
+    ids = g.rows(documents, words + 2, rng)[:, 1:-1].numpy()  # drop [CLS]/[SEP]
+    text = "\n\n".join("\n".join(" ".join(names[i] for i in doc[k:k + 30]) for k in range(0, words, 30)) for doc in ids)
+    out.write_text(text + "\n", encoding="utf-8")
+    return out
+
+
 # ---------------------------------------------------------------------------------------------------- what a trained model uses
 @torch.no_grad()
 def attention_offsets(net: Net, ids: Tensor, types: Tensor, mask: Tensor) -> list[dict]:
-    """Per layer, the mean attention probability (over heads, queries and rows) on the query's own position and on
-    its left and right neighbours; uniform attention puts 1 / T on each."""
+    """Per layer: the mean attention probability (over heads, queries and rows) on the query's own position and on
+    its left and right neighbours (uniform attention puts 1 / T on each), the spread of the attention logits, and
+    the attention's entropy over that of uniform attention (1 = uniform, 0 = every query on one key)."""
     net.eval()
     x = net.word(ids) + net.position.weight[: ids.shape[1]]
     if net.token_type is not None:
@@ -746,10 +771,13 @@ def attention_offsets(net: Net, ids: Tensor, types: Tensor, mask: Tensor) -> lis
     for block in net.layers:
         h = block.norm1(x) if net.s.norm == "pre" else x
         q, k, _ = block.qkv(h).view(B, T, 3, net.s.heads, H // net.s.heads).permute(2, 0, 3, 1, 4)
-        p = (q @ k.transpose(-1, -2) / math.sqrt(H // net.s.heads)).softmax(-1)  # (B, nh, T, T)
+        logits = q @ k.transpose(-1, -2) / math.sqrt(H // net.s.heads)  # (B, nh, T, T)
+        p = logits.softmax(-1)
+        entropy = float(-(p * p.clamp_min(1e-30).log()).sum(-1).mean() / math.log(T))  # 1 = uniform, 0 = one key
         diag = {name: float(torch.diagonal(p, offset=o, dim1=-2, dim2=-1).mean()) for name, o in
                 (("left", -1), ("self", 0), ("right", 1))}
         out.append({k: round(v, 4) for k, v in diag.items()} | {"uniform": round(1.0 / T, 4),
+                   "logit_std": round(float(logits.std()), 3), "entropy_over_uniform": round(entropy, 3),
                    "max_head_left_or_right": round(max(float(torch.diagonal(p[:, h_], offset=o, dim1=-2, dim2=-1).mean())
                                                        for h_ in range(net.s.heads) for o in (-1, 1)), 4)})
         x = block(x, None)
@@ -795,60 +823,100 @@ def left_step(evals: list[dict]) -> int | None:
     return None
 
 
+SECTIONS = [
+    ("The two ends, and the real implementations", ["plain", "impl:torch", "electra", "impl:tinyelectra", "impl:transformers"]),
+    ("From the plain end, one of ELECTRA's choices at a time", [f"plain+{k}" for k in SWITCHES] + ["plain-dropout"]),
+    ("From ELECTRA's end, one choice back to the plain encoder's at a time",
+     [f"electra-{k}" for k in SWITCHES] + ["electra-dropout", "electra-init-act", "electra-act-norm"]),
+    ("The walk: the plain encoder turned into ELECTRA's discriminator one choice at a time (cumulative)",
+     ["plain", "plain+init", "walk2", "walk3", "walk4", "walk5", "electra-act", "electra"]),
+    ("ELECTRA's discriminator and the optimizer (torch AdamW unless said)",
+     ["electra-lr1e-4", "electra-lr3e-4", "electra", "electra-lr3e-3", "electra-warmup0", "electra-warmup1000",
+      "electra-wd0", "electra-paperadam", "electra-std0.05", "electra-std0.1", "plain-lr3e-3"]),
+    ("At tiny's optimizer (the paper's Adam, eps 1e-6, peak 3e-3), and the opt-in",
+     ["plain-recipeopt"] + [f"plain-recipeopt+{k}" for k in SWITCHES]
+     + ["electra-recipeopt", "electra-recipeopt-act", "electra-recipeopt-init", "electra-recipeopt-init-act",
+        "electra-recipeopt-norm", "electra-recipeopt-act-norm", "electra-act-lr3e-3", "electra-act-paperadam",
+        "electra-recipeopt-lr3e-4", "electra-recipeopt-body0.1"]),
+]
+STEPS_SHOWN = [200, 400, 600, 1000, 1500, 2000]
+
+
 def report(args) -> Path:
-    """benchmarks/results/plateau_cpu.json and .md from every run file: one table, then every arm's curve."""
+    """benchmarks/results/plateau_cpu.json and .md from every run file: the tables, then every run's curve."""
     runs = [json.loads(p.read_text()) for p in sorted(RUNS.glob("*.json"))]
-    known = list(arms())
     for r in runs:
         r.setdefault("key", r["data"])
-    datas = sorted({r["key"] for r in runs}, key=lambda d: (d.startswith("enwiki"), d))
     by = {(r["key"], r["arm"]): r for r in runs}
-    order = [a for a in known if any((d, a) in by for d in datas)]
-    check_path = RESULTS / "plateau_check_cpu.json"
+    listed = [a for _, names in SECTIONS for a in names]
+    sections = SECTIONS + [("Other arms", [a for a in arms() if a not in listed])]
+    extra = {name: json.loads((RESULTS / f"{name}.json").read_text()) if (RESULTS / f"{name}.json").exists() else None
+             for name in ("plateau_check_cpu", "plateau_attention_cpu")}
     payload = {"what": "replaced-token detection alone on unigram replacements, one switch at a time between a plain "
                        "pre-LN encoder and ELECTRA's discriminator (tiny's shape): held-out AUC matched by token id",
-               "left_plateau_at_matched_auc": LEFT_AT, "arms": {a: {"what": arms()[a][0], "spec": dataclasses.asdict(arms()[a][1])}
-                                                                for a in order},
-               "runs": runs, "check": json.loads(check_path.read_text()) if check_path.exists() else None}
+               "left_plateau_at_matched_auc": LEFT_AT,
+               "arms": {a: {"what": w, "spec": dataclasses.asdict(sp)} for a, (w, sp) in arms().items()
+                        if any(r["arm"] == a for r in runs)},
+               "runs": runs, **extra}
     path = write_result("plateau_cpu", payload, command=args.command)
-    steps_shown = [250, 500, 750, 1000, 1500, 2000]
-    lines = ["# Why ELECTRA's discriminator sits at its prior: one switch at a time", "",
-             payload["what"] + f". Held-out AUC matched by token id (0.5 = no context); \"left\" = the first "
-             f"evaluated step from which it stays >= {LEFT_AT}. Grammar columns: the mean over the generator's seeds "
-             "(each seed in the curves below). Machine, commit and command of each run: in plateau_cpu.json "
-             f"(`runs`); this table: commit {git_commit()[:7]}, `{args.command}`.", ""]
-    for d_group in (["grammar"], ["enwiki"]):
-        ds = [d for d in datas if any(d.startswith(g) for g in d_group)]
-        if not ds:
-            continue
-        rs = [by[(d, a)] for d in ds for a in order if (d, a) in by]
-        shown = [st for st in steps_shown if any(e["step"] == st for r in rs for e in r["evals"])]
-        lines += [f"## {d_group[0]} ({', '.join(ds)}; {rs[0]['batch_size']} rows of {rs[0]['seq_len']} a step)", "",
-                  "| arm | what | " + " | ".join(f"step {st}" for st in shown) + " | left at (each run) |",
-                  "|---|---|" + "---|" * (len(shown) + 1)]
-        for a in order:
-            mine = [by[(d, a)] for d in ds if (d, a) in by]
-            if not mine:
+    groups = {}  # table name -> data keys
+    for k in sorted({r["key"] for r in runs}):
+        name = "grammar" if re.fullmatch(r"grammar\d+", k) else k
+        groups.setdefault(name, []).append(k)
+    lines = ["# Why ELECTRA's discriminator sits at its prior: one choice at a time", "",
+             FINDINGS, "",
+             payload["what"] + f". Cells: held-out AUC matched by token id (0.5 = no context), the mean over the runs "
+             f"that reached the step (their number in brackets when not all); \"left at\": each run's first evaluated "
+             f"step from which it stays >= {LEFT_AT} (\"-\": never within the run). Machine, commit and command of each "
+             f"run: plateau_cpu.json (`runs`); these tables: commit {git_commit()[:7]}, `{args.command}`.", ""]
+    for gname, keys in sorted(groups.items(), key=lambda kv: (kv[0] != "grammar", kv[0].startswith("enwiki"), kv[0])):
+        first = by[next((k, r["arm"]) for r in runs for k in keys if r["key"] == k)]
+        lines += [f"## {gname}: {', '.join(keys)} ({first['batch_size']} rows of {first['seq_len']} tokens a step)", ""]
+        for title, names in sections:
+            present = [a for a in names if any((k, a) in by for k in keys)]
+            if not present:
                 continue
-            cells = []
-            for st in shown:
-                v = [e["auc_matched"] for r in mine for e in r["evals"] if e["step"] == st]
-                cells.append(f"{sum(v) / len(v):.3f}" + ("" if len(v) == len(mine) else f" ({len(v)})") if v else "-")
-            left = ", ".join("-" if left_step(r["evals"]) is None else str(left_step(r["evals"])) for r in mine)
-            done = "" if all(r["finished"] for r in mine) else " (running)"
-            lines.append(f"| {a} | {arms()[a][0]} | " + " | ".join(cells) + f" | {left}{done} |")
+            lines += [f"**{title}**", "", "| arm | what | " + " | ".join(str(st) for st in STEPS_SHOWN) + " | left at |",
+                      "|---|---|" + "---|" * (len(STEPS_SHOWN) + 1)]
+            for a in present:
+                mine = [by[(k, a)] for k in keys if (k, a) in by]
+                cells = []
+                for st in STEPS_SHOWN:
+                    v = [e["auc_matched"] for r in mine for e in r["evals"] if e["step"] == st]
+                    cells.append("-" if not v else f"{sum(v) / len(v):.3f}" + ("" if len(v) == len(mine) else f" ({len(v)})"))
+                left = ", ".join(("-" if left_step(r["evals"]) is None else str(left_step(r["evals"])))
+                                 + ("" if r["finished"] else " (running)") for r in mine)
+                lines.append(f"| {a} | {arms()[a][0]} | " + " | ".join(cells) + f" | {left} |")
+            lines.append("")
+    att = extra["plateau_attention_cpu"]
+    if att:
+        lines += ["## What the attention looks like (grammar0's held-out rows, trained weights)", "",
+                  "Per layer: the spread (std) of the attention logits and the attention's entropy over uniform "
+                  "attention's (1.00 = uniform, 0 = every query on one key); the matched AUC, and the same with every "
+                  "position vector replaced by their mean (no word order). `plateau_attention_cpu.json`.", "",
+                  "| model (arm / step) | matched AUC | without word order | logit std by layer | entropy / uniform by layer |",
+                  "|---|---|---|---|---|"]
+        for name, m in att["models"].items():
+            if not name.startswith("grammar0/"):
+                continue
+            lines.append(f"| {name.removeprefix('grammar0/')} | {m['auc_matched']:.3f} | {m['auc_matched_positions_averaged']:.3f} | "
+                         + " / ".join(f"{x['logit_std']:.2f}" for x in m["attention"]) + " | "
+                         + " / ".join(f"{x['entropy_over_uniform']:.2f}" for x in m["attention"]) + " |")
         lines.append("")
     lines += ["## Every run's curve (matched AUC at each evaluated step)", ""]
     for r in runs:
-        lines.append(f"- {r['data']} / {r['arm']}: " + ", ".join(f"{e['step']}: {e['auc_matched']:.3f}" for e in r["evals"]))
+        lines.append(f"- {r['key']} / {r['arm']}: " + ", ".join(f"{e['step']}: {e['auc_matched']:.3f}" for e in r["evals"]))
     md = path.with_suffix(".md")
     md.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return md
 
 
+FINDINGS = "(findings: written when the runs are in)"
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=("run", "one", "check", "analyse", "report"))
+    ap.add_argument("mode", choices=("run", "one", "check", "analyse", "report", "corpus"))
     ap.add_argument("--arms", type=lambda t: t.split(","), default=list(arms()))
     ap.add_argument("--arm")
     ap.add_argument("--data", default="grammar0,grammar1,grammar2,enwiki")
@@ -862,13 +930,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--parallel", type=int, default=2)
     ap.add_argument("--save-at", type=lambda t: [int(x) for x in t.split(",") if x], default=[], help="steps whose weights to keep")
+    ap.add_argument("--out", type=Path, help="corpus: the text file to write")
     ap.add_argument("--command", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.command = args.command or command_line("benchmarks/plateau.py", sys.argv[1:] if argv is None else argv)
     if args.mode == "one":
         train_one(args, args.arm, args.data)
     elif args.mode == "analyse":
-        print(json.dumps(analyse(args), indent=1))
+        print(write_result("plateau_attention_cpu", {"what": "trained weights (runs/plateau/weights) on grammar0's "
+                           "held-out rows: attention per layer, and the matched AUC with every position vector "
+                           "replaced by their mean", "models": analyse(args)}, command=args.command))
+    elif args.mode == "corpus":
+        print(write_corpus(args.data, args.out))
     elif args.mode == "check":
         doc = write_result("plateau_check_cpu", check(args), command=args.command)
         print(doc.read_text())
