@@ -389,9 +389,11 @@ def test_pretrain_compiles_the_graph_the_compiled_stage_left_in_the_cache(tmp_pa
     train_command("3steps", tmp_path / "data", None, "tiny", None, "cpu", tmp_path / "run", False,
                   [*toy, "train.batch_size=4", "train.seq_len=32", "train.compile=on"], "test")
     torch._dynamo.reset()
-    assert len(graphs["compiled"]) == len(graphs["pretrain"]) == 1
-    assert graphs["compiled"][0][0] == graphs["pretrain"][0][0]  # the graph's code
-    assert graphs["compiled"][0][1] == graphs["pretrain"][0][1]  # its inputs
+    # two graphs each: the step for batches without padding (no attention mask) and with it, both compiled at start-up
+    assert len(graphs["compiled"]) == len(graphs["pretrain"]) == 2
+    for compiled_graph, pretrain_graph in zip(graphs["compiled"], graphs["pretrain"]):
+        assert compiled_graph[0] == pretrain_graph[0]  # the graph's code
+        assert compiled_graph[1] == pretrain_graph[1]  # its inputs
 
 
 def test_pretrain_runs_eager_when_a_cold_compile_would_outlast_its_training(tmp_path):
