@@ -258,10 +258,11 @@ class Engine:
         self.verify_compile(special)
         if not self.compiles:
             return {**record, "line": ""}
-        if runtime.compile_note(self.forward, "").startswith("compile: failed"):
-            record["mode"] = "off"  # fell back to eager: the compile note says why
         record["seconds"] = round(time.perf_counter() - t0, 1)
         record["cache"] = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+        if runtime.compile_note(self.forward, "").startswith("compile: failed"):
+            record["mode"] = "off"  # fell back to eager: the compile line says why
+            return {**record, "line": f"the compile check took {record['seconds']:.1f} s and failed: running eager"}
         variants = "two graphs per compiled step: batches with padding (attention mask) and without"
         return {**record, "line": f"compiling took {record['seconds']:.1f} s (start-up, outside the budget; {variants}); "
                                   f"{cache_line}"}
