@@ -143,8 +143,10 @@ class PretrainStep(nn.Module):
 class Engine:
     """How a micro-batch's gradients become an update: our own loop (one process or DDP), or DeepSpeed's engine.
 
-    Plain / DDP: `torch.compile` where it helps, DDP's `no_sync` on all but the last micro-batch, then
-    `apply_update` (unscale, clip, step, update the loss scale). DeepSpeed (ZeRO-2, optional CPU offload): its
+    Plain / DDP: `torch.compile` as `runtime.choose_compile` decides (with "auto": CUDA graphs on one GPU with one
+    micro-batch per step), DDP's `no_sync` on all but the last micro-batch, then the update: under CUDA graphs the
+    graph-safe one (optim.GraphSafeUpdate: clip + paper Adam, fp16's loss scaling on the device), else `apply_update`
+    (unscale, clip, step, update the loss scale on the host). DeepSpeed (ZeRO-2, optional CPU offload): its
     engine does the data parallelism, accumulation boundary, clipping and loss scaling; our loss is already a mean
     over the whole global batch, so DeepSpeed must not divide it by the accumulation steps again."""
 
