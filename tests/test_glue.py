@@ -548,15 +548,15 @@ def test_interrupted_glue_keeps_every_finished_seed(ckpt, tmp_path, monkeypatch,
     glue_dir = write_sst2_like(tmp_path / "glue", train_rows=24, dev_rows=12)
     (glue_dir / "SST-2" / "test.tsv").write_text("index\tsentence\n0\ta good film\n1\ta bad film\n", encoding="utf-8")
     out = tmp_path / "out"
-    real, calls = glue.finetune, []
+    real, calls = glue.FinetuneJob, []
 
-    def finetune(*args, **kwargs):
+    def job(*args, **kwargs):
         calls.append(args[4])  # the seed
         if len(calls) == 3 and interrupt:
             os.kill(os.getpid(), signal.SIGTERM)  # the handler raises at once, mid-seed
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(glue, "finetune", finetune)
+    monkeypatch.setattr(glue, "FinetuneJob", job)
     argv = ["tinyelectra", "glue", "--checkpoint", str(ckpt), "--glue-dir", str(glue_dir), "--tasks", "sst2",
             "--seeds", "3", "--device", "cpu", "--out", str(out), "--set", "epochs=1"]
     monkeypatch.setattr(sys, "argv", argv)
