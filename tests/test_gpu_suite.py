@@ -874,7 +874,10 @@ def bare_python(where: Path) -> str:
     python = where / "bin" / "python"
     site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()
-    Path(site, "host.pth").write_text("\n".join(dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))) + "\n")
+    # this environment's site-packages, and those its own .pth files added (a virtual environment that borrows another's
+    # packages through a .pth): plain folders on the path, their .pth files, editable installs among them, not run
+    paths = [sysconfig.get_paths()[k] for k in ("purelib", "platlib")] + [p for p in sys.path if p.endswith("site-packages")]
+    Path(site, "host.pth").write_text("\n".join(dict.fromkeys(paths)) + "\n")
     assert subprocess.run([str(python), "-c", "import torch, typer"], cwd=where).returncode == 0
     assert subprocess.run([str(python), "-c", "import tinyelectra"], cwd=where, capture_output=True).returncode != 0
     return str(python)
