@@ -199,7 +199,7 @@ def synthetic_task(vocab_size: int, width: int, rows: int, seed: int = 0):
     return EncodedTask(train=split, dev={}, test=[])
 
 
-FINETUNE_STEPS_PER_JOB = 20_000  # more than any job runs in a measurement window (each job's schedule: 640 KB of rows)
+FINETUNE_STEPS_PER_JOB = 6_000  # more than a job runs in a window of a few seconds (its schedule: 1.5 MB of rows)
 
 
 def measure_layout(backbone, device: torch.device, precision: str, mode: str, concurrent: int, width: int,
@@ -233,7 +233,7 @@ def measure_layout(backbone, device: torch.device, precision: str, mode: str, co
             time.sleep(0.01)
         start_at = time.time()
     t0, steps = time.perf_counter(), 0
-    while time.perf_counter() - t0 < seconds:
+    while time.perf_counter() - t0 < seconds and jobs[0].done < jobs[0].total - 1:
         for job in jobs:
             job.advance()
         steps += len(jobs)

@@ -374,9 +374,10 @@ def device_split(enc: EncodedSplit, regression: bool, bucket: int, max_positions
     width = min(int(max_positions), bucket_width(int(enc.lengths.max()), bucket, 1 << 30))
     b = enc.batch(np.arange(len(enc)), pad_to=width)
     labels = b.labels.astype(np.float32 if regression else np.int64)
+    # plain (blocking) copies, nothing computed on the device: jobs on other CUDA streams read these at once
     ids, types, mask, target = (torch.from_numpy(a).to(device) for a in (b.input_ids, b.token_type_ids,
-                                                                         b.attention_mask, labels))
-    return DeviceSplit(ids, types, mask.bool(), target, width)
+                                                                         b.attention_mask.astype(bool), labels))
+    return DeviceSplit(ids, types, mask, target, width)
 
 
 def _stream(stream):

@@ -18,10 +18,14 @@ Protocol (the paper's fine-tuning appendix; official configure_finetuning.py and
 Opt-in departures for slow machines, recorded in glue.json: `batching=length` (batches of similar length, about
 half the padded tokens on GLUE; transformers' group_by_length) and `precision=bf16` on a CPU with AVX512-BF16/AMX.
 
-Dynamic padding: each batch is padded to its longest row, not to 128. With the attention mask excluding padded keys,
-absolute positions and per-token LayerNorm, the [CLS] output is the same function of the real tokens either way
-(tests/test_glue.py checks it to 1e-5); only the wasted work on padding goes away. Evaluation batches are formed
-from length-sorted rows for the same reason, and the predictions put back in file order.
+How the steps run (`--set step=...`, finetune.py): on a CPU each batch is padded to its longest row (dynamic
+padding). With the attention mask excluding padded keys, absolute positions and per-token LayerNorm, the [CLS] output
+is the same function of the real tokens however far a row is padded (tests/test_glue.py checks it to 1e-5), so on a
+GPU batches are padded to fixed widths instead (32-token buckets; a short last batch filled with copies of its rows
+weighted 0: the same loss and gradients), each width's whole step is captured once as a CUDA graph and replayed, and
+every (checkpoint, task, seed) job of the command is scheduled together, up to `concurrent` in flight on their own
+CUDA streams (longest first); glue.json records how they ran (`protocol.step`, `fine_tuning`). Evaluation batches are
+formed from length-sorted rows, and the predictions put back in file order.
 """
 
 from __future__ import annotations
