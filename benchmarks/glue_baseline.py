@@ -28,6 +28,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--data", required=True, help="the unpacked pack's pretrain/ (written by tinyelectra prepare)")
     ap.add_argument("--out", required=True, help="the checkpoint folder to write (its name: ckpt-0000)")
     ap.add_argument("--mode", default="gpu", choices=("gpu", "smoke"), help="whose recipe: the GPU run's or the smoke run's")
+    ap.add_argument("--threads", type=int, default=4, help="CPU threads (it runs beside the GPU stages and their compiles)")
     return ap
 
 
@@ -37,6 +38,9 @@ def main(argv: list[str] | None = None) -> Path:
     if is_checkpoint(out):
         print(f"{out}: already written")
         return out
+    import torch  # noqa: PLC0415
+
+    torch.set_num_threads(max(1, args.threads))
     t0 = time.perf_counter()
     recipe = suite.pretrain_recipe(args.mode, Path(args.data))
     save_initial_checkpoint(recipe, Path(args.data), out, "no pre-training: the initial weights of the suite's pretrain "

@@ -314,7 +314,7 @@ def stage_init(run: "Run") -> list[str] | str:
     if not (run.pack / "pretrain" / "manifest.json").is_file():
         return "no unpacked pre-training data (the unpack stage did not finish)"
     return [run.python, _script("glue_baseline.py"), "--data", str(run.pack / "pretrain"), "--out",
-            str(run.work / "init" / "ckpt-0000"), "--mode", run.mode]
+            str(run.work / "init" / "ckpt-0000"), "--mode", run.mode, "--threads", "4" if run.mode == "gpu" else "1"]
 
 
 def _glue_tasks(run: "Run") -> list[str]:
@@ -1092,8 +1092,11 @@ def table(doc: dict) -> str:
         out.append(f"GLUE: {_n(gp.get('jobs'))} jobs, {_n(gp.get('steps'))} steps planned (full training sets, 3 or 10 epochs, batch 32); "
                    f"layout {lay.get('layout', '-')} ({lay.get('why', '-')}); estimated {_n(est, '{:.0f}')} s, ran "
                    f"{_n(_get(doc, 'glue_run', 'stage_seconds'), '{:.0f}')} s ({_n(ft.get('steps_per_second'), '{:.0f}')} steps/s)")
-        out.append(f"GLUE dev, median (min..max) over seeds: {g['checkpoint'] or 'no pre-trained checkpoint'} vs no pre-training "
-                   f"(ckpt-0000: the same run's initial weights), same card, same processes; paper: {g['paper_source']}")
+        pre = doc.get("pretrain") or {}
+        passes = (f" ({_n(pre.get('passes_over_pack'), '{:.1f}')} passes over the pack's "
+                  f"{_n((pre.get('pack_tokens') or 0) / 1e6 or None, '{:.1f}')}M tokens)") if g["checkpoint"] else ""
+        out.append(f"GLUE dev, median (min..max) over seeds: {g['checkpoint'] or 'no pre-trained checkpoint'}{passes} vs no "
+                   f"pre-training (ckpt-0000: the same run's initial weights), same card, same processes; paper: {g['paper_source']}")
         out.append(f"  {'task (metric)':<24}{'pre-trained':>20}{'no pre-training':>20}{'paper':>8}{'majority':>10}")
         for task, v in g["tasks"].items():
             out.append(f"  {task + ' (' + str(v.get('metric')) + ')':<24}{_cell(v.get('pre-trained')):>20}"
