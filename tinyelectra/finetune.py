@@ -482,7 +482,7 @@ class StaticStep:
                     self._step(width)
                     self.run.optimizer.zero_grad(set_to_none=True)
                 self._reset(saved)
-            pool = None
+            pool = None  # torch.cuda.graph synchronizes the device on entry: the copies from `saved` are done
             for width in widths:
                 self.run.optimizer.zero_grad(set_to_none=True)  # the captured backward writes fresh gradients
                 graph = torch.cuda.CUDAGraph()
@@ -497,6 +497,7 @@ class StaticStep:
             self.run.optimizer.zero_grad(set_to_none=True)
             with _stream(self.stream):
                 self._reset(saved)
+            self.stream.synchronize()  # `saved` is freed on return: the copies from it must be done
             self.note = f"static: the CUDA-graph capture failed ({type(e).__name__}: {' '.join(str(e).split())[:200]})"
         self.capture_seconds = time.perf_counter() - t0
 
