@@ -274,8 +274,10 @@ def finetune_speed(args, argv: list[str]) -> dict:
                              (folder, args.worker_index, args.workers))
         (folder / f"worker-{args.worker_index}.json").write_text(json.dumps(got))
         return got
-    results = []
-    for layout in layouts:
+    results: list[dict] = []
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    payload: dict = {}
+    for layout in layouts:  # the result is written after each layout: a stage stopped at its limit keeps the rest
         t0 = time.perf_counter()
         if layout["processes"] == 1:
             got = measure_layout(backbone, device, precision, layout["mode"], layout["concurrent"], args.width, args.seconds)
@@ -285,14 +287,15 @@ def finetune_speed(args, argv: list[str]) -> dict:
         results.append(got)
         print(f"{layout['layout']:>14}: {got['steps_per_second']:8.1f} steps/s ({got.get('step', '')}; "
               f"set-up {got.get('setup_seconds', 0):.1f} s)", flush=True)
-    best = max(results, key=lambda r: r["steps_per_second"]) if results else None
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    payload = {"device": name, "precision": precision, "checkpoint": str(args.checkpoint), "width": args.width,
-               "batch_size": 32, "seconds": args.seconds, "layouts": results, "best": best and best["layout"],
-               "what": "aggregate fine-tuning steps/s of ELECTRA fine-tuning jobs (batch 32 x width) per layout: "
-                       "[processes x] step mode : jobs in flight per process"}
-    path = write_result(args.name, payload, device, out_dir=args.out_dir, command=command_line("benchmarks/device_checks.py", argv))
-    print(f"fastest: {payload['best']} -> {path}")
+        best = max(results, key=lambda r: r["steps_per_second"])
+        payload = {"device": name, "precision": precision, "checkpoint": str(args.checkpoint), "width": args.width,
+                   "batch_size": 32, "seconds": args.seconds, "layouts": results, "best": best["layout"],
+                   "complete": len(results) == len(layouts),
+                   "what": "aggregate fine-tuning steps/s of ELECTRA fine-tuning jobs (batch 32 x width) per layout: "
+                           "[processes x] step mode : jobs in flight per process"}
+        write_result(args.name, payload, device, out_dir=args.out_dir,
+                     command=command_line("benchmarks/device_checks.py", argv))
+    print(f"fastest: {payload.get('best')} -> {args.out_dir or 'benchmarks/results'}/{args.name}.json")
     return payload
 
 
@@ -334,7 +337,7 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16"))
     f.add_argument("--width", type=int, default=128, help="tokens per row (the widest bucket)")
     f.add_argument("--seconds", type=float, default=2.0, help="the timed window of each layout")
-    f.add_argument("--layouts", default="eager:1,graphs:1,graphs:8,graphs:32,3xgraphs:10", help="[Px]MODE:K, comma-separated")
+    f.add_argument("--layouts", default="graphs:32,3xgraphs:10,graphs:8,graphs:1,eager:1", help="[Px]MODE:K, comma-separated")
     f.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     f.add_argument("--name", default="glue_speed", help="result file name")
     f.add_argument("--out-dir", default=None)
