@@ -202,7 +202,9 @@ class GraphSafeUpdate:
         norm = "" if self.grad_norm == "stack" else f", gradient norm as {self.grad_norm}"
         return f"update: {what} as one graph-safe function{norm}, " + compile_note(self.fn, self._note).replace("compile: ", "", 1)
 
-    def _step(self, params, grads, exp_avgs, exp_avg_sqs, steps, lrs, scaling) -> None:
+    def _step(self, params, grads, exp_avgs, exp_avg_sqs, steps, lrs, scaling=()) -> None:
+        """The step on per-group lists (`_lists`), `lrs` 0-dim tensors, `scaling` fp16's (scale, growth tracker) or ().
+        finetune.StaticStep calls it inside its own captured CUDA graph."""
         flat = [g for group in grads for g in group]
         coef, skip = None, None
         if scaling:  # fp16: the gradients are the scaled loss's; torch.amp.GradScaler's arithmetic, on the device
