@@ -45,12 +45,21 @@ class Batch:
     input_ids: torch.Tensor  # (B, T) int64
     token_type_ids: torch.Tensor  # (B, T) int64: 0 for [CLS] A [SEP] and padding, 1 for B [SEP]
     attention_mask: torch.Tensor  # (B, T) bool: True = real token
+    # (B,) bool numpy array, on the host wherever the tensors are: the rows without padding (None: not known). Lets the
+    # trainer drop the attention mask of a batch without padding without reading the device (electra.Masked.full).
+    full_rows: np.ndarray | None = None
 
     def to(self, device, non_blocking: bool = False) -> "Batch":
-        return Batch(*(t.to(device, non_blocking=non_blocking) for t in (self.input_ids, self.token_type_ids, self.attention_mask)))
+        return Batch(*(t.to(device, non_blocking=non_blocking) for t in (self.input_ids, self.token_type_ids, self.attention_mask)),
+                     full_rows=self.full_rows)
 
     def pin_memory(self) -> "Batch":
-        return Batch(*(t.pin_memory() for t in (self.input_ids, self.token_type_ids, self.attention_mask)))
+        return Batch(*(t.pin_memory() for t in (self.input_ids, self.token_type_ids, self.attention_mask)),
+                     full_rows=self.full_rows)
+
+    def all_full(self, rows: slice = slice(None)) -> bool:
+        """Whether the rows `rows` are known to hold no padding (host-side, no device read)."""
+        return self.full_rows is not None and bool(self.full_rows[rows].all())
 
 
 class PretrainData:
@@ -157,6 +166,7 @@ class PretrainData:
             input_ids=torch.from_numpy(ids.astype(np.int64)),
             token_type_ids=torch.from_numpy(token_types.astype(np.int64)),
             attention_mask=torch.from_numpy(attention),
+            full_rows=length[:, 0] >= self.seq_len,
         )
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from dataclasses import dataclass
 
 import torch
@@ -72,9 +73,15 @@ def mask_step(batch, recipe: Recipe, special: SpecialIds, step: int, first_row: 
         rows, row = slice(i * micro, (i + 1) * micro), first_row + i * micro
         torch.manual_seed(step_seed(recipe.train.seed, step, row, 0))
         masked.append(mask_batch(batch.input_ids[rows], batch.token_type_ids[rows], batch.attention_mask[rows],
-                                 recipe.objective, special, recipe.model.vocab_size))
+                                 recipe.objective, special, recipe.model.vocab_size, full=_all_full(batch, rows)))
         seeds.append(step_seed(recipe.train.seed, step, row, 1))
     return masked, seeds
+
+
+def _all_full(batch, rows: slice) -> bool:
+    """Whether `batch`'s rows `rows` hold no padding, from its host-side flags (data.Batch.full_rows); False when
+    the batch does not carry them."""
+    return batch.all_full(rows) if hasattr(batch, "all_full") else False
 
 
 def global_counts(masked: list[Masked], dist: Dist) -> Tensor:
@@ -110,6 +117,8 @@ def train_step(engine: "Engine", masked: list[Masked], seeds: list[int], counts:
         for k, v in stats.items():
             sums[k] += v
         total = loss.detach() if total is None else total + loss.detach()
+        engine.micro_batches += 1
+        engine.unpadded_micro_batches += m.full
     engine.update()
     return total
 
@@ -134,8 +143,10 @@ class PretrainStep(nn.Module):
 class Engine:
     """How a micro-batch's gradients become an update: our own loop (one process or DDP), or DeepSpeed's engine.
 
-    Plain / DDP: `torch.compile` where it helps, DDP's `no_sync` on all but the last micro-batch, then
-    `apply_update` (unscale, clip, step, update the loss scale). DeepSpeed (ZeRO-2, optional CPU offload): its
+    Plain / DDP: `torch.compile` as `runtime.choose_compile` decides (with "auto": CUDA graphs on one GPU with one
+    micro-batch per step), DDP's `no_sync` on all but the last micro-batch, then the update: under CUDA graphs the
+    graph-safe one (optim.GraphSafeUpdate: clip + paper Adam, fp16's loss scaling on the device), else `apply_update`
+    (unscale, clip, step, update the loss scale on the host). DeepSpeed (ZeRO-2, optional CPU offload): its
     engine does the data parallelism, accumulation boundary, clipping and loss scaling; our loss is already a mean
     over the whole global batch, so DeepSpeed must not divide it by the accumulation steps again."""
 
@@ -147,7 +158,11 @@ class Engine:
         self.clip_norm = recipe.optim.clip_norm
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.ds, self.graph_update, self._update_note = None, None, ""
+        self.micro_batches = self.unpadded_micro_batches = 0  # counted by train_step (host-side flags, no sync)
         module: nn.Module = PretrainStep(model, recipe)
+        # the compile policy (runtime.choose_compile): "auto" = inductor + CUDA graphs where graphs apply (one CUDA
+        # device, one process, one micro-batch per step), inductor's default mode or eager elsewhere, saying why
+        self.choice = runtime.choose_compile(tr.compile, device, accum, dist.world, tr.strategy)
         if tr.strategy == "deepspeed":
             try:
                 import deepspeed
@@ -175,55 +190,84 @@ class Engine:
             self.strategy_note = f"strategy: DeepSpeed ZeRO-2{' with optimizer state offloaded to the CPU' if tr.deepspeed_offload else ''}"
             self._compile_note = "compile: off (DeepSpeed's engine)"
             return
-        if tr.compile == "reduce-overhead":
-            # CUDA graphs replay fixed memory: accumulated gradients of an earlier micro-batch would be overwritten,
-            # and DDP's gradient hooks would run inside captured regions. Static shapes come from electra.py.
-            if accum > 1:
-                raise UserError(f"train.compile=reduce-overhead (CUDA graphs) needs one micro-batch per step; this run "
-                                f"accumulates {accum} micro-batches of {micro}: use train.compile=on, or a micro-batch "
-                                f"of {tr.batch_size // dist.world}")
-            if dist.enabled:
-                raise UserError("train.compile=reduce-overhead (CUDA graphs) is for one process; with torchrun use train.compile=on")
         if dist.enabled:
             module = nn.parallel.DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None)
         self.module = module
         # fullgraph: a graph break is a failure (eager, and the note says so), not a silently slower step. DDP: its
         # graph is split at gradient buckets by dynamo's DDP optimizer, so it is compiled without the flag.
-        self.forward, self._compile_note = runtime.maybe_compile(module, tr.compile, device, fullgraph=not dist.enabled)
-        if tr.compile == "reduce-overhead":
+        self.forward, self._compile_note = runtime.maybe_compile(module, self.choice.mode, device, fullgraph=not dist.enabled)
+        if self.choice.mode == "off" and tr.compile == "auto":
+            self._compile_note = f"compile: {self.choice.why}"
+        self._why = self.choice.why if tr.compile == "auto" and self.choice.mode != "off" else ""
+        if self.choice.cuda_graphs:
             if device.type == "cuda" and hasattr(self.forward, "before_call"):
                 # each step's forward starts a new generation of CUDA graph memory: the previous step's outputs
                 # (already added to the metric sums) are dead; the gradients feeding the update are not (no marker there)
                 self.forward.before_call = torch.compiler.cudagraph_mark_step_begin
-            if precision == "fp16":
-                self._update_note = "update: eager (fp16 loss scaling checks for overflow on the host)"
-            elif not isinstance(optimizer, PaperAdam):
+            if not isinstance(optimizer, PaperAdam):
                 self._update_note = f"update: eager ({recipe.optim.name} is not graph-safe)"
-            else:
-                self.graph_update = GraphSafeUpdate(optimizer, self.clip_norm, tr.compile, device)
+            else:  # fp16: the loss scaler's overflow check, skipped step and scale update on the device, captured too
+                self.graph_update = GraphSafeUpdate(optimizer, self.clip_norm, self.choice.mode, device, scaler=scaler)
         self.strategy_note = f"strategy: {'DDP over ' + str(dist.world) + ' processes' if dist.enabled else 'one process'}"
 
     @property
+    def compiles(self) -> bool:
+        """Whether torch.compile was asked for (it may still have fallen back to eager: `compile_note` says)."""
+        return self.ds is None and self.choice.mode != "off"
+
+    @property
     def compile_note(self) -> str:
-        """What runs, as it stands now: a compilation that failed and fell back to eager says so."""
+        """What runs, as it stands now, and why (for "auto"): a compilation that failed and fell back to eager says so."""
         note = runtime.compile_note(self.forward, self._compile_note)
+        note += f"; {self._why}" if self.ds is None and self._why else ""
         update = self.graph_update.note if self.graph_update is not None else self._update_note
         return f"{note}; {update}" if update else note
 
+    @property
+    def host_sync_note(self) -> str | None:
+        """fp16's per-step host sync where the loss scaler runs on the host (eager update, DeepSpeed); None otherwise:
+        the graph-safe update keeps the scaler on the device."""
+        on_device = self.graph_update is not None and self.graph_update.scaler is not None
+        return FP16_HOST_SYNC if self.precision == "fp16" and not on_device else None
+
     def verify_compile(self, special: SpecialIds) -> None:
         """Compile (or fail to, falling back to eager with a note) before training: a dummy micro-batch's forward and
-        backward, and the update once at learning rate 0 with the state put back. Nothing training computes changes."""
+        backward, once with full rows (no attention mask: electra.Masked.full) and once with a padded row (the mask),
+        so that both graphs are compiled in the start-up and not in the first batch of each kind; and the update once
+        at learning rate 0 with the state put back. Nothing training computes changes."""
         if self.ds is not None:
             return
         objs = [self.forward] + ([self.graph_update.fn] if self.graph_update is not None else [])
 
         def trial() -> None:
-            probe_step(self.forward, self.model, special, self.recipe, self.micro, self.device, self.precision, keep_grads=True)
+            for padded in (False, True):
+                probe_step(self.forward, self.model, special, self.recipe, self.micro, self.device, self.precision,
+                           keep_grads=padded, padded=padded)
             if self.graph_update is not None:
                 self.graph_update.dry_run()
             self.optimizer.zero_grad(set_to_none=True)
 
         runtime.verify_compiled(trial, objs, reset=lambda: self.optimizer.zero_grad(set_to_none=True))
+
+    def compile_now(self, special: SpecialIds) -> dict:
+        """Before training (start-up, outside any budget): point torch.compile at its persistent cache
+        (runtime.compile_cache), then `verify_compile` and time it. Returns summary.json's record (the mode that runs
+        and why, the seconds, the cache folder) with its log line under "line" ("" when nothing compiles)."""
+        record: dict = {"mode": self.choice.mode if self.ds is None else "off", "why": self.choice.why,
+                        "seconds": None, "cache": None}
+        cache_line = runtime.compile_cache() if self.compiles else ""
+        t0 = time.perf_counter()
+        self.verify_compile(special)
+        if not self.compiles:
+            return {**record, "line": ""}
+        record["seconds"] = round(time.perf_counter() - t0, 1)
+        record["cache"] = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+        if runtime.compile_note(self.forward, "").startswith("compile: failed"):
+            record["mode"] = "off"  # fell back to eager: the compile line says why
+            return {**record, "line": f"the compile check took {record['seconds']:.1f} s and failed: running eager"}
+        variants = "two graphs per compiled step: batches with padding (attention mask) and without"
+        return {**record, "line": f"compiling took {record['seconds']:.1f} s (start-up, outside the budget; {variants}); "
+                                  f"{cache_line}"}
 
     def accumulating(self, last: bool):
         """DDP: reduce gradients only after the last micro-batch of a step."""
@@ -273,14 +317,19 @@ def fit_micro_batch(requested: int, rank_batch: int, device: torch.device, probe
 
 
 def probe_step(forward, model: Electra, special, recipe: Recipe, mb: int, device: torch.device, precision: str,
-           keep_grads: bool = False) -> None:
-    """One forward + backward at micro-batch `mb` on dummy rows; gradients are discarded (unless `keep_grads`)."""
+               keep_grads: bool = False, padded: bool = True) -> None:
+    """One forward + backward at micro-batch `mb` on dummy rows; gradients are discarded (unless `keep_grads`).
+    `padded`: the first row ends in two padding tokens, so the attention mask is passed (as for most real batches);
+    else every row is full and no mask is passed (electra.Masked.full)."""
     T = recipe.train.seq_len
     ids = torch.full((mb, T), special.cls, device=device)
     ids[:, 1:-1] = torch.randint(1000 % recipe.model.vocab_size, recipe.model.vocab_size, (mb, T - 2), device=device)
     ids[:, -1] = special.sep
-    m = mask_batch(ids, torch.zeros_like(ids), torch.ones_like(ids, dtype=torch.bool), recipe.objective, special,
-                   recipe.model.vocab_size)
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    if padded and T > 4:
+        ids[0, -3], ids[0, -2:], mask[0, -2:] = special.sep, special.pad, False
+    m = mask_batch(ids, torch.zeros_like(ids), mask, recipe.objective, special, recipe.model.vocab_size,
+                   full=not (padded and T > 4))
     with runtime.autocast_context(precision, device):
         mlm_sum, disc_sum, _ = forward(m)
     (mlm_sum + disc_sum).backward()

@@ -13,7 +13,8 @@ the run (`Diverged`, exit code 3) before anything is written from it, naming wha
 loss scaler still skips steps whose gradients overflow: an inf gradient is not a non-finite loss.
 Host syncs: log steps, checkpoints and resume states, and the device is waited for at the end of the first step and
 of a time budget's calibration steps (host clocks otherwise time kernel launches); fp16 adds the loss scaler's
-overflow check on every step, and its speed figures say so.
+overflow check on every step where the update runs eager (step.Engine.host_sync_note; under CUDA graphs the scaler
+runs on the device), and its speed figures say so. Compiling (step.Engine.compile_now) is start-up.
 
 Time budgets count training time: steps, data loading and logging. Excluded (reported apart): start-up (data
 preparation, building the model, compilation and the first step, at learning rate 0), and writing checkpoints, their
@@ -59,7 +60,7 @@ from tinyelectra.model import Electra, attention_kernel, count_parameters
 from tinyelectra.optim import build_optimizer, lr_at
 from tinyelectra.runtime import device_name
 from tinyelectra.step import (
-    FP16_HOST_SYNC, Dist, Engine, PretrainStep, fit_micro_batch, global_counts, mask_step, new_sums, probe_step, train_step,
+    Dist, Engine, PretrainStep, fit_micro_batch, global_counts, mask_step, new_sums, probe_step, train_step,
 )
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -326,7 +327,6 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
         special = SpecialIds.from_tokenizer(data.tokenizer)
         precision, precision_reason = runtime.pick_precision(tr.precision, device)
         log.once(f"precision: {precision} ({precision_reason}); {runtime.configure_matmul(precision, device)}")
-        log.once(FP16_HOST_SYNC if precision == "fp16" else "")
         if tr.batch_size % dist.world:
             raise UserError(f"train.batch_size {tr.batch_size} is not divisible by {dist.world} processes")
         rank_batch = tr.batch_size // dist.world
@@ -347,8 +347,10 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
                                 lambda mb: probe_step(probe, model, special, recipe, mb, device, precision))
         accum = rank_batch // micro
         engine = Engine(model, recipe, optimizer, scaler, dist, device, precision, micro, accum)
-        engine.verify_compile(special)  # compiles now: a failure in forward, backward or update falls back to eager
-        log.once(f"{engine.strategy_note}; {engine.compile_note}")
+        compiled = engine.compile_now(special)  # a failure in forward, backward or update falls back to eager
+        log.once(f"{engine.strategy_note}; {engine.compile_note}")  # the mode that runs, and why
+        log.once(compiled.pop("line"))  # how long compiling took, and where its cache is
+        log.once(engine.host_sync_note or "")
         attention = attention_kernel(recipe.model, micro, tr.seq_len, device, runtime.autocast_dtype(precision, device),
                                      compiled=engine.compile_note.startswith("compile: torch.compile"))
         log.once(attention["summary"])
@@ -628,7 +630,7 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
     off_fraction = budgeting.fractions_off({n: plan.checkpoint_steps[n] for n in fractions_of_steps}, step)
     if plan.budget_kind == "time":  # the plan as it ended: what happened
         plan.expected_train_seconds = train_seconds
-    peak_gib = runtime.peak_gpu_memory_gib(device)
+    peak_gib, reserved_gib = runtime.peak_gpu_memory_gib(device), runtime.peak_gpu_reserved_gib(device)
     summary = {
         "recipe": recipe.name, "budget": plan.budget, "steps": step, "tokens_seen": seen(),
         "train_flops_paper": step * plan.train_flops_paper_per_step,
@@ -647,11 +649,14 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
         "final_lr": lr_at(step, recipe.optim.lr, plan.warmup_steps, plan.total_steps),
         "conventions": plan.conventions,
         "runtime": {"strategy": engine.strategy_note, "compile": engine.compile_note, "attention": attention["summary"],
-                    "deterministic": tr.deterministic, "cpu_threads": cpu_threads},
+                    "compiled": compiled, "deterministic": tr.deterministic, "cpu_threads": cpu_threads,
+                    "micro_batches_without_padding": [engine.unpadded_micro_batches, engine.micro_batches]},
         # speed and memory: this process's logging windows after its first (start-up and compilation left out)
         "median_tokens_per_second": median_tokens_per_second(window_records),
-        "peak_gpu_memory_gib": None if peak_gib is None else round(peak_gib, 3),
-        "host_sync_per_step": FP16_HOST_SYNC if precision == "fp16" else None,
+        "peak_gpu_memory_gib": None if peak_gib is None else round(peak_gib, 3),  # tensors (max_memory_allocated)
+        # what the caching allocator held: tensors, cached blocks and CUDA graphs' private pools (max_memory_reserved)
+        "peak_gpu_memory_reserved_gib": None if reserved_gib is None else round(reserved_gib, 3),
+        "host_sync_per_step": engine.host_sync_note,
     }
     if off_fraction:
         log.once(f"checkpoints off their fractions: {budgeting.fractions_off_text(off_fraction)} (summary.json: "
