@@ -244,6 +244,9 @@ def glue(
     gpu: Optional[int] = typer.Option(None, "--gpu", metavar="INDEX", help="CUDA device index."),
     device: Optional[str] = typer.Option(None, "--device", metavar="DEVICE", help="'cpu' (or a torch device string)."),
     max_train_rows: Optional[int] = typer.Option(None, "--max-train-rows", metavar="N", help="Use only the first N training rows per task (quick checks)."),
+    skip_bad_labels: bool = typer.Option(
+        False, "--skip-bad-labels", help="Skip rows whose label is not one of the task's (or a score out of range) "
+        "instead of stopping at the first; how many were skipped is printed beside the score."),
     config: Optional[Path] = typer.Option(
         None, "--config", metavar="FILE", help="A TOML file whose [finetune] table sets the keys below (a file of its own, or a recipe "
         "TOML that carries one); --set applies on top."),
@@ -264,7 +267,7 @@ def glue(
     glue_command(
         checkpoint=checkpoint, glue_dir=glue_dir, use_hf=hf, tasks=tasks, seeds=seeds, out_dir=out, gpu=gpu,
         device=device, max_train_rows=max_train_rows, overrides=list(set_ or []), command=_command_line(),
-        task_files=list(task_file or []), config=config,
+        task_files=list(task_file or []), config=config, skip_bad_labels=skip_bad_labels,
     )
 
 

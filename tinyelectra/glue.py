@@ -50,6 +50,7 @@ from tinyelectra.glue_data import (
     read_split, resolve_tasks, with_swapped_pairs, write_submission,
 )
 from tinyelectra.metrics import METRIC_TITLES, average_score, score_task
+from tinyelectra.runfolder import holding
 from tinyelectra.tokenizer import Tokenizer
 
 FORMAT = "tinyelectra-glue"
@@ -140,6 +141,10 @@ class TaskData:
             }
         out["train"]["rows_in_file"] = self.original_train_rows
         return out
+
+    def skipped_rows(self) -> dict[str, int]:
+        """Rows of the files left out (malformed, or with --skip-bad-labels a label not the task's), per split."""
+        return {s.split: len(s.malformed) for s in [self.train, *self.dev.values(), *self.test] if s.malformed}
 
 
 def choose_tasks(spec: str, glue_dir: Path | None, use_hf: bool, custom: list[str] | None = None) -> tuple[list[str], dict[str, str]]:
@@ -378,7 +383,7 @@ def run_checkpoint(ref: CheckpointRef, data: dict[str, TaskData], fc: FinetuneCo
         entry = {"epochs": fc.task_epochs(task), "train_rows": len(enc.train), "steps_per_epoch": per_epoch,
                  "steps": steps, "peak_lr": fc.peak_lr(cfg.hidden_size), "truncated_train_rows": enc.train.truncated,
                  "seeds": seed_results, **summarize_task(task, seed_results),
-                 "majority_class": majority_class_baseline(data[task])}
+                 "majority_class": majority_class_baseline(data[task]), "skipped_rows": data[task].skipped_rows()}
         if data[task].test:
             chosen = median_seed_index([s["paper_score"] for s in seed_results])
             sub_dir = out_dir / ref.name / "submission"
@@ -515,6 +520,8 @@ def _task_line(name: str, task: str, entry: dict) -> str:
     line += f"; {seconds:.0f} s"
     for split, e in (entry.get("splits") or {}).items():
         line += f"; {split} {_fmt(e['median_paper'])}"
+    if skipped := entry.get("skipped_rows"):  # beside the score it was computed without them
+        line += f"; rows skipped: {', '.join(f'{split} {n:,}' for split, n in skipped.items())}"
     return line
 
 
@@ -537,7 +544,8 @@ def majority_class_baseline(data: TaskData) -> dict[str, Any] | None:
 
 def glue_command(checkpoint: Path, glue_dir: Path | None, use_hf: bool, tasks: str, seeds: int, out_dir: Path | None,
                  gpu: int | None, device: str | None, max_train_rows: int | None, overrides: list[str],
-                 command: str, task_files: list[Path] | None = None, config: Path | None = None) -> list[Path]:
+                 command: str, task_files: list[Path] | None = None, config: Path | None = None,
+                 skip_bad_labels: bool = False) -> list[Path]:
     """`tinyelectra glue`: fine-tune every selected checkpoint on every selected task (GLUE's, and those of
     --task-file); returns the glue.json paths."""
     from tinyelectra.runtime import configure_matmul, device_name, guard_cudnn_sdpa, pick_device, pick_precision
@@ -557,13 +565,14 @@ def glue_command(checkpoint: Path, glue_dir: Path | None, use_hf: bool, tasks: s
     if out_dir is None:
         out_dir = (refs[0].run_dir if refs[0].run_dir is not None else Path(checkpoint)) / "glue"
     for ref in refs:  # before any fine-tuning: results that cannot be written are not computed
-        check_writable(Path(out_dir) / ref.name, "--out")
+        check_writable(Path(out_dir) / ref.name, "--out", given=Path(out_dir))
     for task, why in skipped.items():
         console.print(f"skipping {task}: {why}")
     data = {}
     for task in task_names:
         data[task] = read_task(task, glue_dir, max_train_rows, fc.test_predictions)
         for s in [data[task].train, *data[task].dev.values(), *data[task].test]:
+            s.refuse_bad_labels(skip_bad_labels)
             if s.malformed:
                 console.print(s.summary())
     seed_list = list(range(fc.seed, fc.seed + seeds))
@@ -571,19 +580,20 @@ def glue_command(checkpoint: Path, glue_dir: Path | None, use_hf: bool, tasks: s
                   f"{seeds} seed(s) on {device_name(dev, threads=True)}, {precision} ({reason}); results in {out_dir}")
     cache: dict = {}
     written = []
-    for ref in refs:
-        path = Path(out_dir) / ref.name / "glue.json"
-        try:
-            result = run_checkpoint(ref, data, fc, seed_list, Path(out_dir), dev, precision, reason, max_train_rows,
-                                    skipped, command, console, cache)
-        except Interrupted as e:
-            console.print(f"interrupted ({e.signal_name}): {_kept(path)}; run the same command again to continue "
-                          "(finished tasks and seeds are reused)", highlight=False)
-            raise
-        for kind in ("paper", "glue"):
-            if avg := result["averages"].get(kind):
-                console.print(f"{ref.name}: {kind} average {avg['score']:.1f} ({avg['label']})")
-        console.print(f"wrote {path}")
-        written.append(path)
+    with holding(Path(out_dir), "--out"):  # one writer per --out (runfolder.py)
+        for ref in refs:
+            path = Path(out_dir) / ref.name / "glue.json"
+            try:
+                result = run_checkpoint(ref, data, fc, seed_list, Path(out_dir), dev, precision, reason, max_train_rows,
+                                        skipped, command, console, cache)
+            except Interrupted as e:
+                console.print(f"interrupted ({e.signal_name}): {_kept(path)}; run the same command again to continue "
+                              "(finished tasks and seeds are reused)", highlight=False)
+                raise
+            for kind in ("paper", "glue"):
+                if avg := result["averages"].get(kind):
+                    console.print(f"{ref.name}: {kind} average {avg['score']:.1f} ({avg['label']})")
+            console.print(f"wrote {path}")
+            written.append(path)
     return written
 
