@@ -223,7 +223,7 @@ def verify_sha256(directory: Path, what: str, required: bool, guards: tuple[str,
         raise UserError(f"{listing}: damaged ({first_line(e)}); {what} cannot be checked") from None
     unlisted = [name for name in guards if name not in sums and (directory / name).exists()]
     if unlisted or not sums:
-        which = f"no entry for {unlisted[0]}" if unlisted else "no entries"
+        which = "no entries" if not sums else f"no entry for {unlisted[0]}"
         raise UserError(f"{listing}: damaged ({which}); {what} cannot be checked without it")
     for name, digest in sums.items():
         if Path(name).is_absolute() or ".." in Path(name).parts:
