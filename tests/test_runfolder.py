@@ -27,7 +27,8 @@ from pathlib import Path
 import pytest
 
 from test_bad_input import assert_one_line, in_process
-from tinyelectra.runfolder import LOCK_NAME
+
+LOCK_NAME = ".tinyelectra.lock"  # where a folder's lock lives (runfolder.LOCK_NAME)
 
 SMALL = ["--set", "model.num_layers=2", "--set", "train.batch_size=8", "--set", "train.eval_rows=32"]
 
@@ -185,12 +186,13 @@ def test_a_recipe_name_that_is_a_path_is_refused(tmp_path, cli_env, monkeypatch,
     """Without --out the run folder is runs/NAME-BUDGET, NAME from the recipe file: a name with ../ would put it
     outside runs/."""
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()  # earlier runs
     recipe = tmp_path / "r.toml"
-    recipe.write_text('name = "../../escaped"\n[model]\nnum_layers = 2\n')
-    code, err = in_process(["train", "--recipe", str(recipe), "--budget", "1steps", "--device", "cpu"], cli_env,
-                           monkeypatch, capsys)
-    assert_one_line(code, err, "recipe name '../../escaped'", "path separator")
-    assert list(tmp_path.iterdir()) == [recipe]
+    recipe.write_text('name = "../escaped"\n[model]\nnum_layers = 2\n')
+    code, err = in_process(["train", "--recipe", str(recipe), "--budget", "1steps", "--device", "cpu", *SMALL],
+                           cli_env, monkeypatch, capsys)
+    assert_one_line(code, err, "recipe name '../escaped'", "path separator")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.toml", "runs"] and not any((tmp_path / "runs").iterdir())
 
 
 TRAIN = ["train", "--recipe", "tiny", "--budget", "2steps", "--device", "cpu", *SMALL]
