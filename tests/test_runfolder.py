@@ -229,6 +229,14 @@ def test_force_keeps_what_tinyelectra_did_not_write(tmp_path, cli_env, monkeypat
     assert code == 0, err
     assert "kept what it did not write: ckpt-0625.old, notes.txt" in err
     assert (run / "notes.txt").read_text() == "what I tried" and (run / "ckpt-0625.old").is_dir()
+    # RUN/glue while a `tinyelectra glue` (a real second process) holds it: --force does not pull it away
+    holder = Holder(run / "glue", cli_env)
+    try:
+        code, err = in_process([*TRAIN, "--out", str(run), "--force"], cli_env, monkeypatch, capsys)
+        assert_one_line(code, err, f"--force: {run / 'glue'} is in use by", f"pid {holder.p.pid}")
+        assert (run / "summary.json").is_file()
+    finally:
+        holder.close()
     # a folder of one's own under a name the run writes (ckpt-5000): neither deleted by --force nor replaced
     shutil.rmtree(run / "ckpt-5000")
     (run / "ckpt-5000").mkdir()

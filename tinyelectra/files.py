@@ -6,7 +6,8 @@
   the umask (0644 under the usual 022), as `open()` would give.
 - `write_sha256` / `verify_sha256`: a `sha256.json` beside the files of a checkpoint or resume state, written last and
   checked on load; a flipped byte or a truncated file is a one-line error naming the file, and so is a missing
-  sha256.json where the directory's description says one was written (`written_with_checksums`).
+  sha256.json where the directory's description says one was written (`written_with_checksums`), or a listing that
+  leaves out a file the reader loads.
 - `check_writable`: proves an output location can be written before any long work, and leaves nothing behind.
 - `os_error_line`: the one-line text for an OSError of the place written to (a full disk, a read-only location):
   the path meant and, for a `WriteError`, what was being written ("... while writing the checkpoint").
@@ -15,7 +16,8 @@
   given an ordinary file's permissions (safetensors, like mkstemp, creates 0600 files) and put in place by
   `replace_dir` on success, removed on any error (checkpoints, resume states, exports).
 - `append_line`: one line added to a log; a failed write takes back what it wrote.
-Not here: what the files hold.
+- `path_part`: a name read from a file (a task's, a recipe's) checked before it becomes part of a path.
+Not here: what the files hold; who may write an output folder (runfolder.py).
 """
 
 from __future__ import annotations

@@ -14,7 +14,9 @@ Reading rules (the classic files' quirks):
 - A data row with the wrong number of fields, an unknown label, a bad score or bytes that are not UTF-8 is
   skipped and recorded as a `MalformedLine` (file, line number, reason); `GlueSplit.summary()` gives the caller
   one line to print. A file whose rows are mostly malformed, or a header without the expected columns, is a
-  `UserError`: it is the wrong file, not a damaged one.
+  `UserError`: it is the wrong file, not a damaged one. A label that is not one of the task's is more than damage
+  (a task file whose labels do not match its data): `GlueSplit.refuse_bad_labels` makes it an error naming the first
+  such line, unless the user asks to skip such rows (`glue --skip-bad-labels`).
 
 Shapes: M examples, B batch, T tokens.
 """

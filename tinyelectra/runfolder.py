@@ -145,6 +145,22 @@ class OutputLock:
         self.created = []
 
 
+def user_of(folder: Path) -> str | None:
+    """Who holds the lock on `folder` right now, in words (as a refusal names it), or None when nobody does."""
+    lock_file = Path(folder) / LOCK_NAME
+    try:
+        fd = os.open(lock_file, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return None
+    except OSError as e:
+        return _holder_text(_read_record(fd), lock_file) if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES) else None
+    finally:
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def holding(directory: Path, flag: str, enabled: bool = True, lock_file: Path | None = None) -> Iterator[None]:
     """Hold the lock on the output folder `directory` (given as `flag`, e.g. "--out") for the block; a folder in use

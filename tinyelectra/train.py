@@ -57,7 +57,7 @@ from tinyelectra.files import check_writable, os_error_line, path_part, write_js
 from tinyelectra.logs import Log, Progress, make_console, median_tokens_per_second
 from tinyelectra.model import Electra, attention_kernel, count_parameters
 from tinyelectra.optim import GraphSafeUpdate, PaperAdam, apply_update, build_optimizer, lr_at
-from tinyelectra.runfolder import DATASET_FILE, LOCK_NAME, check_data, data_record, holding, record_data
+from tinyelectra.runfolder import DATASET_FILE, LOCK_NAME, check_data, data_record, holding, record_data, user_of
 from tinyelectra.runtime import device_name
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -218,6 +218,9 @@ def open_run_dir(run_dir: Path, resume: bool, force: bool, recipe: Recipe, bud: 
         raise UserError(f"--out {run_dir}: holds {what}; a run goes into a new or empty folder, or its own")
     if force and has_run:
         removed = [p for p in items if p not in others and p.name != "data"]  # --corpus data is checked, not deleted
+        for p in removed:  # RUN/glue while `tinyelectra glue` writes it
+            if p.is_dir() and (user := user_of(p)):
+                raise UserError(f"--force: {p} is in use by {user}; wait for it, or stop it, before starting over")
         for p in removed:
             shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
         kept = f"; kept what it did not write: {', '.join(p.name for p in others)}" if others else ""
