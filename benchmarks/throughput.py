@@ -120,7 +120,7 @@ class TrainerStep:
     def __init__(self, recipe, device: torch.device, precision: str, batches: Batches) -> None:
         from tinyelectra.model import Electra  # noqa: PLC0415
         from tinyelectra.optim import build_optimizer, lr_at  # noqa: PLC0415
-        from tinyelectra.train import Dist, Engine, new_sums  # noqa: PLC0415
+        from tinyelectra.step import Dist, Engine, new_sums  # noqa: PLC0415
 
         self.recipe, self.device, self.batches = recipe, device, batches
         torch.manual_seed(recipe.train.seed)
@@ -151,7 +151,7 @@ class TrainerStep:
 
     def __call__(self) -> None:
         from tinyelectra.data import Batch  # noqa: PLC0415
-        from tinyelectra.train import global_counts, mask_step, train_step  # noqa: PLC0415
+        from tinyelectra.step import global_counts, mask_step, train_step  # noqa: PLC0415
 
         batch = Batch(*self.batches())
         masked, seeds = mask_step(batch, self.recipe, self.batches.special, self.step, 0, len(batch.input_ids), 1)

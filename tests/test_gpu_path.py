@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from tinyelectra import optim, runtime
+from tinyelectra import step as step_mod
 from tinyelectra import train as train_mod
 from tinyelectra.budget import parse_budget
 from tinyelectra.config import load_recipe
@@ -472,7 +473,7 @@ def fp16_on_the_cpu(monkeypatch, init_scale: float) -> list[tuple[float, float]]
     monkeypatch.setattr(runtime, "pick_precision", lambda requested, device: ("fp16", "fp16 autocast (test, on the CPU)"))
     monkeypatch.setattr(torch.amp, "GradScaler", functools.partial(torch.amp.GradScaler, init_scale=init_scale))
     scales = []
-    real_apply = train_mod.apply_update
+    real_apply = step_mod.apply_update
 
     def apply(params, optimizer, scaler, clip_norm):
         before = scaler.get_scale()
@@ -480,7 +481,7 @@ def fp16_on_the_cpu(monkeypatch, init_scale: float) -> list[tuple[float, float]]
         scales.append((before, scaler.get_scale()))
         return norm
 
-    monkeypatch.setattr(train_mod, "apply_update", apply)
+    monkeypatch.setattr(step_mod, "apply_update", apply)
     return scales
 
 
@@ -504,14 +505,14 @@ def test_fp16_a_nonfinite_loss_stops_the_run_though_the_scaler_skipped_its_step(
 
     scales = fp16_on_the_cpu(monkeypatch, 2.0**8)
     forwards = [0]
-    real_terms = train_mod.loss_terms
+    real_terms = step_mod.loss_terms
 
     def nan_from_step_3(model, m, objective):
         forwards[0] += 1
         t = real_terms(model, m, objective)
         return t if forwards[0] < 3 else dataclasses.replace(t, mlm_sum=t.mlm_sum * float("nan"))
 
-    monkeypatch.setattr(train_mod, "loss_terms", nan_from_step_3)
+    monkeypatch.setattr(step_mod, "loss_terms", nan_from_step_3)
     with pytest.raises(Diverged, match=r"the generator \(MLM\) loss is nan in step 3 .*resume state at step 2") as e:
         run_train(toy_data, tmp_path / "run", [], steps=16)
     assert e.value.exit_code == 3 and len(scales) == 3 and scales[2][1] == scales[2][0] / 2  # step 3: skipped

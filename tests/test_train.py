@@ -25,7 +25,7 @@ from tinyelectra.config import load_recipe
 from tinyelectra.errors import UserError
 from tinyelectra.optim import build_optimizer, lr_at
 from tinyelectra.optim import apply_update
-from tinyelectra.train import fit_micro_batch, step_seed
+from tinyelectra.step import fit_micro_batch, step_seed
 
 CKPTS = [checkpoint_name(f) for f in FRACTIONS]
 # a smaller-than-tiny model keeps the exactness tests quick; the data stay the tiny recipe's (vocab 8192, T 128)

@@ -253,7 +253,8 @@ def glue(
     set_: Optional[list[str]] = typer.Option(
         None, "--set", metavar="KEY=VALUE", help="Override a fine-tuning setting, finetune.key=value as train's section.key=value (the section may be left out): lr, layerwise (intended|official|none), "
         "layerwise_decay, weight_decay, warmup_fraction, clip_norm, batch_size, batching (random|length), max_length, "
-        "epochs, dropout, eval_batch_size, precision, seed, test_predictions."
+        "epochs, dropout, eval_batch_size, precision, seed, test_predictions, step (auto|eager|static|graphs), "
+        "length_bucket, concurrent."
     ),
 ) -> None:
     """Fine-tune checkpoints on GLUE with the paper's protocol; medians over seeds.
