@@ -144,7 +144,7 @@ def train(
     force: bool = typer.Option(
         False, "--force", help="Start over: delete the run already in --out first (its resume state, fraction "
         "checkpoints, plan, metrics, summary, and the GLUE results and report made from them), listing what it "
-        "deleted. Nothing is ever deleted without it."),
+        "deleted. Nothing is ever deleted without it, and never a file tinyelectra did not write."),
     init: Optional[Path] = typer.Option(
         None, "--init", metavar="DIR", help="Start from these weights (continued pre-training): a tinyelectra checkpoint, a "
         "`tinyelectra export` directory, or a transformers ELECTRA discriminator directory. Shapes must match the recipe."
