@@ -119,6 +119,9 @@ class FinetuneConfig:
                 raise UserError(f"{config}: no [finetune] table")
             values = section_values(cls, table, f"{config}: [finetune]")
         values.update(parse_assignment(a, {"finetune": cls}, default_section="finetune")[1:] for a in assignments)
+        if values.get("epochs") == 0:  # the default's value, but given it reads as "train for no epochs"
+            raise UserError("finetune.epochs=0: 0 epochs would train nothing; give a number of epochs > 0, or leave "
+                            "epochs out for each task's own (3; 10 for RTE and STS-B)")
         return cls(**values)
 
     def peak_lr(self, hidden_size: int) -> float:

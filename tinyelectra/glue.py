@@ -57,6 +57,7 @@ from tinyelectra.glue_data import (
     read_split, resolve_tasks, with_swapped_pairs, write_submission,
 )
 from tinyelectra.metrics import METRIC_TITLES, average_score, score_task
+from tinyelectra.runfolder import holding
 from tinyelectra.tokenizer import Tokenizer
 
 FORMAT = "tinyelectra-glue"
@@ -147,6 +148,10 @@ class TaskData:
             }
         out["train"]["rows_in_file"] = self.original_train_rows
         return out
+
+    def skipped_rows(self) -> dict[str, int]:
+        """Rows of the files left out (malformed, or with --skip-bad-labels a label not the task's), per split."""
+        return {s.split: len(s.malformed) for s in [self.train, *self.dev.values(), *self.test] if s.malformed}
 
 
 def choose_tasks(spec: str, glue_dir: Path | None, use_hf: bool, custom: list[str] | None = None) -> tuple[list[str], dict[str, str]]:
@@ -405,7 +410,7 @@ class CheckpointRun:
         entry = {"epochs": fc.task_epochs(task), "train_rows": len(enc.train), "steps_per_epoch": per_epoch,
                  "steps": steps, "peak_lr": fc.peak_lr(self.backbone.config.hidden_size),
                  "truncated_train_rows": enc.train.truncated, "seeds": seed_results, **summarize_task(task, seed_results),
-                 "majority_class": majority_class_baseline(data)}
+                 "majority_class": majority_class_baseline(data), "skipped_rows": data.skipped_rows()}
         if data.test:
             chosen = median_seed_index([s["paper_score"] for s in seed_results])
             sub_dir = self.out_dir / self.ref.name / "submission"
@@ -550,6 +555,8 @@ def _task_line(name: str, task: str, entry: dict) -> str:
     line += f"; {seconds:.0f} s"
     for split, e in (entry.get("splits") or {}).items():
         line += f"; {split} {_fmt(e['median_paper'])}"
+    if skipped := entry.get("skipped_rows"):  # beside the score it was computed without them
+        line += f"; rows skipped: {', '.join(f'{split} {n:,}' for split, n in skipped.items())}"
     return line
 
 
@@ -572,7 +579,8 @@ def majority_class_baseline(data: TaskData) -> dict[str, Any] | None:
 
 def glue_command(checkpoint: Path, glue_dir: Path | None, use_hf: bool, tasks: str, seeds: int, out_dir: Path | None,
                  gpu: int | None, device: str | None, max_train_rows: int | None, overrides: list[str],
-                 command: str, task_files: list[Path] | None = None, config: Path | None = None) -> list[Path]:
+                 command: str, task_files: list[Path] | None = None, config: Path | None = None,
+                 skip_bad_labels: bool = False) -> list[Path]:
     """`tinyelectra glue`: fine-tune every selected checkpoint on every selected task (GLUE's, and those of
     --task-file); returns the glue.json paths."""
     from tinyelectra.runtime import configure_matmul, device_name, guard_cudnn_sdpa, pick_device, pick_precision
@@ -592,13 +600,14 @@ def glue_command(checkpoint: Path, glue_dir: Path | None, use_hf: bool, tasks: s
     if out_dir is None:
         out_dir = (refs[0].run_dir if refs[0].run_dir is not None else Path(checkpoint)) / "glue"
     for ref in refs:  # before any fine-tuning: results that cannot be written are not computed
-        check_writable(Path(out_dir) / ref.name, "--out")
+        check_writable(Path(out_dir) / ref.name, "--out", given=Path(out_dir))
     for task, why in skipped.items():
         console.print(f"skipping {task}: {why}")
     data = {}
     for task in task_names:
         data[task] = read_task(task, glue_dir, max_train_rows, fc.test_predictions)
         for s in [data[task].train, *data[task].dev.values(), *data[task].test]:
+            s.refuse_bad_labels(skip_bad_labels)
             if s.malformed:
                 console.print(s.summary())
     seed_list = list(range(fc.seed, fc.seed + seeds))
@@ -609,24 +618,25 @@ def glue_command(checkpoint: Path, glue_dir: Path | None, use_hf: bool, tasks: s
                   f"up to {concurrent} job(s) at once; results in {out_dir}")
     cache: dict = {}
     runs: list[CheckpointRun] = []
-    try:
-        for ref in refs:
-            runs.append(CheckpointRun(ref, data, fc, seed_list, Path(out_dir), dev, precision, reason,
-                                      (mode, why, concurrent), max_train_rows, skipped, command, console, cache))
-        fine_tuning = _run_all(runs, fc, dev, precision, mode, concurrent, console)
-    except Interrupted as e:
-        for ref in refs:
-            console.print(f"interrupted ({e.signal_name}): {_kept(Path(out_dir) / ref.name / 'glue.json')}; run the "
-                          "same command again to continue (finished tasks and seeds are reused)", highlight=False)
-        raise
     written = []
-    for run in runs:
-        result = run.finish(fine_tuning)
-        for kind in ("paper", "glue"):
-            if avg := result["averages"].get(kind):
-                console.print(f"{run.ref.name}: {kind} average {avg['score']:.1f} ({avg['label']})")
-        console.print(f"wrote {run.target}")
-        written.append(run.target)
+    with holding(Path(out_dir), "--out"):  # one writer per --out (runfolder.py)
+        try:
+            for ref in refs:
+                runs.append(CheckpointRun(ref, data, fc, seed_list, Path(out_dir), dev, precision, reason,
+                                          (mode, why, concurrent), max_train_rows, skipped, command, console, cache))
+            fine_tuning = _run_all(runs, fc, dev, precision, mode, concurrent, console)
+        except Interrupted as e:
+            for ref in refs:
+                console.print(f"interrupted ({e.signal_name}): {_kept(Path(out_dir) / ref.name / 'glue.json')}; run "
+                              "the same command again to continue (finished tasks and seeds are reused)", highlight=False)
+            raise
+        for run in runs:
+            result = run.finish(fine_tuning)
+            for kind in ("paper", "glue"):
+                if avg := result["averages"].get(kind):
+                    console.print(f"{run.ref.name}: {kind} average {avg['score']:.1f} ({avg['label']})")
+            console.print(f"wrote {run.target}")
+            written.append(run.target)
     return written
 
 

@@ -50,14 +50,15 @@ from tinyelectra.checkpoint import (
     save_checkpoint, save_resume_state,
 )
 from tinyelectra.config import RUNTIME_SETTINGS, Recipe, difference_text, differences, load_recipe, recipe_from_dict
-from tinyelectra.data import BatchLoader, PretrainData
+from tinyelectra.data import BatchLoader, PretrainData, heldout_warning
 from tinyelectra.diagnostics import checkpoint_line, evaluate, unigram_distribution
 from tinyelectra.electra import STAT_KEYS, SpecialIds, summarize
 from tinyelectra.errors import Diverged, Interrupted, UserError
-from tinyelectra.files import check_writable, os_error_line, write_json
+from tinyelectra.files import check_writable, os_error_line, path_part, write_json
 from tinyelectra.logs import Log, Progress, make_console, median_tokens_per_second
 from tinyelectra.model import Electra, attention_kernel, count_parameters
 from tinyelectra.optim import build_optimizer, lr_at
+from tinyelectra.runfolder import DATASET_FILE, LOCK_NAME, check_data, data_record, holding, record_data, user_of
 from tinyelectra.runtime import device_name
 from tinyelectra.step import (
     Dist, Engine, PretrainStep, fit_micro_batch, global_counts, mask_step, new_sums, probe_step, train_step,
@@ -102,34 +103,39 @@ def train_command(
         raise UserError("give either --gpu N or --device, not both")
     runtime.set_deterministic(recipe.train.deterministic)  # before anything touches CUDA: cuBLAS reads it once
     dev = runtime.pick_process_device(gpu, device, dist.local_rank, dist.world)  # torchrun: cuda:LOCAL_RANK
-    run_dir = out_dir or Path("runs") / f"{recipe.name}-{bud.text}"
+    run_dir = out_dir or Path("runs") / f"{path_part(recipe.name, 'recipe name')}-{bud.text}"
     if data_dir is None and corpus and (run_dir / "data" / "manifest.json").is_file():  # prepared by an earlier start
         recipe = adopt_data_vocab(recipe, run_dir / "data", overrides, notes)
     if dist.enabled and not torch.distributed.is_initialized():  # torchrun: join the process group
         if dev.type == "cuda":
             torch.cuda.set_device(dev)
         torch.distributed.init_process_group("nccl" if dev.type == "cuda" else "gloo")
-    mode = open_run_dir(run_dir, resume, force, recipe, bud, make_console()) if dist.main else None
-    if dist.enabled and torch.distributed.is_initialized():  # every process does what rank 0 decided
-        shared = [mode]
-        torch.distributed.broadcast_object_list(shared, 0)
-        mode = shared[0]
-    if mode == "done":
-        dist.leave()
-        return None
-    data_path = resolve_data(data_dir, corpus, recipe, run_dir, dist, force=force)
-    if corpus and not notes and mode != "resume":  # --corpus with the recipe's data.tokenizer: its vocabulary decides too
-        recipe = adopt_data_vocab(recipe, data_path, overrides, notes)
-    if dist.main:
-        for note in notes:
-            print(f"· {note}", file=sys.stderr)
-    base = load_recipe(recipe_name)
-    overridden = [f"command line: --set {o} (the recipe says {_lookup(base, o)!r})" for o in overrides] + notes
-    if recipe.optim.name != "adam":
-        overridden.append(f"OFF-RECIPE optimizer {recipe.optim.name}: bias-corrected AdamW, not the paper's Adam "
-                          "without bias correction")
-    return train(recipe, bud, data_path, run_dir, dev, resume=(mode == "resume"), dist=dist, command=command,
-                 init=init, overridden=overridden)
+    # one writer per run folder: rank 0 (the only one that writes) holds its lock until the command ends; a --resume
+    # of a folder that does not exist takes none (open_run_dir refuses it, creating nothing)
+    with holding(run_dir, "--out", enabled=dist.main and (run_dir.exists() or not resume)):
+        mode = open_run_dir(run_dir, resume, force, recipe, bud, make_console()) if dist.main else None
+        if dist.enabled and torch.distributed.is_initialized():  # every process does what rank 0 decided
+            shared = [mode]
+            torch.distributed.broadcast_object_list(shared, 0)
+            mode = shared[0]
+        if mode == "done":
+            dist.leave()
+            return None
+        data_path = resolve_data(data_dir, corpus, recipe, run_dir, dist, force=force)
+        if corpus and not notes and mode != "resume":  # --corpus with the recipe's data.tokenizer: its vocabulary decides too
+            recipe = adopt_data_vocab(recipe, data_path, overrides, notes)
+        if dist.main and mode == "resume" and (unchecked := check_data(run_dir, PretrainData(data_path))):
+            print(f"· {unchecked}", file=sys.stderr)  # else the data the run trained on, or one line naming both
+        if dist.main:
+            for note in notes:
+                print(f"· {note}", file=sys.stderr)
+        base = load_recipe(recipe_name)
+        overridden = [f"command line: --set {o} (the recipe says {_lookup(base, o)!r})" for o in overrides] + notes
+        if recipe.optim.name != "adam":
+            overridden.append(f"OFF-RECIPE optimizer {recipe.optim.name}: bias-corrected AdamW, not the paper's Adam "
+                              "without bias correction")
+        return train(recipe, bud, data_path, run_dir, dev, resume=(mode == "resume"), dist=dist, command=command,
+                     init=init, overridden=overridden)
 
 
 def adopt_data_vocab(recipe: Recipe, data_dir: Path, overrides: list[str], notes: list[str]) -> Recipe:
@@ -173,15 +179,29 @@ def open_run_dir(run_dir: Path, resume: bool, force: bool, recipe: Recipe, bud: 
         raise UserError(f"--resume: {run_dir} does not exist (nothing to continue; drop --resume to start a new run)")
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"--out {run_dir}: exists and is not a directory")
-    items = sorted(run_dir.iterdir()) if run_dir.is_dir() else []
+    items = sorted(p for p in run_dir.iterdir() if p.name != LOCK_NAME) if run_dir.is_dir() else []
     ckpts = sorted((p.name for p in items if p.is_dir() and CKPT_NAME.match(p.name)), key=lambda n: int(n[5:]))
     has_run = any((run_dir / n).exists() for n in (*RUN_FILES, "state")) or bool(ckpts)
+    others = [p for p in items if not _written_by_train(p)]
+    taken = [p.name for p in others if p.name in (*RUN_FILES, *DERIVED, "state", "data", DATASET_FILE)
+             or CKPT_NAME.match(p.name)]  # a name the run writes, holding something else: never replaced unasked
+    if taken:
+        raise UserError(f"--out {run_dir}: {taken[0]} is not what tinyelectra writes under that name, and the run would "
+                        "replace it; move it away, or choose another --out")
+    if others and not has_run:
+        what = ("a prepared dataset (give it as --data)" if (run_dir / "manifest.json").is_file() else
+                f"files that are not a tinyelectra run ({', '.join(p.name for p in others[:3])}"
+                f"{f' and {len(others) - 3} more' if len(others) > 3 else ''})")
+        raise UserError(f"--out {run_dir}: holds {what}; a run goes into a new or empty folder, or its own")
     if force and has_run:
-        removed = [p for p in items if p.name in (*RUN_FILES, *DERIVED, "state") or p.name in ckpts
-                   or ".tmp-" in p.name]
+        removed = [p for p in items if p not in others and p.name != "data"]  # --corpus data is checked, not deleted
+        for p in removed:  # RUN/glue while `tinyelectra glue` writes it
+            if p.is_dir() and (user := user_of(p)):
+                raise UserError(f"--force: {p} is in use by {user}; wait for it, or stop it, before starting over")
         for p in removed:
             shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
-        say(f"--force: deleted the earlier run in {run_dir} ({', '.join(p.name for p in removed)})")
+        kept = f"; kept what it did not write: {', '.join(p.name for p in others)}" if others else ""
+        say(f"--force: deleted the earlier run in {run_dir} ({', '.join(p.name for p in removed)}){kept}")
         has_run, ckpts = False, []
     check_writable(run_dir, "--out")
     if not has_run:
@@ -230,6 +250,21 @@ def open_run_dir(run_dir: Path, resume: bool, force: bool, recipe: Recipe, bud: 
                         f"{f' of {total:,}' if total else ''}): continue it with --resume, or start over with --force "
                         f"(deletes it)")
     return "resume"
+
+
+def _written_by_train(p: Path) -> bool:
+    """Whether `p`, in a run folder, is one of the things `train` writes there (by its name and kind; a checkpoint
+    folder by its config.json): what --force may delete, and what makes a folder a run's."""
+    name, is_dir = p.name, p.is_dir() and not p.is_symlink()
+    files = [*RUN_FILES, DATASET_FILE, *(n for n in DERIVED if "." in n)]
+    temporary = re.fullmatch(r"\.(.+)\.\w+\.tmp", name)  # write_atomic's, left by a process killed while writing
+    if name in files or (temporary and temporary.group(1) in files):
+        return p.is_file()
+    if name in ("state", "glue", "tensorboard") or re.fullmatch(r"(ckpt-\d{4,5}|state|data)\.(tmp|old)-\d+", name):
+        return is_dir
+    if name == "data":  # --corpus, prepared into the run
+        return is_dir and (p / "manifest.json").is_file()
+    return is_dir and CKPT_NAME.match(name) is not None and is_checkpoint(p)
 
 
 def _read_record(path: Path, strict: bool) -> dict | None:
@@ -324,6 +359,7 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
         log.once(cpu_threads_line if device.type == "cpu" else "")
         data = PretrainData(data_dir)
         _check_data(data, recipe, data_dir)
+        log.once(f"warning: {data_dir}: {heldout}" if (heldout := heldout_warning(data.num_rows("validation"), None)) else "")
         special = SpecialIds.from_tokenizer(data.tokenizer)
         precision, precision_reason = runtime.pick_precision(tr.precision, device)
         log.once(f"precision: {precision} ({precision_reason}); {runtime.configure_matmul(precision, device)}")
@@ -411,6 +447,8 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
                 saved["deviations"] = saved["deviations"] + list(overridden or [])
                 write_json(run_dir / "recipe.json", saved)
                 plan.save(run_dir / "plan.json")
+        if dist.main:  # the data it trains on (runfolder.check_data compares a --resume's with it)
+            record_data(run_dir, data)
 
         def check_before_writing() -> None:
             """`check_finite` before a checkpoint or resume state: the weights, and the losses of the log window in
@@ -640,6 +678,7 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
                              "checkpoints_eval_state": round(other_seconds, 3)},  # the whole run's, resumes included
         "process_seconds": {k: None if v is None else round(v, 3)  # this process's, from train()'s entry
                             for k, v in dataclasses.asdict(process_seconds).items()},
+        "data": data_record(data),  # the prepared data trained on: its path and fingerprint (runfolder.py)
         "precision": precision, "device": device_name(device), "parameters": count_parameters(model),
         "checkpoints": list(fractions_of_steps), "checkpoint_steps": {n: plan.checkpoint_steps[n] for n in fractions_of_steps},
         "checkpoint_fractions_of_steps": fractions_of_steps,
