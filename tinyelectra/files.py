@@ -303,3 +303,14 @@ def path_part(name: str, what: str) -> str:
     if bad:
         raise UserError(f"{what} {name!r} {bad}: it becomes part of a file name, so it must be one name, not a path")
     return name
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this machine with this id exists (another user's counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        pass
+    return True

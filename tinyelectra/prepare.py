@@ -36,7 +36,7 @@ from tinyelectra.console import make_console
 from tinyelectra.corpus import CorpusReader, Document, resolve_inputs
 from tinyelectra.data import FORMAT_VERSION, SPLITS, files_present, heldout_warning
 from tinyelectra.errors import UserError
-from tinyelectra.files import check_writable, os_error_line, replace_dir, sha256_of, write_json
+from tinyelectra.files import check_writable, os_error_line, pid_alive, replace_dir, sha256_of, write_json
 from tinyelectra.tokenizer import (CASINGS, CHARACTER_COVERAGE, MAX_VOCAB_SIZE, MIN_VOCAB_SIZE, PROFILE_FILE,
                                    SPECIAL_ROLES, TOKENIZER_TYPES, Tokenizer, choose_casing, text_profile)
 
@@ -527,18 +527,8 @@ def _remove_stale_tmp_dirs(out_dir: Path) -> None:
     """Remove `OUT.tmp-<pid>` directories left by prepare runs that were killed (their process is gone)."""
     for p in out_dir.parent.glob(f"{out_dir.name}.tmp-*"):
         pid = p.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
             shutil.rmtree(p, ignore_errors=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's
-        pass
-    return True
 
 
 def _summarize_sources(inputs) -> list[dict]:

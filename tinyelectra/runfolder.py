@@ -30,23 +30,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from tinyelectra.errors import UserError
-from tinyelectra.files import write_json
+from tinyelectra.files import pid_alive, write_json
 
 LOCK_NAME = ".tinyelectra.lock"
 DATASET_FILE = "dataset.json"  # in a run folder: the prepared data it trains on (`data_record`)
 
 
 # ---------------------------------------------------------------------------------------------------- the lock
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's
-        pass
-    return True
-
-
 def _holder_text(record: dict, lock_file: Path) -> str:
     """Who a lock record names, in words: 'tinyelectra train (pid 41 on this machine, since 10:02:11 UTC)'."""
     if not record:
@@ -57,7 +47,7 @@ def _holder_text(record: dict, lock_file: Path) -> str:
     if host != socket.gethostname():
         return (f"{what} (pid {pid} on machine {host}{since}; whether it still runs cannot be checked from this "
                 f"machine: if it does not, delete {lock_file})")
-    state = "" if isinstance(pid, int) and _pid_alive(pid) else ", which has ended: a process it started holds the lock"
+    state = "" if isinstance(pid, int) and pid_alive(pid) else ", which has ended: a process it started holds the lock"
     return f"{what} (pid {pid} on this machine{since}{state})"
 
 
