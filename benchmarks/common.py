@@ -106,7 +106,7 @@ def write_result(name: str, payload: dict, device: torch.device | None = None, o
 
 
 def save_initial_checkpoint(recipe, data_dir: Path, target: Path, note: str) -> Path:
-    """The weights a pre-training run of `recipe` starts from (its seed, built as `tinyelectra.train.train` builds
+    """The weights a pre-training run of `recipe` starts from (its seed, built as `tinyelectra.train.set_up` builds
     them), saved as a checkpoint with the data's tokenizer and the held-out diagnostics of those untrained weights:
     the no-pre-training control of a GLUE comparison. `recipe` must already carry the data's vocabulary size."""
     from tinyelectra.checkpoint import save_checkpoint  # noqa: PLC0415
@@ -116,7 +116,7 @@ def save_initial_checkpoint(recipe, data_dir: Path, target: Path, note: str) -> 
     from tinyelectra.model import Electra  # noqa: PLC0415
 
     data = PretrainData(data_dir)
-    torch.manual_seed(recipe.train.seed)  # as train() does right before building the model
+    torch.manual_seed(recipe.train.seed)  # as train.set_up does right before building the model
     model = Electra(recipe.model, recipe.objective.kind)
     ev = evaluate(model, data, recipe, SpecialIds.from_tokenizer(data.tokenizer), torch.device("cpu"),
                   contextlib.nullcontext(), micro=recipe.train.batch_size)

@@ -678,7 +678,7 @@ def test_a_training_step_out_of_memory_is_one_line(tmp_path, cli_env, monkeypatc
 def test_a_gpu_out_of_memory_error_reads_as_one_line():
     """torch's CUDA allocator's words (c10/cuda/CUDACachingAllocator.cpp), read without a GPU."""
     from tinyelectra.config import load_recipe
-    from tinyelectra.train import allocation_failure, out_of_memory_line
+    from tinyelectra.runstate import allocation_failure, out_of_memory_line
 
     e = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 "
                                "GiB of which 1.06 GiB is free. Of the allocated memory 75.2 GiB is allocated by PyTorch")

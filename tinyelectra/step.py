@@ -6,8 +6,8 @@ micro-batch's gradients become an update (`Engine`: our own loop, DDP or DeepSpe
 the graph-safe update), `train_step` itself, and the micro-batch that fits (`fit_micro_batch`, `probe_step`).
 benchmarks/throughput.py and loss_check.py time and check these same functions.
 
-What does not: the loop, its clocks, logs, checkpoints and resume states (train.py); the objective's mathematics
-(electra.py); the optimizer's (optim.py); device, precision and compile mechanics (runtime.py).
+What does not: the loop (train.py), its clocks, logs, checkpoints and resume states (runstate.py); the objective's
+mathematics (electra.py); the optimizer's (optim.py); device, precision and compile mechanics (runtime.py).
 """
 
 from __future__ import annotations
