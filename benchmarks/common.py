@@ -7,7 +7,7 @@ memory, and the two pre-training steps every speed benchmark compares.
 - `alternate(steps, ...)`: runs the candidates in turn (A B, then B A, ...) in one process after warm-up, so that a
   noisy neighbour slows both equally; `summarize` gives medians and quartiles.
 - `PeakMemory`: CUDA `max_memory_allocated`, or on CPU the process's peak RSS (VmHWM, reset through
-  /proc/self/clear_refs).
+  /proc/self/clear_refs); `HeldMemory`: what a CUDA run holds from its construction on, the CUDA-graph pools counted.
 - `TinyElectraStep` / `HFStep`: one full pre-training step (masking, generator, Gumbel sampling, discriminator,
   backward, clip 1.0, optimizer) of tinyelectra, and of transformers' `ElectraForMaskedLM` +
   `ElectraForPreTraining` wired the common way (shared embeddings, full-vocabulary generator logits at every
@@ -106,7 +106,7 @@ def write_result(name: str, payload: dict, device: torch.device | None = None, o
 
 
 def save_initial_checkpoint(recipe, data_dir: Path, target: Path, note: str) -> Path:
-    """The weights a pre-training run of `recipe` starts from (its seed, built as `tinyelectra.train.train` builds
+    """The weights a pre-training run of `recipe` starts from (its seed, built as `tinyelectra.train.set_up` builds
     them), saved as a checkpoint with the data's tokenizer and the held-out diagnostics of those untrained weights:
     the no-pre-training control of a GLUE comparison. `recipe` must already carry the data's vocabulary size."""
     from tinyelectra.checkpoint import save_checkpoint  # noqa: PLC0415
@@ -116,7 +116,7 @@ def save_initial_checkpoint(recipe, data_dir: Path, target: Path, note: str) -> 
     from tinyelectra.model import Electra  # noqa: PLC0415
 
     data = PretrainData(data_dir)
-    torch.manual_seed(recipe.train.seed)  # as train() does right before building the model
+    torch.manual_seed(recipe.train.seed)  # as train.set_up does right before building the model
     model = Electra(recipe.model, recipe.objective.kind)
     ev = evaluate(model, data, recipe, SpecialIds.from_tokenizer(data.tokenizer), torch.device("cpu"),
                   contextlib.nullcontext(), micro=recipe.train.batch_size)
@@ -224,23 +224,78 @@ class PeakMemory:
             self.peak_bytes = _rss_peak_bytes()
 
 
+class HeldMemory:
+    """What a CUDA run holds, from before it was built to the end of the block (`with HeldMemory(device) as held:`),
+    in bytes (`held.figures`), as deltas over the block's start so that what other code holds is not counted:
+
+    - `peak_reserved_bytes`: torch.cuda.max_memory_reserved - memory_reserved at the start: the most the caching
+      allocator held for it: tensors, cached free blocks, and the private memory pools CUDA graphs are recorded into
+      (replaying a graph allocates nothing, so max_memory_allocated over replayed steps sees almost none of it);
+    - `peak_allocated_bytes`: torch.cuda.max_memory_allocated - memory_allocated at the start: the tensors alone;
+    - `device_used_bytes_at_end`: the device's used memory (torch.cuda.mem_get_info) at the end minus at the start:
+      everything the process added, the libraries' workspaces included, as it stands at the end (not a peak).
+    Call torch.cuda.empty_cache() before the block for the reserved figure to start from what is live. On the CPU
+    the figures are None (the CPU path measures a fresh process's peak RSS instead)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.figures: dict[str, int | None] = {"peak_reserved_bytes": None, "peak_allocated_bytes": None,
+                                               "device_used_bytes_at_end": None}
+
+    def __enter__(self) -> "HeldMemory":
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._start = (torch.cuda.memory_reserved(self.device), torch.cuda.memory_allocated(self.device),
+                           _device_used(self.device))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.figures = held_figures(self._start, (torch.cuda.max_memory_reserved(self.device),
+                                                      torch.cuda.max_memory_allocated(self.device),
+                                                      _device_used(self.device)))
+
+
+def _device_used(device: torch.device) -> int:
+    free, total = torch.cuda.mem_get_info(device)
+    return total - free
+
+
+def held_figures(start: tuple[int, int, int], end: tuple[int, int, int]) -> dict[str, int]:
+    """HeldMemory's figures from (reserved, allocated, device used) at the start and (peak reserved, peak allocated,
+    device used) at the end."""
+    return {"peak_reserved_bytes": end[0] - start[0], "peak_allocated_bytes": end[1] - start[1],
+            "device_used_bytes_at_end": end[2] - start[2]}
+
+
 # ----------------------------------------------------------------------------------------------------------
 # The two pre-training steps.
 # ----------------------------------------------------------------------------------------------------------
 
 
 def synthetic_batches(vocab_size: int, batch_size: int, seq_len: int, count: int, seed: int = 0,
-                      device: torch.device | str = "cpu") -> list[tuple[Tensor, Tensor, Tensor]]:
+                      device: torch.device | str = "cpu", padding: str = "builder") -> list[tuple[Tensor, Tensor, Tensor]]:
     """`count` batches shaped like the official builder's: [CLS] A [SEP] B [SEP], some rows padded.
-    Ids: [PAD]=0, [CLS]=101, [SEP]=102, [MASK]=103 (BERT's); words drawn from 1000..V-1."""
+    Ids: [PAD]=0, [CLS]=101, [SEP]=102, [MASK]=103 (BERT's); words drawn from 1000..V-1.
+    `padding`: "builder" (each row short with probability 0.05, as the builder's random-length rows), "none" (every
+    row full: no batch needs an attention mask), "alternate" (odd batches as "none", even ones with a short row)."""
     g = torch.Generator().manual_seed(seed)
     out = []
-    for _ in range(count):
+    for i in range(count):
         ids = torch.randint(1000, vocab_size, (batch_size, seq_len), generator=g)
         types = torch.zeros_like(ids)
         lengths = torch.full((batch_size,), seq_len)
         short = torch.rand(batch_size, generator=g) < 0.05  # 5% random-length rows, as the official builder
+        if padding == "none" or (padding == "alternate" and i % 2):
+            short[:] = False
+        elif padding == "alternate":
+            short[0] = True
         lengths[short] = torch.randint(5, seq_len + 1, (int(short.sum()),), generator=g)
+        if padding == "alternate" and i % 2 == 0:
+            lengths[0] = min(int(lengths[0]), seq_len - 1)  # at least one padding token
         for r in range(batch_size):
             n = int(lengths[r])
             cut = int(torch.randint(2, max(3, n - 1), (1,), generator=g))

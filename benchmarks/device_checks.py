@@ -1,7 +1,8 @@
-"""What the machine is and whether the GPU path works: the GPU suite's `env` and `checks` stages.
+"""What the machine is and whether the GPU path works: the GPU suite's `env`, `checks` and `glue_speed` stages.
 
     python benchmarks/device_checks.py env [--mode gpu|smoke] [--out-dir D] [--name env]
     python benchmarks/device_checks.py checks [--device cuda --recipe electra-small --batch 128 ...] [--out-dir D]
+    python benchmarks/device_checks.py finetune --checkpoint CKPT [--device cuda] [--layouts eager:1,graphs:8,3xgraphs:10]
 
 env: Python, packages, GPU, driver, C compiler, the inductor cache at the start; and the two ceilings the suite
 reads MFU against beside the datasheet's peak: a bf16 8192 x 8192 x 8192 matrix product (2 n^3 FLOPs) and a 1 GiB
@@ -13,6 +14,15 @@ checks (seconds, to fail fast): the trainer's own step (benchmarks/throughput.py
 losses finite; then attention.gradient_safety: forward + backward through each SDPA backend alone at GLUE-like
 lengths with a padding mask, including lengths whose value mod 128 is 64, in the pre-training and fine-tuning
 dtypes: which backends are safe on this card.
+
+finetune (the glue_speed stage): fine-tuning steps per second on this device for each way of running GLUE's jobs, so
+that the suite can pick one: a layout `[Px]MODE:K` is P processes (default 1) each with K jobs in flight
+(finetune.run_jobs's round robin, each job on its own CUDA stream) in step mode MODE (eager | static | graphs:
+tinyelectra/finetune.py). Every job fine-tunes CKPT's encoder on rows of --width tokens (the widest bucket, so the
+rate is a lower bound for GLUE's mix of lengths) at batch 32 in --precision; after each job's first steps (graph
+capture and warm-up, untimed) the jobs run for --seconds, and the rate is the steps launched over the time until the
+device finished them. The P processes of a layout start together and measure the same window (they wait for each
+other through files in a folder), and their steps are added up.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ import argparse
 import math
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -39,6 +50,7 @@ from common import add_step_arguments, command_line, run_main, step_setup, synch
 
 from tinyelectra import flops, runtime  # noqa: E402
 from tinyelectra.config import load_recipe  # noqa: E402
+from tinyelectra.errors import UserError  # noqa: E402
 
 CEILING_SIZES = {"gpu": {"gemm_n": 8192, "copy_bytes": 2**30}, "smoke": {"gemm_n": 256, "copy_bytes": 2**22}}
 PACKAGES = ("torch", "triton", "transformers", "tokenizers", "safetensors", "sentencepiece", "numpy", "rich", "typer",
@@ -163,6 +175,152 @@ def checks(args, argv: list[str]) -> dict:
     return payload
 
 
+def parse_layout(text: str) -> dict:
+    """`[Px]MODE:K` -> {"layout", "processes", "mode", "concurrent"}; a ValueError names what is wrong."""
+    m = re.fullmatch(r"(?:(\d+)x)?(eager|static|graphs):(\d+)", text.strip())
+    if not m or int(m.group(3)) < 1 or (m.group(1) is not None and int(m.group(1)) < 1):
+        raise ValueError(f"layout {text!r}: expected [Px]MODE:K, e.g. graphs:8 or 3xgraphs:10 (MODE eager, static or graphs)")
+    return {"layout": text.strip(), "processes": int(m.group(1) or 1), "mode": m.group(2), "concurrent": int(m.group(3))}
+
+
+def synthetic_task(vocab_size: int, width: int, rows: int, seed: int = 0):
+    """An SST-2-shaped task (two classes) of `rows` random rows, every one exactly `width` tokens, [CLS] A [SEP] B [SEP]."""
+    import numpy as np  # noqa: PLC0415
+
+    from tinyelectra.finetune import EncodedTask  # noqa: PLC0415
+    from tinyelectra.glue_data import EncodedSplit  # noqa: PLC0415
+
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(min(1000, vocab_size // 2), vocab_size, size=(rows, width)).astype(np.int32)  # past the specials
+    ids[:, 0], ids[:, width // 2], ids[:, -1] = 101, 102, 102
+    split = EncodedSplit(token_ids=ids.reshape(-1), offsets=np.arange(rows + 1, dtype=np.int64) * width,
+                         segment_a_lengths=np.full(rows, width // 2 + 1, dtype=np.int64),
+                         labels=rng.integers(0, 2, size=rows).astype(np.int64), pad_id=0, truncated=0)
+    return EncodedTask(train=split, dev={}, test=[])
+
+
+FINETUNE_STEPS_PER_JOB = 6_000  # more than a job runs in a window of a few seconds (its schedule: 1.5 MB of rows)
+
+
+def measure_layout(backbone, device: torch.device, precision: str, mode: str, concurrent: int, width: int,
+                   seconds: float, barrier: tuple[Path, int, int] | None = None) -> dict:
+    """Steps per second of `concurrent` jobs in flight in this process (see the module docstring). `barrier`
+    (folder, this worker's index, workers): wait for the other processes before timing, and stop at the same time."""
+    import gc  # noqa: PLC0415
+
+    from tinyelectra.finetune import FinetuneConfig, FinetuneJob, device_split  # noqa: PLC0415
+
+    rows = 320  # 10 steps an epoch
+    task = synthetic_task(backbone.config.vocab_size, width, rows)
+    fc = FinetuneConfig(precision=precision, step=mode, concurrent=concurrent, epochs=FINETUNE_STEPS_PER_JOB / 10,
+                        test_predictions=False)
+    t_setup = time.perf_counter()
+    data = None if mode == "eager" else device_split(task.train, False, fc.length_bucket, backbone.config.max_positions, device)
+    streams = [torch.cuda.Stream(device) if device.type == "cuda" and concurrent > 1 else None for _ in range(concurrent)]
+    jobs = [FinetuneJob(backbone, "sst2", task, fc, seed, device, precision, mode, data=data, stream=streams[seed],
+                        shared_rng=concurrent > 1) for seed in range(concurrent)]
+    for _ in range(3):  # eager: the first calls set up kernels and the allocator; static and graphs: warm
+        for job in jobs:
+            job.advance()
+    synchronize(device)
+    setup_s = time.perf_counter() - t_setup
+    memory = torch.cuda.memory_reserved(device) if device.type == "cuda" else None
+    start_at = None
+    if barrier is not None:
+        folder, index, workers = barrier
+        (folder / f"ready-{index}").write_text("ready")
+        while len(list(folder.glob("ready-*"))) < workers:
+            time.sleep(0.01)
+        start_at = time.time()
+    t0, steps = time.perf_counter(), 0
+    while time.perf_counter() - t0 < seconds and jobs[0].done < jobs[0].total - 1:
+        for job in jobs:
+            job.advance()
+        steps += len(jobs)
+    synchronize(device)
+    elapsed = time.perf_counter() - t0
+    out = {"mode": mode, "concurrent": concurrent, "steps": steps, "seconds": elapsed, "steps_per_second": steps / elapsed,
+           "setup_seconds": setup_s, "step": jobs[0].note, "memory_reserved_gib": memory / 2**30 if memory else None}
+    if start_at is not None:
+        out.update(start_unix=start_at, end_unix=start_at + elapsed)
+    del jobs, data
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+def finetune_speed(args, argv: list[str]) -> dict:
+    import json  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    from tinyelectra.hf import load_backbone  # noqa: PLC0415
+
+    device = runtime.pick_device(None, args.device)
+    precision, _ = runtime.pick_precision(args.precision, device)
+    runtime.configure_matmul(precision, device)
+    runtime.guard_cudnn_sdpa(device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    backbone = load_backbone(Path(args.checkpoint))
+    try:
+        layouts = [parse_layout(x) for x in args.layouts.split(",") if x.strip()]
+    except ValueError as e:
+        raise UserError(f"--layouts: {e}") from None
+    if args.worker:  # one process of a multi-process layout
+        layout = layouts[0]
+        folder = Path(args.worker)
+        got = measure_layout(backbone, device, precision, layout["mode"], layout["concurrent"], args.width, args.seconds,
+                             (folder, args.worker_index, args.workers))
+        (folder / f"worker-{args.worker_index}.json").write_text(json.dumps(got))
+        return got
+    results: list[dict] = []
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    payload: dict = {}
+    for layout in layouts:  # the result is written after each layout: a stage stopped at its limit keeps the rest
+        t0 = time.perf_counter()
+        if layout["processes"] == 1:
+            got = measure_layout(backbone, device, precision, layout["mode"], layout["concurrent"], args.width, args.seconds)
+        else:
+            got = _measure_processes(layout, args, Path(tempfile.mkdtemp(prefix="glue-speed.")))
+        got.update(layout=layout["layout"], processes=layout["processes"], wall_seconds=time.perf_counter() - t0)
+        results.append(got)
+        print(f"{layout['layout']:>14}: {got['steps_per_second']:8.1f} steps/s ({got.get('step', '')}; "
+              f"set-up {got.get('setup_seconds', 0):.1f} s)", flush=True)
+        best = max(results, key=lambda r: r["steps_per_second"])
+        payload = {"device": name, "precision": precision, "checkpoint": str(args.checkpoint), "width": args.width,
+                   "batch_size": 32, "seconds": args.seconds, "layouts": results, "best": best["layout"],
+                   "complete": len(results) == len(layouts),
+                   "what": "aggregate fine-tuning steps/s of ELECTRA fine-tuning jobs (batch 32 x width) per layout: "
+                           "[processes x] step mode : jobs in flight per process"}
+        write_result(args.name, payload, device, out_dir=args.out_dir,
+                     command=command_line("benchmarks/device_checks.py", argv))
+    print(f"fastest: {payload.get('best')} -> {args.out_dir or 'benchmarks/results'}/{args.name}.json")
+    return payload
+
+
+def _measure_processes(layout: dict, args, folder: Path) -> dict:
+    """The layout's processes, started together (each a worker of this script), their steps added up over the
+    window from the first start to the last end."""
+    import json  # noqa: PLC0415
+
+    base = [sys.executable, str(Path(__file__).resolve()), "finetune", "--checkpoint", str(args.checkpoint),
+            "--device", args.device or "cuda", "--precision", args.precision, "--width", str(args.width),
+            "--seconds", str(args.seconds), "--layouts", f"{layout['mode']}:{layout['concurrent']}",
+            "--worker", str(folder), "--workers", str(layout["processes"]), "--threads", str(args.threads or 0)]
+    procs = [subprocess.Popen([*base, "--worker-index", str(i)], stdout=subprocess.DEVNULL) for i in range(layout["processes"])]
+    codes = [p.wait() for p in procs]
+    if any(codes):
+        raise SystemExit(f"a worker of layout {layout['layout']} failed (exit codes {codes})")
+    workers = [json.loads((folder / f"worker-{i}.json").read_text()) for i in range(layout["processes"])]
+    span = max(w["end_unix"] for w in workers) - min(w["start_unix"] for w in workers)
+    steps = sum(w["steps"] for w in workers)
+    shutil.rmtree(folder, ignore_errors=True)
+    return {"mode": layout["mode"], "concurrent": layout["concurrent"], "steps": steps, "seconds": span,
+            "steps_per_second": steps / span, "setup_seconds": max(w["setup_seconds"] for w in workers),
+            "step": workers[0]["step"], "workers": workers}
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
@@ -173,6 +331,19 @@ def parser() -> argparse.ArgumentParser:
     c = sub.add_parser("checks", help="one training step; SDPA gradients per backend")
     add_step_arguments(c)
     c.add_argument("--set", action="append", default=[], help="recipe overrides, e.g. model.num_layers=1")
+    f = sub.add_parser("finetune", help="fine-tuning steps/s per layout (processes x step mode : jobs in flight)")
+    f.add_argument("--checkpoint", required=True, help="a tinyelectra checkpoint (its encoder's shape and weights)")
+    f.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: a GPU if there is one)")
+    f.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16"))
+    f.add_argument("--width", type=int, default=128, help="tokens per row (the widest bucket)")
+    f.add_argument("--seconds", type=float, default=2.0, help="the timed window of each layout")
+    f.add_argument("--layouts", default="graphs:32,3xgraphs:10,graphs:8,graphs:1,eager:1", help="[Px]MODE:K, comma-separated")
+    f.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    f.add_argument("--name", default="glue_speed", help="result file name")
+    f.add_argument("--out-dir", default=None)
+    f.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    f.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
+    f.add_argument("--workers", type=int, default=1, help=argparse.SUPPRESS)
     return ap
 
 
@@ -181,6 +352,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser().parse_args(argv)
     if args.command == "env":
         return env(args, argv)
+    if args.command == "finetune":
+        return finetune_speed(args, argv)
     return checks(args, argv)
 
 

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# The GPU run in one command: what a user runs (tinyelectra train --gpu 0, then tinyelectra glue) and the speed
-# measurements, within 570 s on a bare GPU machine; three files come back: an archive, summary.json and suite.log,
-# whose last lines are a short table. The pack (pre-training rows and GLUE tasks) travels beside the checkout.
+# The GPU lease in two commands, run back to back on the same warm machine: the first pre-trains ELECTRA-Small
+# toward the paper's first point (checks, parity, speed, then tinyelectra train, within 560 s); the second fine-tunes
+# its last checkpoint and the untrained weights on GLUE and gives the verdict (within 280 s). Each leaves three
+# files (an archive, a summary and a log whose last lines are a short table). The pack travels beside the checkout.
 #
-#   bash benchmarks/gpu_suite.sh --pack [DIR] [--shared DIR] [--shards N]   # build the pack (default .lease/, ~50 MiB)
-#   bash benchmarks/gpu_suite.sh [--lease DIR] [--out DIR]                  # the GPU run ($OUT when set)
-#   bash benchmarks/gpu_suite.sh --cpu-smoke [--out DIR]                    # every stage at toy size on the CPU
+#   bash benchmarks/gpu_suite.sh --pack [DIR] [--shared DIR] [--shards N]   # build the pack (default .lease/, ~51 MiB)
+#   bash benchmarks/gpu_suite.sh [--lease DIR] [--out DIR]                  # the first command ($OUT unless --out)
+#   bash benchmarks/gpu_suite.sh --finish [--out DIR]                       # the second, on the first's run
+#   bash benchmarks/gpu_suite.sh --cpu-smoke [--finish] [--out DIR]         # either at toy size on the CPU
 #
 # PYTHON=... chooses the interpreter (default: the checkout's .venv/bin/python, else python3). The stages, their
-# limits and the summary: benchmarks/suite.py and benchmarks/README.md.
+# limits and the summaries: benchmarks/suite.py and benchmarks/README.md.
 
 set -u -o pipefail
 
@@ -25,7 +27,7 @@ export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 
 case "${1:-}" in
-    -h | --help) sed -n '2,11p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' ;;
+    -h | --help) sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' ;;
     --pack) shift; exec "$PY" "$ROOT/benchmarks/pack.py" build "$@" ;;
     *) exec "$PY" "$ROOT/benchmarks/suite.py" run "$@" ;;
 esac

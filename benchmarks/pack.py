@@ -9,11 +9,13 @@ A pack is three files:
   vocabulary (a 30,522-entry WordPiece trained by prepare) and row length (128 tokens): manifest, tokenizer, uint16
   rows. xz (preset 9) stores them in about 1.04 bytes per token (measured on the first 220 shards: 30.3M tokens in
   31.65 MB), so 360 shards, about 50M tokens, fit;
-- glue.tar.xz: train.tsv and dev.tsv of the tasks the GPU run fine-tunes on (TASKS, in the order it runs them);
+- glue.tar.xz: the whole train.tsv and dev.tsv of the tasks the GPU run fine-tunes on (TASKS; 1.3 MiB of xz: the
+  full training sets, as the paper's protocol fine-tunes on them);
 - pack.json: what the pack holds (tokens, rows, tasks and their rows, each archive's bytes and sha256, the
   tokenizer's fingerprint, the command and commit that built it).
-It must stay within 56 MiB, so that the repository and the pack travel together in 64 MiB: `build` measures it and
-refuses (an error, and the previous pack left as it was) when it does not fit. `--smoke` builds the toy pack of the
+It must fit beside the checkout in the 64 MiB a GPU command carries: `build` measures the checkout (the files git
+tracks or would track: what the device tool sends) and the pack, and refuses (an error, and the previous pack left
+as it was) when together they leave less than TRAVEL_MARGIN_BYTES, or the pack alone is over LIMIT_BYTES. `--smoke` builds the toy pack of the
 CPU smoke run: the first enwiki shard at a 2,048-entry vocabulary and 32-token rows (10% of its documents held out),
 and the first 40 training and 20 dev rows of each task.
 """
@@ -38,6 +40,8 @@ from tinyelectra.files import sha256_of  # noqa: E402
 
 TASKS = ("cola", "sst2", "stsb", "mrpc", "rte")  # by value: CoLA shows pre-training first; RTE and MRPC last
 LIMIT_BYTES = 56 * 2**20
+TRAVEL_BYTES = 64 * 2**20  # what one GPU command carries: the working tree and the carried paths together
+TRAVEL_MARGIN_BYTES = 2 * 2**20  # left free for the results a session adds to the checkout before the lease
 DEFAULT_SHARDS = 360
 FORMAT = "tinyelectra-gpu-pack"
 SMOKE = {"shards": 1, "vocab_size": 2048, "seq_len": 32, "validation_fraction": 0.1, "train_lines": 40, "dev_lines": 20}
@@ -59,6 +63,17 @@ def _first_lines(src: Path, dst: Path, lines: int, header: bool) -> int:
         kept = [line for _, line in zip(range(lines + int(header)), f)]
     dst.write_text("".join(kept), encoding="utf-8")
     return len(kept) - int(header)
+
+
+def checkout_bytes() -> int | None:
+    """The bytes of the files the device tool sends with the working tree: tracked, and untracked but not ignored
+    (git ls-files); None where git cannot tell (no .git)."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True,
+                                check=True).stdout.decode("utf-8", "replace").split("\0")
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return sum((ROOT / f).stat().st_size for f in listed if f and (ROOT / f).is_file())
 
 
 def build(out_dir: Path, shared: Path, shards: int, smoke: bool) -> dict:
@@ -126,9 +141,15 @@ def build(out_dir: Path, shared: Path, shards: int, smoke: bool) -> dict:
             "git_commit": git_commit(), "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "seconds": round(time.perf_counter() - t0, 1),
         }
+        checkout = checkout_bytes()
+        doc["checkout_bytes"] = checkout
         if doc["total_bytes"] > LIMIT_BYTES:
             raise UserError(f"the pack would be {doc['total_bytes'] / 2**20:.1f} MiB, over its {LIMIT_BYTES / 2**20:.0f} MiB "
                             f"(the repository and the pack travel in 64 MiB): use fewer --shards than {shards}")
+        if checkout is not None and checkout + doc["total_bytes"] > TRAVEL_BYTES - TRAVEL_MARGIN_BYTES:
+            raise UserError(f"the pack ({doc['total_bytes'] / 2**20:.1f} MiB) and the checkout ({checkout / 2**20:.1f} MiB) "
+                            f"would leave less than {TRAVEL_MARGIN_BYTES / 2**20:.0f} MiB of the {TRAVEL_BYTES / 2**20:.0f} MiB "
+                            f"a GPU command carries: use fewer --shards than {shards}")
         shutil.rmtree(work)
         (stage / "pack.json").write_text(json.dumps(doc, indent=2) + "\n")
         if out_dir.exists():
@@ -145,16 +166,21 @@ def describe(doc: dict, where: Path) -> None:
     p = doc["pretrain"]
     train_tokens = p["tokens"]["train"]
     sizes = ", ".join(f"{n} {f['bytes'] / 2**20:.1f} MiB" for n, f in doc["files"].items())
-    print(f"pack {where}: {doc['total_bytes'] / 2**20:.1f} MiB of {doc['limit_bytes'] / 2**20:.0f} MiB ({sizes})")
+    checkout = doc.get("checkout_bytes")
+    travel = f"; with the checkout's {checkout / 2**20:.1f} MiB: {(checkout + doc['total_bytes']) / 2**20:.1f} MiB of the " \
+             f"{TRAVEL_BYTES / 2**20:.0f} MiB a GPU command carries" if checkout else ""
+    print(f"pack {where}: {doc['total_bytes'] / 2**20:.1f} MiB of {doc['limit_bytes'] / 2**20:.0f} MiB ({sizes}){travel}")
     print(f"  pre-training: {train_tokens:,} tokens in {p['examples']['train']:,} rows of {p['seq_len']} "
           f"({len(p['shards'])} enwiki shards; {p['tokens']['validation']:,} held-out tokens), a {p['vocab_size']:,}-entry "
           f"WordPiece (fingerprint {p['tokenizer_fingerprint'][:12]})")
     if doc["kind"] == "gpu":
-        seconds = suite.gpu_plan()["pretrain_train_s"]
+        seconds = suite.gpu_plan("run")["pretrain_train_s"]
         low, high = (rate * seconds for rate in suite.EXPECTED_TOKENS_PER_S)
+        paper = suite.PAPER_POINT_STEPS * 128 * 128
         print(f"  the GPU run trains at least {seconds} s (more when earlier stages finish early): at "
               f"{suite.EXPECTED_TOKENS_PER_S[0] / 1e6:.1f}M-{suite.EXPECTED_TOKENS_PER_S[1] / 1e6:.1f}M tokens/s, "
-              f"{low / 1e6:.0f}M-{high / 1e6:.0f}M tokens = {low / train_tokens:.1f}-{high / train_tokens:.1f} epochs over them")
+              f"{low / 1e6:.0f}M-{high / 1e6:.0f}M tokens = {low / train_tokens:.1f}-{high / train_tokens:.1f} passes over them "
+              f"(the paper's 6.25% point, {paper / 1e9:.2f}B tokens, would be {paper / train_tokens:.0f} passes)")
     tasks = doc["glue"]["tasks"]
     print("  GLUE: " + ", ".join(f"{t} ({v['train_rows']:,} train / {v['dev_rows']:,} dev rows)" for t, v in tasks.items()))
 
@@ -185,7 +211,8 @@ def parser() -> suite.OneLineParser:
     sub = ap.add_subparsers(dest="command", required=True, parser_class=suite.OneLineParser)
     b = sub.add_parser("build", help="build a pack from the project's data folder")
     b.add_argument("dir", nargs="?", default=str(ROOT / ".lease"), help="where the pack goes (default .lease/)")
-    b.add_argument("--shared", default=str(ROOT.parent / "shared" / "data"), help="the data folder (default ../shared/data)")
+    b.add_argument("--shared", default=os.environ.get("TINYELECTRA_SHARED_DATA") or str(ROOT.parent / "shared" / "data"),
+                   help="the data folder (default $TINYELECTRA_SHARED_DATA, else ../shared/data)")
     b.add_argument("--shards", type=int, default=DEFAULT_SHARDS, help="enwiki shards to prepare (sorted by name)")
     b.add_argument("--smoke", action="store_true", help="the toy pack of the CPU smoke run")
     u = sub.add_parser("unpack", help="check and extract a pack")

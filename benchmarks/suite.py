@@ -1,29 +1,39 @@
-"""The GPU suite behind benchmarks/gpu_suite.sh: ONE command, at most 570 s on a bare GPU machine, that runs what a
-user runs (`tinyelectra train --recipe electra-small ... --gpu 0`, then `tinyelectra glue`) beside the speed
-measurements, and leaves three files: an archive, summary.json and suite.log, whose last lines are a short table.
+"""The GPU suite behind benchmarks/gpu_suite.sh: the paper's first point in one lease, as two prepared commands run
+back to back on the same warm machine, each under its own deadline and each leaving three files.
 
-    python benchmarks/suite.py run [--cpu-smoke] [--lease DIR] [--out DIR]    # what gpu_suite.sh runs
+    python benchmarks/suite.py run [--cpu-smoke] [--lease DIR] [--out DIR] [--work DIR]            # the first command
+    python benchmarks/suite.py run --finish [--cpu-smoke] [--out DIR] [--work DIR]                # the second command
     python benchmarks/suite.py summary DIR                                      # the table again, from an archive
 
-Stages, in order of value (PLAN: each one's GPU budget), every one a process under its own time limit and recorded
-whatever happens: unpack (the pack from --lease), env (machine, measured ceilings), checks (a training step, SDPA
-gradients per backend), eager (tinyelectra vs transformers, alternating in one process: tokens/s, peak memory,
-profile), compiled (tinyelectra under torch.compile; its inductor cache, in the work folder, serves the later
-stages), pretrain (the user's command, its --budget what is left minus GLUE's share; eager if compilation failed),
-glue (the final checkpoint, or the last one written), then with time left: glue_0625 and the extras. The
-no-pre-training GLUE side (glue_baseline) is computed beforehand on the CPU with the same protocol
-(benchmarks/glue_baseline.py); the smoke run computes its own.
+The first (RUN, 560 s): unpack (the pack from --lease), env (machine, measured ceilings), checks (a training step,
+SDPA gradients per backend), init in the background (the no-pre-training checkpoint, `ckpt-0000`), parity (fail
+fast: eager vs CUDA-graph training losses, benchmarks/loss_check.py, on a 2-layer model so that its cold compile is
+short), speed (tinyelectra's step with the shapes and compile mode `pretrain` uses: its cold compile fills the
+inductor cache `pretrain` then reads, so the same shapes never compile cold twice), pretrain (`tinyelectra train
+--recipe electra-small`: the paper's 62,500 steps when the speed stage says they fit, else a time budget of what is
+left). It leaves its run in the work folder (default .lease-run/, git-ignored, not carried: it stays on the warm
+machine between commands) with run.json, its summary.
 
---cpu-smoke runs every stage at toy size on the CPU (one thread per process, compile stages with inductor's aot_eager
-backend, fp16 as fp32, no CUDA graphs, its own generous limits), from a toy pack it builds (pack.py build --smoke)
-unless --lease names one. SUITE_ONLY=a,b runs only those stages; SUITE_BUDGET_<STAGE>=s and SUITE_DEADLINE_S=s
-override the limits (tests); SUITE_WORK keeps the work folder; SUITE_GIT_COMMIT names the commit without .git.
+The second (--finish, 280 s) finds that run (or says in one line that it is not there) and runs: glue_speed
+(fine-tuning steps/s per layout: processes x jobs in flight, so that the plan picks the fastest), glue (the full
+training sets of CoLA, SST-2, MRPC, STS-B and RTE, the paper's protocol, 3 seeds, the last checkpoint and `ckpt-0000`
+side by side in the same processes), then with time left: glue_early (a checkpoint at a quarter of the run),
+glue_fp32 (bf16 fine-tuning checked against fp32 on three tasks), and the extras (transformers compiled with CUDA
+graphs, tinyelectra vs transformers eager, fp16). Its table is the verdict against the paper.
+
+Every stage is a process (or, for glue, the processes of its layout) under its own time limit, recorded whatever
+happens. --cpu-smoke runs both commands at toy size on the CPU (one thread per process, compile stages with
+inductor's aot_eager backend, fp16 as fp32, static steps instead of CUDA graphs, its own generous limits), from a
+toy pack it builds (pack.py build --smoke) unless --lease names one. SUITE_ONLY=a,b runs only those stages;
+SUITE_BUDGET_<STAGE>=s and SUITE_DEADLINE_S=s override the limits (tests); SUITE_WORK names the work folder;
+SUITE_GLUE_LAYOUT=[Px]MODE:K forces glue's layout; SUITE_GIT_COMMIT names the commit without .git.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import shutil
@@ -37,26 +47,35 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
+WORK_DEFAULT = ROOT / ".lease-run"  # git-ignored, never carried: the first command's run waits here for the second
+WORK_MARK = ".tinyelectra-suite"  # a work folder the suite made (and may empty for a new run)
 
 # ---------------------------------------------------------------------------------------------------------------
-# The protocol: the recipe pre-trained, and how GLUE is run on it (benchmarks/glue_baseline.py runs the same).
+# The protocol: the recipe pre-trained, and how GLUE is run on it.
 # ---------------------------------------------------------------------------------------------------------------
 
-# The recipe `pretrain` trains and whose initial weights the no-pre-training baseline fine-tunes. The smoke run: one
-# layer of the tiny recipe, rows of 32 tokens (its pack's), a few rows per batch and per evaluation.
-PRETRAIN = {"gpu": {"recipe": "electra-small", "sets": ()},
+# `pretrain` trains the recipe with CUDA graphs (what train.compile=auto picks on one CUDA device with one micro-batch),
+# named explicitly so that the speed stage compiles exactly the same step. The smoke run: one layer of the tiny recipe,
+# rows of 32 tokens (its pack's), a few rows per batch and per evaluation.
+PRETRAIN = {"gpu": {"recipe": "electra-small", "sets": ("train.compile=reduce-overhead",)},
             "smoke": {"recipe": "tiny", "sets": ("model.num_layers=1", "train.seq_len=32", "train.batch_size=8",
-                                                 "train.eval_rows=32", "train.log_every_steps=5")}}
-# GLUE on the pack's tasks: one seed, the first N training rows of each task (MRPC and STS-B then train on 2N with
-# their swapped pairs), the paper's protocol otherwise, in fp32 on both sides (the CPU baseline's precision; fp32
-# also keeps fine-tuning off cuDNN's bf16 attention kernels), no test-set predictions (the pack holds no test sets).
-# Sized for the CPU baseline, the slower side: about 2.5 CPU-seconds per row of the cap on one thread of this
-# project's AMD EPYC (benchmarks/results/glue_cpu_estimate_small_t1.json: 0.6-3.1 s per step of 32; 1,331 steps at
-# 1,000 rows: CoLA 96, SST-2 96, STS-B 630, MRPC 189, RTE 320), an hour or so; the GPU's are estimated at 10-15 ms
-# each (small, launch-bound): 20-40 s.
-GLUE = {"gpu": {"seeds": 1, "max_train_rows": 1000}, "smoke": {"seeds": 1, "max_train_rows": 16}}
-GLUE_SETTINGS = ("precision=fp32", "test_predictions=false")
-BASELINE_RESULT = BENCH / "results" / "glue_no_pretraining_cpu.json"
+                                                 "train.eval_rows=32", "train.log_every_steps=5",
+                                                 "train.compile=reduce-overhead")}}
+PAPER_POINT_STEPS = 62_500  # the paper's 6.25% checkpoint of ELECTRA-Small: 62,500 steps of 128 x 128 (Table 1)
+STEPS_MARGIN = 0.85  # the paper's step count is asked for only when the speed stage's rate fits it with this margin
+# GLUE on the pack's tasks, both sides in the same processes: the full training sets, the paper's protocol
+# (tinyelectra glue's defaults), 3 seeds (the paper used more; medians and spreads are reported), bf16 autocast
+# (weights and optimizer fp32; fp32 is checked against it on three tasks when time allows: glue_fp32), no test-set
+# predictions (the pack holds no test sets). The smoke run: 16 rows per task, fixed-shape steps without CUDA graphs.
+GLUE = {"gpu": {"seeds": 3, "max_train_rows": None, "settings": ("precision=bf16", "test_predictions=false")},
+        "smoke": {"seeds": 3, "max_train_rows": 16, "settings": ("precision=fp32", "test_predictions=false", "step=static")}}
+GLUE_FP32_TASKS = ("cola", "mrpc", "rte")  # the small tasks: about 7,000 steps in true fp32 (TF32 off)
+EARLY_CHECKPOINT = "ckpt-2500"  # glue_early: a quarter of the run
+# glue_speed: the layouts measured ([P processes x] step mode : jobs in flight per process); glue runs the fastest.
+# The processes split the seeds, so P divides GLUE's seeds.
+GLUE_LAYOUTS = {"gpu": "graphs:32,3xgraphs:10,graphs:8,graphs:1,eager:1",  # the likeliest first: a stopped stage keeps them
+                "smoke": "static:4,3xstatic:2,static:1,eager:1"}
+DEFAULT_LAYOUT = {"gpu": "graphs:32", "smoke": "static:4"}  # when nothing was measured
 
 
 def pretrain_recipe(mode: str, data_dir: Path):
@@ -68,69 +87,127 @@ def pretrain_recipe(mode: str, data_dir: Path):
     return adopt_data_vocab(load_recipe(PRETRAIN[mode]["recipe"], sets), Path(data_dir), sets, [])
 
 
-def glue_args(mode: str, checkpoint: Path, glue_dir: Path, tasks: list[str], out: Path, device: list[str]) -> list[str]:
-    """`tinyelectra glue` arguments of the protocol (`device`: ["--gpu", "0"] or ["--device", "cpu"])."""
+def glue_args(mode: str, checkpoint: Path, glue_dir: Path, tasks: list[str], out: Path, device: list[str],
+              seeds: int | None = None, extra: tuple[str, ...] = ()) -> list[str]:
+    """`tinyelectra glue` arguments of the protocol (`device`: ["--gpu", "0"] or ["--device", "cpu"]); `extra`
+    settings go after the protocol's (a layout's step mode and jobs in flight, a seed, fp32)."""
     g = GLUE[mode]
+    rows = ["--max-train-rows", str(g["max_train_rows"])] if g["max_train_rows"] else []
     return ["glue", "--checkpoint", str(checkpoint), "--glue-dir", str(glue_dir), "--tasks", ",".join(tasks),
-            "--seeds", str(g["seeds"]), "--max-train-rows", str(g["max_train_rows"]), "--out", str(out), *device,
-            *(a for s in GLUE_SETTINGS for a in ("--set", s))]
+            "--seeds", str(seeds or g["seeds"]), *rows, "--out", str(out), *device,
+            *(a for s in (*g["settings"], *extra) for a in ("--set", s))]
+
+
+def glue_plan(train_rows: dict[str, int], seeds: int, checkpoints: int, batch_size: int = 32) -> dict:
+    """The steps GLUE takes on these training sets: per task the rows (MRPC and STS-B doubled by their swapped pairs),
+    epochs (the paper's: 3, 10 for RTE and STS-B), steps per epoch and per seed (finetune.plan_steps), jobs
+    (checkpoints x seeds) and steps; the totals."""
+    from tinyelectra.finetune import FinetuneConfig, plan_steps  # noqa: PLC0415
+    from tinyelectra.glue_data import get_task  # noqa: PLC0415
+
+    fc = FinetuneConfig(batch_size=batch_size)
+    tasks = {}
+    for task, rows in train_rows.items():
+        n = rows * (2 if get_task(task).swap_pairs else 1)
+        per_epoch, steps = plan_steps(n, fc.batch_size, fc.task_epochs(task))
+        tasks[task] = {"rows_in_file": rows, "train_rows": n, "epochs": fc.task_epochs(task), "steps_per_epoch": per_epoch,
+                       "steps_per_seed": steps, "jobs": seeds * checkpoints, "steps": steps * seeds * checkpoints}
+    return {"tasks": tasks, "seeds": seeds, "checkpoints": checkpoints, "jobs": sum(t["jobs"] for t in tasks.values()),
+            "steps": sum(t["steps"] for t in tasks.values())}
+
+
+def parse_layout(text: str) -> dict:
+    """`[Px]MODE:K` -> {"layout", "processes", "mode", "concurrent"} (device_checks.parse_layout, without torch)."""
+    m = re.fullmatch(r"(?:(\d+)x)?(eager|static|graphs):(\d+)", text.strip())
+    if not m or int(m.group(3)) < 1 or int(m.group(1) or 1) < 1:
+        raise ValueError(f"layout {text!r}: expected [Px]MODE:K, e.g. graphs:8 or 3xgraphs:10")
+    return {"layout": text.strip(), "processes": int(m.group(1) or 1), "mode": m.group(2), "concurrent": int(m.group(3))}
+
+
+def pick_layout(measured: dict | None, seeds: int, mode: str, forced: str | None = None) -> dict:
+    """The layout glue runs: `forced` (SUITE_GLUE_LAYOUT), else the glue_speed stage's fastest whose processes divide
+    the seeds, else DEFAULT_LAYOUT; with the measured aggregate steps/s and why it was picked."""
+    if forced:
+        return {**parse_layout(forced), "steps_per_second": None, "why": f"SUITE_GLUE_LAYOUT={forced}"}
+    fits = [r for r in (measured or {}).get("layouts", []) if seeds % r.get("processes", 1) == 0 and r.get("steps_per_second")]
+    if not fits:
+        return {**parse_layout(DEFAULT_LAYOUT[mode]), "steps_per_second": None,
+                "why": "nothing measured (the glue_speed stage did not finish): the default"}
+    best = max(fits, key=lambda r: r["steps_per_second"])
+    others = ", ".join(f"{r['layout']} {r['steps_per_second']:.0f}" for r in fits if r is not best)
+    return {**parse_layout(best["layout"]), "steps_per_second": best["steps_per_second"],
+            "why": f"fastest measured: {best['steps_per_second']:.0f} steps/s (others: {others or 'none'})"}
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The plan: stages in order of value, each with its GPU budget (seconds).
+# The plans: each command's stages in order of value, with their GPU budgets (seconds).
 # ---------------------------------------------------------------------------------------------------------------
 
-DEADLINE_S = {"gpu": 570, "smoke": 3600}  # the GPU command's deadline (the device tool allows 600 s a command)
-SUMMARY_RESERVE_S = {"gpu": 20, "smoke": 300}  # a stopped stage's 10 s of grace, the summary and the archive
+FIXED, REMAINDER, TIME_LEFT, BACKGROUND = "fixed", "remainder", "time left", "background"
+# stage -> (GPU budget s, kind): "fixed" stages run under their budget; the "remainder" stage gets what the fixed
+# stages leave of the deadline (more when they finish early); "time left" stages run only when time is left, under at
+# most their budget; a "background" stage runs beside the others (CPU work) and is waited for at the end.
+PLANS = {
+    "run": {"deadline_s": 560, "stages": {
+        "unpack": (20, FIXED),  # measured 3.3 s on the H200's machine
+        "env": (30, FIXED),  # 7.4 s
+        "checks": (40, FIXED),  # 19.5 s
+        "init": (120, BACKGROUND),  # the no-pre-training checkpoint, on the CPU beside the GPU stages (unmeasured)
+        "parity": (80, FIXED),  # a 2-layer model's cold compile with CUDA graphs (unmeasured; 12 layers: 112 s)
+        "speed": (170, FIXED),  # the cold compile with CUDA graphs: 112.5 s measured on the H200, then the timing
+        "pretrain": (None, REMAINDER),
+    }},
+    "finish": {"deadline_s": 280, "stages": {
+        "glue_speed": (60, FIXED),  # unmeasured
+        "glue": (None, REMAINDER),
+        "glue_early": (120, TIME_LEFT),
+        "glue_fp32": (90, TIME_LEFT),
+        "hf_compiled": (170, TIME_LEFT),
+        "eager": (60, TIME_LEFT),  # 47.5 s measured
+        "fp16": (170, TIME_LEFT),
+    }},
+}
+SUMMARY_RESERVE_S = {"gpu": 15, "smoke": 300}  # a stopped stage's 10 s of grace, the summary and the archive
+DEADLINE_SMOKE_S = 3600
 MIN_STAGE_S = 10  # a stage with less time left is skipped
 SMOKE_STAGE_S = 900  # every smoke stage's own limit: a loaded 2-core CPU, not a GPU's minutes
 KILL_GRACE_S = 10  # between a stage's SIGTERM at its limit and SIGKILL
-REMAINDER, TIME_LEFT = "remainder", "time left"
-# stage -> (GPU budget s, kind): "fixed" stages run under their budget; `pretrain` gets what the fixed stages leave
-# of the deadline (more when they finish early); "time left" stages run only when time is left, under at most their
-# budget; "cpu": computed beforehand on the CPU, never on the GPU.
-PLAN = {
-    "unpack": (30, "fixed"),  # 52 MB of xz: 8 s on this project's loaded 2-core CPU
-    "env": (45, "fixed"),  # a cold machine's first torch import can take 10-20 s
-    "checks": (45, "fixed"),
-    "eager": (60, "fixed"),
-    "compiled": (150, "fixed"),
-    "pretrain": (None, REMAINDER),
-    "glue": (90, "fixed"),
-    "glue_baseline": (0, "cpu"),
-    "glue_0625": (90, TIME_LEFT),
-    "cudagraphs": (150, TIME_LEFT),
-    "hf_compiled": (150, TIME_LEFT),
-    "loss_check": (120, TIME_LEFT),
-    "fp16": (120, TIME_LEFT),
-    "batch_256": (100, TIME_LEFT),
-}
 # `pretrain`'s time outside its --budget (which counts training time only): start-up (imports, data, the compile
-# check from the inductor cache the compiled stage filled, the first step), five checkpoints with their held-out
-# evaluation and resume states, exit. An estimate until a GPU run measures it (summary.json: pretrain.overhead_s).
-PRETRAIN_OVERHEAD_S = 70
+# from the inductor cache the speed stage filled, the CUDA-graph recording, the first step), five checkpoints with
+# their held-out evaluation and resume states, exit. Measured on the H200 in default compile mode: 20.7 s of stage
+# time around 242 s of training; with CUDA graphs unmeasured (summary.json: pretrain.overhead_s). Generous on
+# purpose: a stage stopped at its limit has not written its last checkpoint, and GLUE would take an earlier one.
+PRETRAIN_OVERHEAD_S = 55
 MIN_TRAIN_S = 20
 SMOKE_TRAIN_S = 6  # the smoke run's pre-training budget: a time budget, as on the GPU, at a toy size
-EXPECTED_TOKENS_PER_S = (1.5e6, 2.5e6)  # the issue's ELECTRA-Small 128 x 128 bf16 floor and goal on an H100
+EXPECTED_TOKENS_PER_S = (1.4e6, 2.5e6)  # measured with CUDA graphs on the H200 (throughput.py), and the goal
 
 
-def gpu_plan() -> dict:
-    """The GPU budgets added up: the fixed stages, `pretrain`'s remainder (its stage and its training seconds) and
-    the summary's reserve; "time left" stages plan no time of their own."""
-    fixed = sum(b for b, kind in PLAN.values() if kind == "fixed")
+def gpu_plan(command: str) -> dict:
+    """A command's GPU budgets added up: the fixed stages, the remainder stage and the summary's reserve; "time left"
+    and background stages plan no time of their own."""
+    plan = PLANS[command]
+    fixed = sum(b for b, kind in plan["stages"].values() if kind == FIXED)
     reserve = SUMMARY_RESERVE_S["gpu"]
-    pretrain_s = DEADLINE_S["gpu"] - reserve - fixed
-    stages = {s: pretrain_s if kind == REMAINDER else (b if kind == "fixed" else 0) for s, (b, kind) in PLAN.items()}
-    return {"stages": stages, "summary_reserve_s": reserve, "total_s": fixed + pretrain_s + reserve,
-            "pretrain_stage_s": pretrain_s, "pretrain_train_s": pretrain_s - PRETRAIN_OVERHEAD_S}
+    rest = plan["deadline_s"] - reserve - fixed
+    stages = {s: rest if kind == REMAINDER else (b if kind == FIXED else 0) for s, (b, kind) in plan["stages"].items()}
+    out = {"stages": stages, "summary_reserve_s": reserve, "total_s": fixed + rest + reserve, "remainder_s": rest}
+    if command == "run":
+        out["pretrain_train_s"] = rest - PRETRAIN_OVERHEAD_S
+    return out
 
 
-def pretrain_seconds(left_s: float) -> tuple[int, int]:
-    """(stage limit, --budget seconds) of a GPU `pretrain` that starts `left_s` seconds before the deadline: the
-    stage gets what the summary's reserve and the fixed stages after it leave; training, that less its overhead."""
-    after = list(PLAN)[list(PLAN).index("pretrain") + 1:]
-    stage = int(left_s - SUMMARY_RESERVE_S["gpu"] - sum(PLAN[s][0] for s in after if PLAN[s][1] == "fixed"))
-    return stage, max(stage - PRETRAIN_OVERHEAD_S, MIN_TRAIN_S)
+def pretrain_budget(left_s: float, steps_per_second: float | None) -> tuple[int, str, str]:
+    """(stage limit, --budget, why) for a GPU `pretrain` starting `left_s` seconds before the deadline: the stage gets
+    all but the summary's reserve; the paper's 62,500 steps when the speed stage's rate fits them in its training
+    time with STEPS_MARGIN, else a time budget of that training time."""
+    stage = int(left_s - SUMMARY_RESERVE_S["gpu"])
+    train_s = max(stage - PRETRAIN_OVERHEAD_S, MIN_TRAIN_S)
+    if steps_per_second and steps_per_second * train_s * STEPS_MARGIN >= PAPER_POINT_STEPS:
+        return stage, f"{PAPER_POINT_STEPS}steps", (f"the speed stage's {steps_per_second:.0f} steps/s fit the paper's "
+                                                    f"{PAPER_POINT_STEPS:,} steps in {train_s} s")
+    fits = f"{steps_per_second * train_s:,.0f}" if steps_per_second else "an unmeasured number of"
+    return stage, f"{train_s}s", f"{train_s} s of training: {fits} steps at the speed stage's rate, short of {PAPER_POINT_STEPS:,}"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -139,12 +216,14 @@ def pretrain_seconds(left_s: float) -> tuple[int, int]:
 
 SIZES = {
     "gpu": {"device": ["--device", "cuda"], "train_device": ["--gpu", "0"], "model": ["--recipe", "electra-small"],
-            "batch": "128", "batch_256": "256", "seq_len": "128", "fp16": "fp16", "loss_steps": "20",
-            "timing": ["--rounds", "8", "--warmup", "2", "--calls-per-round", "20"], "profile": ["--profile", "3"]},
+            "batch": "128", "seq_len": "128", "fp16": "fp16", "parity": ["--steps", "20", "--set", "model.num_layers=2"],
+            "timing": ["--rounds", "8", "--warmup", "2", "--calls-per-round", "20"], "profile": ["--profile", "2"],
+            "glue_speed": ["--device", "cuda", "--precision", "bf16", "--width", "128", "--seconds", "2"]},
     "smoke": {"device": ["--device", "cpu", "--threads", "1"], "train_device": ["--device", "cpu"],
-              "model": ["--recipe", "tiny", "--set", "model.num_layers=1"], "batch": "2", "batch_256": "4",
-              "seq_len": "16", "fp16": "fp32", "loss_steps": "3",
-              "timing": ["--rounds", "2", "--warmup", "1", "--calls-per-round", "2", "--no-memory"], "profile": ["--profile", "2"]},
+              "model": ["--recipe", "tiny", "--set", "model.num_layers=1"], "batch": "2", "seq_len": "16", "fp16": "fp32",
+              "parity": ["--steps", "3"], "profile": ["--profile", "2"],
+              "timing": ["--rounds", "2", "--warmup", "1", "--calls-per-round", "2", "--no-memory"],
+              "glue_speed": ["--device", "cpu", "--precision", "fp32", "--width", "32", "--seconds", "0.5", "--threads", "1"]},
 }
 
 
@@ -152,9 +231,9 @@ def _script(name: str) -> str:
     return str(BENCH / name)
 
 
-def _step(run: "Run", *extra: str, batch: str = "batch", precision: str = "bf16") -> list[str]:
+def _step(run: "Run", *extra: str, precision: str = "bf16") -> list[str]:
     z = SIZES[run.mode]
-    return [*z["device"], *z["model"], "--batch", z[batch], "--seq-len", z["seq_len"], "--precision", precision, *extra,
+    return [*z["device"], *z["model"], "--batch", z["batch"], "--seq-len", z["seq_len"], "--precision", precision, *extra,
             "--out-dir", str(run.stage_dir)]
 
 
@@ -170,17 +249,38 @@ def _checkpoints(run_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name[5:]))
 
 
-def why_eager(compiled: dict, train_s: int | None) -> str | None:
-    """Why `pretrain` should run eager (train.compile=off), from the compiled stage's tinyelectra side, or None.
+def compile_mode(run: "Run") -> str:
+    """The mode the speed stage and pretrain compile with: CUDA graphs, unless the parity stage found that the graphs
+    do not compute the eager step (loss_check.py exit code 1): then inductor's default mode, said so."""
+    parity = run.record_of("parity")
+    if parity and parity.get("status") == "failed" and parity.get("rc") == 1:
+        return "on"
+    return "reduce-overhead"
+
+
+def stage_parity(run: "Run") -> list[str]:
+    z = SIZES[run.mode]
+    return [run.python, _script("loss_check.py"), *_step(run, "--compile", "reduce-overhead", *z["parity"]), "--name", "parity"]
+
+
+def stage_speed(run: "Run") -> list[str]:
+    mode = compile_mode(run)
+    if mode != "reduce-overhead":
+        run.note("speed", "no CUDA graphs: the parity stage found that they do not compute the eager step")
+    return _throughput(run, "speed", mode, "tinyelectra", profile=True)
+
+
+def why_eager(speed: dict, train_s: int | None) -> str | None:
+    """Why `pretrain` should run eager (train.compile=off), from the speed stage's tinyelectra side, or None.
     Compilation failed there or never finished; or (`train_s` given: the GPU) its cold compile took longer than
     pretrain's training budget. pretrain compiles the same graph (tests/test_gpu_suite.py) and finds it in the
-    inductor cache the compiled stage filled; should that ever miss, it would compile cold inside its own limit, and
+    inductor cache the speed stage filled; should that ever miss, it would compile cold inside its own limit, and
     a compile longer than the training budget would leave it little time to train or to write its checkpoints."""
-    if not compiled.get("compiled"):
-        return f"compilation did not work in the compiled stage ({compiled.get('compile_note') or 'the compiled stage did not finish'})"
-    cold = compiled.get("first_call_s")
+    if not speed.get("compiled"):
+        return f"compilation did not work in the speed stage ({speed.get('compile_note') or 'the speed stage did not finish'})"
+    cold = speed.get("first_call_s")
     if train_s is not None and cold is not None and cold > train_s:
-        return (f"the compiled stage's cold compile took {cold:.0f} s, more than pretrain's {train_s} s of training "
+        return (f"the speed stage's cold compile took {cold:.0f} s, more than pretrain's {train_s} s of training "
                 "(a miss of its inductor cache would be compiled again inside pretrain's limit)")
     return None
 
@@ -189,70 +289,127 @@ def stage_pretrain(run: "Run") -> list[str] | str:
     if not (run.pack / "pretrain" / "manifest.json").is_file():
         return "no unpacked pre-training data (the unpack stage did not finish)"
     z, p = SIZES[run.mode], PRETRAIN[run.mode]
-    sets = list(p["sets"])
+    speed = _get(_load(run.stage_dir / "speed.json"), "tinyelectra") or {}
+    mode = compile_mode(run)
+    sets = [s for s in p["sets"] if not s.startswith("train.compile=")] + [f"train.compile={mode}"]
     if run.mode == "gpu":
-        limit, train_s = pretrain_seconds(run.left())
+        tokens_per_step = int(z["batch"]) * int(z["seq_len"])
+        rate = speed["tokens_per_s"] / tokens_per_step if speed.get("tokens_per_s") else None
+        limit, budget, why = pretrain_budget(run.left(), rate)
         if limit < MIN_STAGE_S + MIN_TRAIN_S:
-            return f"too little time left: {limit} s after GLUE's share"
+            return f"too little time left: {limit} s"
         run.limits["pretrain"] = limit
+        run.note("pretrain", f"--budget {budget}: {why}")
+        train_s = int(budget[:-1]) if budget.endswith("s") and not budget.endswith("steps") else limit - PRETRAIN_OVERHEAD_S
     else:
-        train_s = SMOKE_TRAIN_S
-    compiled = _get(_load(run.stage_dir / "compiled.json"), "tinyelectra") or {}
-    if why := why_eager(compiled, train_s if run.mode == "gpu" else None):
+        budget, train_s = f"{SMOKE_TRAIN_S}s", SMOKE_TRAIN_S
+    if why := why_eager(speed, train_s if run.mode == "gpu" else None):
         sets.append("train.compile=off")
         run.note("pretrain", f"eager: {why}")
     return [run.python, "-m", "tinyelectra", "train", "--recipe", p["recipe"], "--data", str(run.pack / "pretrain"),
-            "--budget", f"{train_s}s", *z["train_device"], "--out", str(run.work / "pretrain"),
+            "--budget", budget, *z["train_device"], "--out", str(run.work / "pretrain"),
             *(a for s in sets for a in ("--set", s))]
 
 
-def _glue(run: "Run", checkpoint: Path | None, why_not: str) -> list[str] | str:
-    if checkpoint is None:
-        return why_not
-    tasks = list((_load(run.pack / "pack.json") or {}).get("glue", {}).get("tasks", {}))
+def stage_init(run: "Run") -> list[str] | str:
+    if not (run.pack / "pretrain" / "manifest.json").is_file():
+        return "no unpacked pre-training data (the unpack stage did not finish)"
+    return [run.python, _script("glue_baseline.py"), "--data", str(run.pack / "pretrain"), "--out",
+            str(run.work / "init" / "ckpt-0000"), "--mode", run.mode, "--threads", "4" if run.mode == "gpu" else "1"]
+
+
+def _glue_tasks(run: "Run") -> list[str]:
+    return list((_load(run.pack / "pack.json") or {}).get("glue", {}).get("tasks", {}))
+
+
+def _selection(run: "Run", name: str, checkpoints: list[Path]) -> Path:
+    """WORK/NAME: links to the checkpoints one `tinyelectra glue` fine-tunes side by side (a run folder to it)."""
+    folder = run.work / name
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    for c in checkpoints:
+        (folder / c.name).symlink_to(c.resolve(), target_is_directory=True)
+    return folder
+
+
+def _glue_layout_commands(run: "Run", stage: str, checkpoint: Path, tasks: list[str], out: Path,
+                          extra: tuple[str, ...] = ()) -> list[list[str]]:
+    """The processes of the picked layout: one `tinyelectra glue` with every seed, or one per share of the seeds."""
+    seeds = GLUE[run.mode]["seeds"]
+    layout = run.layout or pick_layout(_load(run.stage_dir / "glue_speed.json"), seeds, run.mode,
+                                       os.environ.get("SUITE_GLUE_LAYOUT"))
+    run.layout = layout
+    per = seeds // layout["processes"]
+    mode_sets = (f"step={layout['mode']}", f"concurrent={layout['concurrent']}")
+    device = SIZES[run.mode]["train_device"]
+    commands = []
+    for p in range(layout["processes"]):
+        seed_sets = (f"seed={p * per}",) if layout["processes"] > 1 else ()
+        commands.append([run.python, "-m", "tinyelectra", *glue_args(run.mode, checkpoint, run.pack / "glue", tasks,
+                                                                      out / f"p{p}", device, per, (*mode_sets, *seed_sets, *extra))])
+    run.note(stage, f"layout {layout['layout']} ({layout['why']})")
+    return commands
+
+
+def stage_glue(run: "Run") -> list[list[str]] | str:
+    tasks = _glue_tasks(run)
     if not tasks:
         return "no unpacked GLUE tasks"
-    return [run.python, "-m", "tinyelectra", *glue_args(run.mode, checkpoint, run.pack / "glue", tasks, run.work / "glue",
-                                                        SIZES[run.mode]["train_device"])]
-
-
-def stage_glue(run: "Run") -> list[str] | str:
     found = _checkpoints(run.work / "pretrain")
-    if found and found[-1].name != "ckpt-10000":
+    init = run.work / "init" / "ckpt-0000"
+    sides = ([found[-1]] if found else []) + ([init] if (init / "config.json").is_file() else [])
+    if not sides:
+        return "no checkpoint: pretrain wrote none and init did not finish"
+    if not found:
+        run.note("glue", "no pre-trained checkpoint (pretrain wrote none): the no-pre-training side alone")
+    elif found[-1].name != "ckpt-10000":
         run.note("glue", f"pretrain stopped before its end: GLUE on {found[-1].name}, its last checkpoint")
-    return _glue(run, found[-1] if found else None, "no checkpoint (pretrain wrote none)")
+    if init not in sides:
+        run.note("glue", "no ckpt-0000 (the init stage did not finish): the pre-trained side alone")
+    return _glue_layout_commands(run, "glue", _selection(run, "glue-models", sides), tasks, run.work / "glue")
 
 
-def stage_glue_0625(run: "Run") -> list[str] | str:
+def stage_glue_early(run: "Run") -> list[list[str]] | str:
+    tasks = _glue_tasks(run)
     found = [p.name for p in _checkpoints(run.work / "pretrain")]
-    if found[-1:] == ["ckpt-0625"]:
-        return "ckpt-0625 is the run's last checkpoint: the glue stage ran on it"
-    return _glue(run, run.work / "pretrain" / "ckpt-0625" if "ckpt-0625" in found else None, "no ckpt-0625")
+    if EARLY_CHECKPOINT not in found:
+        return f"no {EARLY_CHECKPOINT}"
+    if found[-1] == EARLY_CHECKPOINT:
+        return f"{EARLY_CHECKPOINT} is the run's last checkpoint: the glue stage ran on it"
+    return _glue_layout_commands(run, "glue_early", run.work / "pretrain" / EARLY_CHECKPOINT, tasks, run.work / "glue-early")
 
 
-def stage_glue_baseline(run: "Run") -> list[str] | str:
-    if run.mode == "gpu":
-        return f"computed beforehand on the CPU (benchmarks/glue_baseline.py -> {BASELINE_RESULT.relative_to(ROOT)})"
-    return [run.python, _script("glue_baseline.py"), "--lease", str(run.lease), "--work", str(run.work / "baseline"),
-            "--out-dir", str(run.stage_dir), "--name", "glue_baseline"]
+def stage_glue_fp32(run: "Run") -> list[list[str]] | str:
+    found = _checkpoints(run.work / "pretrain")
+    if not found:
+        return "no pre-trained checkpoint"
+    tasks = [t for t in GLUE_FP32_TASKS if t in _glue_tasks(run)]
+    return _glue_layout_commands(run, "glue_fp32", found[-1], tasks, run.work / "glue-fp32", ("precision=fp32",))
 
 
-STAGES = {  # stage -> its command (or why it cannot run), built when the stage starts
+def stage_glue_speed(run: "Run") -> list[str] | str:
+    init = run.work / "init" / "ckpt-0000"
+    if not (init / "config.json").is_file():
+        return "no ckpt-0000 to measure with (the init stage did not finish)"
+    return [run.python, _script("device_checks.py"), "finetune", "--checkpoint", str(init), *SIZES[run.mode]["glue_speed"],
+            "--layouts", GLUE_LAYOUTS[run.mode], "--out-dir", str(run.stage_dir), "--name", "glue_speed"]
+
+
+STAGES = {  # stage -> its command(s) (or why it cannot run), built when the stage starts
     "unpack": lambda r: [r.python, _script("pack.py"), "unpack", str(r.lease), str(r.pack)],
     "env": lambda r: [r.python, _script("device_checks.py"), "env", "--mode", r.mode, "--out-dir", str(r.stage_dir)],
     "checks": lambda r: [r.python, _script("device_checks.py"), "checks", *_step(r)],
-    "eager": lambda r: _throughput(r, "eager", "off", "both", profile=True),
-    "compiled": lambda r: _throughput(r, "compiled", "on", "tinyelectra", profile=True),
+    "init": stage_init,
+    "parity": stage_parity,
+    "speed": stage_speed,
     "pretrain": stage_pretrain,
+    "glue_speed": stage_glue_speed,
     "glue": stage_glue,
-    "glue_baseline": stage_glue_baseline,
-    "glue_0625": stage_glue_0625,
-    "cudagraphs": lambda r: _throughput(r, "cudagraphs", "reduce-overhead", "tinyelectra", profile=True),
-    "hf_compiled": lambda r: _throughput(r, "hf_compiled", "on", "transformers"),
-    "loss_check": lambda r: [r.python, _script("loss_check.py"), *_step(r, "--compile", "on", "--steps", SIZES[r.mode]["loss_steps"]),
-                             "--name", "loss_check"],
-    "fp16": lambda r: _throughput(r, "fp16", "on", "tinyelectra", precision=SIZES[r.mode]["fp16"]),
-    "batch_256": lambda r: _throughput(r, "batch_256", "on", "tinyelectra", batch="batch_256"),
+    "glue_early": stage_glue_early,
+    "glue_fp32": stage_glue_fp32,
+    "hf_compiled": lambda r: _throughput(r, "hf_compiled", "reduce-overhead", "transformers"),
+    "eager": lambda r: _throughput(r, "eager", "off", "both", profile=True),
+    "fp16": lambda r: _throughput(r, "fp16", "reduce-overhead", "tinyelectra", precision=SIZES[r.mode]["fp16"]),
 }
 
 
@@ -269,22 +426,28 @@ def _load(path: Path) -> dict | None:
 
 
 class Run:
-    """One run of the suite: its folders, its clock, the stage records and the notes stages leave for later ones."""
+    """One command of the suite: its folders, its clock, the stage records and the notes stages leave for later ones."""
 
-    def __init__(self, mode: str, lease: Path, out_dir: Path, work: Path) -> None:
-        self.mode, self.lease, self.out_dir, self.work = mode, lease, out_dir, work
-        self.name = f"{'gpu-suite' if mode == 'gpu' else 'cpu-smoke'}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    def __init__(self, mode: str, command: str, lease: Path, out_dir: Path, work: Path) -> None:
+        self.mode, self.command, self.lease, self.out_dir, self.work = mode, command, lease, out_dir, work
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+        self.name = f"{'gpu' if mode == 'gpu' else 'cpu-smoke'}-{'suite' if command == 'run' else 'finish'}-{stamp}"
+        self.files = ("suite.log", "summary.json") if command == "run" else ("finish.log", "finish.json")
         self.stage_dir = work / self.name  # becomes the archive
         self.pack = work / "pack"
+        self.plan = PLANS[command]["stages"]
         self.python = sys.executable
         self.t0 = time.monotonic()
-        self.deadline_s = int(os.environ.get("SUITE_DEADLINE_S", DEADLINE_S[mode]))
+        deadline = PLANS[command]["deadline_s"] if mode == "gpu" else DEADLINE_SMOKE_S
+        self.deadline_s = int(os.environ.get("SUITE_DEADLINE_S", deadline))
         self.records: list[dict] = []
         self.notes: dict[str, list[str]] = {}
-        self.limits: dict[str, int] = {}  # limits a stage's builder decided (pretrain's remainder)
+        self.limits: dict[str, int] = {}  # limits a stage's builder decided (pretrain's)
+        self.layout: dict | None = None  # glue's, picked once per command
+        self.background: dict[str, tuple] = {}  # stage -> (processes, logs, start, limit, command)
         self.interrupted: str | None = None  # SIGTERM or SIGINT: the running stage is stopped, the results written
         (self.stage_dir / "logs").mkdir(parents=True, exist_ok=True)
-        self.log = open(out_dir / "suite.log", "w", encoding="utf-8")  # noqa: SIM115 - open for the whole run
+        self.log = open(out_dir / self.files[0], "w", encoding="utf-8")  # noqa: SIM115 - open for the whole run
         site = installed_copy(work)  # first on the stages' path: the package as users install it
         self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
                     "PYTHONUNBUFFERED": "1", "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor-cache")}
@@ -302,69 +465,102 @@ class Run:
     def note(self, stage: str, text: str) -> None:
         self.notes.setdefault(stage, []).append(text)
 
+    def record_of(self, stage: str) -> dict | None:
+        return next((r for r in self.records if r["stage"] == stage), None)
+
     def budget(self, stage: str) -> tuple[int | None, str]:
         """The stage's time limit now, or None and why it does not run."""
         only = [s.strip() for s in os.environ.get("SUITE_ONLY", "").split(",") if s.strip()]
         if only and stage not in only:
             return None, f"not selected (SUITE_ONLY={','.join(only)})"
         left = int(self.left() - SUMMARY_RESERVE_S[self.mode])
-        planned, kind = PLAN[stage]
+        planned, kind = self.plan[stage]
         limit = SMOKE_STAGE_S if self.mode == "smoke" else (planned if planned is not None else left)
         limit = int(os.environ.get(f"SUITE_BUDGET_{stage.upper()}", limit))
-        if left < MIN_STAGE_S:
+        if left < MIN_STAGE_S and kind != BACKGROUND:
             return None, "suite time limit reached"
-        return min(limit, left), ""
+        return (limit if kind == BACKGROUND else min(limit, left)), ""
 
-    def stage(self, name: str) -> None:
-        """Run one stage under its limit, its output in logs/NAME.log, and record it whatever happens (a fault of the
-        suite's own, building or starting the command, fails this stage, not the run)."""
-        t0 = time.monotonic()
-        limit, command = 0, []
-        try:
-            limit, why = self.budget(name)
-            command = STAGES[name](self) if limit is not None else why
-            if isinstance(command, str):
-                return self.record(name, "skipped", None, 0.0, limit or 0, command, [])
-            limit = min(self.limits.pop(name, limit), limit)
-            log = self.stage_dir / "logs" / f"{name}.log"
+    def _start(self, name: str, commands: list[list[str]]) -> tuple[list[subprocess.Popen], list[Path]]:
+        procs, logs = [], []
+        for i, command in enumerate(commands):
+            log = self.stage_dir / "logs" / (f"{name}.log" if len(commands) == 1 else f"{name}.p{i}.log")
             with open(log, "w", encoding="utf-8") as out:
                 out.write(f"[suite] {name}: {' '.join(command)}\n")
                 out.flush()
                 # in the work folder: `python -m` and `-c` put the current folder first on the path, and the checkout's
                 # tinyelectra/ (no recipes in it) would shadow the installed copy on a machine where nothing is installed
-                proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.work,
-                                        env=self.env, start_new_session=True)  # its own process group: stopped whole
-                rc, status = self.wait(proc, t0 + limit)
+                procs.append(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                              cwd=self.work, env=self.env, start_new_session=True))  # stopped whole
+            logs.append(log)
+        return procs, logs
+
+    def stage(self, name: str) -> None:
+        """Run one stage under its limit, its output in logs/NAME.log (NAME.pK.log for each of several processes),
+        and record it whatever happens (a fault of the suite's own, building or starting the command, fails this
+        stage, not the run). A background stage is started and recorded when `join` waits for it."""
+        t0 = time.monotonic()
+        limit, commands = 0, []
+        try:
+            limit, why = self.budget(name)
+            built = STAGES[name](self) if limit is not None else why
+            if isinstance(built, str):
+                return self.record(name, "skipped", None, 0.0, limit or 0, built, [])
+            commands = built if isinstance(built[0], list) else [built]
+            limit = min(self.limits.pop(name, limit), limit)
+            procs, logs = self._start(name, commands)
+            if self.plan[name][1] == BACKGROUND:
+                self.background[name] = (procs, logs, t0, limit, commands)
+                self.say(f"[suite] {name:<14} started in the background (limit {limit} s)")
+                return None
+            rc, status = self.wait(procs, t0 + limit)
         except Exception as e:  # noqa: BLE001 - recorded; the next stages and the summary still run
-            return self.record(name, "failed", None, time.monotonic() - t0, limit or 0, f"the suite: {type(e).__name__}: {e}", command)
+            return self.record(name, "failed", None, time.monotonic() - t0, limit or 0, f"the suite: {type(e).__name__}: {e}",
+                               commands)
+        return self.finished(name, procs, logs, rc, status, t0, limit, commands)
+
+    def join(self) -> None:
+        """Wait for the background stages (within their limits) and record them."""
+        for name, (procs, logs, t0, limit, commands) in list(self.background.items()):
+            rc, status = self.wait(procs, t0 + limit)
+            self.finished(name, procs, logs, rc, status, t0, limit, commands)
+            del self.background[name]
+
+    def finished(self, name, procs, logs, rc, status, t0, limit, commands) -> None:
         note = "; ".join(self.notes.get(name, []) + (["the suite was interrupted"] if status == "interrupted" else []))
         if status not in ("ok", "interrupted"):
-            tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-25:]
+            bad = next((log for p, log in zip(procs, logs) if p.returncode != 0), logs[0])
+            tail = bad.read_text(encoding="utf-8", errors="replace").splitlines()[-25:]
             note = "; ".join(filter(None, [note, tail[-1][:300] if tail else ""]))
-            self.say(f"[suite] --- last lines of logs/{name}.log ---\n" + "\n".join(tail) + "\n[suite] ---")
-        self.record(name, status, rc, time.monotonic() - t0, limit, note, command)
+            self.say(f"[suite] --- last lines of logs/{bad.name} ---\n" + "\n".join(tail) + "\n[suite] ---")
+        self.record(name, status, rc, time.monotonic() - t0, limit, note, commands)
 
-    def wait(self, proc: subprocess.Popen, until: float) -> tuple[int | None, str]:
-        """(exit code, status) of a stage: ok / failed when it ends, timed_out at its limit (stopped, exit code 124),
-        interrupted when a signal reached the suite (stopped). Looks twice a second."""
+    def wait(self, procs: list[subprocess.Popen], until: float) -> tuple[int | None, str]:
+        """(exit code, status) of a stage's processes: ok when all end with 0, failed when one does not (the first
+        non-zero code), timed_out at the limit (all stopped, exit code 124), interrupted when a signal reached the
+        suite (all stopped). Looks twice a second."""
         while True:
             if self.interrupted:
-                _stop(proc)
+                for p in procs:
+                    _stop(p)
                 return None, "interrupted"
-            try:
-                rc = proc.wait(timeout=max(0.0, min(0.5, until - time.monotonic())))
-                return rc, "ok" if rc == 0 else "failed"
-            except subprocess.TimeoutExpired:
-                if time.monotonic() >= until:
-                    _stop(proc)
-                    return 124, "timed_out"
+            if all(p.poll() is not None for p in procs):
+                codes = [p.returncode for p in procs]
+                bad = next((c for c in codes if c != 0), 0)
+                return bad, "ok" if bad == 0 else "failed"
+            if time.monotonic() >= until:
+                for p in procs:
+                    _stop(p)
+                return 124, "timed_out"
+            time.sleep(max(0.0, min(0.5, until - time.monotonic())))
 
-    def record(self, name: str, status: str, rc: int | None, seconds: float, limit: int, note: str, command: list[str]) -> None:
-        planned, kind = PLAN[name]
+    def record(self, name: str, status: str, rc: int | None, seconds: float, limit: int, note: str,
+               commands: list[list[str]]) -> None:
+        planned, kind = self.plan[name]
         rec = {"stage": name, "status": status, "rc": rc, "seconds": round(seconds, 1), "budget_s": limit,
-               "gpu_budget_s": gpu_plan()["stages"][name], "kind": kind, "note": note,
-               "log": f"logs/{name}.log" if (self.stage_dir / "logs" / f"{name}.log").is_file() else None,
-               "command": " ".join(command)}
+               "gpu_budget_s": gpu_plan(self.command)["stages"][name], "kind": kind, "note": note,
+               "log": next((f"logs/{p.name}" for p in sorted((self.stage_dir / "logs").glob(f"{name}.*log"))), None),
+               "command": " & ".join(" ".join(c) for c in commands)}
         self.records.append(rec)
         with open(self.stage_dir / "stages.jsonl", "a", encoding="utf-8") as f:
             f.write(json.dumps(rec) + "\n")
@@ -398,11 +594,16 @@ def _stop(proc: subprocess.Popen) -> int:
 
 
 def collect(run: Run) -> None:
-    """Copy what the user-facing commands wrote into the archive's folder (never the weights): the pre-training
-    run's plan, summary, metrics, recipe and each checkpoint's meta.json; every glue.json; pack.json."""
-    pre = run.work / "pretrain"
-    wanted = [pre / n for n in ("plan.json", "summary.json", "metrics.jsonl", "recipe.json")] + sorted(pre.glob("ckpt-*/meta.json"))
-    for src in wanted + sorted((run.work / "glue").glob("*/glue.json")) + [run.pack / "pack.json"]:
+    """Copy what the user-facing commands wrote into the archive's folder (never the weights): the first command:
+    the pre-training run's plan, summary, metrics, recipe and each checkpoint's meta.json (ckpt-0000's too), pack.json;
+    the second: every glue.json."""
+    if run.command == "run":
+        pre = run.work / "pretrain"
+        wanted = [pre / n for n in ("plan.json", "summary.json", "metrics.jsonl", "recipe.json")] + sorted(pre.glob("ckpt-*/meta.json"))
+        wanted += [run.work / "init" / "ckpt-0000" / "meta.json", run.pack / "pack.json"]
+    else:
+        wanted = sorted(run.work.glob("glue*/p*/*/glue.json"))
+    for src in wanted:
         if src.is_file():
             dst = run.stage_dir / src.relative_to(run.work)
             dst.parent.mkdir(parents=True, exist_ok=True)
@@ -413,31 +614,38 @@ def collect(run: Run) -> None:
             log.write_bytes(data[: 2**20] + b"\n[suite] ... cut: the log was too long ...\n" + data[-2 * 2**20:])
 
 
-def finish(run: Run, interrupted: str | None) -> int:
-    """summary.json, the archive, then the table: the last lines printed. A fault in reading the stages' files still
-    leaves a summary of the stage records and the archive."""
+def close(run: Run, interrupted: str | None) -> int:
+    """The summary, the archive, then the table: the last lines printed. A fault in reading the stages' files still
+    leaves a summary of the stage records and the archive. The first command's summary also stays in the work folder
+    (run.json), where the second finds it."""
+    run.join()
     seconds = time.monotonic() - run.t0
+    log_name, summary_name = run.files
     try:
         collect(run)
-        doc = summarize(run.stage_dir, run.records, run.mode, seconds, run.deadline_s, interrupted)
+        doc = summarize(run.stage_dir, run.records, run.mode, run.command, seconds, run.deadline_s, interrupted,
+                        _load(run.work / "run.json") if run.command == "finish" else None)
+        doc["glue_layout"] = run.layout
         text = table(doc)
     except Exception as e:  # noqa: BLE001 - the records and the files are what the lease leaves: keep them
-        doc = {"benchmark": "gpu_suite", "mode": run.mode, "seconds": round(seconds, 1), "deadline_s": run.deadline_s,
-               "interrupted": interrupted, "gpu_plan_total_s": gpu_plan()["total_s"], "stages": run.records,
-               "summary_error": f"{type(e).__name__}: {e}"}
+        doc = {"benchmark": "gpu_suite", "mode": run.mode, "command": run.command, "seconds": round(seconds, 1),
+               "deadline_s": run.deadline_s, "interrupted": interrupted, "gpu_plan_total_s": gpu_plan(run.command)["total_s"],
+               "stages": run.records, "summary_error": f"{type(e).__name__}: {e}"}
         text = "\n".join([f"[suite] {r['stage']}: {r['status']} ({r['seconds']} s) {r['note']}" for r in run.records]
                          + [f"summary failed ({type(e).__name__}: {e}): the stages' files are in the archive"])
     doc["table"] = text.splitlines()
-    (run.stage_dir / "summary.json").write_text(json.dumps(doc, indent=2) + "\n")
-    shutil.copyfile(run.stage_dir / "summary.json", run.out_dir / "summary.json")
+    (run.stage_dir / summary_name).write_text(json.dumps(doc, indent=2) + "\n")
+    shutil.copyfile(run.stage_dir / summary_name, run.out_dir / summary_name)
+    if run.command == "run":
+        shutil.copyfile(run.stage_dir / summary_name, run.work / "run.json")
     run.log.write(text + "\n")
     run.log.flush()
-    shutil.copyfile(run.out_dir / "suite.log", run.stage_dir / "suite.log")
+    shutil.copyfile(run.out_dir / log_name, run.stage_dir / log_name)
     archive = run.out_dir / f"{run.name}.tar.gz"
     with tarfile.open(archive.with_suffix(".tmp"), "w:gz") as tar:
         tar.add(run.stage_dir, arcname=run.name)
     os.replace(archive.with_suffix(".tmp"), archive)
-    print(f"[suite] results: {archive}, {run.out_dir / 'summary.json'}, {run.out_dir / 'suite.log'}")
+    print(f"[suite] results: {archive}, {run.out_dir / summary_name}, {run.out_dir / log_name}")
     print(text, flush=True)
     run.log.close()
     if interrupted:
@@ -445,40 +653,81 @@ def finish(run: Run, interrupted: str | None) -> int:
     return 1 if any(r["status"] in ("failed", "timed_out") for r in run.records) else 0
 
 
+def _prepare_work(work: Path, fresh: bool) -> None:
+    """The work folder: for the first command emptied (when the suite made it) or made; the second reads it."""
+    if not fresh:
+        return
+    if work.exists() and any(work.iterdir()):
+        if not (work / WORK_MARK).is_file():
+            _fail(f"--work {work}: holds files the suite did not write; choose another folder")
+        shutil.rmtree(work)
+    work.mkdir(parents=True, exist_ok=True)
+    (work / WORK_MARK).write_text("a work folder of benchmarks/suite.py: emptied at the start of every first command\n")
+
+
+def _out_dir(args, mode: str) -> tuple[Path, str]:
+    """--out, else $OUT, else benchmarks/results/<mode>-<stamp>/; checked writable (one line and exit 2 if not)."""
+    env_out = os.environ.get("OUT")
+    chosen = args.out or env_out or str(BENCH / "results" / f"{mode}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
+    why = "--out" if args.out else "$OUT" if env_out else "default"
+    if args.out and env_out and Path(args.out).resolve() != Path(env_out).resolve():
+        why = f"--out (it wins over $OUT={env_out})"
+    out = Path(chosen)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-test-{os.getpid()}"
+        probe.write_text("ok\n")
+        probe.unlink()
+    except OSError as e:
+        _fail(f"{'--out' if args.out else '$OUT' if env_out else 'the results folder'} {out}: cannot write there "
+              f"({e.strerror or e})")
+    return out.resolve(), why
+
+
 def run_suite(args) -> int:
     mode = "smoke" if args.cpu_smoke else "gpu"
-    out_dir = Path(os.environ.get("OUT") or args.out or BENCH / "results" / f"{mode}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
+    command = "finish" if args.finish else "run"
+    work = Path(args.work or os.environ.get("SUITE_WORK") or WORK_DEFAULT).resolve()
     lease = Path(args.lease).resolve() if args.lease else None
-    if mode == "gpu":
+    if command == "finish":
+        if args.lease:
+            _fail("--finish reads the pack the first command unpacked in the work folder; it takes no --lease")
+        first = _load(work / "run.json")
+        if first is None:
+            _fail(f"no run to finish in {work} (run.json not found): run `bash benchmarks/gpu_suite.sh"
+                  f"{' --cpu-smoke' if mode == 'smoke' else ''}` first on this machine; --finish continues what it left")
+        if first.get("mode") != mode:
+            _fail(f"{work / 'run.json'}: the run there is a {first.get('mode')} run, not a {mode} one")
+    elif mode == "gpu":
         info = (lease or ROOT / ".lease") / "pack.json"
         if not info.is_file():
             _fail(f"{info} not found: build the pack first (bash benchmarks/gpu_suite.sh --pack)")
         if (kind := (_load(info) or {}).get("kind")) != "gpu":
             _fail(f"{info}: a {kind or 'unknown'} pack, not the GPU run's (its rows would not fit electra-small): build it "
                   "with bash benchmarks/gpu_suite.sh --pack")
+    out_dir, out_why = _out_dir(args, mode)
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        work = Path(os.environ.get("SUITE_WORK") or _mkdtemp())
-        work.mkdir(parents=True, exist_ok=True)
+        _prepare_work(work, fresh=command == "run")
     except OSError as e:
         _fail(f"{e.filename}: {e.strerror}")
-    run = Run(mode, lease or (ROOT / ".lease" if mode == "gpu" else work.resolve() / "lease"), out_dir.resolve(), work.resolve())
-    for sig in (signal.SIGTERM, signal.SIGINT):  # noted; the stage waiting stops its process and the suite ends
+    run = Run(mode, command, lease or (ROOT / ".lease" if mode == "gpu" else work / "lease"), out_dir, work)
+    for sig in (signal.SIGTERM, signal.SIGINT):  # noted; the stage waiting stops its processes and the suite ends
         signal.signal(sig, lambda signum, frame: setattr(run, "interrupted", signal.Signals(signum).name))
-    run.say(f"[suite] {mode}: deadline {run.deadline_s} s, pack {run.lease}, work folder {work}, results in {out_dir}")
-    if mode == "smoke" and lease is None:  # the toy pack (seconds), before the stages
+    run.say(f"[suite] {mode} {command}: deadline {run.deadline_s} s, pack {run.lease}, work folder {work}, results in "
+            f"{out_dir} ({out_why})")
+    if mode == "smoke" and command == "run" and lease is None:  # the toy pack (seconds), before the stages
         with open(run.stage_dir / "logs" / "smoke_pack.log", "w", encoding="utf-8") as f:
             built = subprocess.run([run.python, _script("pack.py"), "build", str(run.lease), "--smoke"], stdout=f,
                                    stderr=subprocess.STDOUT, cwd=ROOT, env=run.env)
         if built.returncode != 0:
             run.say("[suite] could not build the smoke pack (it needs ../shared/data): see logs/smoke_pack.log")
-    for name in PLAN:
+    for name in run.plan:
         if run.interrupted:
             break
         run.stage(name)
     if run.interrupted:
         run.say(f"[suite] interrupted ({run.interrupted}): writing the summary and the archive")
-    return finish(run, run.interrupted)
+    return close(run, run.interrupted)
 
 
 def _fail(message: str) -> None:
@@ -487,14 +736,8 @@ def _fail(message: str) -> None:
     sys.exit(2)
 
 
-def _mkdtemp() -> str:
-    import tempfile  # noqa: PLC0415
-
-    return tempfile.mkdtemp(prefix="tinyelectra-suite.")
-
-
 # ---------------------------------------------------------------------------------------------------------------
-# The summary: what the stages wrote, the figures, the GLUE comparison, the table.
+# The summary: what the stages wrote, the figures, the GLUE comparison, the verdict, the table.
 # ---------------------------------------------------------------------------------------------------------------
 
 
@@ -522,6 +765,7 @@ def side_figures(doc: dict | None, side: str, env: dict | None) -> dict | None:
     return {"tokens_per_s": s["tokens_per_s"], "mfu_datasheet": s.get("hardware_mfu"),
             "mfu_measured_peak": mfu(s["tokens_per_s"], doc.get("hardware_flops_per_token"), measured * 1e12 if measured else None),
             "peak_memory_gib": peak / 2**30 if peak else None, "compile_note": s.get("compile_note"),
+            "first_call_s": s.get("first_call_s"),
             "attention_dispatcher": _get(s, "attention_dispatcher", "summary") or s.get("attention_dispatcher"),
             "attention_seen": _get(s, "profile", "attention_seen"),
             "kernel_launches_per_step": _get(s, "profile", "kernel_launches_per_step"),
@@ -531,135 +775,233 @@ def side_figures(doc: dict | None, side: str, env: dict | None) -> dict | None:
             "complete": doc.get("complete")}
 
 
+LEFT_PRIOR = 0.95  # the discriminator has left its prior where its loss stays under this share of the all-original loss
+SMOOTH_RECORDS = 5  # ... judged on the median of the last few logged records
+
+
+def prior_loss(replaced: float | None) -> float | None:
+    """The discriminator's loss when it answers the replaced rate `replaced` everywhere, its all-original prior:
+    the binary entropy of that rate (nats)."""
+    if replaced is None or not 0 < replaced < 1:
+        return None
+    return -(replaced * math.log(replaced) + (1 - replaced) * math.log(1 - replaced))
+
+
+def along_the_run(records: list[dict], checkpoints: dict[str, dict]) -> dict:
+    """The discriminator along the run: its training loss over its all-original loss at every logged step (1.0 = the
+    prior), the first step from which it stays under LEFT_PRIOR to the end (the median of the last SMOOTH_RECORDS
+    records: a single noisy one neither starts nor ends it), its early dip (frequency cues, the first 1,000 steps),
+    and each checkpoint's held-out ratio, recall and AUCs matched by token id."""
+    curve = [(r["step"], r["disc_loss"] / prior_loss(r["replaced_frac"])) for r in records
+             if r.get("disc_loss") is not None and prior_loss(r.get("replaced_frac"))]
+    smooth = [statistics.median(v for _, v in curve[max(0, i - SMOOTH_RECORDS + 1):i + 1]) for i in range(len(curve))]
+    left = None
+    for i in range(len(curve) - 1, -1, -1):
+        if smooth[i] >= LEFT_PRIOR:
+            break
+        left = curve[i][0]
+    early = [c for c in curve if c[0] <= 1000]
+    dip = min(early, key=lambda c: c[1]) if early else None
+    marks = {}
+    for name, c in checkpoints.items():
+        ev = c.get("eval") or {}
+        prior = prior_loss(ev.get("replaced_frac"))
+        marks[name] = {"step": c.get("step"), "loss_over_prior": ev["disc_loss"] / prior if prior and ev.get("disc_loss") is not None else None,
+                       "recall": ev.get("disc_recall"), "auc_matched": ev.get("disc_auc_matched"),
+                       "auc_unigram_matched": ev.get("disc_auc_context_matched"),
+                       "generator_over_unigram": ev["gen_acc"] / ev["unigram_acc"] if ev.get("gen_acc") and ev.get("unigram_acc") else None}
+    return {"loss_over_prior": {"first": curve[0] if curve else None, "last": curve[-1] if curve else None,
+                                "every_1000": [c for c in curve if c[0] % 1000 == 0]},
+            "left_prior_at_step": left, "left_prior_rule": f"median of {SMOOTH_RECORDS} logged steps under {LEFT_PRIOR} to the end",
+            "early_dip": {"step": dip[0], "loss_over_prior": dip[1]} if dip else None, "checkpoints": marks,
+            "published_end": "published 1M-step runs end at 0.44-0.48 of the all-original loss (../shared/REFERENCE.md)"}
+
+
+def paper_point(tokens: float | None, flops_paper: float | None) -> dict:
+    """A run's tokens and paper-convention FLOPs as fractions of the paper's 6.25% point of ELECTRA-Small."""
+    from tinyelectra.paper import TABLE1  # noqa: PLC0415
+
+    row = TABLE1[0]
+    tokens_at = row.steps * 128 * 128
+    return {"paper_steps": row.steps, "paper_tokens": tokens_at, "paper_flops": row.train_flops_paper, "paper_glue": row.glue_dev,
+            "tokens_fraction": tokens / tokens_at if tokens else None,
+            "flops_fraction": flops_paper / row.train_flops_paper if flops_paper else None}
+
+
 def pretrain_figures(d: Path, pack: dict | None, record: dict | None) -> dict:
-    """The pre-training run from its own files: steps, tokens, epochs over the pack, time, speed, each checkpoint's
-    held-out verdict. Works on a run stopped early (no summary.json): from metrics.jsonl."""
+    """The pre-training run from its own files: steps, tokens, passes over the pack, time, speed, each checkpoint's
+    held-out verdict, the discriminator along the run, the run against the paper's first point. Works on a run
+    stopped early (no summary.json): from metrics.jsonl."""
     summary = _load(d / "pretrain" / "summary.json") or {}
     lines = (d / "pretrain" / "metrics.jsonl").read_text().splitlines() if (d / "pretrain" / "metrics.jsonl").is_file() else []
-    records = [json.loads(x) for x in lines if x.strip()]
+    records = []
+    for x in lines:
+        try:
+            records.append(json.loads(x))
+        except ValueError:
+            continue  # a line cut by a stop
     steps = [r for r in records if "event" not in r]
     ckpts = {r["name"]: r for r in records if r.get("event") == "checkpoint"}
+    init = _load(d / "init" / "ckpt-0000" / "meta.json")
+    if init:
+        ckpts = {"ckpt-0000": {"step": 0, "eval": init.get("eval")}, **ckpts}
     last = steps[-1] if steps else {}
     tokens = summary.get("tokens_seen", last.get("tokens_seen"))
+    flops_paper = summary.get("train_flops_paper", last.get("train_flops_paper"))
     pack_tokens = _get(pack, "pretrain", "tokens", "train")
     process = summary.get("process_seconds") or {}
-    final = list(ckpts.values())[-1] if ckpts else None
-    return {"command": (record or {}).get("command"), "finished": bool(summary), "steps": summary.get("steps", last.get("step")),
-            "tokens_seen": tokens, "epochs": tokens / pack_tokens if tokens and pack_tokens else None,
+    final = [c for n, c in ckpts.items() if n != "ckpt-0000"][-1:] or [None]
+    final = final[0]
+    return {"command": (record or {}).get("command"), "note": (record or {}).get("note"), "finished": bool(summary),
+            "steps": summary.get("steps", last.get("step")),
+            "tokens_seen": tokens, "pack_tokens": pack_tokens, "passes_over_pack": tokens / pack_tokens if tokens and pack_tokens else None,
+            "train_flops_paper": flops_paper,
             "train_seconds": summary.get("train_seconds", last.get("train_seconds")), "budget": _get(_load(d / "pretrain" / "plan.json"), "budget"),
             "startup_s": _get(summary, "excluded_seconds", "startup_and_first_step"),
             "checkpoints_eval_state_s": _get(summary, "excluded_seconds", "checkpoints_eval_state"),
             "overhead_s": process["wall"] - process["training"] if process.get("wall") else None,
             "compile": _get(summary, "runtime", "compile"), "attention": _get(summary, "runtime", "attention"),
-            "median_tokens_per_second": summary.get("median_tokens_per_second"),  # the trainer's own, once it records it
+            "median_tokens_per_second": summary.get("median_tokens_per_second"),
             "peak_gpu_memory_gib": summary.get("peak_gpu_memory_gib"),
             "metrics_median_tokens_per_second": statistics.median(r["tokens_per_second"] for r in steps[1:]) if len(steps) > 1 else None,
             "checkpoints": {n: {"step": c.get("step"), "eval": c.get("eval")} for n, c in ckpts.items()},
+            "along_the_run": along_the_run(steps, ckpts),
+            "paper_point": paper_point(tokens, flops_paper),
             "final_verdict": f"{final['name']}: {_get(final, 'eval', 'verdict')}" if final else None}
 
 
-PROTOCOL_KEYS = ("settings", "max_train_rows", "epochs", "swapped_pairs", "peak_lr", "layerwise_decay")
-
-
-def protocol_differences(a: dict, b: dict, pack_a: str | None, pack_b: str | None) -> list[str]:
-    """What differs between two glue.json files' protocols (settings, row cap, epochs, seeds, the rows each task
-    trained and was scored on, the model's shape) and the packs' tokenizers: an empty list means the same protocol."""
-    out = [f"protocol {k}: {_get(a, 'protocol', k)!r} vs {_get(b, 'protocol', k)!r}" for k in PROTOCOL_KEYS
-           if _get(a, "protocol", k) != _get(b, "protocol", k)]
-    out += [f"{k}: {a.get(k)!r} vs {b.get(k)!r}" for k in ("seeds", "model") if a.get(k) != b.get(k)]
-    for task in sorted(set(a.get("tasks", {})) & set(b.get("tasks", {}))):
-        for split, da in (_get(a, "data", task) or {}).items():
-            if _get(da, "sha256") != _get(b, "data", task, split, "sha256"):
-                out.append(f"{task} {split}: other rows")
-    if pack_a != pack_b:
-        out.append(f"tokenizer: {pack_a} vs {pack_b}")
+def glue_results(folder: Path) -> dict[str, dict[str, dict]]:
+    """Every checkpoint's finished seeds in a glue stage's folder (one glue.json per process and checkpoint: the
+    processes of a layout split the seeds), by checkpoint and task: the paper metric's score of each seed, the
+    majority-class score, the protocol; a stopped run's finished seeds of unfinished tasks count too."""
+    out: dict[str, dict[str, dict]] = {}
+    for path in sorted(Path(folder).glob("p*/*/glue.json")):
+        doc = _load(path) or {}
+        name = path.parent.name
+        entries = {t: (e.get("seeds") or [], e) for t, e in (doc.get("tasks") or {}).items()}
+        entries.update({t: (p.get("seeds") or [], {}) for t, p in (doc.get("partial") or {}).items() if t not in entries})
+        for task, (seeds, entry) in entries.items():
+            t = out.setdefault(name, {}).setdefault(task, {"scores": {}, "metric": entry.get("paper_metric"),
+                                                           "protocol": doc.get("protocol"), "precision": doc.get("precision")})
+            t["metric"] = t["metric"] or entry.get("paper_metric")
+            t["scores"].update({s["seed"]: s["paper_score"] for s in seeds})
+            if entry.get("majority_class"):
+                t["majority_class"] = entry["majority_class"]["paper_score"]
+            if doc.get("fine_tuning"):
+                t.setdefault("fine_tuning", []).append(doc["fine_tuning"])
     return out
 
 
-def glue_figures(d: Path, baseline: dict | None, pack: dict | None) -> dict:
-    """Per task: the final (or last) checkpoint's, ckpt-0625's and the no-pre-training median dev scores; averages
-    over the tasks all present sides share; whether the protocols match."""
-    runs = {p.parent.name: _load(p) for p in sorted((d / "glue").glob("*/glue.json"))}
-    final = max(runs, key=lambda n: int(n[5:]), default=None)  # ckpt-NNNN: the largest fraction is the final
-    base = _get(baseline, "glue")
-    sides = {"pre-trained": runs.get(final), "ckpt-0625": runs.get("ckpt-0625") if final != "ckpt-0625" else None,
-             "no pre-training": base}
+def spread(scores: list[float]) -> dict:
+    """Median and spread of a task's seeds: the range (min, max) and the sample standard deviation."""
+    if not scores:
+        return {"seeds": 0, "median": None, "min": None, "max": None, "std": None}
+    return {"seeds": len(scores), "median": statistics.median(scores), "min": min(scores), "max": max(scores),
+            "std": statistics.stdev(scores) if len(scores) > 1 else None}
+
+
+def glue_table(sides: dict[str, dict[str, dict]], pretrained: str | None, none: str | None) -> dict:
+    """Per task: the pre-trained and no-pre-training medians with their spreads, the paper's ELECTRA-Small (official
+    README, OpenWebText, 1M steps), the majority class; averages over the tasks both sides have; how many tasks
+    pre-training wins, and on how many beyond the seeds' ranges (its worst seed above none's best)."""
+    from tinyelectra.paper import PAPER_TASKS, PER_TASK  # noqa: PLC0415
+
+    paper = PER_TASK[0].scores
+    names = {"pre-trained": pretrained, "no pre-training": none}
     tasks: dict = {}
-    for label, g in sides.items():
-        for task, entry in (_get(g, "tasks") or {}).items():
-            t = tasks.setdefault(task, {"metric": entry.get("paper_metric")})
-            t[label] = entry.get("median_paper")
-            if "majority_class" in entry:  # glue.json's own: every dev row given the training rows' commonest class
-                t["majority class"] = _get(entry, "majority_class", "paper_score")
-    averages = {}
-    shared = [t for t, v in tasks.items() if v.get("pre-trained") is not None and v.get("no pre-training") is not None]
-    for label in sides:
-        values = [tasks[t].get(label) for t in shared]
-        averages[label] = statistics.fmean(values) if shared and all(v is not None for v in values) else None
-    wins = sum(tasks[t]["pre-trained"] > tasks[t]["no pre-training"] for t in shared)
-    differences = protocol_differences(runs[final], base, _get(pack, "pretrain", "tokenizer_fingerprint"),
-                                       _get(baseline, "pack", "tokenizer_fingerprint")) if final and base else None
-    return {"checkpoint": final, "complete": _get(runs.get(final), "complete"), "tasks": tasks, "averages_over": shared,
-            "averages": averages,
-            "pretrained_better_on": f"{wins} of {len(shared)} tasks" if shared else None,
-            "protocol": {"seeds": _get(runs.get(final), "seeds"), **(_get(runs.get(final), "protocol") or {})} if final else None,
-            "protocol_differences_from_baseline": differences,
-            "baseline": {"machine": _get(baseline, "machine", "cpu"), "threads": _get(baseline, "threads"),
-                         "commit": _get(baseline, "git_commit"), "date_utc": _get(baseline, "date_utc")} if baseline else None}
+    for label, name in names.items():
+        for task, v in (sides.get(name) or {}).items() if name else ():
+            t = tasks.setdefault(task, {"metric": v.get("metric"), "paper": paper.get(task)})
+            t[label] = spread([v["scores"][k] for k in sorted(v["scores"])])
+            if v.get("majority_class") is not None:
+                t["majority class"] = v["majority_class"]
+    order = {t: i for i, t in enumerate(PAPER_TASKS)}  # the paper's column order, whatever order the jobs ended in
+    tasks = dict(sorted(tasks.items(), key=lambda kv: order.get(kv[0], len(order))))
+    both = [t for t, v in tasks.items() if _get(v, "pre-trained", "median") is not None and _get(v, "no pre-training", "median") is not None]
+    mine = [t for t, v in tasks.items() if _get(v, "pre-trained", "median") is not None]
+    averages = {label: statistics.fmean(tasks[t][label]["median"] for t in both) if both else None for label in names}
+    averages["paper"] = statistics.fmean(tasks[t]["paper"] for t in both) if both and all(tasks[t]["paper"] for t in both) else None
+    wins = [t for t in both if tasks[t]["pre-trained"]["median"] > tasks[t]["no pre-training"]["median"]]
+    clear = [t for t in both if tasks[t]["pre-trained"]["min"] > tasks[t]["no pre-training"]["max"]]
+    return {"checkpoint": pretrained, "no_pretraining": none, "tasks": tasks, "averages_over": both, "averages": averages,
+            "pretrained_tasks": mine, "wins": wins, "wins_beyond_spread": clear,
+            "paper_source": PER_TASK[0].source}
 
 
-TARGETS = {"tokens_per_s_floor": 1.5e6, "tokens_per_s_goal": 2.5e6, "eager_ratio": 2.0, "compiled_ratio": 1.5,
-           "peak_memory_gib": 1.5}  # the issue's, for ELECTRA-Small 128 x 128 bf16 on an H100
-
-
-def summarize(d: Path, records: list[dict], mode: str, seconds: float, deadline_s: int, interrupted: str | None) -> dict:
-    """summary.json from the archive's folder `d` and the stage records (see the module docstring)."""
-    docs = {p.stem: _load(p) for p in d.glob("*.json") if p.name != "summary.json"}
-    env, pack = docs.get("env"), _load(d / "pack" / "pack.json")
-    baseline = docs.get("glue_baseline") if mode == "smoke" else _load(BASELINE_RESULT)
-    speed = {"tinyelectra eager": side_figures(docs.get("eager"), "tinyelectra", env),
-             "transformers eager": side_figures(docs.get("eager"), "transformers", env),
-             "tinyelectra compiled": side_figures(docs.get("compiled"), "tinyelectra", env),
-             "transformers compiled": side_figures(docs.get("hf_compiled"), "transformers", env),
-             "tinyelectra CUDA graphs": side_figures(docs.get("cudagraphs"), "tinyelectra", env),
-             "tinyelectra fp16 compiled": side_figures(docs.get("fp16"), "tinyelectra", env),
-             "tinyelectra compiled batch 256": side_figures(docs.get("batch_256"), "tinyelectra", env)}
-    tok = {k: (v or {}).get("tokens_per_s") for k, v in speed.items()}
-    ratios = {"eager (paired rounds in one process)": _get(docs.get("eager"), "speedup", "median_of_round_ratios"),
-              "compiled (separate stages, same card)": tok["tinyelectra compiled"] / tok["transformers compiled"]
-              if tok["tinyelectra compiled"] and tok["transformers compiled"] else None}
-    compiled = speed["tinyelectra compiled"] or {}
-    targets = {
-        "compiled tokens/s >= 1.5M (floor), 2.5M (goal)": [tok["tinyelectra compiled"], tok["tinyelectra compiled"] >= TARGETS["tokens_per_s_floor"]
-                                                           if tok["tinyelectra compiled"] else None],
-        "eager >= 2x transformers": [ratios["eager (paired rounds in one process)"], ratios["eager (paired rounds in one process)"] >= TARGETS["eager_ratio"]
-                                     if ratios["eager (paired rounds in one process)"] else None],
-        "compiled >= 1.5x transformers": [ratios["compiled (separate stages, same card)"], ratios["compiled (separate stages, same card)"] >= TARGETS["compiled_ratio"]
-                                          if ratios["compiled (separate stages, same card)"] else None],
-        "peak memory <= 1.5 GiB (compiled, batch 128)": [compiled.get("peak_memory_gib"), compiled["peak_memory_gib"] <= TARGETS["peak_memory_gib"]
-                                                         if compiled.get("peak_memory_gib") else None],
-    }
-    record = {r["stage"]: r for r in records}
-    plan = gpu_plan()
+def summarize(d: Path, records: list[dict], mode: str, command: str, seconds: float, deadline_s: int,
+              interrupted: str | None, first: dict | None = None) -> dict:
+    """A command's summary from its archive folder `d` and the stage records; the second command's carries the
+    first's figures (`first`, its run.json) beside its own."""
+    docs = {p.stem: _load(p) for p in d.glob("*.json") if p.name not in ("summary.json", "finish.json")}
+    env = docs.get("env") or _get(first, "env")
+    plan = gpu_plan(command)
     doc = {
-        "benchmark": "gpu_suite", "mode": mode, "git_commit": _git_commit(pack), "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "benchmark": "gpu_suite", "mode": mode, "command": command, "git_commit": _git_commit(_load(d / "pack" / "pack.json")),
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "device": (env or {}).get("gpu") or ("cpu" if env else None), "torch": (env or {}).get("torch"),
         "seconds": round(seconds, 1), "deadline_s": deadline_s, "within_deadline": seconds <= deadline_s, "interrupted": interrupted,
-        "gpu_plan": plan["stages"], "gpu_plan_total_s": plan["total_s"], "gpu_plan_pretrain_train_s": plan["pretrain_train_s"],
-        "stages": records, "env": env, "ceilings": _get(env, "ceilings"), "checks": docs.get("checks"),
-        "speed": speed, "ratios": ratios, "targets": targets,
-        "pretrain": {**pretrain_figures(d, pack, record.get("pretrain")),
-                     "compiled_stage_first_call_s": _get(docs.get("compiled"), "tinyelectra", "first_call_s")},
-        "glue": glue_figures(d, baseline, pack), "pack": pack,
-        "loss_check": {k: _get(docs.get("loss_check"), k) for k in ("max_abs_loss_difference", "max_rel_loss_difference", "finite")},
+        "gpu_plan": plan["stages"], "gpu_plan_total_s": plan["total_s"], "stages": records,
     }
-    doc["unmeasured"] = [k for k, v in {**speed, **ratios}.items() if v is None] + \
-        [f"GLUE {t} {side}" for t, v in doc["glue"]["tasks"].items() for side in ("pre-trained", "no pre-training") if v.get(side) is None]
+    if command == "run":
+        pack = _load(d / "pack" / "pack.json")
+        speed = side_figures(docs.get("speed"), "tinyelectra", env)
+        pretrain = pretrain_figures(d, pack, next((r for r in records if r["stage"] == "pretrain"), None))
+        rate = pretrain["metrics_median_tokens_per_second"]
+        doc.update(env=env, ceilings=_get(env, "ceilings"), checks=docs.get("checks"), pack=pack,
+                   parity={**{k: _get(docs.get("parity"), k) for k in ("max_abs_loss_difference", "max_rel_loss_difference", "finite")},
+                           **{k: (next((r for r in records if r["stage"] == "parity"), None) or {}).get(k) for k in ("status", "rc")}},
+                   speed={"tinyelectra CUDA graphs": speed}, pretrain=pretrain,
+                   targets={"pretrain tokens/s >= 2.0M (floor), 2.5M (goal)": [rate, rate >= 2.0e6 if rate else None],
+                            "speed stage tokens/s >= 2.0M": [(speed or {}).get("tokens_per_s"),
+                                                             (speed or {}).get("tokens_per_s", 0) >= 2.0e6 if speed else None]},
+                   gpu_plan_pretrain_train_s=plan["pretrain_train_s"])
+        doc["unmeasured"] = [k for k, v in {"speed": speed, "pretrain": pretrain["steps"], "parity": doc["parity"]["status"]}.items() if v is None]
+    else:
+        env_first = _get(first, "env")
+        speeds = {"tinyelectra CUDA graphs (first command)": _get(first, "speed", "tinyelectra CUDA graphs"),
+                  "transformers compiled + CUDA graphs": side_figures(docs.get("hf_compiled"), "transformers", env_first),
+                  "tinyelectra eager": side_figures(docs.get("eager"), "tinyelectra", env_first),
+                  "transformers eager": side_figures(docs.get("eager"), "transformers", env_first),
+                  "tinyelectra fp16 CUDA graphs": side_figures(docs.get("fp16"), "tinyelectra", env_first)}
+        tok = {k: (v or {}).get("tokens_per_s") for k, v in speeds.items()}
+        ours, theirs = tok["tinyelectra CUDA graphs (first command)"], tok["transformers compiled + CUDA graphs"]
+        sides = glue_results(d / "glue")
+        names = sorted(sides, key=lambda n: int(n[5:]) if re.fullmatch(r"ckpt-\d{4,5}", n) else -1)
+        pretrained = next((n for n in reversed(names) if n != "ckpt-0000"), None)
+        glue = glue_table(sides, pretrained, "ckpt-0000" if "ckpt-0000" in sides else None)
+        early = glue_results(d / "glue-early")
+        fp32 = glue_results(d / "glue-fp32")
+        fine_tuning = [ft for v in (sides.get(pretrained) or sides.get("ckpt-0000") or {}).values() for ft in v.get("fine_tuning", [])][:1]
+        cap = GLUE[mode]["max_train_rows"]
+        rows = {t: min(v.get("train_rows") or 0, cap or 1 << 40) for t, v in (_get(first, "pack", "glue", "tasks") or {}).items()}
+        gp = glue_plan(rows, GLUE[mode]["seeds"], len(names)) if rows and all(rows.values()) else None
+        layout = next((r for r in records if r["stage"] == "glue"), {})
+        doc.update(first_command={k: _get(first, k) for k in ("date_utc", "seconds", "device", "git_commit")},
+                   pretrain=_get(first, "pretrain"), glue=glue,
+                   glue_early=glue_table(early, next(iter(early), None), None) if early else None,
+                   glue_fp32=fp32_check(fp32, sides, pretrained) if fp32 else None,
+                   glue_plan=gp, glue_run={"stage_seconds": layout.get("seconds"), "status": layout.get("status"),
+                                           "fine_tuning": fine_tuning[0] if fine_tuning else None},
+                   glue_speed=docs.get("glue_speed"), speed=speeds,
+                   ratios={"tinyelectra CUDA graphs / transformers compiled + CUDA graphs": ours / theirs if ours and theirs else None,
+                           "eager (paired rounds in one process)": _get(docs.get("eager"), "speedup", "median_of_round_ratios")})
+        doc["unmeasured"] = [k for k, v in speeds.items() if v is None] + \
+            [f"GLUE {t} {side}" for t, v in glue["tasks"].items() for side in ("pre-trained", "no pre-training") if _get(v, side, "median") is None]
     if mode == "smoke":
         doc["note"] = ("CPU smoke run: every stage at toy size on the CPU (one layer of the tiny recipe, a toy pack); compile "
                        "stages use the aot_eager backend, fp16 runs fp32, CUDA graphs do not exist: it checks the machinery, "
                        "and none of these figures is a GPU figure")
     return doc
+
+
+def fp32_check(fp32: dict, bf16: dict, name: str | None) -> dict:
+    """The glue_fp32 stage against the glue stage on the same checkpoint and tasks: medians side by side and their
+    differences (bf16 autocast changes the paper's numbers by no more than the seeds' spread, or it does)."""
+    out = {}
+    for task, v in (fp32.get(name) or {}).items():
+        a, b = spread(list(v["scores"].values())), spread(list((_get(bf16, name, task, "scores") or {}).values()))
+        out[task] = {"fp32": a, "bf16": b, "difference": a["median"] - b["median"] if a["median"] is not None and b["median"] is not None else None}
+    return {"checkpoint": name, "tasks": out}
 
 
 def _git_commit(pack: dict | None) -> str:
@@ -675,71 +1017,111 @@ def _n(x, fmt: str = "{:,.0f}", none: str = "-") -> str:
     return none if x is None else fmt.format(x)
 
 
-def table(doc: dict) -> str:
-    """The short table printed last: the last lines of the output alone say what happened."""
-    out = [f"== tinyelectra GPU suite ({doc['mode']}): {doc['device'] or 'device unknown'}, torch {doc['torch'] or '-'}, commit {str(doc['git_commit'])[:12]}; "
-           f"{doc['seconds']:.0f} s of {doc['deadline_s']} s" + (f"; INTERRUPTED ({doc['interrupted']})" if doc["interrupted"] else "")]
+def _header(doc: dict) -> list[str]:
+    what = "first command" if doc["command"] == "run" else "second command (--finish)"
+    out = [f"== tinyelectra GPU suite, {what} ({doc['mode']}): {doc['device'] or 'device unknown'}, torch {doc['torch'] or '-'}, "
+           f"commit {str(doc['git_commit'])[:12]}; {doc['seconds']:.0f} s of {doc['deadline_s']} s"
+           + (f"; INTERRUPTED ({doc['interrupted']})" if doc["interrupted"] else "")]
     out.append("stages: " + ", ".join(f"{r['stage']} {r['status']}" + (f" {r['seconds']:.0f}s" if r["status"] != "skipped" else "")
                                       for r in doc["stages"]))
-    c = doc["ceilings"] or {}
-    share = f" ({c['gemm_share_of_datasheet']:.0%} of the datasheet's {c['datasheet_bf16_tflops']:.0f})" if c.get("gemm_share_of_datasheet") else ""
-    out.append(f"ceilings: matrix product {_n(c.get('gemm_tflops'), '{:.3g}')} TFLOP/s{share}; copy {_n(c.get('copy_gb_per_s'))} GB/s")
-    ch = doc["checks"] or {}
-    sdpa = ch.get("sdpa_gradients") or {}
-    bad = {n: sorted({v for v in cases.values() if v != "ok" and not v.startswith("not available")})
-           for n, cases in (sdpa.get("cases") or {}).items() if n in (sdpa.get("unsafe") or [])}
-    unsafe = "; ".join(f"{n} ({', '.join(v)})" for n, v in bad.items()) or "none"
-    out.append(f"checks: training step {'finite' if _get(ch, 'train_step', 'finite') else 'NOT finite or not run'}; SDPA gradients "
-               f"safe: {', '.join(sdpa.get('safe') or []) or '-'}; unsafe: {unsafe}")
-    sp = doc["speed"]
-    te = sp["tinyelectra eager"] or {}
-    out.append(f"attention: dispatcher {te.get('attention_dispatcher') or '-'}; seen in the profile: eager "
-               f"{te.get('attention_seen') or '-'}, compiled {(sp['tinyelectra compiled'] or {}).get('attention_seen') or '-'}")
-    shape = (sp["tinyelectra eager"] or sp["tinyelectra compiled"] or {}).get("measured_as", "").split(", compile")[0]
-    out.append(f"speed ({shape or 'not measured'})")
-    out.append(f"  {'':<32}{'tokens/s':>12}{'MFU datasheet':>15}{'MFU measured':>14}{'peak GiB':>10}")
-    for name, s in sp.items():
-        if s is None and name not in ("tinyelectra eager", "transformers eager", "tinyelectra compiled", "transformers compiled"):
-            continue
-        s = s or {}
-        out.append(f"  {name:<32}{_n(s.get('tokens_per_s')):>12}{_n(s.get('mfu_datasheet'), '{:.1%}'):>15}"
-                   f"{_n(s.get('mfu_measured_peak'), '{:.1%}'):>14}{_n(s.get('peak_memory_gib'), '{:.2f}'):>10}"
-                   + ("" if s else "  (not measured)"))
-    r = doc["ratios"]
-    out.append("  tinyelectra / transformers: " + "; ".join(f"{k} {_n(v, '{:.2f}x')}" for k, v in r.items()))
-    cg = sp.get("tinyelectra CUDA graphs")
-    out.append(f"  CUDA graphs: {(cg or {}).get('cuda_graphs') or 'not measured (extra stage not run)'}")
-    p = doc["pretrain"]
-    if p["steps"] is None:
-        out.append("pretrain: no step recorded (see its stage)")
+    return out
+
+
+def _pretrain_lines(p: dict | None) -> list[str]:
+    if not p or p.get("steps") is None:
+        return ["pretrain: no step recorded (see its stage)"]
+    pp = p.get("paper_point") or {}
+    out = [f"pretrain: {_n(p['steps'])} steps, {_n(p['tokens_seen'] / 1e6 if p['tokens_seen'] else None, '{:.1f}')}M tokens = "
+           f"{_n(p['passes_over_pack'], '{:.1f}')} passes over the pack's {_n((p.get('pack_tokens') or 0) / 1e6 or None, '{:.1f}')}M "
+           f"tokens (repeated data; the paper saw each token about once) in {_n(p['train_seconds'], '{:.0f}')} s of training "
+           f"(--budget {p['budget']}), +{_n(p['overhead_s'], '{:.0f}')} s start-up and checkpoints; "
+           f"{_n(p['metrics_median_tokens_per_second'])} tokens/s median" + ("" if p["finished"] else "; STOPPED before its end")]
+    out.append(f"  against the paper's 6.25% point ({pp.get('paper_steps', 0):,} steps, {(pp.get('paper_tokens') or 0) / 1e9:.2f}B tokens, "
+               f"{_n(pp.get('paper_flops'), '{:.2g}')} FLOPs, GLUE {pp.get('paper_glue')}): tokens "
+               f"{_n(pp.get('tokens_fraction'), '{:.1%}')}, FLOPs {_n(pp.get('flops_fraction'), '{:.1%}')}")
+    a = p.get("along_the_run") or {}
+    last = (a.get("loss_over_prior") or {}).get("last")
+    dip = a.get("early_dip") or {}
+    out.append(f"  discriminator loss / all-original loss (1.0 = prior; published 1M-step runs end at 0.44-0.48): "
+               f"{_n(last[1] if last else None, '{:.3f}')} at step {_n(last[0] if last else None)}; left the prior "
+               f"{'at step ' + format(a['left_prior_at_step'], ',') if a.get('left_prior_at_step') is not None else 'not yet'} "
+               f"({a.get('left_prior_rule')}); early dip {_n(dip.get('loss_over_prior'), '{:.3f}')} at step {_n(dip.get('step'))} (frequency cues)")
+    out.append(f"  {'held-out':<12}{'step':>8}{'loss/prior':>12}{'recall':>8}{'AUC matched':>13}{'AUC unigram':>13}{'gen/unigram':>13}")
+    for name, c in (a.get("checkpoints") or {}).items():
+        out.append(f"  {name:<12}{_n(c['step']):>8}{_n(c['loss_over_prior'], '{:.3f}'):>12}{_n(c['recall'], '{:.3f}'):>8}"
+                   f"{_n(c['auc_matched'], '{:.3f}'):>13}{_n(c['auc_unigram_matched'], '{:.3f}'):>13}"
+                   f"{_n(c['generator_over_unigram'], '{:.2f}x'):>13}")
+    return out
+
+
+def _cell(s: dict | None) -> str:
+    if not s or s.get("median") is None:
+        return "-"
+    if s["seeds"] == 1:
+        return f"{s['median']:.1f}"
+    return f"{s['median']:.1f} ({s['min']:.1f}..{s['max']:.1f})"
+
+
+def table(doc: dict) -> str:
+    """The short table printed last: the last lines of the output alone say what happened."""
+    out = _header(doc)
+    if doc["command"] == "run":
+        c = doc["ceilings"] or {}
+        share = f" ({c['gemm_share_of_datasheet']:.0%} of the datasheet's {c['datasheet_bf16_tflops']:.0f})" if c.get("gemm_share_of_datasheet") else ""
+        out.append(f"ceilings: matrix product {_n(c.get('gemm_tflops'), '{:.3g}')} TFLOP/s{share}; copy {_n(c.get('copy_gb_per_s'))} GB/s")
+        ch = doc["checks"] or {}
+        sdpa = ch.get("sdpa_gradients") or {}
+        out.append(f"checks: training step {'finite' if _get(ch, 'train_step', 'finite') else 'NOT finite or not run'}; SDPA gradients "
+                   f"safe: {', '.join(sdpa.get('safe') or []) or '-'}; unsafe: {', '.join(sdpa.get('unsafe') or []) or 'none'}")
+        par = doc["parity"]
+        verdict = {"ok": "the CUDA graphs compute the eager step", "failed": "MISMATCH: pretrain ran without CUDA graphs"
+                   if par.get("rc") == 1 else "failed (see its log)"}.get(par.get("status") or "", par.get("status") or "not run")
+        out.append(f"parity (loss_check.py, eager vs the compiled CUDA-graph step): {verdict}; max loss difference "
+                   f"{_n(par.get('max_abs_loss_difference'), '{:.3g}')} (relative {_n(par.get('max_rel_loss_difference'), '{:.3g}')})")
+        s = doc["speed"]["tinyelectra CUDA graphs"] or {}
+        out.append(f"speed ({s.get('measured_as', 'not measured').split(', compile')[0]}): {_n(s.get('tokens_per_s'))} tokens/s, "
+                   f"MFU {_n(s.get('mfu_datasheet'), '{:.1%}')} of the datasheet, {_n(s.get('mfu_measured_peak'), '{:.1%}')} of the "
+                   f"measured peak; peak memory {_n(s.get('peak_memory_gib'), '{:.2f}')} GiB; cold compile {_n(s.get('first_call_s'), '{:.0f}')} s; "
+                   f"{s.get('cuda_graphs') or 'CUDA graphs: not measured'}")
+        out += _pretrain_lines(doc["pretrain"])
+        out.append("next: bash benchmarks/gpu_suite.sh --finish (GLUE on this run's last checkpoint and ckpt-0000)")
     else:
-        out.append(f"pretrain: {_n(p['steps'])} steps, {_n(p['tokens_seen'] / 1e6 if p['tokens_seen'] else None, '{:.1f}')}M tokens "
-                   f"({_n(p['epochs'], '{:.1f}')} epochs of the pack) in {_n(p['train_seconds'], '{:.0f}')} s of training (--budget "
-                   f"{p['budget']}), +{_n(p['overhead_s'], '{:.0f}')} s start-up and checkpoints; "
-                   f"{_n(p['metrics_median_tokens_per_second'])} tokens/s median" + ("" if p["finished"] else "; STOPPED before its end"))
-        out.append(f"  start-up {_n(p['startup_s'], '{:.0f}')} s, compile included (the compiled stage's first call, a cold "
-                   f"compile: {_n(p['compiled_stage_first_call_s'], '{:.0f}')} s); {p['compile'] or 'compile: not recorded'}")
-        out.append(f"  {p['final_verdict'] or 'no checkpoint'}")
-    g = doc["glue"]
-    proto = g["protocol"] or {}
-    same = g["protocol_differences_from_baseline"]
-    out.append(f"GLUE dev ({g['checkpoint'] or 'no checkpoint'}{'' if g['complete'] in (True, None) else ', STOPPED: the tasks it finished'}; "
-               f"{_n(len(proto.get('seeds') or []) or None)} seed, <= {_n(proto.get('max_train_rows'))} train rows; no pre-training: "
-               f"{(g['baseline'] or {}).get('machine') or 'none recorded'}; "
-               f"protocol {'identical' if same == [] else 'DIFFERS: ' + '; '.join(same) if same else 'not compared'})")
-    out.append(f"  {'task (metric)':<28}{'pre-trained':>12}{'ckpt-0625':>11}{'no pre-training':>17}{'majority class':>16}")
-    for task, v in g["tasks"].items():
-        out.append(f"  {task + ' (' + str(v.get('metric')) + ')':<28}{_n(v.get('pre-trained'), '{:.1f}'):>12}"
-                   f"{_n(v.get('ckpt-0625'), '{:.1f}'):>11}{_n(v.get('no pre-training'), '{:.1f}'):>17}"
-                   f"{_n(v.get('majority class'), '{:.1f}'):>16}")
-    a = g["averages"]
-    out.append(f"  {'average of ' + str(len(g['averages_over'])) + ' tasks':<28}{_n(a.get('pre-trained'), '{:.1f}'):>12}"
-               f"{_n(a.get('ckpt-0625'), '{:.1f}'):>11}{_n(a.get('no pre-training'), '{:.1f}'):>17}")
-    if g["pretrained_better_on"]:
-        gap = a["pre-trained"] - a["no pre-training"] if a.get("pre-trained") is not None and a.get("no pre-training") is not None else None
-        out.append(f"verdict: pre-training beats no pre-training on {g['pretrained_better_on']}, average {_n(gap, '{:+.1f}')} points")
-    else:
-        out.append("verdict: no GLUE comparison (a side is missing: see stages)")
+        out += _pretrain_lines(doc["pretrain"])
+        g, lay, gp = doc["glue"], doc.get("glue_layout") or {}, doc.get("glue_plan") or {}
+        ft = _get(doc, "glue_run", "fine_tuning") or {}
+        est = gp.get("steps") / lay["steps_per_second"] if gp.get("steps") and lay.get("steps_per_second") else None
+        out.append(f"GLUE: {_n(gp.get('jobs'))} jobs, {_n(gp.get('steps'))} steps planned (full training sets, 3 or 10 epochs, batch 32); "
+                   f"layout {lay.get('layout', '-')} ({lay.get('why', '-')}); estimated {_n(est, '{:.0f}')} s, ran "
+                   f"{_n(_get(doc, 'glue_run', 'stage_seconds'), '{:.0f}')} s ({_n(ft.get('steps_per_second'), '{:.0f}')} steps/s)")
+        pre = doc.get("pretrain") or {}
+        passes = (f" ({_n(pre.get('passes_over_pack'), '{:.1f}')} passes over the pack's "
+                  f"{_n((pre.get('pack_tokens') or 0) / 1e6 or None, '{:.1f}')}M tokens)") if g["checkpoint"] else ""
+        out.append(f"GLUE dev, median (min..max) over seeds: {g['checkpoint'] or 'no pre-trained checkpoint'}{passes} vs no "
+                   f"pre-training (ckpt-0000: the same run's initial weights), same card, same processes; paper: {g['paper_source']}")
+        out.append(f"  {'task (metric)':<24}{'pre-trained':>20}{'no pre-training':>20}{'paper':>8}{'majority':>10}")
+        for task, v in g["tasks"].items():
+            out.append(f"  {task + ' (' + str(v.get('metric')) + ')':<24}{_cell(v.get('pre-trained')):>20}"
+                       f"{_cell(v.get('no pre-training')):>20}{_n(v.get('paper'), '{:.1f}'):>8}{_n(v.get('majority class'), '{:.1f}'):>10}")
+        a = g["averages"]
+        out.append(f"  {'average of ' + str(len(g['averages_over'])) + ' tasks':<24}{_n(a.get('pre-trained'), '{:.1f}'):>20}"
+                   f"{_n(a.get('no pre-training'), '{:.1f}'):>20}{_n(a.get('paper'), '{:.1f}'):>8}")
+        if g["averages_over"]:
+            gap = a["pre-trained"] - a["no pre-training"]
+            out.append(f"verdict: pre-training beats no pre-training on {len(g['wins'])} of {len(g['averages_over'])} tasks "
+                       f"({len(g['wins_beyond_spread'])} beyond the seeds' ranges), average {gap:+.1f} points; against the paper: "
+                       f"{a['pre-trained']:.1f} vs ELECTRA-Small's {_n(a.get('paper'), '{:.1f}')} on these tasks after 1M steps, "
+                       f"and GLUE {_get(doc, 'pretrain', 'paper_point', 'paper_glue') or 74.1} (8 tasks) at its 6.25% point")
+        else:
+            out.append("verdict: no GLUE comparison (a side is missing: see stages)")
+        if e := doc.get("glue_early"):
+            out.append(f"GLUE at {e['checkpoint']} (a quarter of the run): " + ", ".join(
+                f"{t} {_cell(v.get('pre-trained'))}" for t, v in e["tasks"].items()))
+        if f := doc.get("glue_fp32"):
+            out.append("bf16 vs fp32 fine-tuning (medians): " + ", ".join(
+                f"{t} {_cell(v['bf16'])} vs {_cell(v['fp32'])} ({_n(v['difference'], '{:+.1f}')})" for t, v in f["tasks"].items()))
+        sp, r = doc["speed"], doc["ratios"]
+        out.append("speed (the pre-training step, tokens/s): " + "; ".join(f"{k} {_n((v or {}).get('tokens_per_s'))}" for k, v in sp.items())
+                   + "; ratios: " + "; ".join(f"{k} {_n(v, '{:.2f}x')}" for k, v in r.items()))
     if doc.get("note"):
         out.append(f"note: {doc['note']}")
     return "\n".join(out)
@@ -760,10 +1142,13 @@ class OneLineParser(argparse.ArgumentParser):
 def parser() -> argparse.ArgumentParser:
     ap = OneLineParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
-    r = sub.add_parser("run", help="run the suite")
+    r = sub.add_parser("run", help="run the suite's first command, or with --finish its second")
     r.add_argument("--cpu-smoke", action="store_true", help="every stage at toy size on the CPU")
+    r.add_argument("--finish", action="store_true", help="the second command: GLUE and the extras on the first's run")
     r.add_argument("--lease", default=None, help="the pack (default .lease/; --cpu-smoke: a toy pack it builds)")
-    r.add_argument("--out", default=None, help="where the three files go ($OUT when set; default benchmarks/results/<mode>-<stamp>/)")
+    r.add_argument("--out", default=None, help="where the three files go (wins over $OUT; default $OUT, else "
+                                               "benchmarks/results/<mode>-<stamp>/)")
+    r.add_argument("--work", default=None, help="the work folder the two commands share (default .lease-run/, or $SUITE_WORK)")
     s = sub.add_parser("summary", help="print the table of an extracted archive")
     s.add_argument("dir")
     return ap
@@ -774,11 +1159,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "run":
         return run_suite(args)
     d = Path(args.dir)
-    doc = _load(d / "summary.json")
+    doc = _load(d / "summary.json") or _load(d / "finish.json")
     if doc is None:
-        _fail(f"{d / 'summary.json'}: not found or not JSON (an extracted suite archive?)")
-    again = summarize(d, doc["stages"], doc["mode"], doc["seconds"], doc["deadline_s"], doc.get("interrupted"))
-    print(table({**again, "git_commit": doc["git_commit"]}))  # the commit that ran, not this checkout's
+        _fail(f"{d}: no summary.json or finish.json (an extracted suite archive?)")
+    print("\n".join(doc.get("table") or [table(doc)]))
     return 0
 
 

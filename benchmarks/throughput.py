@@ -4,7 +4,7 @@ warm-up. Reports medians, the paired speed-up, peak memory, and on a GPU the har
 
     python benchmarks/throughput.py                                   # CPU, fp32, 16 x 128, synthetic batches
     python benchmarks/throughput.py --data /path/to/prepared          # batches from `tinyelectra prepare` output
-    python benchmarks/throughput.py --device cuda --precision bf16 --batch 128 --compile on [--sides tinyelectra]
+    python benchmarks/throughput.py --device cuda --precision bf16 --batch 128 --compile auto [--sides tinyelectra]
       -> benchmarks/results/throughput_<device>_<precision>[_compile|_cudagraphs].json  (or --name)
 
 tinyelectra's side is the body of `tinyelectra.train.train`'s loop, the trainer's own functions: the next
@@ -26,8 +26,16 @@ memory-efficient cutlass fmha, cuDNN, or math) beside the dispatcher's choice (`
 tensors of the real shapes); with --compile reduce-overhead, `cuda_graphs` says whether CUDA graphs ran (graph
 launches per step) and gives inductor's "skipping cudagraphs due to ..." reasons: no launches, no "CUDA graphs".
 The result file is rewritten after each part ("complete": false until the end).
-Peak memory: CUDA, torch.cuda.max_memory_allocated over one step of each side; CPU, the peak resident set of a
-fresh process that builds one side and runs 3 steps (so the two do not share an allocator).
+Peak memory: CUDA, what each side holds (`common.HeldMemory`): torch's caching allocator's peak reserved memory from
+the side's construction through compilation and its first three steps, CUDA graphs' private pools included (graph
+replays allocate nothing, so max_memory_allocated over a replayed step misses them: the H200 run's 0.17 GB), with the
+tensors alone and the device's own count beside it (`peak_memory_kind` says which is which); CPU, the peak resident
+set of a fresh process that builds one side and runs 3 steps (so the two do not share an allocator).
+
+--compile auto compiles each side as `tinyelectra train` would by default: inductor + CUDA graphs on one GPU, for
+transformers' two models too (its best, so the ratio is compiled against compiled); --padding none measures batches
+without padding (no attention mask: FlashAttention eligible); --grad-norm A/Bs how the compiled update computes the
+gradient norm (optim.total_norm).
 
 Hardware MFU (GPU only) uses tinyelectra.flops' hardware convention (matmul FLOPs the model needs; generator head
 at the N masked slots only) for both sides: the baseline's extra full-vocabulary work is not credited to it.
@@ -52,8 +60,8 @@ from torch.autograd import DeviceType  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
+    HeldMemory,
     HFStep,
-    PeakMemory,
     StepSetup,
     add_step_arguments,
     alternate,
@@ -80,13 +88,22 @@ TARGETS = {"cpu": {"speedup": 2.0},
 # 256 / 64): an estimate stated by the issue, not a measurement; results report the fraction reached beside MFU.
 CEILING_TOKENS_PER_S_ESTIMATE = {"H100": 5.0e6}
 SIDES = ("tinyelectra", "transformers")
+MEMORY_KIND = ("peak_memory_bytes = peak_reserved_bytes: the most torch's caching allocator reserved from the side's "
+               "construction through its compilation, first call and two more steps (CUDA graphs recorded), over what "
+               "was reserved before (empty_cache first): weights, optimizer state, activations, cached blocks and the "
+               "CUDA-graph private pools. peak_allocated_bytes: tensors only (max_memory_allocated, same span). "
+               "device_used_bytes_at_end: the device's used memory (mem_get_info) added by the side, libraries' "
+               "workspaces included, at the end of that span")
 
 
 class Batches:
-    """The next (input_ids, token_type_ids, attention_mask) on the device: from a prepared data directory through
-    tinyelectra's BatchLoader (shuffled, prefetched, pinned), or cycling through synthetic batches."""
+    """The next batch on the device: from a prepared data directory through tinyelectra's BatchLoader (shuffled,
+    prefetched, pinned), or cycling through synthetic batches padded as `padding` says (common.synthetic_batches).
+    `__call__` gives (input_ids, token_type_ids, attention_mask); `batch()` a data.Batch with its host-side
+    flags of the rows without padding, which the trainer's step reads to pass no attention mask where none is needed."""
 
-    def __init__(self, data_dir: str | None, vocab_size: int, batch: int, seq_len: int, device: torch.device, seed: int = 0):
+    def __init__(self, data_dir: str | None, vocab_size: int, batch: int, seq_len: int, device: torch.device, seed: int = 0,
+                 padding: str = "builder"):
         self.loader = None
         if data_dir:
             from tinyelectra.data import BatchLoader, PretrainData  # noqa: PLC0415
@@ -100,16 +117,23 @@ class Batches:
             self.source = f"prepared data {data_dir} (BatchLoader, prefetch 2)"
         else:
             self.special = SpecialIds(pad=0, cls=101, sep=102, mask=103)
-            self.synthetic = synthetic_batches(vocab_size, batch, seq_len, count=8, seed=seed, device=device)
+            self.synthetic = synthetic_batches(vocab_size, batch, seq_len, count=8, seed=seed, device=device, padding=padding)
+            self.full_rows = [mask.all(1).cpu().numpy() for _, _, mask in self.synthetic]  # once, before any timing
             self.i = 0
-            self.source = "synthetic batches (8 distinct, cycled; BERT special ids)"
+            self.source = f"synthetic batches (8 distinct, cycled; BERT special ids; padding: {padding})"
+
+    def batch(self):
+        from tinyelectra.data import Batch  # noqa: PLC0415
+
+        if self.loader is not None:
+            return next(self.loader)
+        self.i += 1
+        k = (self.i - 1) % len(self.synthetic)
+        return Batch(*self.synthetic[k], full_rows=self.full_rows[k])
 
     def __call__(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if self.loader is not None:
-            b = next(self.loader)
-            return b.input_ids, b.token_type_ids, b.attention_mask
-        self.i += 1
-        return self.synthetic[(self.i - 1) % len(self.synthetic)]
+        b = self.batch()
+        return b.input_ids, b.token_type_ids, b.attention_mask
 
 
 class TrainerStep:
@@ -120,7 +144,7 @@ class TrainerStep:
     def __init__(self, recipe, device: torch.device, precision: str, batches: Batches) -> None:
         from tinyelectra.model import Electra  # noqa: PLC0415
         from tinyelectra.optim import build_optimizer, lr_at  # noqa: PLC0415
-        from tinyelectra.train import Dist, Engine, new_sums  # noqa: PLC0415
+        from tinyelectra.step import Dist, Engine, new_sums  # noqa: PLC0415
 
         self.recipe, self.device, self.batches = recipe, device, batches
         torch.manual_seed(recipe.train.seed)
@@ -144,16 +168,15 @@ class TrainerStep:
         return self.engine.compile_note.startswith("compile: torch.compile")
 
     def first_call(self) -> None:
-        """Untimed: the trainer's compile check (forward, backward and update; falls back to eager on failure), then
-        one real step."""
-        self.engine.verify_compile(self.batches.special)
+        """Untimed: the trainer's compile check (both graphs of the step and the update; falls back to eager on
+        failure; its cache as the trainer's), then one real step."""
+        self.compiled_record = self.engine.compile_now(self.batches.special)
         self()
 
     def __call__(self) -> None:
-        from tinyelectra.data import Batch  # noqa: PLC0415
-        from tinyelectra.train import global_counts, mask_step, train_step  # noqa: PLC0415
+        from tinyelectra.step import global_counts, mask_step, train_step  # noqa: PLC0415
 
-        batch = Batch(*self.batches())
+        batch = self.batches.batch()
         masked, seeds = mask_step(batch, self.recipe, self.batches.special, self.step, 0, len(batch.input_ids), 1)
         counts = global_counts(masked, self.engine.dist)
         self.optimizer.set_lr(self.lr(self.step))
@@ -170,10 +193,17 @@ class BaselineStep:
         setup = StepSetup(recipe.model, recipe.objective, recipe.optim, device, precision, special=batches.special)
         self.hf = HFStep(setup, compile_mode="off")
         self._compile_note = "compile: off"
-        if compile_mode != "off":  # the usual way: compile each model (graph breaks allowed, as users run it)
-            self.hf.gen, note = runtime.maybe_compile(self.hf.gen, compile_mode, device)
-            self.hf.disc, _ = runtime.maybe_compile(self.hf.disc, compile_mode, device)
+        # "auto": transformers at its best, as the trainer's policy would run it (inductor + CUDA graphs on one GPU)
+        choice = runtime.choose_compile(compile_mode, device)
+        if choice.mode != "off":  # the usual way: compile each model (graph breaks allowed, as users run it)
+            self.hf.gen, note = runtime.maybe_compile(self.hf.gen, choice.mode, device)
+            self.hf.disc, _ = runtime.maybe_compile(self.hf.disc, choice.mode, device)
             self._compile_note = note + " (ElectraForMaskedLM and ElectraForPreTraining each)"
+            if compile_mode == "auto":
+                self._compile_note += f"; {choice.why}"
+            if choice.cuda_graphs and device.type == "cuda" and hasattr(self.hf.gen, "before_call"):
+                # the generator runs first in each step: a new generation of CUDA-graph memory starts there
+                self.hf.gen.before_call = torch.compiler.cudagraph_mark_step_begin
         self.batches = batches
 
     @property
@@ -198,7 +228,7 @@ class BaselineStep:
 
 
 def build(side: str, args, recipe, device: torch.device, precision: str):
-    batches = Batches(args.data, recipe.model.vocab_size, args.batch, args.seq_len, device)
+    batches = Batches(args.data, recipe.model.vocab_size, args.batch, args.seq_len, device, padding=args.padding)
     if side == "tinyelectra":
         return TrainerStep(recipe, device, precision, batches)
     return BaselineStep(recipe, device, precision, batches, args.compile)
@@ -336,8 +366,14 @@ def kernel_table(events, steps: int, cuda: bool, top: int = 15) -> dict:
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_step_arguments(ap)
-    ap.add_argument("--compile", default="off", choices=("off", "on", "reduce-overhead"),
-                    help="torch.compile the measured sides (reduce-overhead: with CUDA graphs on a GPU)")
+    ap.add_argument("--compile", default="off", choices=("off", "on", "reduce-overhead", "auto"),
+                    help="torch.compile the measured sides (reduce-overhead: with CUDA graphs on a GPU; auto: as "
+                         "`tinyelectra train` decides, CUDA graphs on one GPU, for both sides)")
+    ap.add_argument("--padding", default="builder", choices=("builder", "none", "alternate"),
+                    help="synthetic batches: 5%% short rows as the official builder (default), none (no batch needs a "
+                         "mask: the mask-free attention path), alternate")
+    ap.add_argument("--grad-norm", default="stack", choices=("stack", "one-op"),
+                    help="how the compiled update computes the gradient norm (optim.total_norm; A/B)")
     ap.add_argument("--sides", default="both", choices=("both", *SIDES), help="which steps to measure")
     ap.add_argument("--data", default=None, help="a directory written by `tinyelectra prepare` (default: synthetic)")
     ap.add_argument("--rounds", type=int, default=20)
@@ -357,6 +393,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     args = parser().parse_args(argv)
 
     device, precision, precision_reason, batch = step_setup(args)
+    os.environ["TINYELECTRA_GRAD_NORM"] = args.grad_norm  # read by optim.GraphSafeUpdate (memory probes inherit it)
     matmul_note = runtime.configure_matmul(precision, device)
     allocator_note = runtime.tune_cpu() if device.type == "cpu" else "n/a (CUDA caching allocator)"
     calls = args.calls_per_round or (20 if device.type == "cuda" else 1)
@@ -366,15 +403,17 @@ def main(argv: list[str] | None = None) -> dict | None:
         print(json.dumps(memory_probe(args, recipe, device, precision)))
         return None
     sides = list(SIDES) if args.sides == "both" else [args.sides]
+    mode = runtime.choose_compile(args.compile, device).mode  # "auto": what the trainer runs (one process, one micro-batch)
     tag = {"off": "", "on": "_compile", "reduce-overhead": "_cudagraphs" if device.type == "cuda" else "_reduce-overhead"}
-    name = args.name or f"throughput_{device.type}_{precision}{tag[args.compile]}"
+    name = args.name or f"throughput_{device.type}_{precision}{tag[mode]}"
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     tokens_per_step = batch * args.seq_len
     hw_flops_per_token = flops.hardware_train_flops_per_step(recipe.model, recipe.objective, batch, args.seq_len) / tokens_per_step
     peak_precision = precision if precision != "fp32" else ("tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32")
     payload: dict = {
         "recipe": args.recipe, "overrides": args.set, "device": device_name or "cpu", "precision": precision, "precision_reason": precision_reason,
-        "matmul": matmul_note, "allocator": allocator_note, "compile": args.compile, "sides": sides,
+        "matmul": matmul_note, "allocator": allocator_note, "compile": args.compile, "compile_mode": mode, "sides": sides,
+        "grad_norm": args.grad_norm, "padding": args.padding if not args.data else "the data's own",
         "batch_size": batch, "seq_len": args.seq_len, "tokens_per_step": tokens_per_step, "rounds": args.rounds,
         "warmup_rounds": args.warmup, "calls_per_round": calls,
         "timing": f"{calls} step(s) back to back per round, one device synchronisation at the end of each round; "
@@ -388,22 +427,33 @@ def main(argv: list[str] | None = None) -> dict | None:
     def save() -> Path:  # after every part, so a stage cut short by its time limit keeps what it measured
         return write_result(name, payload, device, out_dir=args.out_dir, command=command_line("benchmarks/throughput.py", argv))
 
-    skips = CudagraphSkips() if args.compile == "reduce-overhead" else None
-    steps = {side: build(side, args, recipe, device, precision) for side in sides}
-    payload["data"] = next(iter(steps.values())).batches.source
-    for side, step in steps.items():  # the first call compiles (if asked) and warms the allocator
+    skips = CudagraphSkips() if mode == "reduce-overhead" else None
+    steps = {}
+    for side in sides:  # each side built, compiled and warmed (CUDA graphs recorded) in turn: what it holds is its own
         before = dynamo_counts()
-        t0 = time.perf_counter()
-        step.first_call()
-        synchronize(device)
-        payload[side] = {"first_call_s": time.perf_counter() - t0, "compile_note": step.compile_note,
-                         "compiled": step.compiled}
-        if args.compile != "off":
+        with HeldMemory(device) as held:
+            steps[side] = step = build(side, args, recipe, device, precision)
+            t0 = time.perf_counter()
+            step.first_call()  # compiles (if asked)
+            synchronize(device)
+            first_call_s = time.perf_counter() - t0
+            for _ in range(2):  # CUDA graphs are recorded at the second call of each graph: counted here
+                step()
+        payload[side] = {"first_call_s": first_call_s, "compile_note": step.compile_note, "compiled": step.compiled}
+        if getattr(step, "compiled_record", None):
+            payload[side]["compile_record"] = step.compiled_record
+        if device.type == "cuda" and not args.no_memory:
+            payload[side].update(held.figures)
+            payload[side]["peak_memory_bytes"] = held.figures["peak_reserved_bytes"]
+        if mode != "off":
             after = dynamo_counts()
             payload[side]["compile"] = {"graphs_at_first_call": after.get("graphs", 0) - before.get("graphs", 0),
                                         "graph_breaks_at_first_call": after.get("graph_breaks", 0) - before.get("graph_breaks", 0),
                                         "graph_break_reasons": after.get("graph_break_reasons", {})}
         print(f"{side}: first call {payload[side]['first_call_s']:.1f} s; {step.compile_note}", flush=True)
+    payload["data"] = next(iter(steps.values())).batches.source
+    if device.type == "cuda" and not args.no_memory:
+        payload["peak_memory_kind"] = MEMORY_KIND
     if "tinyelectra" in steps:
         te = steps["tinyelectra"]
         payload["tinyelectra"]["attention_dispatcher"] = attention_kernel(recipe.model, batch, args.seq_len, device,
@@ -420,7 +470,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     times = alternate(dict(steps), warmup=args.warmup, repeats=args.rounds, device=device, on_round=show,
                       calls_per_round=calls)
     payload["load_average_1min_before_after"] = [load_before, os.getloadavg()[0]]
-    if args.compile != "off":  # a graph compiled while timing is a recompilation: it would be in the times
+    if mode != "off":  # a graph compiled while timing is a recompilation: it would be in the times
         payload["graphs_compiled_while_timing"] = dynamo_counts().get("graphs", 0) - graphs_before
     ceiling = next((v for k, v in CEILING_TOKENS_PER_S_ESTIMATE.items() if device_name and k in device_name), None)
     for side, step in steps.items():
@@ -435,20 +485,13 @@ def main(argv: list[str] | None = None) -> dict | None:
     if len(sides) == 2:
         payload["speedup"] = paired_ratio(times["transformers"], times["tinyelectra"])
         speedup = payload["speedup"]["median_of_round_ratios"]
-        key = "speedup" if device.type == "cpu" else ("speedup_eager" if args.compile == "off" else "speedup_compiled")
+        key = "speedup" if device.type == "cpu" else ("speedup_eager" if mode == "off" else "speedup_compiled")
         payload["meets_speedup_target"] = speedup >= TARGETS[device.type][key]
     path = save()
-    if not args.no_memory:
-        if device.type == "cuda":
-            for side, step in steps.items():
-                with PeakMemory(device) as pm:
-                    step()
-                payload[side]["peak_memory_bytes"] = pm.peak_bytes
-            payload["peak_memory_kind"] = "torch.cuda.max_memory_allocated over one step (weights, optimizer state, activations)"
-        else:
-            for side in sides:
-                payload[side]["memory"] = cpu_memory(argv, side)
-            payload["peak_memory_kind"] = "peak RSS (VmHWM) of a fresh process that builds one side and runs 3 steps"
+    if not args.no_memory and device.type == "cpu":
+        for side in sides:
+            payload[side]["memory"] = cpu_memory(argv, side)
+        payload["peak_memory_kind"] = "peak RSS (VmHWM) of a fresh process that builds one side and runs 3 steps"
         path = save()
     if args.profile:
         for side, step in steps.items():

@@ -68,6 +68,11 @@ def as_written_before_checksums(directory: Path, described_by: str) -> None:
     path.write_text(json.dumps(raw), encoding="utf-8")
 
 
+def drop_sha256_entries(directory: Path, *names: str) -> None:
+    sums = json.loads((directory / "sha256.json").read_text())
+    (directory / "sha256.json").write_text(json.dumps({k: v for k, v in sums.items() if k not in names}))
+
+
 def garbage(path: Path) -> None:
     path.write_bytes(b"\x80\x02not a pickle at all" + bytes(range(256)))
 
@@ -124,6 +129,14 @@ DAMAGED_STATE = {  # case: (damage(run), what the error names)
     "sha256.json corrupt": (lambda r: state_file(r, "sha256.json").write_text("[1, 2"), ["sha256.json"]),
     "sha256.json missing": (lambda r: state_file(r, "sha256.json").unlink(), ["sha256.json", "incomplete or damaged"]),
     "LATEST corrupt": (lambda r: (r / "state" / "LATEST").write_text("../../etc"), ["LATEST"]),
+    # a listing with an entry removed, or emptied, must not let the file it no longer lists through
+    "sha256.json without model.safetensors, which is flipped": (
+        lambda r: (flip_byte(state_file(r, "model.safetensors")), drop_sha256_entries(state_file(r, "sha256.json").parent,
+                                                                                      "model.safetensors")),
+        ["sha256.json", "no entry for model.safetensors"]),
+    "sha256.json emptied, model.safetensors flipped": (
+        lambda r: (flip_byte(state_file(r, "model.safetensors")), state_file(r, "sha256.json").write_text("{}")),
+        ["sha256.json", "no entries"]),
     "plan.json corrupt": (lambda r: (r / "plan.json").write_text('{"budget": "8st'), ["plan.json", "damaged"]),
     "recipe.json corrupt": (lambda r: (r / "recipe.json").write_bytes(b"\x00\xff\xfe"), ["recipe.json", "damaged"]),
     "recipe.json missing": (lambda r: (r / "recipe.json").unlink(), ["recipe.json", "missing"]),
@@ -175,6 +188,23 @@ def test_truncated_checkpoint_without_checksums(done_run, tmp_path, cli_env, mon
     code, err = in_process(["export", str(ckpt), "--out", str(tmp_path / "hf")], cli_env, monkeypatch, capsys)
     assert_one_line(code, err, "generator.safetensors")
     assert f"warning: {ckpt}: the checkpoint has no sha256.json (written before checksums existed)" in err
+
+
+@pytest.mark.parametrize("listing", ["entry removed", "emptied"])
+def test_a_sha256_json_that_leaves_a_file_out_is_refused(listing, done_run, tmp_path, cli_env, monkeypatch, capsys):
+    """A flipped byte in the discriminator, whose entry is then removed from sha256.json (or the listing emptied):
+    before, export checked only what was listed and wrote the damaged weights (exit 0)."""
+    ckpt = tmp_path / "ckpt-10000"
+    shutil.copytree(done_run / "ckpt-10000", ckpt)
+    flip_byte(ckpt / "discriminator.safetensors")
+    if listing == "emptied":
+        (ckpt / "sha256.json").write_text("{}")
+    else:
+        drop_sha256_entries(ckpt, "discriminator.safetensors")
+    code, err = in_process(["export", str(ckpt), "--out", str(tmp_path / "hf")], cli_env, monkeypatch, capsys)
+    assert_one_line(code, err, str(ckpt / "sha256.json"),
+                    "no entries" if listing == "emptied" else "no entry for discriminator.safetensors")
+    assert not (tmp_path / "hf").exists()
 
 
 @pytest.mark.parametrize("command", ["export", "glue"])
@@ -511,6 +541,44 @@ FINETUNE_NOT_FINITE = {"lr=inf": "'inf' is not a finite number", "finetune.weigh
                        "seed=-1": "must be >= 0"}
 
 
+def test_zero_fine_tuning_epochs_is_refused_not_the_default(tmp_path, cli_env, monkeypatch, capsys):
+    """epochs=0 is the internal "the task's own" value; typed by a user it meant "no epochs", silently run as 3."""
+    code, err = in_process(["glue", "--checkpoint", str(tmp_path), "--glue-dir", str(sst2(tmp_path / "glue")),
+                            "--set", "finetune.epochs=0"], cli_env, monkeypatch, capsys)
+    assert_one_line(code, err, "finetune.epochs=0", "train nothing", "leave epochs out")
+
+
+def test_a_generator_size_that_fails_names_the_generator(tmp_path, cli_env, monkeypatch, capsys):
+    """hidden 100,000 with one head is a valid discriminator; its generator (25,000 wide, 390 heads by the official
+    rule) is not: the line named the discriminator's hidden size and num_heads before."""
+    code, err = in_process(["flops", "--recipe", "tiny", "--set", "model.hidden_size=100000", "--set",
+                            "model.num_heads=1"], cli_env, monkeypatch, capsys)
+    line = assert_one_line(code, err, "model.generator_fraction", "generator of hidden size 25000", "390 heads")
+    assert "must be divisible by num_heads" not in line
+
+
+@pytest.mark.parametrize("kind", ["fifo", "character device"])
+def test_a_corpus_that_is_not_a_regular_file_says_what_it_is(kind, tmp_path, cli_env, monkeypatch, capsys):
+    if kind == "fifo":
+        source = tmp_path / "pipe"
+        os.mkfifo(source)
+    else:
+        source = Path("/dev/null")
+    code, err = in_process(["prepare", "--corpus", str(source), "--out", str(tmp_path / "d")], cli_env, monkeypatch,
+                           capsys)
+    line = assert_one_line(code, err, str(source), "a named pipe (FIFO)" if kind == "fifo" else "a character device",
+                           "not a regular file or folder")
+    assert "no such file" not in line
+
+
+def test_export_into_an_empty_file_says_it_is_not_a_directory(done_run, tmp_path, cli_env, monkeypatch, capsys):
+    target = tmp_path / "model"
+    target.write_bytes(b"")
+    code, err = in_process(["export", str(done_run / "ckpt-10000"), "--out", str(target)], cli_env, monkeypatch, capsys)
+    line = assert_one_line(code, err, f"--out {target}: exists and is not a directory")
+    assert "not empty" not in line and target.read_bytes() == b""
+
+
 @pytest.mark.parametrize("setting", list(FINETUNE_NOT_FINITE))
 def test_fine_tuning_setting_that_is_not_a_finite_number(setting, tmp_path, cli_env, monkeypatch, capsys):
     key = setting.split("=")[0].removeprefix("finetune.")
@@ -610,7 +678,7 @@ def test_a_training_step_out_of_memory_is_one_line(tmp_path, cli_env, monkeypatc
 def test_a_gpu_out_of_memory_error_reads_as_one_line():
     """torch's CUDA allocator's words (c10/cuda/CUDACachingAllocator.cpp), read without a GPU."""
     from tinyelectra.config import load_recipe
-    from tinyelectra.train import allocation_failure, out_of_memory_line
+    from tinyelectra.runstate import allocation_failure, out_of_memory_line
 
     e = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 "
                                "GiB of which 1.06 GiB is free. Of the allocated memory 75.2 GiB is allocated by PyTorch")

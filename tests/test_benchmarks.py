@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -252,3 +253,114 @@ def test_disc_context_trains_both_implementations_on_the_same_rows(toy_data, tmp
     table = [line for line in (tmp_path / "dc.md").read_text().splitlines() if line.startswith("| 2 |")]
     assert table == [f"| 2 | {te[2]['auc_matched']:.4f} | {hf[2]['auc_matched']:.4f} | {te[2]['auc']:.4f} | {hf[2]['auc']:.4f} | "
                      f"{te[2]['acc_minus_prior']:+.4f} | {hf[2]['acc_minus_prior']:+.4f} |"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# loss_check.py (the parity check) and the memory and batch helpers of throughput.py
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_loss_check_verdict_by_hand():
+    import loss_check
+
+    eager = [40.0, 36.0, 30.0]
+    same = loss_check.verdict(eager, [40.0, 36.0, 30.0], None)
+    assert same["ok"] and same["max_rel_loss_difference"] == 0.0 and same["limit"] == loss_check.FLOOR
+    assert same["eager_loss_movement"] == pytest.approx(0.25)
+    off = loss_check.verdict(eager, [40.0, 36.0, 30.3], None)  # 1% at step 3
+    assert not off["ok"] and off["worst_step"] == 3 and "differ from eager's by 0.01 (relative, step 3)" in off["line"]
+    # bf16: the limit follows the fp32 reference (0.5% off at step 2): 2 x 0.005 + FLOOR
+    ref = [40.0, 36.18, 30.0]
+    within = loss_check.verdict(eager, [40.0, 36.0, 30.24], ref)
+    assert within["limit"] == pytest.approx(2 * 0.005 + loss_check.FLOOR) and within["ok"]
+    assert not loss_check.verdict(eager, [40.0, 36.0, 30.4], ref)["ok"]
+    flat = loss_check.verdict([40.0, 40.0, 40.0], [40.0, 40.0, 40.0], None)
+    assert not flat["ok"] and flat["line"].startswith("inconclusive")
+    assert not loss_check.verdict(eager, [40.0, float("nan"), 30.0], None)["ok"]
+
+
+LOSS_CHECK = ["--device", "cpu", "--recipe", "tiny", "--set", "model.num_layers=1", "--batch", "4", "--seq-len", "32",
+              "--threads", "1", "--compile", "reduce-overhead", "--steps", "6"]
+
+
+@pytest.mark.slow
+def test_loss_check_passes_the_real_step_and_fails_a_lost_update(tmp_path, monkeypatch, capsys, restore_threads):
+    """benchmarks/loss_check.py with dynamo's aot_eager backend on the CPU (the operators eager runs, so the compiled
+    side must match to float rounding): the trainer's compiled step passes (exit 0, JSON); the same with every
+    second update of the compiled side lost (as a graph replaying stale memory would) fails with exit code 1 and
+    one line naming the difference and the limit."""
+    import loss_check
+
+    from tinyelectra import optim
+
+    monkeypatch.setenv("TINYELECTRA_COMPILE_BACKEND", "aot_eager")
+    doc = loss_check.main([*LOSS_CHECK, "--out-dir", str(tmp_path), "--name", "ok"])
+    assert doc["ok"] and doc["compile_mode"] == "reduce-overhead" and doc["max_rel_loss_difference"] < 1e-5
+    assert doc["eager_loss_movement"] > 0.05 and len(doc["losses"]["compiled"]) == 6
+    assert "graph-safe" in doc["compile_note"]["compiled"] and doc["compile_note"]["eager"] == "compile: off as requested"
+    assert json.loads((tmp_path / "ok.json").read_text())["ok"] is True
+    capsys.readouterr()
+
+    real_call, calls = optim.GraphSafeUpdate.__call__, [0]
+
+    def lose_every_second(self):
+        calls[0] += 1
+        if calls[0] % 2:
+            return real_call(self)
+        self.optimizer.zero_grad(set_to_none=True)
+
+    monkeypatch.setattr(optim.GraphSafeUpdate, "__call__", lose_every_second)
+    with pytest.raises(SystemExit) as e:
+        loss_check.main([*LOSS_CHECK, "--out-dir", str(tmp_path), "--name", "lost"])
+    assert e.value.code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("loss check failed: the compiled step's losses differ from eager's"), err
+    assert json.loads((tmp_path / "lost.json").read_text())["ok"] is False
+
+
+def test_held_memory_figures_by_hand():
+    assert common.held_figures((100, 50, 1000), (400, 120, 1500)) == {
+        "peak_reserved_bytes": 300, "peak_allocated_bytes": 70, "device_used_bytes_at_end": 500}
+    held = common.HeldMemory(torch.device("cpu"))
+    with held:
+        pass
+    assert held.figures == {"peak_reserved_bytes": None, "peak_allocated_bytes": None, "device_used_bytes_at_end": None}
+
+
+def test_synthetic_batches_padding_modes():
+    full = [mask.all(1) for _, _, mask in common.synthetic_batches(2000, 64, 32, count=4, seed=1, padding="none")]
+    assert all(f.all() for f in full)
+    alt = [mask.all(1) for _, _, mask in common.synthetic_batches(2000, 64, 32, count=4, seed=1, padding="alternate")]
+    assert [bool(f.all()) for f in alt] == [False, True, False, True]
+    builder = torch.cat([m.all(1) for _, _, m in common.synthetic_batches(2000, 64, 32, count=20, seed=1)])
+    assert 0.0 < 1 - builder.float().mean() < 0.1  # about 5% short rows, as the official builder
+
+
+def test_throughput_batches_carry_their_full_rows():
+    import throughput
+
+    b = throughput.Batches(None, 2000, 8, 32, torch.device("cpu"), padding="alternate")
+    first, second = b.batch(), b.batch()
+    assert not first.all_full() and second.all_full()
+    assert np.array_equal(first.full_rows, first.attention_mask.all(1).numpy())
+    ids, types, mask = b()
+    assert ids.shape == (8, 32) and mask.dtype == torch.bool
+
+
+def test_step_checks_fit_the_deadline_by_hand():
+    import step_checks
+
+    assert step_checks.plan(540, 0, 300) == 300
+    assert step_checks.plan(540, 400, 300) == 140  # cut to what is left
+    assert step_checks.plan(540, 490, 300) is None  # under a minute left: skipped
+    assert [c[0] for c in step_checks.CHECKS][:2] == ["parity", "both"]  # the parity check first: fail-fast
+
+
+def test_unpadded_share_by_hand():
+    import unpadded_batches
+
+    full = np.array([True] * 6 + [False] * 2)  # 8 rows, 2 padded
+    assert unpadded_batches.unpadded_share(full, 8) == 0.0
+    assert unpadded_batches.unpadded_share(np.ones(8, dtype=bool), 4) == 1.0
+    # batches of 2 from a shuffle: P(both full) = 6/8 * 5/7 = 15/28, over 50 epochs of 4 batches each
+    assert abs(unpadded_batches.unpadded_share(full, 2) - 15 / 28) < 0.08

@@ -548,15 +548,15 @@ def test_interrupted_glue_keeps_every_finished_seed(ckpt, tmp_path, monkeypatch,
     glue_dir = write_sst2_like(tmp_path / "glue", train_rows=24, dev_rows=12)
     (glue_dir / "SST-2" / "test.tsv").write_text("index\tsentence\n0\ta good film\n1\ta bad film\n", encoding="utf-8")
     out = tmp_path / "out"
-    real, calls = glue.finetune, []
+    real, calls = glue.FinetuneJob, []
 
-    def finetune(*args, **kwargs):
+    def job(*args, **kwargs):
         calls.append(args[4])  # the seed
         if len(calls) == 3 and interrupt:
             os.kill(os.getpid(), signal.SIGTERM)  # the handler raises at once, mid-seed
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(glue, "finetune", finetune)
+    monkeypatch.setattr(glue, "FinetuneJob", job)
     argv = ["tinyelectra", "glue", "--checkpoint", str(ckpt), "--glue-dir", str(glue_dir), "--tasks", "sst2",
             "--seeds", "3", "--device", "cpu", "--out", str(out), "--set", "epochs=1"]
     monkeypatch.setattr(sys, "argv", argv)
@@ -660,3 +660,168 @@ def test_glue_data_source_is_required_and_set_keys_are_checked(ckpt, tmp_path, c
     err = _cli_error(["glue", "--checkpoint", str(ckpt), "--glue-dir", str(tmp_path), "--device", "cpu",
                       "--config", str(tmp_path / "nope.toml")], capsys)
     assert "nope.toml: cannot be read" in err
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Fixed shapes (length buckets, a filled last batch), CUDA-graph-ready steps, several jobs at once
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _no_dropout(ckpt):
+    """The checkpoint's backbone with attention dropout off (finetune.dropout turns the hidden dropout off): the
+    same mathematics gives the same numbers, whatever the padding or the order the jobs run in."""
+    import dataclasses
+
+    from tinyelectra.hf import load_backbone
+
+    bb = load_backbone(ckpt)
+    return bb._replace(config=dataclasses.replace(bb.config, attention_dropout=0.0))
+
+
+def _sentiment_task(tok, rows: int, seed: int = 0):
+    from tinyelectra.finetune import EncodedTask
+    from tinyelectra.glue_data import encode_pairs
+
+    rng = random.Random(seed)
+    labels = np.array([i % 2 for i in range(rows)])
+    text = [sentiment_sentence(rng, y) + " " + " ".join(rng.choice(FILLER) for _ in range(rng.randint(0, 30))) for y in labels]
+    return EncodedTask(train=encode_pairs(tok, text, None, labels, max_length=128), dev={}, test=[])
+
+
+def test_static_schedule_fills_the_last_batch_and_buckets_the_widths():
+    """70 rows, batch 32: batches of 32, 32 and 6 real rows each epoch (the eager path's); the short one is filled up
+    to 32 with copies of its own rows weighted 0; widths are the batch's longest row rounded up to 16, at most the
+    table's 48; the learning rates are lr_at x each group's scale, rounded to float32 as the update reads them."""
+    from tinyelectra.finetune import batch_indices, static_schedule
+    from tinyelectra.optim import lr_at
+
+    lengths = np.random.default_rng(1).integers(5, 41, size=70)
+    lengths[3] = 45  # one long row: its batch is 48 wide
+    s = static_schedule(lengths, 32, 6, seed=4, peak_lr=3e-4, warmup=0.6, lr_scales=[1.0, 0.8, 0.64], bucket=16, cap=48)
+    eager = list(batch_indices(70, 32, 6, 4))
+    assert s.rows.shape == s.weights.shape == (6, 32) and s.lrs.shape == (6, 3)
+    for step, idx in enumerate(eager):
+        real = len(idx)
+        assert real == (6 if step % 3 == 2 else 32)
+        assert np.array_equal(s.rows[step, :real], idx) and set(s.rows[step, real:]) <= set(idx)
+        assert s.weights[step].tolist() == [1.0] * real + [0.0] * (32 - real)
+        longest = int(lengths[idx].max())
+        assert s.widths[step] == min(48, -(-longest // 16) * 16) >= longest
+        assert s.lrs[step].tolist() == [np.float32(lr_at(step, 3e-4, 0.6, 6) * k) for k in (1.0, 0.8, 0.64)]
+    assert s.lrs[0].tolist() == [0.0, 0.0, 0.0]  # the first step at lr 0, as the official schedule
+    assert 48 in s.widths.tolist()
+
+
+def test_a_filled_bucketed_batch_gives_the_loss_and_gradients_of_the_real_rows(ckpt):
+    """One step's loss and every parameter's gradient: the eager path's 6-row batch padded to its longest row, and
+    the static path's 32-row batch (26 fillers weighted 0) padded to the 16-token bucket, from the same weights."""
+    import torch.nn.functional as F
+
+    from tinyelectra.finetune import (
+        FinetuneConfig, Finetuner, StaticStep, batch_indices, device_split, static_schedule,
+    )
+    from tinyelectra.tokenizer import Tokenizer
+
+    bb = _no_dropout(ckpt)
+    task = _sentiment_task(Tokenizer.load(bb.tokenizer_dir), 70)
+    fc = FinetuneConfig(dropout=0.0, batch_size=32, length_bucket=16)
+    dev = torch.device("cpu")
+    eager, static = (Finetuner(bb, "sst2", fc, 0, dev, "fp32") for _ in range(2))
+    idx = list(batch_indices(70, 32, 3, 0))[2]  # the epoch's last batch: 6 rows
+    assert len(idx) == 6
+    b = task.train.batch(idx)
+    out = eager.model(torch.from_numpy(b.input_ids), torch.from_numpy(b.token_type_ids), torch.from_numpy(b.attention_mask).bool())
+    loss = F.cross_entropy(out, torch.from_numpy(b.labels.astype(np.int64)))
+    loss.backward()
+    data = device_split(task.train, False, 16, bb.config.max_positions, dev)
+    sched = static_schedule(task.train.lengths, 32, 3, 0, 3e-4, 0.3, [1.0] * len(static.optimizer.param_groups), 16, data.width)
+    step = StaticStep(static, data, sched, capture=False)
+    step.counter.fill_(2)
+    width = int(sched.widths[2])
+    assert width > b.input_ids.shape[1] and width % 16 == 0  # more padding than the eager batch, and 26 fillers
+    padded = step.loss(width)
+    padded.backward()
+    assert padded.item() == pytest.approx(loss.item(), abs=1e-6)
+    for (name, p), q in zip(eager.model.named_parameters(), static.model.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-6, rtol=1e-4), name
+
+
+def test_static_and_eager_runs_end_with_the_same_weights(ckpt):
+    """A whole run (2 epochs of 70 rows: 6 steps, two short batches, warm-up, clipping, the paper's Adam): the
+    static path (fixed shapes, the step on the device, GraphSafeUpdate's update) ends where the eager one does."""
+    from tinyelectra.finetune import FinetuneConfig, finetune
+    from tinyelectra.tokenizer import Tokenizer
+
+    bb = _no_dropout(ckpt)
+    task = _sentiment_task(Tokenizer.load(bb.tokenizer_dir), 70)
+    fc = FinetuneConfig(dropout=0.0, epochs=2, length_bucket=8)
+    runs = {mode: finetune(bb, "sst2", task, fc, 0, torch.device("cpu"), "fp32", mode=mode) for mode in ("eager", "static")}
+    (me, fe), (ms, fs) = runs["eager"], runs["static"]
+    assert fe["steps"] == fs["steps"] == 6 and fs["step"].startswith("static")
+    assert fs["final_loss"] == pytest.approx(fe["final_loss"], abs=1e-5)  # eager: steps 1-6 read; static: the last 10 (all 6)
+    for (name, p), q in zip(me.named_parameters(), ms.parameters()):
+        assert torch.allclose(p, q, atol=1e-6), name
+
+
+def test_jobs_in_flight_together_end_as_they_do_alone(ckpt):
+    """Three seeds interleaved step by step (run_jobs, 3 in flight) end exactly where each ends run alone."""
+    from tinyelectra.finetune import FinetuneConfig, FinetuneJob, run_jobs
+    from tinyelectra.tokenizer import Tokenizer
+
+    bb = _no_dropout(ckpt)
+    task = _sentiment_task(Tokenizer.load(bb.tokenizer_dir), 40)
+    fc = FinetuneConfig(dropout=0.0, epochs=2, length_bucket=8)
+    dev = torch.device("cpu")
+    results = {}
+    for concurrent in (1, 3):
+        done = {}
+        makers = [lambda stream, s=seed, shared=concurrent > 1: FinetuneJob(bb, "sst2", task, fc, s, dev, "fp32", "static",
+                                                                            stream=stream, shared_rng=shared) for seed in range(3)]
+        stats = run_jobs(makers, concurrent, dev, lambda job, d=done: d.__setitem__(job.seed, job.finish()[0]))
+        assert stats["most_in_flight"] == concurrent and stats["steps"] == 3 * 4
+        results[concurrent] = done
+    for seed in range(3):
+        for p, q in zip(results[1][seed].parameters(), results[3][seed].parameters()):
+            assert torch.equal(p, q)
+    assert not torch.equal(next(results[1][0].head.parameters()), next(results[1][1].head.parameters()))  # seeds differ
+
+
+def test_step_modes_by_device_and_precision():
+    from tinyelectra.errors import UserError
+    from tinyelectra.finetune import AUTO_CONCURRENT, FinetuneConfig, concurrency, step_mode
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)  # step_mode reads the device's type only
+    auto = FinetuneConfig()
+    assert step_mode(auto, cpu, "fp32")[0] == "eager" and step_mode(auto, cuda, "bf16")[0] == "graphs"
+    assert step_mode(auto, cuda, "fp16") == ("eager", "auto: eager under fp16 (its loss scaler checks for overflow on "
+                                                      "the host, which a CUDA graph cannot)")
+    assert concurrency(auto, "graphs") == AUTO_CONCURRENT and concurrency(auto, "eager") == 1
+    assert concurrency(FinetuneConfig(concurrent=5), "eager") == 5
+    with pytest.raises(UserError, match="finetune.step=graphs needs a CUDA device"):
+        step_mode(FinetuneConfig(step="graphs"), cpu, "fp32")
+    with pytest.raises(UserError, match="does not run under fp16"):
+        step_mode(FinetuneConfig(step="static"), cuda, "fp16")
+    with pytest.raises(UserError, match="finetune.step: must be auto, eager, static or graphs"):
+        FinetuneConfig.from_overrides(["step=fast"])
+
+
+def test_glue_with_static_steps_and_jobs_in_flight_records_how_it_ran(ckpt, tmp_path):
+    """`tinyelectra glue --set step=static --set concurrent=4` on the CPU: 2 tasks x 3 seeds interleaved, every seed
+    recorded, the protocol naming the buckets and the filled batch, glue.json saying what ran (jobs, steps, steps/s)."""
+    glue_dir = write_sst2_like(tmp_path / "glue", train_rows=40, dev_rows=20)
+    cola = glue_dir / "CoLA"
+    cola.mkdir()
+    rows = (glue_dir / "SST-2" / "train.tsv").read_text().splitlines()[1:]
+    dev_rows = (glue_dir / "SST-2" / "dev.tsv").read_text().splitlines()[1:]
+    for name, lines in (("train.tsv", rows), ("dev.tsv", dev_rows)):  # CoLA's headerless layout: source, label, mark, text
+        (cola / name).write_text("".join(f"src\t{ln.split(chr(9))[1]}\t\t{ln.split(chr(9))[0]}\n" for ln in lines))
+    paths = run_glue(ckpt, glue_dir, tmp_path / "out", "cola,sst2", seeds=3,
+                     overrides=["epochs=1", "step=static", "concurrent=4"])
+    r = json.loads(paths[0].read_text())
+    assert r["complete"] and [len(r["tasks"][t]["seeds"]) for t in ("cola", "sst2")] == [3, 3]
+    assert [s["seed"] for s in r["tasks"]["sst2"]["seeds"]] == [0, 1, 2]
+    assert r["protocol"]["step"] == "static (as requested)" and "length buckets of 32 tokens" in r["protocol"]["padding"]
+    assert "weighted 0" in r["protocol"]["padding"] and r["protocol"]["concurrent_jobs"].startswith("up to 4")
+    ft = r["fine_tuning"]
+    assert (ft["step"], ft["jobs"], ft["most_in_flight"], ft["steps"]) == ("static", 6, 4, 6 * 2)  # 40 rows: 2 steps
+    assert ft["steps_per_second"] > 0

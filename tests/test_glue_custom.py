@@ -70,7 +70,8 @@ def run(ckpt: Path, out: Path, files: list[Path], seeds: int = 1, **kw) -> list[
 
     return glue_command(checkpoint=ckpt, glue_dir=kw.get("glue_dir"), use_hf=False, tasks=kw.get("tasks", "all"),
                         seeds=seeds, out_dir=out, gpu=None, device="cpu", max_train_rows=kw.get("max_train_rows"),
-                        overrides=kw.get("overrides", []), command="pytest", task_files=files)
+                        overrides=kw.get("overrides", []), command="pytest", task_files=files,
+                        **({"skip_bad_labels": True} if kw.get("skip_bad_labels") else {}))
 
 
 def mode(path: Path) -> int:
@@ -188,6 +189,11 @@ def test_bad_task_files_are_one_line_errors(ckpt, tmp_path):
         ({**base, "name": "RTE"}, "a GLUE task's"),
         ({**base, "metric": "f1", "labels": ["a", "b", "c"]}, "use macro_f1"),
         ({**base, "colunas": 1}, "unknown key 'colunas'"),
+        # the name becomes the submission file's (OUT/CKPT/submission/NAME.tsv): a path there would write elsewhere
+        ({**base, "name": "../../fora"}, "name '../../fora' holds a path separator"),
+        ({**base, "name": "/tmp/fora"}, "holds a path separator"),
+        ({**base, "name": ".."}, "is . or .."),
+        ({**base, "name": " "}, "is empty"),
     ]
     for fields, needle in cases:
         with pytest.raises(UserError, match=needle) as e:
@@ -196,3 +202,31 @@ def test_bad_task_files_are_one_line_errors(ckpt, tmp_path):
     ok = task_file(tmp_path / "ok.toml", **base)
     with pytest.raises(UserError, match="GLUE tasks need --glue-dir"):
         run(ckpt, tmp_path / "out", [ok], tasks="rte")
+
+
+def test_labels_outside_the_task_list_are_an_error_or_skipped_when_asked(ckpt, tmp_path, capsys):
+    """The task file lists two labels; 12 of the 30 dev rows (40%) carry a third, 'neutro'. Before, those rows were
+    dropped and the task scored on the rest as a normal result; now the first is an error naming its file and line,
+    and --skip-bad-labels skips them, the count printed beside the score and kept in glue.json."""
+    data = tmp_path / "d"
+    data.mkdir()
+    write_tsv(data / "train.tsv", rows(40, 0))
+    dev = rows(30, 1)
+    dev = [(t, "neutro") if i % 5 in (1, 3) else (t, y) for i, (t, y) in enumerate(dev)]  # rows 1, 3, 6, 8, ...
+    write_tsv(data / "dev.tsv", dev)
+    spec = task_file(tmp_path / "t.toml", name="rotulos", train="d/train.tsv", dev="d/dev.tsv", text_columns=["frase"],
+                     label_column="rótulo", metric="accuracy", labels=["negativo", "positivo"], epochs=1)
+    with pytest.raises(UserError) as e:
+        run(ckpt, tmp_path / "out", [spec])
+    message = str(e.value)
+    assert message.startswith(f"{data / 'dev.tsv'}:3: label 'neutro' is not one of negativo, positivo"), message
+    assert "and 11 more such rows" in message and "--skip-bad-labels" in message and "\n" not in message
+    assert not (tmp_path / "out" / "ckpt-10000" / "glue.json").exists()
+
+    capsys.readouterr()
+    paths = run(ckpt, tmp_path / "out", [spec], skip_bad_labels=True)
+    said = capsys.readouterr().out
+    line = next(x for x in said.splitlines() if x.startswith("ckpt-10000 rotulos: accuracy median"))
+    assert line.endswith("; rows skipped: dev 12"), line
+    entry = json.loads(paths[0].read_text())["tasks"]["rotulos"]
+    assert entry["skipped_rows"] == {"dev": 12}

@@ -280,6 +280,38 @@ def test_export_command_end_to_end(tmp_path, capsys):
         hf.export_command(ck, out)
 
 
+def test_model_card_metadata_keeps_license_and_language_as_given(tmp_path):
+    """--license and --language go into the card's YAML front matter: a value with a colon, a newline, a quote or a
+    '#' stays one value (before, `mit\nlicense: evil` became a second key and '#' began a comment)."""
+    import yaml
+
+    tok = make_tokenizer(tmp_path)
+    ck = save_checkpoint(tmp_path / "ckpt-10000", tiny_model(), recipe_for(TINY), META, tok)
+    license_id, languages = 'mit\nlicense: evil # "x"', ["en", "pt: br", "- ko"]
+    hf.export_command(ck, tmp_path / "export", languages=languages, license_id=license_id)
+    card = (tmp_path / "export" / "discriminator" / "README.md").read_text(encoding="utf-8")
+    front = yaml.safe_load(card.split("---\n")[1])
+    assert front["license"] == license_id and front["language"] == languages
+    assert front["library_name"] == "transformers" and front["tags"] == ["electra", "tinyelectra"]
+    plain = hf.export_command(ck, tmp_path / "export2", languages=["ko"], license_id="apache-2.0")  # plain: unquoted
+    assert plain is None and "license: apache-2.0\n" in (tmp_path / "export2" / "generator" / "README.md").read_text()
+
+
+def test_an_export_killed_midway_leaves_nothing_after_the_next(tmp_path):
+    """A killed export leaves its staging folder (OUT.tmp-PID) and its lock beside --out: the next export of that
+    --out takes the lock over, removes the folder and writes the export; nothing else is left beside it."""
+    tok = make_tokenizer(tmp_path)
+    ck = save_checkpoint(tmp_path / "ckpt-10000", tiny_model(), recipe_for(TINY), META, tok)
+    out = tmp_path / "models" / "export"
+    staged = out.with_name("export.tmp-99999999")
+    (staged / "discriminator").mkdir(parents=True)
+    (staged / "discriminator" / "model.safetensors").write_bytes(b"half")
+    (out.parent / ".export.tinyelectra.lock").write_text('{"command": "tinyelectra export", "pid": 99999999}')
+    hf.export_command(ck, out)
+    assert sorted(p.name for p in out.parent.iterdir()) == ["export"]
+    assert sorted(p.name for p in out.iterdir()) == ["discriminator", "generator"]
+
+
 def test_export_mlm_checkpoint(tmp_path):
     cfg = dataclasses.replace(TINY, generator_fraction=1.0)
     m = tiny_model(cfg, objective="mlm")

@@ -60,10 +60,13 @@ def test_missing_path(tmp_path, monkeypatch, capsys):
 
 
 def test_corpus_without_examples(tmp_path, monkeypatch, capsys):
+    """Text of blank lines only: one line before any tokenizer is trained (before, a "training a 300-entry WordPiece
+    ... Latin ()" line with an empty alphabet came first)."""
     (tmp_path / "empty.txt").write_text("\n\n   \n\n", encoding="utf-8")
     code, _, err = run_cli(["prepare", "--corpus", str(tmp_path / "empty.txt"), "--out", str(tmp_path / "out"),
                             "--vocab-size", "300"], monkeypatch, capsys)
-    assert_clean_failure(code, err, "no training examples")
+    assert_clean_failure(code, err, "no text to prepare", "1 input(s)")
+    assert "training a" not in err and "()" not in err, err
     nothing_left(tmp_path, "out")
 
 
@@ -82,7 +85,7 @@ def test_binary_and_non_utf8_files_are_skipped_counted_and_warned(tmp_path, monk
     # only binary input: skipped, so the corpus yields nothing -> a clean error
     code, _, err = run_cli(["prepare", "--corpus", str(corpus / "image.png"), "--out", str(tmp_path / "out2"),
                             "--vocab-size", "300"], monkeypatch, capsys)
-    assert_clean_failure(code, err, "no training examples", "1 input(s) skipped")
+    assert_clean_failure(code, err, "no text to prepare", "1 skipped", "image.png: looks binary")
     nothing_left(tmp_path, "out2")
 
 
@@ -283,3 +286,53 @@ def test_a_changed_local_hf_folder_is_not_reused(tmp_path, monkeypatch, capsys):
         f.write(json.dumps({"text": "A record added later."}) + "\n")
     code, _, err = run_cli(command, monkeypatch, capsys)  # refused before the folder is read: no `datasets` needed
     assert_clean_failure(code, err, "different dataset", "local_files[0][1]", "--force")
+
+
+def test_a_truncated_gz_keeps_the_text_before_the_damage_and_says_so(tmp_path, monkeypatch, capsys):
+    """A .gz cut in half (a copy that stopped): the documents before the damage are prepared, the warning says so.
+    Before, the warning said the file was read up to the damage while the whole of it was dropped (the 4 MiB read
+    that met the damage lost what it had decompressed)."""
+    import gzip
+
+    text = "\n\n".join(f"Document {i} has a first sentence.\nAnd a second sentence about item {i}." for i in range(2000))
+    packed = gzip.compress(text.encode("utf-8"))
+    (tmp_path / "cut.txt.gz").write_bytes(packed[: len(packed) // 2])
+    code, _, err = run_cli(["prepare", "--corpus", str(tmp_path / "cut.txt.gz"), "--out", str(tmp_path / "out"),
+                            "--vocab-size", "300"], monkeypatch, capsys)
+    assert code == 0, err
+    assert "the text before the damage is kept" in err and "cut.txt.gz" in err
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    documents = sum(manifest["documents"].values())
+    assert 300 < documents < 2000, documents  # about the first half, whole documents
+    assert manifest["skipped_inputs"][0]["reason"].startswith("damaged after")
+
+
+def test_a_corpus_without_held_out_rows_is_warned_about(tmp_path, monkeypatch, capsys):
+    """60 documents at the default --validation-fraction 0.01: no document is held out, so no checkpoint can be
+    evaluated; before, prepare said nothing."""
+    code, _, err = run_cli(["prepare", "--corpus", str(text_file(tmp_path)), "--out", str(tmp_path / "out"),
+                            "--vocab-size", "300"], monkeypatch, capsys)
+    assert code == 0, err
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["examples"]["validation"] == 0
+    assert "warning: no held-out rows (--validation-fraction 0.01): the checkpoints will not be evaluated" in err
+    code, _, err = run_cli(["prepare", "--corpus", str(text_file(tmp_path)), "--out", str(tmp_path / "out2"),
+                            "--vocab-size", "300", "--validation-fraction", "0.2"], monkeypatch, capsys)
+    rows = json.loads((tmp_path / "out2" / "manifest.json").read_text())["examples"]["validation"]
+    assert code == 0 and 0 < rows < D.MIN_HELDOUT_ROWS
+    assert f"warning: only {rows} held-out rows (--validation-fraction 0.2): fewer than 100" in err
+
+
+def test_an_unwritable_out_is_named_as_given(tmp_path, monkeypatch, capsys):
+    """prepare writes beside --out and renames: the folder it could not write is its parent, but the line names the
+    --out given first (before: "--out PARENT: cannot write there", PARENT not what was typed)."""
+    import tempfile
+
+    def refused(*args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "mkstemp", refused)
+    out = tmp_path / "ro" / "data"
+    (tmp_path / "ro").mkdir()
+    code, _, err = run_cli(["prepare", "--corpus", str(text_file(tmp_path)), "--out", str(out), "--vocab-size", "300"],
+                           monkeypatch, capsys)
+    assert_clean_failure(code, err, f"--out {out}: cannot write there ({tmp_path / 'ro'}: Permission denied)")

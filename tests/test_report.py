@@ -247,6 +247,36 @@ def test_damaged_metrics_lines_are_a_stated_warning(run_dir, tmp_path, capsys):
     assert rep["pretraining"]["log_records"] == 160 - 2  # the fixture's 160 log lines, less the two damaged
 
 
+def test_steps_logged_twice_and_wrong_typed_summary_fields_are_named(run_dir, tmp_path, capsys):
+    """Two runs that wrote one folder at once leave every step twice, interleaved; a summary.json changed by hand
+    holds a number where text belongs and text where a list belongs. Before, the report took both without a word
+    (and a text `resumed_with_changes` ended in a traceback). Now each is named in report.md's notes, report.json's
+    and on stderr; the curves keep one line per step (the last), and the odd fields are left out."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    lines = (run / "metrics.jsonl").read_text().split("\n")[:-1]  # without the torn last line
+    logs = [x for x in lines if '"event"' not in x]
+    twice = [y for x in logs for y in (x, x.replace('"lr": 0.001', '"lr": 0.002'))]  # the second writer's line after
+    (run / "metrics.jsonl").write_text("\n".join(twice + [x for x in lines if '"event"' in x]) + "\n")
+    summary = json.loads((run / "summary.json").read_text())
+    summary.update(device=5, resumed_with_changes="optim.lr")
+    (run / "summary.json").write_text(json.dumps(summary))
+    rep = report_command(run, None)
+    err = capsys.readouterr().err
+    repeated = f"{run / 'metrics.jsonl'}: 160 step(s) logged more than once (step 10, 20, 30, 40, 50 and 155 more)"
+    odd = (f"{run / 'summary.json'}: fields of the wrong type, left out of this report: device is a number, not text; "
+           "resumed_with_changes is text, not a list")
+    md = (run / "report.md").read_text()
+    for note in (repeated, odd):
+        assert any(n.startswith(note) for n in rep["notes"]), rep["notes"]
+        assert note in md and f"warning: {note}" in err
+    assert rep["pretraining"]["log_records"] == 160 and rep["pretraining"]["last_log"]["step"] == 1600
+    assert rep["hardware"]["pretraining_device"] == "cpu (test)"  # from the checkpoint events, not the number 5
+    assert "NOT THE RECIPE'S RUN" not in md
+
+
 def test_end_to_end_after_tinyelectra_glue(tmp_path):
     """A run with two checkpoints fine-tuned by `tinyelectra glue` (synthetic SST-2-format task), then reported."""
     import torch

@@ -308,7 +308,7 @@ def test_the_out_of_memory_line_says_how_to_go_on(tmp_path):
     """Half the micro-batch, else gradient checkpointing, from the resume state; a run without one is run again; a
     smaller model is another run."""
     from tinyelectra.config import load_recipe
-    from tinyelectra.train import _out_of_memory_next
+    from tinyelectra.runstate import _out_of_memory_next
 
     run, tiny = tmp_path / "my run", load_recipe("tiny")
     command = f"tinyelectra train --recipe tiny --set train.micro_batch_size=8 --out '{run}' --force"

@@ -25,7 +25,7 @@ from tinyelectra.config import load_recipe
 from tinyelectra.errors import UserError
 from tinyelectra.optim import build_optimizer, lr_at
 from tinyelectra.optim import apply_update
-from tinyelectra.train import fit_micro_batch, step_seed
+from tinyelectra.step import fit_micro_batch, step_seed
 
 CKPTS = [checkpoint_name(f) for f in FRACTIONS]
 # a smaller-than-tiny model keeps the exactness tests quick; the data stay the tiny recipe's (vocab 8192, T 128)
@@ -441,3 +441,21 @@ def test_cli_recipe_with_unknown_key_or_wrong_type(env, tmp_path, capsys, monkey
     p = cli_error(["train", "--recipe", "tiny", "--set", "train.nope=1", "--budget", "1steps", "--device", "cpu",
                  "--out", str(tmp_path / "r")], env, capsys, monkeypatch)
     assert_one_line_error(p, "nope")
+
+
+def test_no_held_out_rows_is_said_once_at_start_up(tmp_path, env):
+    """Data prepared with no held-out rows (--validation-fraction 0): train says so once, at start-up, and each
+    checkpoint's line only says it was written; before, "no held-out rows to evaluate" came at every checkpoint and
+    nothing at start-up."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n\n".join(f"Document {i} has a first sentence.\nAnd a second sentence about item {i}."
+                                  for i in range(200)), encoding="utf-8")
+    run_cli(["prepare", "--corpus", str(corpus), "--out", str(tmp_path / "data"), "--vocab-size", "300",
+             "--validation-fraction", "0"], env)
+    p = run_cli(["train", "--recipe", "tiny", "--budget", "5steps", "--device", "cpu", *SMALL, "--data",
+                 str(tmp_path / "data"), "--out", str(tmp_path / "run")], env)
+    said = p.stdout + p.stderr
+    assert said.count("held-out rows") == 1, said
+    start_up = said.index("no held-out rows: the checkpoints will not be evaluated")
+    assert start_up < said.index("plan: tiny")
+    assert all(f"{name}: written (not evaluated)" in said for name in CKPTS)

@@ -10,7 +10,8 @@ A checkpoint directory (fraction x 10^4 in its name, e.g. ckpt-0625 = 6.25% of t
                              budget's clock; wall_seconds before issue 13), eval, ...
   tokenizer/                 written by `tinyelectra.tokenizer.Tokenizer.save()`
   sha256.json                the sha256 of the weights, config.json and meta.json, checked on load (files.verify_sha256);
-                             its absence is damage where config.json says it was written
+                             its absence is damage where config.json says it was written, and so is an entry missing
+                             for one of these files
 
 And a run's exact-resume state, `RUN/state/step-N/` (model.safetensors, optimizer.pt read back with
 `torch.load(weights_only=True)`, trainer.json: step, clocks, data cursor, plan, recipe, the checksums marker;
@@ -40,6 +41,9 @@ from tinyelectra.tokenizer import Tokenizer
 FORMAT = "tinyelectra-checkpoint"
 FORMAT_VERSION = 1
 CKPT_NAME = re.compile(r"^ckpt-(\d{4,5})$")  # ckpt-0625 ... ckpt-10000
+# the files read back, each of which sha256.json must list (files.verify_sha256)
+CHECKPOINT_FILES = ("discriminator.safetensors", "generator.safetensors", "config.json", "meta.json")
+STATE_FILES = ("model.safetensors", "optimizer.pt", "trainer.json")
 
 if TYPE_CHECKING:  # torch is imported where tensors are read or written: glue and report read meta.json without it
     import torch
@@ -205,7 +209,8 @@ def read_meta(directory: Path) -> dict[str, Any]:
 
 def verify_checkpoint(directory: Path) -> None:
     """A checkpoint's files against its sha256.json (required where its config.json says one was written)."""
-    verify_sha256(directory, "the checkpoint", required=written_with_checksums(Path(directory) / "config.json"))
+    verify_sha256(directory, "the checkpoint", required=written_with_checksums(Path(directory) / "config.json"),
+                  guards=CHECKPOINT_FILES)  # not the tokenizer: it may be replaced (its size is checked, check_tokenizer)
 
 
 def load_checkpoint(directory: Path):
@@ -276,7 +281,7 @@ def read_state_info(d: Path) -> dict:
     """trainer.json of the resume state `d` (its files checked against sha256.json first)."""
     if not d.is_dir():
         raise UserError(f"{d}: the resume state named by {d.parent / 'LATEST'} is missing")
-    verify_sha256(d, "the resume state", required=written_with_checksums(d / "trainer.json"))
+    verify_sha256(d, "the resume state", required=written_with_checksums(d / "trainer.json"), guards=STATE_FILES)
     path = d / "trainer.json"
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))

@@ -144,7 +144,7 @@ def train(
     force: bool = typer.Option(
         False, "--force", help="Start over: delete the run already in --out first (its resume state, fraction "
         "checkpoints, plan, metrics, summary, and the GLUE results and report made from them), listing what it "
-        "deleted. Nothing is ever deleted without it."),
+        "deleted. Nothing is ever deleted without it, and never a file tinyelectra did not write."),
     init: Optional[Path] = typer.Option(
         None, "--init", metavar="DIR", help="Start from these weights (continued pre-training): a tinyelectra checkpoint, a "
         "`tinyelectra export` directory, or a transformers ELECTRA discriminator directory. Shapes must match the recipe."
@@ -244,13 +244,17 @@ def glue(
     gpu: Optional[int] = typer.Option(None, "--gpu", metavar="INDEX", help="CUDA device index."),
     device: Optional[str] = typer.Option(None, "--device", metavar="DEVICE", help="'cpu' (or a torch device string)."),
     max_train_rows: Optional[int] = typer.Option(None, "--max-train-rows", metavar="N", help="Use only the first N training rows per task (quick checks)."),
+    skip_bad_labels: bool = typer.Option(
+        False, "--skip-bad-labels", help="Skip rows whose label is not one of the task's (or a score out of range) "
+        "instead of stopping at the first; how many were skipped is printed beside the score."),
     config: Optional[Path] = typer.Option(
         None, "--config", metavar="FILE", help="A TOML file whose [finetune] table sets the keys below (a file of its own, or a recipe "
         "TOML that carries one); --set applies on top."),
     set_: Optional[list[str]] = typer.Option(
         None, "--set", metavar="KEY=VALUE", help="Override a fine-tuning setting, finetune.key=value as train's section.key=value (the section may be left out): lr, layerwise (intended|official|none), "
         "layerwise_decay, weight_decay, warmup_fraction, clip_norm, batch_size, batching (random|length), max_length, "
-        "epochs, dropout, eval_batch_size, precision, seed, test_predictions."
+        "epochs, dropout, eval_batch_size, precision, seed, test_predictions, step (auto|eager|static|graphs), "
+        "length_bucket, concurrent."
     ),
 ) -> None:
     """Fine-tune checkpoints on GLUE with the paper's protocol; medians over seeds.
@@ -264,7 +268,7 @@ def glue(
     glue_command(
         checkpoint=checkpoint, glue_dir=glue_dir, use_hf=hf, tasks=tasks, seeds=seeds, out_dir=out, gpu=gpu,
         device=device, max_train_rows=max_train_rows, overrides=list(set_ or []), command=_command_line(),
-        task_files=list(task_file or []), config=config,
+        task_files=list(task_file or []), config=config, skip_bad_labels=skip_bad_labels,
     )
 
 

@@ -56,8 +56,16 @@ class ModelConfig:
         _check(self.sharing != "all" or self.generator_fraction == 1.0, "model.sharing",
                "'all' ties every generator weight to the discriminator, which needs a same-size generator "
                f"(generator_fraction = 1.0), not {self.generator_fraction}")
-        g = self.generator()
-        _check(g.hidden_size % g.num_heads == 0, "model.generator_fraction", "gives a generator hidden size not divisible by its heads")
+        if self.generator_fraction < 1.0:  # the generator's shape, derived (`generator`), checked as the generator's
+            hidden = self._generator_hidden()
+            heads = max(1, hidden // 64)
+            _check(hidden % heads == 0, "model.generator_fraction",
+                   f"gives a generator of hidden size {hidden} (round({self.hidden_size} x {self.generator_fraction:g})) "
+                   f"with {heads} heads (hidden // 64, the official rule), which do not divide it; choose a "
+                   "model.hidden_size or model.generator_fraction whose generator size is a multiple of its heads")
+
+    def _generator_hidden(self) -> int:
+        return max(1, int(round(self.hidden_size * self.generator_fraction)))
 
     def generator(self) -> "ModelConfig":
         """The generator's shape, by the official code's rule (run_pretraining.get_generator_config): hidden =
@@ -66,7 +74,7 @@ class ModelConfig:
         embeddings at its hidden width, without a projection (the official untied generator)."""
         if self.generator_fraction == 1.0:
             return self
-        hidden = max(1, int(round(self.hidden_size * self.generator_fraction)))
+        hidden = self._generator_hidden()
         return dataclasses.replace(
             self, hidden_size=hidden, ffn_size=4 * hidden, num_heads=max(1, hidden // 64),
             embedding_size=hidden if self.sharing == "none" else self.embedding_size,

@@ -20,6 +20,7 @@ import gzip
 import json
 import lzma
 import os
+import stat
 import sys
 import sysconfig
 from dataclasses import dataclass, field
@@ -87,12 +88,21 @@ def resolve_inputs(specs: list[str]) -> list[Input]:
             paths = sorted(Path(q) for q in glob.glob(os.path.expanduser(spec), recursive=True) if Path(q).is_file())
             if not paths:
                 raise UserError(f"--corpus {spec}: no file matches this pattern")
+        elif p.exists():  # a FIFO, socket or device: prepare reads its inputs twice and needs their sizes
+            raise UserError(f"--corpus {spec}: {_file_kind(p)}, not a regular file or folder; save the text to a file "
+                            "first (prepare reads it twice: once for the tokenizer, once for the examples)")
         else:
             raise UserError(f"--corpus {spec}: no such file or directory")
         for q in paths:
             st = q.stat()
             inputs.append(Input(spec, "file", str(q.resolve()), st.st_size, st.st_mtime_ns))
     return inputs
+
+
+def _file_kind(p: Path) -> str:
+    mode = p.stat().st_mode
+    return ("a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "a character device" if stat.S_ISCHR(mode) else
+            "a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "a special file")
 
 
 def _files_in(folder: Path) -> list[Path]:
@@ -161,12 +171,17 @@ class CorpusReader:
         if inner == ".parquet":
             yield from self._counted(parquet_documents(path))
             return
+        damage: list[tuple[int, BaseException]] = []  # where the file's text ended early, and why
         try:
             with (COMPRESSION[suffix](path) if suffix in COMPRESSION else open(path, "rb")) as f:
-                head = f.read(SNIFF_BYTES)
+                head = _read_upto(f, SNIFF_BYTES, damage)
         except (OSError, EOFError, lzma.LZMAError) as e:
-            self._skip(inp, f"cannot be read or decompressed ({e})", warn)
+            damage.append((0, e))
+            head = b""
+        if not head and damage:
+            self._skip(inp, f"cannot be read or decompressed ({damage[0][1]})", warn)
             return
+        damage.clear()
         if b"\x00" in head:
             self._skip(inp, "looks binary (NUL bytes in the first 64 KiB)", warn)
             return
@@ -180,33 +195,54 @@ class CorpusReader:
         replaced_before = _REPLACED[0]
         with open(path, "rb") as raw:
             stream = (gzip.GzipFile(fileobj=raw) if suffix == ".gz" else COMPRESSION[suffix](raw)) if suffix in COMPRESSION else raw
-            lines = _block_lines(stream, raw, self.stats, done_before)
-            try:
-                if inner in (".jsonl", ".json"):
-                    yield from jsonl_documents(lines, inp.path)
-                elif head.lstrip().startswith(b"<doc"):
-                    yield from wiki_documents(lines)
-                else:
-                    yield from text_documents(lines)
-            except (OSError, EOFError, lzma.LZMAError) as e:
-                self._skip(inp, f"read error after {stream.tell()} bytes, the rest is skipped ({e})", warn)
+            lines = _block_lines(stream, raw, self.stats, done_before, damage)
+            if inner in (".jsonl", ".json"):
+                yield from jsonl_documents(lines, inp.path)
+            elif head.lstrip().startswith(b"<doc"):
+                yield from wiki_documents(lines)
+            else:
+                yield from text_documents(lines)
+            if damage:  # the documents before the damage were read (and kept); the line it cut is dropped
+                self._skip(inp, f"damaged after {damage[0][0]:,} bytes of text ({damage[0][1]}): the text before "
+                                "the damage is kept, the line it cut and the rest of the file are skipped", warn)
             self.stats.text_bytes += stream.tell()
         self.stats.replaced_invalid_bytes += _REPLACED[0] - replaced_before
         self.stats.input_bytes_done = done_before
 
 
-def _block_lines(stream, raw, stats: ReadStats, done_before: int, block_bytes: int = 4 << 20) -> Iterator[str]:
+def _read_upto(stream, size: int, damage: list) -> bytes:
+    """Up to `size` bytes of `stream`, through read1: a damaged compressed file (a truncated .gz) gives every byte
+    before the damage (`read(size)` would lose the whole block), and the error is appended to `damage` as (bytes of
+    the stream read before it, error) instead of raised."""
+    parts, n = [], 0
+    while n < size:
+        try:
+            part = stream.read1(size - n)
+        except (OSError, EOFError, lzma.LZMAError) as e:
+            damage.append((stream.tell() if hasattr(stream, "tell") else n, e))
+            break
+        if not part:
+            break
+        parts.append(part)
+        n += len(part)
+    return b"".join(parts)
+
+
+def _block_lines(stream, raw, stats: ReadStats, done_before: int, damage: list, block_bytes: int = 4 << 20) -> Iterator[str]:
     """The lines of a binary stream, decoded as UTF-8 in 4 MiB blocks (several times faster than a text wrapper's
-    line iterator); lines end at "\n" only, as in the official builder's reader. Updates the progress position."""
+    line iterator); lines end at "\n" only, as in the official builder's reader. Updates the progress position.
+    A read error (a damaged compressed file) ends the lines at the last whole one before it, noted in `damage`."""
     decoder = codecs.getincrementaldecoder("utf-8")(errors="tinyelectra-count")
     rest = ""
     while True:
-        block = stream.read(block_bytes)
+        block = _read_upto(stream, block_bytes, damage)
         stats.input_bytes_done = done_before + raw.tell()
-        text = rest + decoder.decode(block, final=not block)
+        text = rest + decoder.decode(block, final=not block or bool(damage))
         lines = text.split("\n")
         rest = lines.pop()
         yield from lines
+        if damage:
+            return  # the line the damage cut (`rest`) is not kept
         if not block:
             break
     if rest:

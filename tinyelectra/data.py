@@ -11,6 +11,7 @@ length), so token_type_ids and attention_mask are derived at load time.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import threading
 from dataclasses import dataclass
@@ -28,6 +29,19 @@ if TYPE_CHECKING:
 
 FORMAT_VERSION = 1
 SPLITS = ("train", "validation")
+MIN_HELDOUT_ROWS = 100  # fewer held-out rows and a checkpoint's learning numbers mean little (prepare and train warn)
+
+
+def heldout_warning(rows: int, validation_fraction: float | None) -> str:
+    """The warning for a dataset with no or few held-out (validation) rows, "" when it has enough."""
+    if rows >= MIN_HELDOUT_ROWS:
+        return ""
+    share = f" (--validation-fraction {validation_fraction:g})" if validation_fraction is not None else ""
+    what = "no held-out rows" if rows == 0 else f"only {rows} held-out rows"
+    consequence = ("the checkpoints will not be evaluated (no learning numbers, no verdict)" if rows == 0 else
+                   f"fewer than {MIN_HELDOUT_ROWS}, too few for the checkpoints' learning numbers to mean much")
+    return (f"{what}{share}: {consequence}; more text, or a larger --validation-fraction when preparing, holds out "
+            "more (a document is held out whole, so a corpus of few documents may get none)")
 
 
 def files_present(out_dir: Path, manifest: dict) -> bool:
@@ -45,12 +59,21 @@ class Batch:
     input_ids: torch.Tensor  # (B, T) int64
     token_type_ids: torch.Tensor  # (B, T) int64: 0 for [CLS] A [SEP] and padding, 1 for B [SEP]
     attention_mask: torch.Tensor  # (B, T) bool: True = real token
+    # (B,) bool numpy array, on the host wherever the tensors are: the rows without padding (None: not known). Lets the
+    # trainer drop the attention mask of a batch without padding without reading the device (electra.Masked.full).
+    full_rows: np.ndarray | None = None
 
     def to(self, device, non_blocking: bool = False) -> "Batch":
-        return Batch(*(t.to(device, non_blocking=non_blocking) for t in (self.input_ids, self.token_type_ids, self.attention_mask)))
+        return Batch(*(t.to(device, non_blocking=non_blocking) for t in (self.input_ids, self.token_type_ids, self.attention_mask)),
+                     full_rows=self.full_rows)
 
     def pin_memory(self) -> "Batch":
-        return Batch(*(t.pin_memory() for t in (self.input_ids, self.token_type_ids, self.attention_mask)))
+        return Batch(*(t.pin_memory() for t in (self.input_ids, self.token_type_ids, self.attention_mask)),
+                     full_rows=self.full_rows)
+
+    def all_full(self, rows: slice = slice(None)) -> bool:
+        """Whether the rows `rows` are known to hold no padding (host-side, no device read)."""
+        return self.full_rows is not None and bool(self.full_rows[rows].all())
 
 
 class PretrainData:
@@ -76,6 +99,25 @@ class PretrainData:
         self.vocab_size: int = int(self.manifest["tokenizer"]["vocab_size"])
         self._shards: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
         self._starts: dict[str, np.ndarray] = {}
+
+    def fingerprint(self) -> dict:
+        """What identifies this dataset for a run (runfolder.check_data): a sha256 over its vocabulary (the
+        tokenizer's fingerprint), row length, id type and every shard's rows and sha256 (recorded by prepare); for
+        data prepared before shards had their sha256 recorded, over the manifest's counts of the text instead
+        (`content` says which)."""
+        m = self.manifest
+        shards = {s: [[sh.get("rows"), sh.get("ids_sha256"), sh.get("meta_sha256")] for sh in v["shards"]]
+                  for s, v in m["splits"].items()}
+        hashed = all(sh[1] for v in shards.values() for sh in v)
+        parts = {"tokenizer": m["tokenizer"].get("fingerprint"), "vocab_size": self.vocab_size, "seq_len": self.seq_len,
+                 "dtype": m.get("dtype"), "shards": shards}
+        if not hashed:
+            parts.update({k: m.get(k) for k in ("documents", "lines", "line_tokens", "tokens", "text_bytes")},
+                         inputs=(m.get("request") or {}).get("inputs"))
+        return {"fingerprint": hashlib.sha256(json.dumps(parts, sort_keys=True).encode("utf-8")).hexdigest(),
+                "content": "the shards' sha256" if hashed else "the manifest's counts (shards without sha256)",
+                "tokenizer": str(parts["tokenizer"])[:16], "vocab_size": self.vocab_size, "seq_len": self.seq_len,
+                "rows": {s: int(v["rows"]) for s, v in m["splits"].items()}}
 
     @cached_property
     def tokenizer(self) -> Tokenizer:
@@ -157,6 +199,7 @@ class PretrainData:
             input_ids=torch.from_numpy(ids.astype(np.int64)),
             token_type_ids=torch.from_numpy(token_types.astype(np.int64)),
             attention_mask=torch.from_numpy(attention),
+            full_rows=length[:, 0] >= self.seq_len,
         )
 
 

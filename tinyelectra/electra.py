@@ -18,6 +18,7 @@ from torch import Tensor
 
 from tinyelectra.config import ObjectiveConfig
 from tinyelectra.model import Electra
+from tinyelectra.runtime import cpu_fast_path
 
 
 # The sums a step or an evaluation accumulates (losses and metric counts), in one fixed order for all-reduce.
@@ -48,6 +49,15 @@ class Masked:
     positions: Tensor  # (B, N) int64, distinct within a row
     targets: Tensor  # (B, N) the original tokens at `positions`
     weights: Tensor  # (B, N) float, 1 for slots in use, 0 otherwise
+    # Every row is real tokens to its end (no padding), known on the host (no sync): the encoders then get no
+    # attention mask, which is the same mathematics (an all-True mask adds 0 to every score) and lets SDPA choose
+    # FlashAttention, which takes no mask. torch.compile guards on it: one graph per value, both compiled at start-up.
+    full: bool = False
+
+    @property
+    def encoder_mask(self) -> Tensor | None:
+        """The attention mask the encoders get: None for a batch without padding, else `attention_mask`."""
+        return None if self.full else self.attention_mask
 
     @property
     def mlm_count(self) -> Tensor:
@@ -75,8 +85,10 @@ def mask_batch(
     special: SpecialIds,
     vocab_size: int,
     generator: torch.Generator | None = None,
+    full: bool = False,
 ) -> Masked:
-    """Choose the prediction positions and corrupt them: [MASK] / random token / kept, per `cfg`'s fractions."""
+    """Choose the prediction positions and corrupt them: [MASK] / random token / kept, per `cfg`'s fractions.
+    `full`: the caller knows (on the host) that `attention_mask` is all True; see `Masked.full`."""
     B, T = input_ids.shape
     N = cfg.num_masked(T)
     dev = input_ids.device
@@ -96,7 +108,7 @@ def mask_batch(
     new = torch.where((u >= cfg.mask_token_fraction) & (u < cfg.mask_token_fraction + cfg.random_token_fraction), random_tokens, new)
     new = torch.where(weights > 0, new, targets)  # unused slots write the original token back
     masked_ids = input_ids.scatter(1, positions, new)
-    return Masked(input_ids, masked_ids, token_type_ids, attention_mask, positions, targets, weights)
+    return Masked(input_ids, masked_ids, token_type_ids, attention_mask, positions, targets, weights, full)
 
 
 @torch.no_grad()
@@ -110,7 +122,7 @@ def gumbel_sample(logits: Tensor, temperature: float, generator: torch.Generator
     logits = logits.float()  # fp16 Gumbel noise gives NaN/inf (the official code, fp32 only, never met it): always fp32 here
     if temperature != 1.0:
         logits = logits / temperature
-    if logits.device.type == "cpu" and not torch.compiler.is_compiling():
+    if cpu_fast_path(logits):
         cdf = torch.softmax(logits, -1).cumsum(-1, dtype=torch.float64)  # (..., V), non-decreasing
         u = torch.rand(*cdf.shape[:-1], 1, dtype=torch.float64, generator=generator) * cdf[..., -1:]  # (..., 1)
         return torch.searchsorted(cdf, u, right=True).clamp_max_(cdf.shape[-1] - 1).squeeze(-1)  # first cdf > u
@@ -128,7 +140,7 @@ def electra_terms(model: Electra, m: Masked, cfg: ObjectiveConfig, generator: to
     sampled = torch.where(m.weights > 0, sampled, m.targets)
     fake_ids = m.input_ids.scatter(1, m.positions, sampled)  # (B, T)
     labels = (fake_ids != m.input_ids).float()  # a sample equal to the original is "original"
-    disc_logits = model.discriminator_logits(fake_ids, m.token_type_ids, m.attention_mask).float()  # (B, T)
+    disc_logits = model.discriminator_logits(fake_ids, m.token_type_ids, m.encoder_mask).float()  # (B, T)
     tok_w = m.attention_mask.float()
     if capture is not None:
         capture["disc_ids"], capture["disc_logits"], capture["disc_labels"] = fake_ids, disc_logits.detach(), labels
@@ -151,7 +163,7 @@ def electra_terms(model: Electra, m: Masked, cfg: ObjectiveConfig, generator: to
 def mlm_terms(model: Electra, m: Masked) -> tuple[Tensor, LossTerms]:
     """The (B, N, V) logits and BERT's objective: cross-entropy of the MLM head at the masked slots (the generator's
     in ELECTRA, the full-size encoder's in the MLM baseline)."""
-    logits = model.generator_logits(m.masked_ids, m.token_type_ids, m.attention_mask, m.positions).float()  # (B, N, V)
+    logits = model.generator_logits(m.masked_ids, m.token_type_ids, m.encoder_mask, m.positions).float()  # (B, N, V)
     ce = F.cross_entropy(logits.flatten(0, 1), m.targets.flatten(), reduction="none").view_as(m.weights)  # (B, N)
     with torch.no_grad():
         stats = {"mlm_correct": ((logits.argmax(-1) == m.targets).float() * m.weights).sum(), "mlm_count": m.weights.sum()}

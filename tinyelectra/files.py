@@ -6,7 +6,8 @@
   the umask (0644 under the usual 022), as `open()` would give.
 - `write_sha256` / `verify_sha256`: a `sha256.json` beside the files of a checkpoint or resume state, written last and
   checked on load; a flipped byte or a truncated file is a one-line error naming the file, and so is a missing
-  sha256.json where the directory's description says one was written (`written_with_checksums`).
+  sha256.json where the directory's description says one was written (`written_with_checksums`), or a listing that
+  leaves out a file the reader loads.
 - `check_writable`: proves an output location can be written before any long work, and leaves nothing behind.
 - `os_error_line`: the one-line text for an OSError of the place written to (a full disk, a read-only location):
   the path meant and, for a `WriteError`, what was being written ("... while writing the checkpoint").
@@ -15,7 +16,8 @@
   given an ordinary file's permissions (safetensors, like mkstemp, creates 0600 files) and put in place by
   `replace_dir` on success, removed on any error (checkpoints, resume states, exports).
 - `append_line`: one line added to a log; a failed write takes back what it wrote.
-Not here: what the files hold.
+- `path_part`: a name read from a file (a task's, a recipe's) checked before it becomes part of a path.
+Not here: what the files hold; who may write an output folder (runfolder.py).
 """
 
 from __future__ import annotations
@@ -197,8 +199,10 @@ def write_sha256(directory: Path, paths: list[Path] | None = None) -> None:
 _WARNED: set[str] = set()
 
 
-def verify_sha256(directory: Path, what: str, required: bool) -> bool:
-    """Check every file listed in `directory/sha256.json`; a missing or changed one is a UserError naming it.
+def verify_sha256(directory: Path, what: str, required: bool, guards: tuple[str, ...]) -> bool:
+    """Check every file listed in `directory/sha256.json`; a missing or changed one is a UserError naming it, and so
+    is a file of `guards` (the files the reader loads) that is there but not listed, or an empty listing: an entry
+    removed, or `{}`, would let a changed file through unchecked.
     Without sha256.json: where `required` (the directory says this version wrote it, see `written_with_checksums`)
     a UserError, for its absence is itself damage; else (written before checksums existed) a one-line warning on
     stderr naming the directory, and False (nothing checked)."""
@@ -219,7 +223,13 @@ def verify_sha256(directory: Path, what: str, required: bool) -> bool:
             raise ValueError("not a table")
     except (ValueError, UnicodeDecodeError, OSError) as e:
         raise UserError(f"{listing}: damaged ({first_line(e)}); {what} cannot be checked") from None
+    unlisted = [name for name in guards if name not in sums and (directory / name).exists()]
+    if unlisted or not sums:
+        which = "no entries" if not sums else f"no entry for {unlisted[0]}"
+        raise UserError(f"{listing}: damaged ({which}); {what} cannot be checked without it")
     for name, digest in sums.items():
+        if Path(name).is_absolute() or ".." in Path(name).parts:
+            raise UserError(f"{listing}: damaged (it names {name!r}, outside {directory}); {what} cannot be checked")
         path = directory / name
         if not path.is_file():
             raise UserError(f"{directory}: {what} is missing {name}")
@@ -240,10 +250,14 @@ def written_with_checksums(described_by: Path) -> bool:
         return False
 
 
-def check_writable(directory: Path, flag: str) -> None:
+def check_writable(directory: Path, flag: str, given: Path | None = None) -> None:
     """Create `directory` if needed, write and delete a probe file in it, and remove the directories this created:
-    an unwritable, full or impossible output location is a one-line UserError before any work, leaving nothing."""
+    an unwritable, full or impossible output location is a one-line UserError before any work, leaving nothing.
+    `given`: the path the user gave as `flag` when `directory` is another (the folder an output is written beside,
+    or one inside it); the line names it first, then the folder that could not be written."""
     directory = Path(directory)
+    shown = f"{flag} {given}" if given is not None and Path(given) != directory else f"{flag} {directory}"
+    inside = f"{directory}: " if shown != f"{flag} {directory}" else ""
     missing: list[Path] = []
     p = directory
     while not p.exists() and not p.is_symlink() and p != p.parent:
@@ -255,7 +269,7 @@ def check_writable(directory: Path, flag: str) -> None:
             d.mkdir()
             created.append(d)
         if not directory.is_dir():
-            raise UserError(f"{flag} {directory}: exists and is not a directory")
+            raise UserError(f"{shown}: {inside}exists and is not a directory")
         fd, probe = tempfile.mkstemp(prefix=".write-test-", dir=directory)
         try:
             os.write(fd, b"ok\n")
@@ -264,7 +278,7 @@ def check_writable(directory: Path, flag: str) -> None:
             os.close(fd)
             os.unlink(probe)
     except OSError as e:
-        raise UserError(f"{flag} {directory}: cannot write there ({e.strerror or e})") from None
+        raise UserError(f"{shown}: cannot write there ({inside}{e.strerror or e})") from None
     finally:
         for d in reversed(created):
             try:
@@ -276,3 +290,27 @@ def check_writable(directory: Path, flag: str) -> None:
 def first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return text[0][:200] if text else type(e).__name__
+
+
+def path_part(name: str, what: str) -> str:
+    """`name`, read from a file, checked before it becomes part of a path (a task's name in its submission file's
+    name, a recipe's in the run folder's): one plain name, so nothing is written outside the folder meant. Empty (or
+    only white space), ".", "..", a path separator (so an absolute path too) or a NUL is a one-line UserError naming
+    `what` it is."""
+    bad = ("is empty" if not name.strip() else "is . or .." if name.strip() in (".", "..") else
+           "holds a path separator (/ or \\)" if "/" in name or "\\" in name else
+           "holds a NUL character" if "\0" in name else "")
+    if bad:
+        raise UserError(f"{what} {name!r} {bad}: it becomes part of a file name, so it must be one name, not a path")
+    return name
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this machine with this id exists (another user's counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        pass
+    return True

@@ -18,10 +18,14 @@ Protocol (the paper's fine-tuning appendix; official configure_finetuning.py and
 Opt-in departures for slow machines, recorded in glue.json: `batching=length` (batches of similar length, about
 half the padded tokens on GLUE; transformers' group_by_length) and `precision=bf16` on a CPU with AVX512-BF16/AMX.
 
-Dynamic padding: each batch is padded to its longest row, not to 128. With the attention mask excluding padded keys,
-absolute positions and per-token LayerNorm, the [CLS] output is the same function of the real tokens either way
-(tests/test_glue.py checks it to 1e-5); only the wasted work on padding goes away. Evaluation batches are formed
-from length-sorted rows for the same reason, and the predictions put back in file order.
+How the steps run (`--set step=...`, finetune.py): on a CPU each batch is padded to its longest row (dynamic
+padding). With the attention mask excluding padded keys, absolute positions and per-token LayerNorm, the [CLS] output
+is the same function of the real tokens however far a row is padded (tests/test_glue.py checks it to 1e-5), so on a
+GPU batches are padded to fixed widths instead (32-token buckets; a short last batch filled with copies of its rows
+weighted 0: the same loss and gradients), each width's whole step is captured once as a CUDA graph and replayed, and
+every (checkpoint, task, seed) job of the command is scheduled together, up to `concurrent` in flight on their own
+CUDA streams (longest first); glue.json records how they ran (`protocol.step`, `fine_tuning`). Evaluation batches are
+formed from length-sorted rows, and the predictions put back in file order.
 """
 
 from __future__ import annotations
@@ -44,12 +48,16 @@ from tinyelectra.checkpoint import CKPT_NAME, checkpoint_dirs, is_checkpoint, re
 from tinyelectra.console import make_console
 from tinyelectra.errors import Interrupted, UserError
 from tinyelectra.files import check_writable, write_atomic, write_json
-from tinyelectra.finetune import MEGABATCH, EncodedTask, FinetuneConfig, finetune, plan_steps, predict, size_defaults
+from tinyelectra.finetune import (
+    MEGABATCH, EncodedTask, FinetuneConfig, FinetuneJob, concurrency, device_split, plan_steps, predict, run_jobs, size_defaults,
+    step_mode,
+)
 from tinyelectra.glue_data import (
     CUSTOM_FILES, GLUE_TASK_NAMES, PAPER_TASK_NAMES, GlueSplit, encode_split, find_split_file, get_task, load_hf_split, load_task_file,
     read_split, resolve_tasks, with_swapped_pairs, write_submission,
 )
 from tinyelectra.metrics import METRIC_TITLES, average_score, score_task
+from tinyelectra.runfolder import holding
 from tinyelectra.tokenizer import Tokenizer
 
 FORMAT = "tinyelectra-glue"
@@ -140,6 +148,10 @@ class TaskData:
             }
         out["train"]["rows_in_file"] = self.original_train_rows
         return out
+
+    def skipped_rows(self) -> dict[str, int]:
+        """Rows of the files left out (malformed, or with --skip-bad-labels a label not the task's), per split."""
+        return {s.split: len(s.malformed) for s in [self.train, *self.dev.values(), *self.test] if s.malformed}
 
 
 def choose_tasks(spec: str, glue_dir: Path | None, use_hf: bool, custom: list[str] | None = None) -> tuple[list[str], dict[str, str]]:
@@ -256,9 +268,15 @@ def task_averages(tasks: dict[str, dict]) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def protocol_dict(fc: FinetuneConfig, hidden_size: int, tasks: list[str], max_train_rows: int | None) -> dict[str, Any]:
-    """Every setting that decides the numbers (compared before reusing earlier results)."""
+def protocol_dict(fc: FinetuneConfig, hidden_size: int, tasks: list[str], max_train_rows: int | None,
+                  mode: tuple[str, str, int] = ("eager", "", 1)) -> dict[str, Any]:
+    """Every setting that decides the numbers (compared before reusing earlier results); `mode`: how the steps ran
+    (finetune.step_mode, and how many jobs were in flight at once)."""
     size, _, _ = size_defaults(hidden_size)
+    step, why, concurrent = mode
+    padding = ("dynamic (each batch to its longest row; attention mask on padded keys)" if step == "eager" else
+               f"length buckets of {fc.length_bucket} tokens (each batch to its longest row rounded up; attention mask on "
+               "padded keys), a short last batch filled with copies of its rows weighted 0: the same loss and gradients")
     return {
         "settings": dataclasses.asdict(fc),
         "model_size_rule": f"{size} (hidden size {hidden_size}: <= 256 Small, <= 768 Base, else Large)",
@@ -271,7 +289,11 @@ def protocol_dict(fc: FinetuneConfig, hidden_size: int, tasks: list[str], max_tr
         "schedule": f"lr * min(1, step / ({fc.warmup_fraction:g} * total)) * (1 - step / total)",
         "head": f"[CLS] -> dropout {fc.dropout:g} -> linear (STS-B: 1 output, MSE)",
         "swapped_pairs": [t for t in tasks if get_task(t).swap_pairs],
-        "padding": "dynamic (each batch to its longest row; attention mask on padded keys)",
+        "padding": padding,
+        "step": f"{step} ({why})" if why else step,
+        "concurrent_jobs": concurrent if concurrent == 1 else
+                           f"up to {concurrent}, each on its own CUDA stream; their dropout masks come from one shared "
+                           "generator, so a seed's masks depend on the jobs beside it (reproducible for the same command)",
         "batching": "random batches each epoch (paper)" if fc.batching == "random" else
                     f"length-grouped: groups of {MEGABATCH} batches sorted by length, batches shuffled (not the paper's)",
         "max_train_rows": max_train_rows,
@@ -279,130 +301,147 @@ def protocol_dict(fc: FinetuneConfig, hidden_size: int, tasks: list[str], max_tr
     }
 
 
-def run_checkpoint(ref: CheckpointRef, data: dict[str, TaskData], fc: FinetuneConfig, seeds: list[int],
-                   out_dir: Path, device, precision: str, precision_reason: str, max_train_rows: int | None,
-                   skipped: dict[str, str], command: str, console, encoded_cache: dict) -> dict[str, Any]:
-    """Fine-tune one checkpoint on every task with every seed; write OUT/<name>/glue.json after each task."""
-    import torch
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+class CheckpointRun:
+    """One checkpoint's fine-tuning: its backbone and tokenizer, the glue.json it fills (`result`, written after every
+    finished seed and task), what an earlier glue.json for the same checkpoint, protocol and seeds lets it reuse, and
+    each task's finished seeds. `todo` is what is left to train; `seed_done` evaluates and records one finished seed
+    and writes the task's entry once all its seeds are in; `finish` completes glue.json."""
 
-    from tinyelectra.hf import load_backbone
-    from tinyelectra.runtime import device_name
+    def __init__(self, ref: CheckpointRef, data: dict[str, TaskData], fc: FinetuneConfig, seeds: list[int], out_dir: Path,
+                 device, precision: str, precision_reason: str, mode: tuple[str, str, int], max_train_rows: int | None,
+                 skipped: dict[str, str], command: str, console, encoded_cache: dict) -> None:
+        import torch
 
-    backbone = load_backbone(ref.path)
-    if backbone.tokenizer_dir is None:
-        raise UserError(f"{ref.path}: no tokenizer files beside the weights (tokenizer/ or tokenizer.json / vocab.txt); "
-                        "fine-tuning needs the pre-training tokenizer")
-    tokenizer = Tokenizer.load(backbone.tokenizer_dir)
-    cfg = backbone.config
-    if fc.max_length > cfg.max_positions:
-        raise UserError(f"--set max_length={fc.max_length} exceeds the model's {cfg.max_positions} positions")
-    target = out_dir / ref.name / "glue.json"
-    result: dict[str, Any] = {
-        "format": FORMAT, "format_version": FORMAT_VERSION,
-        "checkpoint": {"name": ref.name, "path": str(ref.path.resolve()), "kind": ref.kind,
-                       "run_dir": None if ref.run_dir is None else str(ref.run_dir.resolve())},
-        "meta": checkpoint_meta(ref),
-        "model": {"hidden_size": cfg.hidden_size, "num_layers": cfg.num_layers, "embedding_size": cfg.embedding_size,
-                  "vocab_size": cfg.vocab_size, "size": size_defaults(cfg.hidden_size)[0]},
-        "seeds": seeds, "tasks": {}, "averages": {}, "skipped_tasks": dict(skipped), "data": {},
-        "protocol": protocol_dict(fc, cfg.hidden_size, list(data), max_train_rows),
-        "device": device_name(device, threads=True), "precision": precision,
-        "precision_reason": precision_reason, "torch": torch.__version__, "threads": torch.get_num_threads(),
-        "platform": platform.platform(), "command": command, "complete": False,
-    }
-    previous, previous_seeds = _reusable(target, result)
-    if previous_seeds:  # kept on disk until their tasks are reached and finished
-        result["partial"] = dict(previous_seeds)
-    started = time.perf_counter()
-    for task in data:
-        described = data[task].describe()
-        if task in previous and previous[task][1] == described:  # same rows from the same files
-            console.print(f"[dim]{ref.name} {task}: reusing the results in {target} (same checkpoint, protocol and seeds)[/]")
-            result["tasks"][task], result["data"][task] = previous[task][0], described
-            continue
-        finished = {}  # seed -> its record, kept from an interrupted run of the same task on the same rows
-        if task in previous_seeds and previous_seeds[task]["data"] == described:
-            finished = {r["seed"]: r for r in previous_seeds[task]["seeds"] if r["seed"] in seeds}
-            if data[task].test:  # a reused seed's test predictions are needed if it is the median one
-                finished = {k: r for k, r in finished.items() if _seed_outputs_path(target, task, k).is_file()}
-            if finished:
-                console.print(f"[dim]{ref.name} {task}: reusing {len(finished)} finished seed(s) from {target}[/]")
-        key = (tokenizer.fingerprint(), fc.max_length, task)
-        if key not in encoded_cache:
-            encoded_cache[key] = encode_task(tokenizer, data[task], fc.max_length)
-        enc = encoded_cache[key]
+        from tinyelectra.hf import load_backbone
+        from tinyelectra.runtime import device_name
+
+        self.ref, self.data, self.fc, self.seeds, self.out_dir, self.device = ref, data, fc, seeds, out_dir, device
+        self.precision, self.console = precision, console
+        self.backbone = load_backbone(ref.path)
+        if self.backbone.tokenizer_dir is None:
+            raise UserError(f"{ref.path}: no tokenizer files beside the weights (tokenizer/ or tokenizer.json / vocab.txt); "
+                            "fine-tuning needs the pre-training tokenizer")
+        self.tokenizer = Tokenizer.load(self.backbone.tokenizer_dir)
+        cfg = self.backbone.config
+        if fc.max_length > cfg.max_positions:
+            raise UserError(f"--set max_length={fc.max_length} exceeds the model's {cfg.max_positions} positions")
+        self.target = out_dir / ref.name / "glue.json"
+        self.result: dict[str, Any] = {
+            "format": FORMAT, "format_version": FORMAT_VERSION,
+            "checkpoint": {"name": ref.name, "path": str(ref.path.resolve()), "kind": ref.kind,
+                           "run_dir": None if ref.run_dir is None else str(ref.run_dir.resolve())},
+            "meta": checkpoint_meta(ref),
+            "model": {"hidden_size": cfg.hidden_size, "num_layers": cfg.num_layers, "embedding_size": cfg.embedding_size,
+                      "vocab_size": cfg.vocab_size, "size": size_defaults(cfg.hidden_size)[0]},
+            "seeds": seeds, "tasks": {}, "averages": {}, "skipped_tasks": dict(skipped), "data": {},
+            "protocol": protocol_dict(fc, cfg.hidden_size, list(data), max_train_rows, mode),
+            "device": device_name(device, threads=True), "precision": precision,
+            "precision_reason": precision_reason, "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "platform": platform.platform(), "command": command, "complete": False,
+        }
+        previous, previous_seeds = _reusable(self.target, self.result)
+        if previous_seeds:  # kept on disk until their tasks are reached and finished
+            self.result["partial"] = dict(previous_seeds)
+        self.started = time.perf_counter()
+        self.described = {task: data[task].describe() for task in data}
+        self.records: dict[str, dict[int, dict]] = {}  # task -> seed -> its record
+        self.test_outputs: dict[str, dict[int, list]] = {}  # task -> seed -> its test-set outputs
+        self.todo: dict[str, list[int]] = {}  # task -> seeds still to train
+        self.encoded_cache = encoded_cache
+        for task in data:
+            described = self.described[task]
+            if task in previous and previous[task][1] == described:  # same rows from the same files
+                console.print(f"[dim]{ref.name} {task}: reusing the results in {self.target} (same checkpoint, protocol and seeds)[/]")
+                self.result["tasks"][task], self.result["data"][task] = previous[task][0], described
+                continue
+            finished = {}  # seed -> its record, kept from an interrupted run of the same task on the same rows
+            if task in previous_seeds and previous_seeds[task]["data"] == described:
+                finished = {r["seed"]: r for r in previous_seeds[task]["seeds"] if r["seed"] in seeds}
+                if data[task].test:  # a reused seed's test predictions are needed if it is the median one
+                    finished = {k: r for k, r in finished.items() if _seed_outputs_path(self.target, task, k).is_file()}
+                if finished:
+                    console.print(f"[dim]{ref.name} {task}: reusing {len(finished)} finished seed(s) from {self.target}[/]")
+            self.records[task] = dict(finished)
+            self.test_outputs[task] = {k: _load_seed_outputs(self.target, task, k, len(data[task].test)) for k in finished}
+            self.todo[task] = [k for k in seeds if k not in finished]
+
+    def encoded(self, task: str) -> EncodedTask:
+        key = (self.tokenizer.fingerprint(), self.fc.max_length, task)
+        if key not in self.encoded_cache:
+            self.encoded_cache[key] = encode_task(self.tokenizer, self.data[task], self.fc.max_length)
+        return self.encoded_cache[key]
+
+    def steps(self, task: str) -> int:
+        return plan_steps(len(self.encoded(task).train), self.fc.batch_size, self.fc.task_epochs(task))[1]
+
+    def seed_done(self, task: str, seed: int, model, facts: dict, evaluate_on=contextlib.nullcontext) -> None:
+        """Score the finished seed's model on the dev splits (and predict the test splits), record it in glue.json at
+        once (an interrupt loses at most the seeds in flight); the task's entry once all its seeds are in."""
+        enc, data = self.encoded(task), self.data[task]
+        t_eval = time.perf_counter()
+        splits = {}
+        with evaluate_on():  # after the job's own steps (its CUDA stream)
+            for split, dev_enc in enc.dev.items():
+                score = score_task(task, predict(model, dev_enc, self.fc.eval_batch_size, self.device, self.precision),
+                                   data.dev[split].labels, split=split)
+                splits[split] = {"paper_score": score.paper_score, "glue_score": score.glue_score,
+                                 "metrics": score.metrics, "examples": score.num_examples}
+            outputs = [predict(model, t, self.fc.eval_batch_size, self.device, self.precision) for t in enc.test]
+        primary = splits[get_task(task).primary_dev_split]
+        record = {"seed": seed, **{k: primary[k] for k in ("paper_score", "glue_score", "metrics")}}
+        if len(splits) > 1:
+            record["splits"] = splits
+        record.update(train_seconds=facts["train_seconds"], eval_seconds=time.perf_counter() - t_eval,
+                      steps=facts["steps"], final_loss=facts["final_loss"])
+        self.records[task][seed] = record
+        self.test_outputs[task][seed] = outputs
+        if data.test:
+            _save_seed_outputs(self.target, task, seed, outputs)
+        in_order = [self.records[task][k] for k in self.seeds if k in self.records[task]]
+        self.result.setdefault("partial", {})[task] = {"seeds": in_order, "data": self.described[task]}
+        write_json(self.target, self.result, "GLUE results")
+        if len(self.records[task]) == len(self.seeds):
+            self.task_done(task)
+
+    def task_done(self, task: str) -> None:
+        enc, data, fc = self.encoded(task), self.data[task], self.fc
         per_epoch, steps = plan_steps(len(enc.train), fc.batch_size, fc.task_epochs(task))
-        seed_results, test_outputs = [], []
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"),
-                      TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), TextColumn("loss {task.fields[loss]}"),
-                      console=console, transient=False, disable=not console.is_terminal) as progress:
-            bar = progress.add_task(f"{ref.name} {task}", total=steps * len(seeds), loss="-")
-            lines = _PlainProgress(console, steps)  # a log file (nohup, CI) gets plain lines instead of the bar
-            for k, seed in enumerate(seeds):
-                what, done_before = f"{ref.name} {task} seed {k + 1}/{len(seeds)}", k * steps
-                progress.update(bar, description=what)
-                if seed in finished:
-                    seed_results.append(finished[seed])
-                    test_outputs.append(_load_seed_outputs(target, task, seed, len(data[task].test)))
-                    progress.update(bar, completed=done_before + steps)
-                    continue
-
-                def on_step(step: int, loss: float | None, _base=done_before, _what=what, _bar=bar, _lines=lines) -> None:
-                    fields = {} if loss is None else {"loss": f"{loss:.4f}"}
-                    progress.update(_bar, completed=_base + step, **fields)
-                    _lines(_what, step, loss)
-
-                model, facts = finetune(backbone, task, enc, fc, seed, device, precision, on_step)
-                t_eval = time.perf_counter()
-                splits = {}
-                for split, dev_enc in enc.dev.items():
-                    score = score_task(task, predict(model, dev_enc, fc.eval_batch_size, device, precision),
-                                       data[task].dev[split].labels, split=split)
-                    splits[split] = {"paper_score": score.paper_score, "glue_score": score.glue_score,
-                                     "metrics": score.metrics, "examples": score.num_examples}
-                primary = splits[get_task(task).primary_dev_split]
-                record = {"seed": seed, **{k: primary[k] for k in ("paper_score", "glue_score", "metrics")}}
-                if len(splits) > 1:
-                    record["splits"] = splits
-                test_outputs.append([predict(model, t, fc.eval_batch_size, device, precision) for t in enc.test])
-                record.update(train_seconds=facts["train_seconds"], eval_seconds=time.perf_counter() - t_eval,
-                              steps=facts["steps"], final_loss=facts["final_loss"])
-                seed_results.append(record)
-                del model
-                # every finished seed is on disk at once: an interrupt loses at most the seed being trained
-                if data[task].test:
-                    _save_seed_outputs(target, task, seed, test_outputs[-1])
-                result.setdefault("partial", {})[task] = {"seeds": list(seed_results), "data": described}
-                write_json(target, result, "GLUE results")
+        seed_results = [self.records[task][k] for k in self.seeds]
         entry = {"epochs": fc.task_epochs(task), "train_rows": len(enc.train), "steps_per_epoch": per_epoch,
-                 "steps": steps, "peak_lr": fc.peak_lr(cfg.hidden_size), "truncated_train_rows": enc.train.truncated,
-                 "seeds": seed_results, **summarize_task(task, seed_results),
-                 "majority_class": majority_class_baseline(data[task])}
-        if data[task].test:
+                 "steps": steps, "peak_lr": fc.peak_lr(self.backbone.config.hidden_size),
+                 "truncated_train_rows": enc.train.truncated, "seeds": seed_results, **summarize_task(task, seed_results),
+                 "majority_class": majority_class_baseline(data), "skipped_rows": data.skipped_rows()}
+        if data.test:
             chosen = median_seed_index([s["paper_score"] for s in seed_results])
-            sub_dir = out_dir / ref.name / "submission"
+            sub_dir = self.out_dir / self.ref.name / "submission"
             files = [str(write_submission(sub_dir, split, outputs))
-                     for split, outputs in zip(data[task].test, test_outputs[chosen])]
-            entry["test_predictions"] = {"seed": seeds[chosen], "files": files}
-        result["tasks"][task], result["data"][task] = entry, described
-        result["averages"] = task_averages(result["tasks"])
-        (result.get("partial") or {}).pop(task, None)
-        if not result.get("partial"):
-            result.pop("partial", None)
-        write_json(target, result, "GLUE results")  # after every task: a long run keeps what it finished
-        for seed in seeds:
-            _seed_outputs_path(target, task, seed).unlink(missing_ok=True)
+                     for split, outputs in zip(data.test, self.test_outputs[task][self.seeds[chosen]])]
+            entry["test_predictions"] = {"seed": self.seeds[chosen], "files": files}
+        self.result["tasks"][task], self.result["data"][task] = entry, self.described[task]
+        self.result["averages"] = task_averages(self.result["tasks"])
+        (self.result.get("partial") or {}).pop(task, None)
+        if not self.result.get("partial"):
+            self.result.pop("partial", None)
+        write_json(self.target, self.result, "GLUE results")  # after every task: a long run keeps what it finished
+        for seed in self.seeds:
+            _seed_outputs_path(self.target, task, seed).unlink(missing_ok=True)
         with contextlib.suppress(OSError):  # the folder of unfinished tasks' outputs, once empty
-            _seed_outputs_path(target, task, seeds[0]).parent.rmdir()
-        console.print(_task_line(ref.name, task, entry))
-        if ref.run_dir is not None and result["meta"].get("step") is not None:
-            _tensorboard_scalar(ref.run_dir, f"glue/{task}", entry["median_paper"], result["meta"]["step"])
-    result["averages"] = task_averages(result["tasks"])
-    result["seconds_total"] = time.perf_counter() - started
-    result["complete"] = True
-    write_json(target, result, "GLUE results")
-    return result
+            _seed_outputs_path(self.target, task, self.seeds[0]).parent.rmdir()
+        self.test_outputs.pop(task, None)
+        self.console.print(_task_line(self.ref.name, task, entry))
+        if self.ref.run_dir is not None and self.result["meta"].get("step") is not None:
+            _tensorboard_scalar(self.ref.run_dir, f"glue/{task}", entry["median_paper"], self.result["meta"]["step"])
+
+    def finish(self, fine_tuning: dict[str, Any]) -> dict[str, Any]:
+        for task in self.todo:  # every seed reused from an interrupted run: the task's entry is written now
+            if task not in self.result["tasks"] and len(self.records[task]) == len(self.seeds):
+                self.task_done(task)
+        self.result["averages"] = task_averages(self.result["tasks"])
+        self.result["seconds_total"] = time.perf_counter() - self.started
+        self.result["fine_tuning"] = fine_tuning
+        self.result["complete"] = True
+        write_json(self.target, self.result, "GLUE results")
+        return self.result
 
 
 def _tensorboard_scalar(run_dir: Path, tag: str, value: float, step: int) -> None:
@@ -418,27 +457,28 @@ def _tensorboard_scalar(run_dir: Path, tag: str, value: float, step: int) -> Non
 
 class _PlainProgress:
     """When the console is not a terminal (a log under nohup, CI), rich draws no bar: print a plain line instead at
-    each seed's first step, every PLAIN_PROGRESS_SECONDS and at its last step."""
+    each seed's first and last step, and every PLAIN_PROGRESS_SECONDS (one line for all the jobs in flight: `clock`
+    is shared)."""
 
-    def __init__(self, console, steps: int) -> None:
-        self.console, self.steps = console, steps
+    def __init__(self, console, what: str, steps: int, clock: dict) -> None:
+        self.console, self.what, self.steps, self.clock = console, what, steps, clock
         self.on = not console.is_terminal
-        self.t0 = self.last = time.perf_counter()
+        self.t0 = time.perf_counter()
         self.loss: float | None = None
 
-    def __call__(self, what: str, step: int, loss: float | None) -> None:
+    def __call__(self, step: int, loss: float | None) -> None:
         if not self.on:
             return
         self.loss = loss if loss is not None else self.loss
         now = time.perf_counter()
         if step == 1:
             self.t0 = now
-        if step in (1, self.steps) or now - self.last >= PLAIN_PROGRESS_SECONDS:
-            self.last = now
+        if step in (1, self.steps) or now - self.clock.setdefault("last", now) >= PLAIN_PROGRESS_SECONDS:
+            self.clock["last"] = now
             rate = (step - 1) / max(now - self.t0, 1e-9)
             eta = f", ETA {(self.steps - step) / rate:.0f} s" if 1 < step < self.steps and rate > 0 else ""
             loss_text = "" if self.loss is None else f", loss {self.loss:.4f}"
-            self.console.print(f"{what}: step {step}/{self.steps}{loss_text}, {now - self.t0:.0f} s{eta}",
+            self.console.print(f"{self.what}: step {step}/{self.steps}{loss_text}, {now - self.t0:.0f} s{eta}",
                                markup=False, highlight=False)
 
 
@@ -515,6 +555,8 @@ def _task_line(name: str, task: str, entry: dict) -> str:
     line += f"; {seconds:.0f} s"
     for split, e in (entry.get("splits") or {}).items():
         line += f"; {split} {_fmt(e['median_paper'])}"
+    if skipped := entry.get("skipped_rows"):  # beside the score it was computed without them
+        line += f"; rows skipped: {', '.join(f'{split} {n:,}' for split, n in skipped.items())}"
     return line
 
 
@@ -537,7 +579,8 @@ def majority_class_baseline(data: TaskData) -> dict[str, Any] | None:
 
 def glue_command(checkpoint: Path, glue_dir: Path | None, use_hf: bool, tasks: str, seeds: int, out_dir: Path | None,
                  gpu: int | None, device: str | None, max_train_rows: int | None, overrides: list[str],
-                 command: str, task_files: list[Path] | None = None, config: Path | None = None) -> list[Path]:
+                 command: str, task_files: list[Path] | None = None, config: Path | None = None,
+                 skip_bad_labels: bool = False) -> list[Path]:
     """`tinyelectra glue`: fine-tune every selected checkpoint on every selected task (GLUE's, and those of
     --task-file); returns the glue.json paths."""
     from tinyelectra.runtime import configure_matmul, device_name, guard_cudnn_sdpa, pick_device, pick_precision
@@ -557,33 +600,109 @@ def glue_command(checkpoint: Path, glue_dir: Path | None, use_hf: bool, tasks: s
     if out_dir is None:
         out_dir = (refs[0].run_dir if refs[0].run_dir is not None else Path(checkpoint)) / "glue"
     for ref in refs:  # before any fine-tuning: results that cannot be written are not computed
-        check_writable(Path(out_dir) / ref.name, "--out")
+        check_writable(Path(out_dir) / ref.name, "--out", given=Path(out_dir))
     for task, why in skipped.items():
         console.print(f"skipping {task}: {why}")
     data = {}
     for task in task_names:
         data[task] = read_task(task, glue_dir, max_train_rows, fc.test_predictions)
         for s in [data[task].train, *data[task].dev.values(), *data[task].test]:
+            s.refuse_bad_labels(skip_bad_labels)
             if s.malformed:
                 console.print(s.summary())
     seed_list = list(range(fc.seed, fc.seed + seeds))
+    mode, why = step_mode(fc, dev, precision)
+    concurrent = concurrency(fc, mode)
     console.print(f"fine-tuning {len(refs)} checkpoint(s) x {len(task_names)} task(s) ({', '.join(task_names)}) x "
-                  f"{seeds} seed(s) on {device_name(dev, threads=True)}, {precision} ({reason}); results in {out_dir}")
+                  f"{seeds} seed(s) on {device_name(dev, threads=True)}, {precision} ({reason}); steps: {mode} ({why}), "
+                  f"up to {concurrent} job(s) at once; results in {out_dir}")
     cache: dict = {}
+    runs: list[CheckpointRun] = []
     written = []
-    for ref in refs:
-        path = Path(out_dir) / ref.name / "glue.json"
+    with holding(Path(out_dir), "--out"):  # one writer per --out (runfolder.py)
         try:
-            result = run_checkpoint(ref, data, fc, seed_list, Path(out_dir), dev, precision, reason, max_train_rows,
-                                    skipped, command, console, cache)
+            for ref in refs:
+                runs.append(CheckpointRun(ref, data, fc, seed_list, Path(out_dir), dev, precision, reason,
+                                          (mode, why, concurrent), max_train_rows, skipped, command, console, cache))
+            fine_tuning = _run_all(runs, fc, dev, precision, mode, concurrent, console)
         except Interrupted as e:
-            console.print(f"interrupted ({e.signal_name}): {_kept(path)}; run the same command again to continue "
-                          "(finished tasks and seeds are reused)", highlight=False)
+            for ref in refs:
+                console.print(f"interrupted ({e.signal_name}): {_kept(Path(out_dir) / ref.name / 'glue.json')}; run "
+                              "the same command again to continue (finished tasks and seeds are reused)", highlight=False)
             raise
-        for kind in ("paper", "glue"):
-            if avg := result["averages"].get(kind):
-                console.print(f"{ref.name}: {kind} average {avg['score']:.1f} ({avg['label']})")
-        console.print(f"wrote {path}")
-        written.append(path)
+        for run in runs:
+            result = run.finish(fine_tuning)
+            for kind in ("paper", "glue"):
+                if avg := result["averages"].get(kind):
+                    console.print(f"{run.ref.name}: {kind} average {avg['score']:.1f} ({avg['label']})")
+            console.print(f"wrote {run.target}")
+            written.append(run.target)
     return written
 
+
+def _run_all(runs: list[CheckpointRun], fc: FinetuneConfig, device, precision: str, mode: str, concurrent: int,
+             console) -> dict[str, Any]:
+    """Every (checkpoint, task, seed) left to train, `concurrent` at a time (longest first when several run at once,
+    so that the last ones to finish are short; in order otherwise, so that tasks finish one after another); each
+    finished seed recorded as it ends. Returns what ran (finetune.run_jobs) with the step mode."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    specs = [(run, task, seed) for run in runs for task, seeds in run.todo.items() for seed in seeds]
+    if concurrent > 1:
+        specs.sort(key=lambda s: -s[0].steps(s[1]))  # stable: ties keep their order
+    device_data: dict = {}  # (tokenizer, max_length, task) -> [DeviceSplit, jobs still to use it]
+    for run, task, _ in specs:
+        if mode != "eager":
+            key = (run.tokenizer.fingerprint(), fc.max_length, task)
+            device_data.setdefault(key, [None, 0])[1] += 1
+    clock: dict = {}
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"),
+                  TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), TextColumn("loss {task.fields[loss]}"),
+                  console=console, transient=False, disable=not console.is_terminal) as progress:
+        bars: dict = {}
+        for run, task, _ in specs:
+            if (run, task) not in bars:
+                bars[(run, task)] = progress.add_task(f"{run.ref.name} {task}", loss="-",
+                                                      total=run.steps(task) * len(run.todo[task]))
+
+        def maker(run: CheckpointRun, task: str, seed: int):
+            def make(stream) -> FinetuneJob:
+                enc, steps, bar = run.encoded(task), run.steps(task), bars[(run, task)]
+                lines = _PlainProgress(console, f"{run.ref.name} {task} seed {run.seeds.index(seed) + 1}/{len(run.seeds)}",
+                                       steps, clock)
+                shown = [0]  # this job's steps on its task's bar so far
+
+                def on_step(step: int, loss: float | None) -> None:
+                    progress.update(bar, advance=step - shown[0], **({} if loss is None else {"loss": f"{loss:.4f}"}))
+                    shown[0] = step
+                    lines(step, loss)
+
+                data = None
+                if mode != "eager":
+                    entry = device_data[(run.tokenizer.fingerprint(), fc.max_length, task)]
+                    if entry[0] is None:
+                        entry[0] = device_split(enc.train, get_task(task).is_regression, fc.length_bucket,
+                                                run.backbone.config.max_positions, device)
+                    data = entry[0]
+                job = FinetuneJob(run.backbone, task, enc, fc, seed, device, precision, mode, data=data, stream=stream,
+                                  shared_rng=concurrent > 1, on_step=on_step)
+                job.glue_run = run
+                return job
+            return make
+
+        def on_done(job: FinetuneJob) -> None:
+            run = job.glue_run
+            model, facts = job.finish()
+            run.seed_done(job.task, job.seed, model, facts, job.on_own_stream)
+            if mode != "eager":
+                entry = device_data[(run.tokenizer.fingerprint(), fc.max_length, job.task)]
+                entry[1] -= 1
+                if entry[1] == 0:  # no job left needs this split on the device
+                    entry[0] = None
+
+        stats = run_jobs([maker(*s) for s in specs], concurrent, device, on_done)
+    steps = stats["steps"]
+    if steps:
+        console.print(f"fine-tuned {stats['jobs']} job(s), {steps:,} steps in {stats['seconds']:.0f} s "
+                      f"({stats['steps_per_second']:.1f} steps/s, at most {stats['most_in_flight']} at once; {mode})")
+    return {"step": mode, **stats}

@@ -14,7 +14,9 @@ Reading rules (the classic files' quirks):
 - A data row with the wrong number of fields, an unknown label, a bad score or bytes that are not UTF-8 is
   skipped and recorded as a `MalformedLine` (file, line number, reason); `GlueSplit.summary()` gives the caller
   one line to print. A file whose rows are mostly malformed, or a header without the expected columns, is a
-  `UserError`: it is the wrong file, not a damaged one.
+  `UserError`: it is the wrong file, not a damaged one. A label that is not one of the task's is more than damage
+  (a task file whose labels do not match its data): `GlueSplit.refuse_bad_labels` makes it an error naming the first
+  such line, unless the user asks to skip such rows (`glue --skip-bad-labels`).
 
 Shapes: M examples, B batch, T tokens.
 """
@@ -32,7 +34,7 @@ import numpy as np
 
 from tinyelectra.config import read_toml
 from tinyelectra.errors import UserError
-from tinyelectra.files import write_atomic
+from tinyelectra.files import path_part, write_atomic
 from tinyelectra.paper import PAPER_TASKS
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -207,8 +209,8 @@ def load_task_file(path: str | Path) -> TaskSpec:
         if key not in raw:
             raise UserError(f"{where}: missing {key!r} (a task file names: name, train, dev, text_columns, "
                             "label_column, metric; README: \"Tasks of your own\")")
-    name = str(raw["name"])
-    if not name or _norm(name) in _ALIASES and _ALIASES[_norm(name)] not in CUSTOM_FILES:
+    name = path_part(str(raw["name"]), f"{where}: name")  # it names the submission file and results
+    if _norm(name) in _ALIASES and _ALIASES[_norm(name)] not in CUSTOM_FILES:
         raise UserError(f"{where}: name {name!r} is a GLUE task's; choose another")
     columns = raw["text_columns"]
     if not (isinstance(columns, list) and 1 <= len(columns) <= 2 and all(isinstance(c, str) for c in columns)):
@@ -297,12 +299,14 @@ def read_custom_split(task: str, split: str) -> GlueSplit:
     rows, first = _custom_rows(path, required, f"{spec.name} {split}")
     kept, malformed = [], []
     for n, row in enumerate(rows):
+        bad_label = False
         if row is None or any(row.get(c) is None for c in required):
             problem = "unreadable line or missing fields"
         else:
             problem = _label_problem(spec, row[spec.label_column].strip()) if labelled else None
-        if problem:
-            malformed.append(MalformedLine(str(path), first + n, problem))  # the row's line (JSONL: its record number)
+            bad_label = problem is not None
+        if problem:  # the row's line (JSONL: its record number)
+            malformed.append(MalformedLine(str(path), first + n, problem, bad_label))
         else:
             row_id = row[spec.index_column].strip() if spec.index_column and row.get(spec.index_column) else str(n)
             kept.append((row_id, *(row[c] for c in required)))
@@ -354,6 +358,7 @@ class MalformedLine:
     path: str
     line_number: int  # 1-based line in the file (for Hugging Face data: 1-based row)
     reason: str
+    bad_label: bool = False  # a readable row whose label is not one of the task's (or a score out of range)
 
     def __str__(self) -> str:
         return f"{self.path}:{self.line_number}: {self.reason}"
@@ -386,6 +391,17 @@ class GlueSplit:
             more = f"; and {n - 3} more" if n > 3 else ""
             line += f"; {n} malformed line{'s' if n > 1 else ''} skipped ({shown}{more})"
         return line
+
+    def refuse_bad_labels(self, skip: bool) -> int:
+        """Rows whose label is not one of the task's are an error naming the first (file and line) unless `skip`
+        (`glue --skip-bad-labels`); returns how many were skipped. Such rows are never dropped silently: a task
+        file whose labels do not match its data would otherwise be scored on the rows that happen to match."""
+        bad = [m for m in self.malformed if m.bad_label]
+        if bad and not skip:
+            more = f", and {len(bad) - 1} more such row{'s' if len(bad) > 2 else ''}" if len(bad) > 1 else ""
+            raise UserError(f"{bad[0]} ({self.task} {self.split}{more}); correct the data (or a task file's labels), "
+                            "or skip such rows with --skip-bad-labels (their count is then printed beside the score)")
+        return len(bad)
 
     def select(self, indices: Sequence[int] | np.ndarray) -> "GlueSplit":
         """A new split with the rows at `indices` (e.g. the first N for a quick run)."""
@@ -506,14 +522,16 @@ def read_tsv(path: str | Path, task: str, split: str) -> GlueSplit:
                     continue
 
             data_rows += 1
+            bad_label = False
             if fields is None:
                 problem = "not valid UTF-8"
             elif len(fields) != len(columns):
                 problem = f"{len(fields)} field{'' if len(fields) == 1 else 's'}, expected {len(columns)}"
             else:
                 problem = _label_problem(spec, fields[positions[-1]].strip()) if labelled else None
+                bad_label = problem is not None
             if problem:
-                malformed.append(MalformedLine(str(path), line_number, problem))
+                malformed.append(MalformedLine(str(path), line_number, problem, bad_label))
             else:
                 row_id = fields[index_position].strip() if index_position is not None else str(data_rows - 1)
                 kept.append((row_id, *(fields[p] for p in positions)))
@@ -611,7 +629,7 @@ def from_hf_dataset(ds, task: str, split: str, source: str) -> GlueSplit:
             else:
                 labels = raw.astype(np.int64)
             bad = (labels < 0) | (labels >= spec.num_labels)
-        malformed = [MalformedLine(source, int(i) + 1, f"label {raw[i]} missing or out of range")
+        malformed = [MalformedLine(source, int(i) + 1, f"label {raw[i]} missing or out of range", True)
                      for i in np.flatnonzero(bad)]
     every_row = GlueSplit(task=spec.name, split=split, source=source, ids=ids, text_a=texts[0],
                           text_b=texts[1] if spec.is_pair else None, labels=labels, malformed=malformed)

@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import glob
 import json
 import pickle
+import re
+import shutil
 from pathlib import Path
 from typing import Any, Iterator, NamedTuple
 
@@ -28,6 +31,7 @@ from tinyelectra.config import ModelConfig
 from tinyelectra.errors import UserError
 from tinyelectra.files import check_writable, first_line, staged_dir
 from tinyelectra.model import Electra
+from tinyelectra.runfolder import LOCK_NAME, holding
 from tinyelectra.tokenizer import PROFILE_FILE, Tokenizer
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "tokenizer.model")
@@ -355,10 +359,19 @@ def _generator_fraction(disc: ModelConfig, gen: ModelConfig, where: Path) -> flo
 
 
 # ---------------------------------------------------------------------------------------------------- export
+def _yaml(value: str) -> str:
+    """`value` as a YAML scalar: as it is when it is a plain word (apache-2.0, ko), else double-quoted with JSON's
+    escapes, which YAML's double-quoted style reads the same (a ':', '#', quote, newline or leading '-' in a
+    --license or --language can then not change the card's metadata)."""
+    plain = re.fullmatch(r"[A-Za-z][A-Za-z0-9._+-]*", value) and value.lower() not in (
+        "yes", "no", "true", "false", "on", "off", "null", "y", "n")
+    return value if plain else json.dumps(value)
+
+
 def _model_card(kind: str, cls_name: str, recipe, meta: dict[str, Any], languages: list[str] | None,
                 license_id: str | None, language_source: str) -> str:
-    lines = ["---"] + (["language:"] + [f"- {code}" for code in languages] if languages else [])  # hub metadata
-    lines += [f"license: {license_id or 'other'}", "library_name: transformers"]
+    lines = ["---"] + (["language:"] + [f"- {_yaml(code)}" for code in languages] if languages else [])  # hub metadata
+    lines += [f"license: {_yaml(license_id or 'other')}", "library_name: transformers"]
     lines += ["pipeline_tag: fill-mask"] if kind == "generator" else []
     lines += ["tags:", "- electra", "- tinyelectra", "---", "", f"# {recipe.name}: ELECTRA {kind}", "",
               f"Pre-trained with tinyelectra (objective {recipe.objective.kind!r}, recipe {recipe.name!r}).", "",
@@ -403,9 +416,26 @@ def export(model, recipe, meta: dict[str, Any], tokenizer_dir: Path | None, out_
     work), atomically; returns the directories written. The model card's languages are `languages`, else those
     `prepare` recorded beside the tokenizer."""
     out_dir = Path(out_dir)
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise UserError(f"--out {out_dir}: already exists and is not empty; choose a new directory")
-    check_writable(out_dir, "--out")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"--out {out_dir}: exists and is not a directory; choose a new directory")
+    # one export writes an --out at a time; its lock lives beside --out, as its staging folder does: --out itself
+    # appears only complete (staged_dir), and holds only the export
+    with holding(out_dir, "--out", lock_file=out_dir.with_name(f".{out_dir.name}{LOCK_NAME}")):
+        if out_dir.exists() and any(out_dir.iterdir()):
+            raise UserError(f"--out {out_dir}: already exists and is not empty; choose a new directory")
+        # what an export killed mid-way left (we hold the lock: no other export of this --out is running): its
+        # staging folder, and the empty --out it had moved aside
+        for stale in out_dir.parent.glob(f"{glob.escape(out_dir.name)}.tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        for stale in out_dir.parent.glob(f"{glob.escape(out_dir.name)}.old-*"):
+            with contextlib.suppress(OSError):
+                stale.rmdir()
+        check_writable(out_dir, "--out")
+        return _export(model, recipe, meta, tokenizer_dir, out_dir, languages, license_id)
+
+
+def _export(model, recipe, meta: dict[str, Any], tokenizer_dir: Path | None, out_dir: Path,
+            languages: list[str] | None, license_id: str | None) -> list[Path]:
     tokenizer, pad_id, source = None, 0, "given at export"
     if tokenizer_dir is not None:
         tokenizer = Tokenizer.load(tokenizer_dir)

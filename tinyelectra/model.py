@@ -25,7 +25,7 @@ from torch.utils.checkpoint import checkpoint
 
 from tinyelectra.config import ModelConfig
 from tinyelectra.errors import UserError
-from tinyelectra.runtime import Linear, dropout, linear, sdpa_kernel
+from tinyelectra.runtime import Linear, cpu_fast_path, dropout, linear, sdpa_kernel
 
 
 class Embeddings(nn.Module):
@@ -165,14 +165,16 @@ class Electra(nn.Module):
         for enc in {id(e): e for e in (self.discriminator, self.generator) if e is not None}.values():
             enc.grad_checkpointing = enabled
 
-    def generator_logits(self, input_ids: Tensor, token_type_ids: Tensor, attention_mask: Tensor, positions: Tensor) -> Tensor:
-        """MLM logits only at `positions` (B, N): (B, N, V). The full-vocabulary product is never formed at all T."""
+    def generator_logits(self, input_ids: Tensor, token_type_ids: Tensor, attention_mask: Tensor | None,
+                         positions: Tensor) -> Tensor:
+        """MLM logits only at `positions` (B, N): (B, N, V). The full-vocabulary product is never formed at all T.
+        `attention_mask` None: no padding anywhere (no mask reaches attention)."""
         emb = self.generator_embeddings
         h = self.generator_encoder(emb(input_ids, token_type_ids), attention_mask)  # (B, T, Hg)
         idx = positions.unsqueeze(-1).expand(-1, -1, h.shape[-1])  # (B, N, Hg)
         return self.gen_head(torch.gather(h, 1, idx), emb.word.weight)  # (B, N, V)
 
-    def discriminator_logits(self, input_ids: Tensor, token_type_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    def discriminator_logits(self, input_ids: Tensor, token_type_ids: Tensor, attention_mask: Tensor | None) -> Tensor:
         """Replaced-token logits for every token: (B, T)."""
         assert self.discriminator is not None and self.disc_head is not None, "an MLM model has no discriminator"
         h = self.discriminator(self.embeddings(input_ids, token_type_ids), attention_mask)
@@ -229,7 +231,7 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, dropou
     dropout), except CPU training with attention dropout: there SDPA falls back to its unfused math path, and this
     one does the same mathematics with fewer passes (one baddbmm for scale + mask, a plain softmax, runtime's
     dropout with its cheaper random numbers)."""
-    if dropout_p == 0.0 or q.device.type != "cpu" or torch.compiler.is_compiling():
+    if dropout_p == 0.0 or not cpu_fast_path(q):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
     B, nh, T, hd = q.shape
     q3, k3, v3 = (t.reshape(B * nh, T, hd) for t in (q, k, v))  # (B*nh, T, hd)
@@ -247,12 +249,13 @@ def attention_kernel(cfg: ModelConfig, batch: int, seq_len: int, device: torch.d
                      training: bool = True, compiled: bool = False) -> dict:
     """Which attention kernel the discriminator's (and the generator's) blocks run for a (batch, seq_len) batch, for
     logs, summary.json and benchmarks: `_attention` with the encoder's boolean padding mask (B, 1, 1, T) and, when
-    training, the attention dropout. Asks torch's own dispatcher (`runtime.sdpa_kernel`) with tensors of the real
-    shapes and `dtype` (the autocast dtype under mixed precision).
+    training, the attention dropout; and ("without_padding") for a batch without padding, which passes no mask
+    (electra.Masked.full). Asks torch's own dispatcher (`runtime.sdpa_kernel`) with tensors of the real shapes and
+    `dtype` (the autocast dtype under mixed precision).
 
-    FlashAttention takes no attention mask, so it never runs here while batches carry a padding mask: on a GPU the
-    choice is between the memory-efficient, cuDNN and math kernels (benchmarks/NOTES.md, "attention")."""
-    def one(c: ModelConfig) -> dict:
+    FlashAttention takes no attention mask, so it runs only for batches without padding: with the mask the choice is
+    between the memory-efficient, cuDNN and math kernels (benchmarks/NOTES.md, "attention")."""
+    def one(c: ModelConfig, masked: bool) -> dict:
         p = c.attention_dropout if training else 0.0
         if device.type == "cpu" and p > 0.0 and not compiled:
             return {"kernel": "tinyelectra's CPU attention (one baddbmm for scale + mask, softmax, dropout, bmm): "
@@ -260,17 +263,20 @@ def attention_kernel(cfg: ModelConfig, batch: int, seq_len: int, device: torch.d
                     "why_not_flash": "attention dropout on the CPU"}
         hd = c.hidden_size // c.num_heads
         q = torch.zeros(batch, c.num_heads, seq_len, hd, device=device, dtype=dtype)
-        mask = torch.ones(batch, 1, 1, seq_len, device=device, dtype=torch.bool)
+        mask = torch.ones(batch, 1, 1, seq_len, device=device, dtype=torch.bool) if masked else None
         return sdpa_kernel(q, q, q, mask, p)
 
-    disc = one(cfg)
     gen_cfg = cfg.generator()
-    gen = one(gen_cfg)
+    disc, gen = one(cfg, True), one(gen_cfg, True)
     out = {"discriminator": disc, "generator": gen, "mask": "bool (B, 1, 1, T), True = attend",
+           "without_padding": {"discriminator": one(cfg, False), "generator": one(gen_cfg, False), "mask": "none"},
            "dropout": cfg.attention_dropout if training else 0.0, "dtype": str(dtype).replace("torch.", "")}
     same = disc["kernel"] == gen["kernel"]
     where = " on the CPU" if device.type == "cpu" else ""
     out["summary"] = f"attention{where}: {disc['kernel']}" + ("" if same else f" (generator: {gen['kernel']})")
+    unpadded = out["without_padding"]["discriminator"]["kernel"]
+    if unpadded != disc["kernel"]:
+        out["summary"] += f"; batches without padding (no mask): {unpadded}"
     return out
 
 

@@ -12,6 +12,7 @@ running torch's fused (or multi-tensor) AdamW with, at each step t,
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable
 
 import torch
@@ -70,6 +71,16 @@ class PaperAdam(torch.optim.AdamW):
     def paper_step(self) -> int:
         return max(g["paper_step"] for g in self.param_groups)
 
+    def state_dict(self) -> dict:  # type: ignore[override]
+        """torch's, with each group's `paper_step` read from its parameters' step counts (on the device) first: the
+        graph-safe fp16 update skips an overflowing step on the device, where the host cannot see it (one host sync,
+        only where a state is saved). Every other path keeps the two equal anyway."""
+        for g in self.param_groups:
+            steps = [self.state[p]["step"] for p in g["params"] if "step" in self.state.get(p, {})]
+            if steps:
+                g["paper_step"] = int(torch.stack([t.float().to(steps[0].device) for t in steps]).max().item())
+        return super().state_dict()
+
     def set_lr(self, lr: float) -> None:
         for g in self.param_groups:
             g["paper_lr"] = lr * g.get("lr_scale", 1.0)
@@ -106,24 +117,87 @@ def paper_adam_foreach_(params: list[torch.Tensor], grads: list[torch.Tensor], e
     torch._foreach_sub_(params, update)
 
 
+GRAD_NORMS = ("stack", "one-op")  # how the compiled update computes the global gradient norm (see total_norm)
+
+
+@torch.library.custom_op("tinyelectra::total_norm", mutates_args=())
+def _total_norm_op(tensors: list[torch.Tensor], ord: float) -> torch.Tensor:
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(tensors, ord)), ord)
+
+
+@_total_norm_op.register_fake
+def _(tensors: list[torch.Tensor], ord: float) -> torch.Tensor:
+    return tensors[0].new_empty((), dtype=torch.float32)
+
+
+def total_norm(tensors: list[torch.Tensor], ord: float = 2.0, how: str = "stack") -> torch.Tensor:
+    """The `ord`-norm of all `tensors` together (0-dim, fp32 tensors): clip_grad_norm_'s arithmetic, per-tensor norms
+    by torch's multi-tensor kernel (`_foreach_norm`), then the norm of those. `how`:
+      "stack": as written here, traced by torch.compile: inductor calls `_foreach_norm` (3 + 1 launches for ~300
+               tensors on CUDA) and lowers the `torch.stack` of its ~300 0-dim results into one copy kernel per tensor
+               (286 + 20 `triton_poi_fused_stack` launches per step in the H200 profile, 0.33 ms of 10.8).
+      "one-op": the same three calls as one custom operator (`tinyelectra::total_norm`) that inductor does not look
+               into: eager `_foreach_norm`, aten's stack (batched copies: a few launches) and the last norm.
+    The same mathematics; the last reduction's summation order may differ (float rounding). Which one pays is for a
+    GPU profile to say (benchmarks/throughput.py --grad-norm)."""
+    if how == "one-op":
+        return _total_norm_op(tensors, float(ord))
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(tensors, ord)), ord)
+
+
+def grad_norm_setting() -> str:
+    """TINYELECTRA_GRAD_NORM (stack | one-op; default stack): how the graph-safe update computes the gradient norm."""
+    how = os.environ.get("TINYELECTRA_GRAD_NORM", "stack")
+    if how not in GRAD_NORMS:
+        raise UserError(f"TINYELECTRA_GRAD_NORM={how!r}: use {' or '.join(GRAD_NORMS)}")
+    return how
+
+
+def paper_adam_masked_(params: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[torch.Tensor],
+                       exp_avg_sqs: list[torch.Tensor], lr: torch.Tensor, beta1: float, beta2: float, eps: float,
+                       weight_decay: float, skip: torch.Tensor) -> None:
+    """`paper_adam_foreach_` on copies, written back only where `skip` (a 0-dim bool tensor) is False: a step whose
+    gradients overflowed leaves the weights and both moments exactly as they were, decided on the device (no host
+    sync), as torch.amp.GradScaler's skipped `optimizer.step()` does."""
+    ps, ms, vs = ([t.clone() for t in ts] for ts in (params, exp_avgs, exp_avg_sqs))
+    paper_adam_foreach_(ps, grads, ms, vs, lr, beta1, beta2, eps, weight_decay)
+    for olds, news in ((params, ps), (exp_avgs, ms), (exp_avg_sqs, vs)):
+        for old, new in zip(olds, news):
+            old.copy_(torch.where(skip, old, new))
+
+
 class GraphSafeUpdate:
     """One optimizer step — clip to the global norm, then the paper's Adam — whose only per-step input is the learning
     rate, in 0-dim device tensors (one per group): compiled (e.g. "reduce-overhead", CUDA graphs) it is captured once;
     the per-step bookkeeping (`paper_step`, the lr fill, zeroing gradients) stays outside. It steps a PaperAdam on
     the optimizer's own state (as torch's fused AdamW keeps it), so resume states are the same whichever path wrote
-    them; it equals `apply_update` to float rounding (tests/test_gpu_path.py compares them)."""
+    them; it equals `apply_update` to float rounding (tests/test_gpu_path.py compares them).
+
+    fp16 (`scaler`: an enabled torch.amp.GradScaler): its dynamic loss scaling on the device, on the scaler's own
+    scale and growth-tracker tensors: unscale, the overflow check (a NaN or inf in any gradient), the skipped step
+    (weights, moments and step counts kept, via `paper_adam_masked_`) and the scale's update (halved after an
+    overflow, doubled after `growth_interval` clean steps, as `torch._amp_update_scale_`), with no host sync, so CUDA
+    graphs capture it too. The scaler's state_dict and `scale()` read the same tensors; PaperAdam.state_dict reads
+    the step counts the device kept (tests/test_gpu_path.py compares all of it with GradScaler + apply_update)."""
 
     def __init__(self, optimizer: PaperAdam, clip_norm: float, compile_setting: str = "off",
-                 device: torch.device | None = None) -> None:
+                 device: torch.device | None = None, scaler: torch.amp.GradScaler | None = None,
+                 grad_norm: str | None = None) -> None:
         if not isinstance(optimizer, PaperAdam):
             raise UserError(f"a graph-safe update needs the paper's Adam (optim.name = adam), not {type(optimizer).__name__}")
         self.optimizer = optimizer
         self.clip_norm = float(clip_norm)
+        self.grad_norm = grad_norm or grad_norm_setting()
         first = next(p for g in optimizer.param_groups for p in g["params"])
         device = device or first.device
         self.lrs = [torch.zeros((), device=first.device) for _ in optimizer.param_groups]
         self.constants = tuple((float(g["betas"][0]), float(g["betas"][1]), float(g["paper_eps"]), float(g["paper_wd"]))
                                for g in optimizer.param_groups)
+        self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
+        if self.scaler is not None:
+            self.scaler.scale(torch.zeros((), device=first.device))  # creates its scale and growth tracker on the device
+            self.scaling = (float(self.scaler.get_growth_factor()), float(self.scaler.get_backoff_factor()),
+                            int(self.scaler.get_growth_interval()))
         self.compiled = compile_setting != "off"
         self.fn, note = maybe_compile(self._step, compile_setting, device, fullgraph=True) if self.compiled \
             else (self._step, "compile: off")
@@ -131,19 +205,46 @@ class GraphSafeUpdate:
 
     @property
     def note(self) -> str:
-        return "update: clip + paper Adam as one graph-safe function, " + compile_note(self.fn, self._note).replace("compile: ", "", 1)
+        what = "clip + paper Adam" + (" + fp16 loss scaling on the device" if self.scaler is not None else "")
+        norm = "" if self.grad_norm == "stack" else f", gradient norm as {self.grad_norm}"
+        return f"update: {what} as one graph-safe function{norm}, " + compile_note(self.fn, self._note).replace("compile: ", "", 1)
 
-    def _step(self, params, grads, exp_avgs, exp_avg_sqs, steps, lrs) -> None:
+    def _step(self, params, grads, exp_avgs, exp_avg_sqs, steps, lrs, scaling=()) -> None:
+        """The step on per-group lists (`_lists`), `lrs` 0-dim tensors, `scaling` fp16's (scale, growth tracker) or ().
+        finetune.StaticStep calls it inside its own captured CUDA graph."""
+        flat = [g for group in grads for g in group]
+        coef, skip = None, None
+        if scaling:  # fp16: the gradients are the scaled loss's; torch.amp.GradScaler's arithmetic, on the device
+            scale, tracker = scaling
+            inv_scale = scale.double().reciprocal().float()  # as GradScaler.unscale_: exact for its powers of two
+            total = total_norm(flat, 2.0, self.grad_norm)  # of the scaled gradients: NaN if any gradient is NaN
+            skip = torch.isnan(total) | ~torch.isfinite(total_norm(flat, math.inf, self.grad_norm))  # any NaN or inf
+            total = total * inv_scale  # the unscaled gradients' norm (scaling by a power of two is exact)
+            coef = inv_scale
         if self.clip_norm > 0:  # torch.nn.utils.clip_grad_norm_'s arithmetic, without its host-side grouping
-            total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm([g for group in grads for g in group])))
-            coef = torch.clamp(self.clip_norm / (total + 1e-6), max=1.0)
+            if not scaling:
+                total = total_norm(flat, 2.0, self.grad_norm)
+            clip = torch.clamp(self.clip_norm / (total + 1e-6), max=1.0)
+            coef = clip if coef is None else coef * clip  # inv_scale * clip: exact, so (g * inv) * clip == g * (inv * clip)
+        if coef is not None:
             # scaled copies: CUDA graphs are skipped for a function that writes in place to an input whose address is
             # not static ("mutated inputs"), and the gradients are new tensors every step
             grads = [torch._foreach_mul(group, coef) if group else group for group in grads]
         for i, (beta1, beta2, eps, wd) in enumerate(self.constants):
             if params[i]:
-                paper_adam_foreach_(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], lrs[i], beta1, beta2, eps, wd)
-                torch._foreach_add_(steps[i], 1.0)
+                if skip is None:
+                    paper_adam_foreach_(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], lrs[i], beta1, beta2, eps, wd)
+                    torch._foreach_add_(steps[i], 1.0)
+                else:
+                    paper_adam_masked_(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], lrs[i], beta1, beta2, eps, wd, skip)
+                    torch._foreach_add_(steps[i], (~skip).float())
+        if scaling:  # torch._amp_update_scale_'s rule, with tensors
+            growth, backoff, interval = self.scaling
+            clean = tracker + 1
+            due = ~skip & (clean == interval)
+            grown = scale * growth
+            scale.copy_(torch.where(skip, scale * backoff, torch.where(due & torch.isfinite(grown), grown, scale)))
+            tracker.copy_(torch.where(skip | due, torch.zeros_like(tracker), clean))
 
     def _lists(self) -> tuple:
         """Per group: the parameters with gradients, their gradients and state (created as torch's fused AdamW would)."""
@@ -165,6 +266,15 @@ class GraphSafeUpdate:
             out[4].append([self.optimizer.state[p]["step"] for p in ps])
         return out
 
+    def _scaling(self) -> tuple:
+        """fp16: the scaler's (scale, growth tracker) tensors, which this update reads and writes; () otherwise."""
+        if self.scaler is None:
+            return ()
+        state = (self.scaler._scale, self.scaler._growth_tracker)  # GradScaler's own tensors: its state_dict reads them
+        if self.compiled:
+            self._mark_static(*state)
+        return state
+
     @staticmethod
     def _mark_static(*tensors: torch.Tensor) -> None:
         for t in tensors:
@@ -176,11 +286,12 @@ class GraphSafeUpdate:
             t.fill_(lr)  # outside the captured function: the only per-step input is this tensor's value
         if self.compiled:
             self._mark_static(*self.lrs)
-        self.fn(*lists, self.lrs)
+        self.fn(*lists, self.lrs, self._scaling())
 
     @torch.no_grad()
     def __call__(self) -> None:
-        """Step with the learning rates `optimizer.set_lr` gave, then zero the gradients."""
+        """Step with the learning rates `optimizer.set_lr` gave, then zero the gradients. `paper_step` counts the
+        call; under fp16 a step skipped on the device is taken back where the host reads it (PaperAdam.state_dict)."""
         self._run([g["paper_lr"] for g in self.optimizer.param_groups], self._lists())
         for g in self.optimizer.param_groups:
             g["paper_step"] += 1
@@ -188,10 +299,10 @@ class GraphSafeUpdate:
 
     @torch.no_grad()
     def dry_run(self) -> None:
-        """The (compiled) step once at learning rate 0, the parameters and optimizer state put back exactly: it
-        compiles — or fails to, before training — without changing anything."""
+        """The (compiled) step once at learning rate 0, the parameters, optimizer state and loss scale put back
+        exactly: it compiles — or fails to, before training — without changing anything."""
         lists = self._lists()
-        state = [t for part in (lists[0], *lists[2:]) for group in part for t in group]
+        state = [t for part in (lists[0], *lists[2:]) for group in part for t in group] + list(self._scaling())
         saved = [t.clone() for t in state]
         self._run([0.0] * len(self.lrs), lists)
         for t, c in zip(state, saved):

@@ -34,9 +34,9 @@ from tinyelectra import __version__
 from tinyelectra.config import difference_text, differences
 from tinyelectra.console import make_console
 from tinyelectra.corpus import CorpusReader, Document, resolve_inputs
-from tinyelectra.data import FORMAT_VERSION, SPLITS, files_present
+from tinyelectra.data import FORMAT_VERSION, SPLITS, files_present, heldout_warning
 from tinyelectra.errors import UserError
-from tinyelectra.files import check_writable, os_error_line, replace_dir, write_json
+from tinyelectra.files import check_writable, os_error_line, pid_alive, replace_dir, sha256_of, write_json
 from tinyelectra.tokenizer import (CASINGS, CHARACTER_COVERAGE, MAX_VOCAB_SIZE, MIN_VOCAB_SIZE, PROFILE_FILE,
                                    SPECIAL_ROLES, TOKENIZER_TYPES, Tokenizer, choose_casing, text_profile)
 
@@ -213,7 +213,10 @@ class _ShardWriter:
         _write_npy(self.directory / f"{name}.ids.npy", ids[:n])
         _write_npy(self.directory / f"{name}.meta.npy", meta[:n])
         self.bytes_written += ids[:n].nbytes + meta[:n].nbytes
-        self.shards.append({"ids": f"{name}.ids.npy", "meta": f"{name}.meta.npy", "rows": n})
+        # each file's sha256 (as sha256sum gives it), read back while still cached: a run records what it trained on
+        self.shards.append({"ids": f"{name}.ids.npy", "meta": f"{name}.meta.npy", "rows": n,
+                            "ids_sha256": sha256_of(self.directory / f"{name}.ids.npy"),
+                            "meta_sha256": sha256_of(self.directory / f"{name}.meta.npy")})
         self.pending = [(ids[n:], meta[n:])] if n < len(ids) else []
         self.buffered -= n
 
@@ -278,7 +281,7 @@ def prepare(
         say(f"{out_dir} already holds this dataset (same sources and settings): reusing it")
         return cached
 
-    check_writable(out_dir.parent, "--out")  # before any work; leaves nothing behind
+    check_writable(out_dir.parent, "--out", given=out_dir)  # written beside it, then renamed: before any work
     tmp = out_dir.parent / f"{out_dir.name}.tmp-{os.getpid()}"
     _remove_stale_tmp_dirs(out_dir)
     writers: dict[str, _ShardWriter] = {}
@@ -295,6 +298,11 @@ def prepare(
         sample_mb = tokenizer_sample_mb if tokenizer is None else min(tokenizer_sample_mb or PROFILE_SAMPLE_MB, PROFILE_SAMPLE_MB)
         sample = _sample_lines(reader, sample_mb)
         sample_chars = sum(map(len, sample))
+        if not any(line.strip() for line in sample):  # before a tokenizer is trained on nothing
+            gone = reader.stats.skipped
+            skipped = f"; {len(gone)} skipped, the first {gone[0]['path']}: {gone[0]['reason']}" if gone else ""
+            raise UserError(f"--corpus: no text to prepare ({len(inputs)} input(s), no characters other than white "
+                            f"space{skipped}); is it empty?")
         profile = text_profile(sample)
         what = f"the first {tokenizer_sample_mb:g} MB" if tokenizer_sample_mb > 0 else "all"
         if tokenizer is not None:
@@ -412,6 +420,8 @@ def prepare(
         f"{100 * fill[0]:.0f}% of their token slots filled, in {seconds:.1f} s "
         f"({manifest['text_mb_per_second']:.2f} MB/s of text) -> {out_dir}"
     )
+    if heldout := heldout_warning(ex["validation"], validation_fraction):
+        say(f"warning: {heldout}")
     if fill[0] < LOW_FILL_RATIO:
         per_doc = kept / max(sum(totals["documents"]), 1)
         advice = ("add --pack-documents so that short documents share examples" if not pack_documents else
@@ -517,18 +527,8 @@ def _remove_stale_tmp_dirs(out_dir: Path) -> None:
     """Remove `OUT.tmp-<pid>` directories left by prepare runs that were killed (their process is gone)."""
     for p in out_dir.parent.glob(f"{out_dir.name}.tmp-*"):
         pid = p.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
             shutil.rmtree(p, ignore_errors=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's
-        pass
-    return True
 
 
 def _summarize_sources(inputs) -> list[dict]:

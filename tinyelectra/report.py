@@ -82,6 +82,44 @@ def _numbers(obj: dict, keys, path: Path) -> dict:
     return obj
 
 
+_NUMBER = "a number"
+# summary.json's fields that the report reads beside the numbers `_numbers` checks, and the kind each must be
+SUMMARY_KINDS = {
+    "recipe": str, "budget": str, "device": str, "precision": str, "runtime": dict, "checkpoints": list,
+    "checkpoints_off_fraction": dict, "resumed_with_changes": list, "resumed_with_runtime_changes": list,
+    "budget_seconds": _NUMBER, "median_tokens_per_second": _NUMBER, "peak_gpu_memory_gib": _NUMBER, "data": dict,
+}
+_KIND_WORDS = {str: "text", dict: "a JSON object", list: "a list", _NUMBER: "a number"}
+
+
+def _kind_of(x: Any) -> str:
+    return ("a number" if _is_number(x) else "text" if isinstance(x, str) else "a list" if isinstance(x, list) else
+            "a JSON object" if isinstance(x, dict) else "true/false" if isinstance(x, bool) else type(x).__name__)
+
+
+def _typed_fields(summary: dict, path: Path) -> tuple[dict, list[str]]:
+    """`summary` without the fields of SUMMARY_KINDS that hold the wrong kind of value (or list entries that are
+    not objects with the keys the report reads), and a note naming each: the report shows what it can and says what
+    it left out, never a field it could not read as if it were absent."""
+    kept, odd = dict(summary), []
+    for key, kind in SUMMARY_KINDS.items():
+        value = summary.get(key)
+        if value is None:
+            continue
+        ok = _is_number(value) if kind is _NUMBER else isinstance(value, kind)
+        if ok and key.startswith("resumed_with"):
+            ok = all(isinstance(c, dict) and {"key", "old", "new", "step"} <= c.keys() for c in value)
+        if ok and key == "checkpoints_off_fraction":
+            ok = all(isinstance(o, dict) and _is_number(o.get("fraction_of_steps")) and "why" in o for o in value.values())
+        if not ok:
+            kept.pop(key)
+            odd.append(f"{key} is {_kind_of(value)}, not {_KIND_WORDS[kind]}"
+                       + ("" if _kind_of(value) != _KIND_WORDS[kind] else " of the entries tinyelectra writes"))
+    note = (f"{path}: fields of the wrong type, left out of this report: {'; '.join(odd)} (the file was changed by "
+            "hand or damaged)") if odd else ""
+    return kept, [note] if note else []
+
+
 def _metrics_record(line: str) -> dict | None:
     """One line of metrics.jsonl as a log record or an event, None when it is not one tinyelectra wrote."""
     try:
@@ -97,13 +135,13 @@ def _metrics_record(line: str) -> dict | None:
     return rec if isinstance(rec.get("step"), int) and all(x is None or _is_number(x) for x in numbers) else None
 
 
-def read_metrics(path: Path) -> tuple[list[dict], list[dict], list[int]]:
-    """metrics.jsonl -> (log records with a step, checkpoint events, numbers of the lines that are neither). A last
-    line without its newline (a run writing it) is skipped without counting. A file with text but no record: one
-    UserError naming it."""
+def read_metrics(path: Path) -> tuple[list[dict], list[dict], list[int], list[int]]:
+    """metrics.jsonl -> (log records with a step, checkpoint events, numbers of the lines that are neither, steps
+    logged more than once: of those only the last line is kept). A last line without its newline (a run writing it)
+    is skipped without counting. A file with text but no record: one UserError naming it."""
     records, events, damaged = [], [], []
     if not path.is_file():
-        return records, events, damaged
+        return records, events, damaged, []
     lines = path.read_bytes().decode("utf-8", errors="replace").split("\n")
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -119,7 +157,18 @@ def read_metrics(path: Path) -> tuple[list[dict], list[dict], list[int]]:
     if not records and not events and any(line.strip() for line in lines):
         raise UserError(f"{path}: damaged (no line is a record tinyelectra wrote); move it away to report without the "
                         "pre-training curves")
-    return records, events, damaged
+    steps = [r["step"] for r in records]
+    repeated = sorted({step for step in steps if steps.count(step) > 1}) if len(set(steps)) < len(steps) else []
+    if repeated:  # one run logs each step once (a --resume drops the lines it runs again): the last line of each counts
+        last = {r["step"]: i for i, r in enumerate(records)}
+        records = [r for i, r in enumerate(records) if last[r["step"]] == i]
+    return records, events, damaged, repeated
+
+
+def repeated_steps_note(path: Path, repeated: list[int]) -> str:
+    shown = ", ".join(map(str, repeated[:5])) + (f" and {len(repeated) - 5} more" if len(repeated) > 5 else "")
+    return (f"{path}: {len(repeated)} step(s) logged more than once (step {shown}): two runs wrote into this folder at "
+            "once, or logs were joined; the curves and facts use the last line of each step, and may mix two runs")
 
 
 def damaged_lines_note(path: Path, damaged: list[int]) -> str:
@@ -195,10 +244,12 @@ def build_report(run_dir: Path) -> dict[str, Any]:
         raise UserError(f"{run_dir}: no such run directory")
     plan, recipe, summary = (_read_json(run_dir / f"{name}.json") if (run_dir / f"{name}.json").is_file() else None
                              for name in ("plan", "recipe", "summary"))
+    odd: list[str] = []
     if summary is not None:
         _numbers(summary, ("steps", "tokens_seen", "train_flops_paper", "train_flops_hardware", "train_seconds"),
                  run_dir / "summary.json")
-    records, events, damaged = read_metrics(run_dir / "metrics.jsonl")
+        summary, odd = _typed_fields(summary, run_dir / "summary.json")
+    records, events, damaged, repeated = read_metrics(run_dir / "metrics.jsonl")
     # what `tinyelectra glue --checkpoint RUN` writes, or RUN/*/glue.json when RUN is itself a glue output directory
     glue_paths = sorted(run_dir.glob("glue/*/glue.json")) or sorted(run_dir.glob("*/glue.json"))
     if plan is None and not glue_paths:
@@ -246,9 +297,10 @@ def build_report(run_dir: Path) -> dict[str, Any]:
         "finetuning_batching": sorted({c["finetune"]["batching"] for c in checkpoints if c["finetune"].get("batching")}),
     }
     heldout = [_heldout_entry(e) for e in events if e.get("eval")]
-    notes = [paper.PAPER_GLUE_NOTE]
-    if damaged:
-        notes.append(damaged_lines_note(run_dir / "metrics.jsonl", damaged))
+    # what is odd in the files read: in the notes, and on stderr (report_command)
+    warnings = ([damaged_lines_note(run_dir / "metrics.jsonl", damaged)] if damaged else []) + (
+        [repeated_steps_note(run_dir / "metrics.jsonl", repeated)] if repeated else []) + odd
+    notes = [paper.PAPER_GLUE_NOTE, *warnings]
     unlearned = [h["name"] for h in heldout if h["learned"] is False]
     finetuned_unlearned = [c["name"] for c in checkpoints if c["name"] in unlearned]
     if finetuned_unlearned:
@@ -283,7 +335,7 @@ def build_report(run_dir: Path) -> dict[str, Any]:
         "plan": plan_facts, "pretraining": pretraining, "hardware": hardware,
         "tasks": tasks_seen, "checkpoints": checkpoints, "comparison": comparison, "heldout": heldout,
         "paper_average_over_our_tasks": _paper_average_over(tasks_seen),
-        "paper": paper.published(), "notes": notes, "plots": [],
+        "paper": paper.published(), "notes": notes, "input_warnings": warnings, "plots": [],
     }
 
 
@@ -442,9 +494,9 @@ def report_command(run_dir: Path, out_dir: Path | None) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     if plot_glue(rep, out / "glue_vs_compute.png"):
         rep["plots"].append("glue_vs_compute.png")
-    records, events, damaged = read_metrics(run_dir / "metrics.jsonl")
-    if damaged:
-        print(f"warning: {damaged_lines_note(run_dir / 'metrics.jsonl', damaged)}", file=sys.stderr)
+    records, events, _, _ = read_metrics(run_dir / "metrics.jsonl")
+    for warning in rep["input_warnings"]:
+        print(f"warning: {warning}", file=sys.stderr)
     if plot_curves(records, events, rep, out / "pretraining_curves.png"):
         rep["plots"].append("pretraining_curves.png")
     write_atomic(out / "report.json", json.dumps(_finite(rep), indent=2) + "\n", "report")

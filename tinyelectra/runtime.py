@@ -18,6 +18,7 @@ import ctypes
 import ctypes.util
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -166,6 +167,13 @@ def peak_gpu_memory_gib(device: torch.device) -> float | None:
     return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
 
 
+def peak_gpu_reserved_gib(device: torch.device) -> float | None:
+    """The most GPU memory torch's caching allocator reserved in this process (GiB): tensors, the blocks it keeps
+    cached, and CUDA graphs' private memory pools (graph replays allocate nothing: their memory is reserved when the
+    graph is recorded). Not counted: the CUDA context and the libraries' own workspaces. None off CUDA."""
+    return torch.cuda.max_memory_reserved(device) / 2**30 if device.type == "cuda" else None
+
+
 def nonfinite_parameters(model: nn.Module) -> list[str]:
     """The names of `model`'s parameters holding a NaN or an inf (one host sync for all of them)."""
     named = list(model.named_parameters())
@@ -209,11 +217,87 @@ def guard_cudnn_sdpa(device: torch.device, probe=_cudnn_sdpa_gradients_finite) -
 COMPILE_SETTINGS = ("auto", "on", "off", "reduce-overhead")
 
 
+@dataclass(frozen=True)
+class CompileChoice:
+    """What a `compile` setting means for one run: the mode `maybe_compile` gets ("off" | "on" | "reduce-overhead")
+    and why, in words for the log line and summary.json."""
+
+    mode: str
+    why: str
+
+    @property
+    def cuda_graphs(self) -> bool:
+        return self.mode == "reduce-overhead"
+
+
+def choose_compile(setting: str, device: torch.device, micro_batches: int = 1, processes: int = 1,
+                   strategy: str = "ddp") -> CompileChoice:
+    """The compile policy of a training step. "auto" means inductor + CUDA graphs (mode reduce-overhead) exactly where
+    graphs apply: one CUDA device, one process, one micro-batch per step; inductor's default mode where they do not
+    (several processes: DDP's gradient hooks would run inside captured graphs; several micro-batches: a graph replays
+    fixed memory, so each micro-batch's backward would overwrite the gradients accumulated so far); off on the CPU and
+    under DeepSpeed (its engine runs the step). An explicit "reduce-overhead" where graphs cannot apply is a UserError;
+    "on" and "off" are taken as given. Precision does not matter: bf16, fp16 (loss scaling on the device) and fp32
+    all run under graphs."""
+    if setting not in COMPILE_SETTINGS:
+        raise UserError(f"compile {setting!r}: use {', '.join(COMPILE_SETTINGS)}")
+    if strategy == "deepspeed":
+        return CompileChoice("off", "DeepSpeed's engine runs the step")
+    if setting in ("off", "on"):
+        return CompileChoice(setting, "as requested")
+    blocker = ""
+    if processes > 1:
+        blocker = f"{processes} processes (DDP's gradient hooks would run inside captured graphs)"
+    elif micro_batches > 1:
+        blocker = (f"{micro_batches} micro-batches per step (a graph replays fixed memory: each micro-batch's backward "
+                   "would overwrite the gradients accumulated so far)")
+    if setting == "reduce-overhead":
+        if processes > 1:
+            raise UserError("train.compile=reduce-overhead (CUDA graphs) is for one process; with torchrun use "
+                            "train.compile=on (or auto)")
+        if micro_batches > 1:
+            raise UserError(f"train.compile=reduce-overhead (CUDA graphs) needs one micro-batch per step; this run "
+                            f"accumulates {micro_batches} micro-batches: use train.compile=on (or auto), or a micro-batch "
+                            "as large as the per-process batch")
+        return CompileChoice("reduce-overhead", "as requested" + ("" if device.type == "cuda" else " (no CUDA graphs on the CPU)"))
+    if device.type != "cuda":
+        return CompileChoice("off", "auto: off on the CPU (compile time outweighs the gain for short runs)")
+    if blocker:
+        return CompileChoice("on", f"auto: inductor without CUDA graphs: {blocker}")
+    return CompileChoice("reduce-overhead", "auto: inductor + CUDA graphs (one CUDA device, one process, one micro-batch per step)")
+
+
+def compile_cache(default_root: Path | None = None) -> str:
+    """Where torch.compile keeps what it compiled, so that a resumed or repeated run of the same shapes does not
+    compile cold: inductor's FX graph cache and AOTAutograd's cache (both on by default in torch >= 2.6; their Triton
+    kernels are bundled into the FX graph cache) live under TORCHINDUCTOR_CACHE_DIR. torch's default for it is a
+    folder in /tmp, which a reboot or a batch system's per-job /tmp empties: unless the variable is set, it becomes
+    `default_root`/inductor (TINYELECTRA_CACHE, else ~/.cache/tinyelectra). Dynamo's tracing and the CUDA-graph
+    recording are not cached: they run again at every start. Returns a note naming the folder and the caches' state."""
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        where, chosen = os.environ["TORCHINDUCTOR_CACHE_DIR"], "TORCHINDUCTOR_CACHE_DIR from the environment"
+    else:
+        root = default_root or Path(os.environ.get("TINYELECTRA_CACHE", Path.home() / ".cache" / "tinyelectra"))
+        where, chosen = str(root / "inductor"), "tinyelectra's default; set TORCHINDUCTOR_CACHE_DIR to choose"
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = where
+    try:
+        import torch._functorch.config as functorch_config  # noqa: PLC0415
+        import torch._inductor.config as inductor_config  # noqa: PLC0415
+
+        caches = [name for name, on in (("FX graph", inductor_config.fx_graph_cache),
+                                        ("AOTAutograd", functorch_config.enable_autograd_cache)) if on]
+    except (ImportError, AttributeError):
+        caches = []
+    state = f"{' and '.join(caches)} caches on" if caches else "no persistent caches in this torch"
+    return f"compile cache: {where} ({chosen}; {state})"
+
+
 def maybe_compile(fn_or_module, mode_setting: str, device: torch.device, fullgraph: bool = False):
     """torch.compile `fn_or_module` when `mode_setting` asks for it; returns (obj, note).
 
     "on" (or "auto" on CUDA): inductor's default mode. "reduce-overhead": inductor plus CUDA graphs (on a GPU; the
-    CPU has none, so there it is the default mode). `fullgraph=True` makes a graph break an error, i.e. a fallback
+    CPU has none, so there it is the default mode). A training step resolves "auto" with `choose_compile` first
+    (CUDA graphs where they apply) and passes the mode it chose. `fullgraph=True` makes a graph break an error, i.e. a fallback
     to eager that the note reports, instead of a silently slower, partly compiled step.
 
     Compilation is lazy: the forward graph is compiled at the first call, the backward graph (and inductor's kernels)
@@ -396,6 +480,27 @@ def openmp_note() -> tuple[str, dict]:
     return f"CPU threads: {threads}; OpenMP waits: {how}", record
 
 
+_CPU_FAST_PATHS = [True]
+
+
+def cpu_fast_path(t: torch.Tensor) -> bool:
+    """Whether `t` takes the CPU-only fast paths (oneDNN linear, NumPy-drawn dropout masks, the baddbmm attention,
+    inverse-CDF sampling): CPU tensors outside torch.compile, unless `plain_cpu_paths` turned them off."""
+    return t.device.type == "cpu" and _CPU_FAST_PATHS[0] and not torch.compiler.is_compiling()
+
+
+@contextlib.contextmanager
+def plain_cpu_paths():
+    """Within: the CPU runs the plain torch operators that compiled code runs (F.linear, F.dropout from torch's
+    generator, SDPA, Gumbel-max sampling), so an eager and a compiled step draw the same random numbers on the CPU
+    too (benchmarks/loss_check.py); the same mathematics, slower."""
+    _CPU_FAST_PATHS[0] = False
+    try:
+        yield
+    finally:
+        _CPU_FAST_PATHS[0] = True
+
+
 def _onednn_mm(a: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
     """a (M, K) @ b_t (N, K)^T -> (M, N) in fp32 through oneDNN (strided inputs accepted, no copies)."""
     return torch.ops.mkldnn._linear_pointwise(a, b_t, None, "none", [], "")
@@ -457,8 +562,8 @@ _ONEDNN_LINEAR: bool | None = None
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear, except fp32 on the CPU outside autocast and torch.compile, where oneDNN does the matmuls."""
     global _ONEDNN_LINEAR
-    if (x.device.type != "cpu" or x.dtype != torch.float32 or weight.dtype != torch.float32
-            or torch.is_autocast_enabled("cpu") or torch.compiler.is_compiling()):
+    if (not cpu_fast_path(x) or x.dtype != torch.float32 or weight.dtype != torch.float32
+            or torch.is_autocast_enabled("cpu")):
         return F.linear(x, weight, bias)
     if _ONEDNN_LINEAR is None:
         _ONEDNN_LINEAR = _onednn_linear_works()
@@ -493,7 +598,7 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     """F.dropout(x, p, training), with the CPU's keep mask drawn by `cpu_rand` (fp32/bf16 CPU tensors, eager)."""
     if not training or p == 0.0:
         return x
-    if x.device.type != "cpu" or torch.compiler.is_compiling():
+    if not cpu_fast_path(x):
         return F.dropout(x, p, True)
     keep_scaled = (cpu_rand(x.shape) >= p).to(x.dtype).mul_(1.0 / (1.0 - p))  # 0 or 1/(1-p), no gradient
     return x * keep_scaled
