@@ -410,6 +410,8 @@ def arms() -> dict[str, tuple[str, Spec]]:
     out["electra-lr1e-4"] = ("ELECTRA, peak lr 1e-4", dataclasses.replace(ELECTRA, lr=1e-4))
     out["electra-recipeopt-lr3e-4"] = ("ELECTRA, the paper's Adam (eps 1e-6) at 3e-4",
                                        dataclasses.replace(recipe_opt, lr=3e-4))
+    for name, lr in (("5e-4", 5e-4), ("1e-3", 1e-3)):
+        out[f"electra-recipeopt-lr{name}"] = (f"ELECTRA, the paper's Adam (eps 1e-6) at {name}", dataclasses.replace(recipe_opt, lr=lr))
     out["electra-recipeopt-body0.1"] = ("ELECTRA, tiny's optimizer, encoder and head at 1/10 of its rate (3e-4)",
                                         dataclasses.replace(recipe_opt, body_lr_scale=0.1))
     out["electra-recipeopt-init-norm"] = ("ELECTRA with PyTorch's init and pre-LN, tiny's optimizer",
