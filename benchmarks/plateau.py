@@ -412,6 +412,12 @@ def arms() -> dict[str, tuple[str, Spec]]:
                                        dataclasses.replace(recipe_opt, lr=3e-4))
     for name, lr in (("5e-4", 5e-4), ("1e-3", 1e-3)):
         out[f"electra-recipeopt-lr{name}"] = (f"ELECTRA, the paper's Adam (eps 1e-6) at {name}", dataclasses.replace(recipe_opt, lr=lr))
+    for name, lr in (("3e-4", 3e-4), ("1e-3", 1e-3)):
+        out[f"electra-recipeopt-lr{name}-act"] = (f"ELECTRA with ReLU, the paper's Adam (eps 1e-6) at {name}",
+                                                  dataclasses.replace(recipe_opt, lr=lr, act="relu"))
+    for name, lr in (("3e-4", 3e-4), ("3e-3", 3e-3)):
+        out[f"electra-recipeopt-lr{name}-L2"] = (f"ELECTRA, 2 layers, the paper's Adam (eps 1e-6) at {name}",
+                                                 dataclasses.replace(recipe_opt, lr=lr, layers=2))
     out["electra-recipeopt-body0.1"] = ("ELECTRA, tiny's optimizer, encoder and head at 1/10 of its rate (3e-4)",
                                         dataclasses.replace(recipe_opt, body_lr_scale=0.1))
     out["electra-recipeopt-init-norm"] = ("ELECTRA with PyTorch's init and pre-LN, tiny's optimizer",
