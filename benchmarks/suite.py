@@ -356,9 +356,8 @@ def fit_glue(run: "Run", stage: str, layout: dict, tasks: list[str], checkpoints
     rows = {t: _get(_load(run.pack / "pack.json"), "glue", "tasks", t, "train_rows") for t in tasks}
     if not all(rows.values()):
         return "not modeled (the pack does not give every task's training rows)"
-    limit, why = run.budget(stage)
     steps = {t: v["steps_per_seed"] for t, v in glue_plan(rows, 1, 1)["tasks"].items()}
-    return glue_fit.fit(steps, GLUE[run.mode]["seeds"], checkpoints, limit or 0)
+    return glue_fit.fit(steps, GLUE[run.mode]["seeds"], checkpoints, run.budget(stage)[0] or 0)
 
 
 def _glue_layout_commands(run: "Run", stage: str, checkpoint: Path, tasks: list[str], out: Path,
