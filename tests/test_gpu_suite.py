@@ -1,7 +1,9 @@
 """The GPU suite (benchmarks/gpu_suite.sh: two commands, the first pre-training, the second `--finish` fine-tuning and
 judging) checked on the CPU: its labels read from recorded H100 profiles and logs (tests/fixtures/gpu/, sources cited
 there), each kernel counted once, MFU both ways; the plans' arithmetic (stage budgets, pretrain's budget, the GLUE
-full-set plan from the task sizes in ../shared/data/README.md), the layout picked from measured rates, the median and
+full-set plan from the task sizes in ../shared/data/README.md), the layout picked from measured rates, the GLUE plan
+fitted to its time on its critical path (benchmarks/glue_fit.py, against hand-computed numbers from the H100 lease's
+glue.log), a background stage's own duration, the median and
 spread table and its verdict, the discriminator along the run (on the first H200 run's own metrics.jsonl), passes over
 the pack; every GPU stage's command accepted by the program it runs, pretrain compiling what the speed stage compiled,
 the stages importing the installed copy, the pack's round trip; then the command itself: `--finish` refusing a
@@ -1049,4 +1051,5 @@ def test_gpu_suite_cpu_smoke_runs_both_commands(tmp_path):
     assert all(v[side]["seeds"] == 3 for v in g["tasks"].values() for side in ("pre-trained", "no pre-training"))
     assert fin["glue_plan"]["steps"] == sum(v["steps"] for v in fin["glue_plan"]["tasks"].values()) and fin["glue_plan"]["jobs"] == 30
     assert fin["pretrain"] == summary["pretrain"] and fin["glue_layout"]["layout"]
+    assert [s["stage"] for s in fin["stages"]][0] == "glue" and fin["glue_fit"]["glue"]["modeled"] is False  # H100 rates
     assert p.stdout.strip().splitlines()[-1] == "note: " + fin["note"]

@@ -599,6 +599,7 @@ def glue_command(checkpoint: Path, glue_dir: Path | None, use_hf: bool, tasks: s
     refs = find_checkpoints(checkpoint)
     custom = [load_task_file(f).name for f in task_files or []]
     task_names, skipped = choose_tasks(tasks, glue_dir, use_hf, custom)
+    fewer = parse_task_seeds(task_seeds, task_names, seeds)  # before any data is read
     dev = pick_device(gpu, device)
     precision, reason = pick_precision(fc.precision, dev)
     configure_matmul(precision, dev)
@@ -618,7 +619,7 @@ def glue_command(checkpoint: Path, glue_dir: Path | None, use_hf: bool, tasks: s
             if s.malformed:
                 console.print(s.summary())
     seed_list = list(range(fc.seed, fc.seed + seeds))
-    per_task = {task: seed_list[:n] for task, n in parse_task_seeds(task_seeds, task_names, seeds).items()}
+    per_task = {task: seed_list[:n] for task, n in fewer.items()}
     mode, why = step_mode(fc, dev, precision)
     concurrent = concurrency(fc, mode)
     console.print(f"fine-tuning {len(refs)} checkpoint(s) x {len(task_names)} task(s) ({', '.join(task_names)}) x "
