@@ -11,8 +11,9 @@ measurement (H100_STEPS_PER_S); between measured points it is interpolated, outs
 When the plan does not fit (`fit`), it is trimmed in a fixed order (`trimmed_plans`) and the first plan that fits
 runs, what was trimmed said in one line: the longest task (SST-2: its jobs are the critical path) loses seeds one at a
 time down to one, then the next longest, and so on; only when one seed of every task does not fit is the longest
-task dropped, the others back at their full seeds. The cap on jobs in flight is the one with the shortest modeled time (a cap
-starts the long jobs alone, at a higher rate each, and keeps short ones for the end, when the GPU would idle).
+task dropped, the others back at their full seeds. The cap on jobs in flight is the one with the shortest modeled
+time (a cap starts the long jobs alone, at a higher rate each, and keeps short ones for the end, when the GPU would
+otherwise run a few long jobs at a lower aggregate rate).
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ JOB_SETUP_S = 0.55  # one job's set-up (classifier, optimizer, CUDA-graph captur
 #                     train_seconds (from set-up) minus glue.log's step time (from step 1) fall by 0.42-0.72 s a job
 #                     down the creation order (STS-B 11.7 s, CoLA 7.4 s, RTE 3.8 s, MRPC 1.3 s)
 JOB_FINISH_S = 0.4  # one finished job's host sync, dev-set evaluation and glue.json write, the others waiting: the
-#                     rates above alone put RTE's end at 63.8 s, CoLA's at 65.0 s and STS-B's at 157.1 s; glue.log has
-#                     67-68 s, 69-71 s and 163-165 s after 6, 12 and 18 finished jobs
+#                     rates above alone put RTE's end at 63.8 s from step 1, CoLA's at 65.0 s and STS-B's at 157.1 s;
+#                     glue.log has 67-68 s, 69-71 s and 163-165 s, after 6, 12 and 18 finished jobs
 FIT_MARGIN = 0.9  # the plan must fit in this share of the stage's time: the model rests on one run
 MAX_CONCURRENT = 32  # finetune.AUTO_CONCURRENT: the most jobs in flight tried
 
