@@ -14,12 +14,17 @@ inductor cache `pretrain` then reads, so the same shapes never compile cold twic
 left). It leaves its run in the work folder (default .lease-run/, git-ignored, not carried: it stays on the warm
 machine between commands) with run.json, its summary.
 
-The second (--finish, 280 s) finds that run (or says in one line that it is not there) and runs: glue_speed
-(fine-tuning steps/s per layout: processes x jobs in flight, so that the plan picks the fastest), glue (the full
+The second (--finish, 280 s) finds that run (or says in one line that it is not there) and runs first glue (the full
 training sets of CoLA, SST-2, MRPC, STS-B and RTE, the paper's protocol, 3 seeds, the last checkpoint and `ckpt-0000`
-side by side in the same processes), then with time left: glue_early (a checkpoint at a quarter of the run),
-glue_fp32 (bf16 fine-tuning checked against fp32 on three tasks), and the extras (transformers compiled with CUDA
-graphs, tinyelectra vs transformers eager, fp16). Its table is the verdict against the paper.
+side by side in one process) with all the time the deadline leaves. Before it starts, its plan is checked against that
+time on its critical path (benchmarks/glue_fit.py: the jobs round-robin in one process, at the steps/s measured on the
+H100 for each number of jobs in flight), the cap on jobs in flight set to the one the model finds fastest, and when
+it does not fit it is trimmed in a stated order (the longest task's seeds first, a task dropped last), said in one
+line and in finish.json (glue_fit). Its layout is the default (DEFAULT_LAYOUT: the fastest the H100 measured), so no
+measurement sits before it. Then, with time left: glue_early (a checkpoint at a quarter of the run, fitted the same
+way), glue_fp32 (bf16 fine-tuning checked against fp32 on three tasks), the extras (transformers compiled with CUDA
+graphs, tinyelectra vs transformers eager, fp16) and glue_speed (fine-tuning steps/s per layout: processes x jobs in
+flight, for the next lease's default). Its table is the verdict against the paper.
 
 Every stage is a process (or, for glue, the processes of its layout) under its own time limit, recorded whatever
 happens. --cpu-smoke runs both commands at toy size on the CPU (one thread per process, compile stages with
@@ -47,6 +52,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
+sys.path.insert(0, str(BENCH))
+import glue_fit  # noqa: E402 - benchmarks/glue_fit.py: the GLUE plan against its time
 WORK_DEFAULT = ROOT / ".lease-run"  # git-ignored, never carried: the first command's run waits here for the second
 WORK_MARK = ".tinyelectra-suite"  # a work folder the suite made (and may empty for a new run)
 
@@ -71,11 +78,15 @@ GLUE = {"gpu": {"seeds": 3, "max_train_rows": None, "settings": ("precision=bf16
         "smoke": {"seeds": 3, "max_train_rows": 16, "settings": ("precision=fp32", "test_predictions=false", "step=static")}}
 GLUE_FP32_TASKS = ("cola", "mrpc", "rte")  # the small tasks: about 7,000 steps in true fp32 (TF32 off)
 EARLY_CHECKPOINT = "ckpt-2500"  # glue_early: a quarter of the run
-# glue_speed: the layouts measured ([P processes x] step mode : jobs in flight per process); glue runs the fastest.
-# The processes split the seeds, so P divides GLUE's seeds.
+# glue_speed: the layouts measured ([P processes x] step mode : jobs in flight per process), after the GLUE stages: it
+# tells the next lease's default. The processes split the seeds, so P divides GLUE's seeds.
 GLUE_LAYOUTS = {"gpu": "graphs:32,3xgraphs:10,graphs:8,graphs:1,eager:1",  # the likeliest first: a stopped stage keeps them
                 "smoke": "static:4,3xstatic:2,static:1,eager:1"}
-DEFAULT_LAYOUT = {"gpu": "graphs:32", "smoke": "static:4"}  # when nothing was measured
+DEFAULT_LAYOUT = {"gpu": "graphs:32", "smoke": "static:4"}  # glue's layout (glue_speed runs after it)
+DEFAULT_WHY = {"gpu": "the default: the fastest of the five layouts glue_speed measured on the H100 on 2026-11-26 "
+                      "(graphs:32 275 steps/s; graphs:8 269, 3xgraphs:10 237, graphs:1 144, eager:1 33: "
+                      "benchmarks/results/h100-2026-11-26/)",
+               "smoke": "the smoke run's default"}
 
 
 def pretrain_recipe(mode: str, data_dir: Path):
@@ -88,13 +99,15 @@ def pretrain_recipe(mode: str, data_dir: Path):
 
 
 def glue_args(mode: str, checkpoint: Path, glue_dir: Path, tasks: list[str], out: Path, device: list[str],
-              seeds: int | None = None, extra: tuple[str, ...] = ()) -> list[str]:
+              seeds: int | None = None, extra: tuple[str, ...] = (), task_seeds: dict[str, int] | None = None) -> list[str]:
     """`tinyelectra glue` arguments of the protocol (`device`: ["--gpu", "0"] or ["--device", "cpu"]); `extra`
-    settings go after the protocol's (a layout's step mode and jobs in flight, a seed, fp32)."""
+    settings go after the protocol's (a layout's step mode and jobs in flight, a seed, fp32); `task_seeds`: tasks
+    trimmed to fewer seeds (glue_fit)."""
     g = GLUE[mode]
     rows = ["--max-train-rows", str(g["max_train_rows"])] if g["max_train_rows"] else []
+    fewer = ["--task-seeds", ",".join(f"{t}={n}" for t, n in task_seeds.items())] if task_seeds else []
     return ["glue", "--checkpoint", str(checkpoint), "--glue-dir", str(glue_dir), "--tasks", ",".join(tasks),
-            "--seeds", str(seeds or g["seeds"]), *rows, "--out", str(out), *device,
+            "--seeds", str(seeds or g["seeds"]), *fewer, *rows, "--out", str(out), *device,
             *(a for s in (*g["settings"], *extra) for a in ("--set", s))]
 
 
@@ -126,13 +139,13 @@ def parse_layout(text: str) -> dict:
 
 def pick_layout(measured: dict | None, seeds: int, mode: str, forced: str | None = None) -> dict:
     """The layout glue runs: `forced` (SUITE_GLUE_LAYOUT), else the glue_speed stage's fastest whose processes divide
-    the seeds, else DEFAULT_LAYOUT; with the measured aggregate steps/s and why it was picked."""
+    the seeds (when it ran before), else DEFAULT_LAYOUT; with the measured aggregate steps/s and why it was picked."""
     if forced:
         return {**parse_layout(forced), "steps_per_second": None, "why": f"SUITE_GLUE_LAYOUT={forced}"}
     fits = [r for r in (measured or {}).get("layouts", []) if seeds % r.get("processes", 1) == 0 and r.get("steps_per_second")]
     if not fits:
         return {**parse_layout(DEFAULT_LAYOUT[mode]), "steps_per_second": None,
-                "why": "nothing measured (the glue_speed stage did not finish): the default"}
+                "why": DEFAULT_WHY[mode]}
     best = max(fits, key=lambda r: r["steps_per_second"])
     others = ", ".join(f"{r['layout']} {r['steps_per_second']:.0f}" for r in fits if r is not best)
     return {**parse_layout(best["layout"]), "steps_per_second": best["steps_per_second"],
@@ -153,18 +166,19 @@ PLANS = {
         "env": (30, FIXED),  # 7.4 s
         "checks": (40, FIXED),  # 19.5 s
         "init": (120, BACKGROUND),  # the no-pre-training checkpoint, on the CPU beside the GPU stages (unmeasured)
-        "parity": (80, FIXED),  # a 2-layer model's cold compile with CUDA graphs (unmeasured; 12 layers: 112 s)
-        "speed": (170, FIXED),  # the cold compile with CUDA graphs: 112.5 s measured on the H200, then the timing
+        "parity": (95, FIXED),  # a 2-layer model's cold compiles with CUDA graphs: 70.0 s on the H100 (limit was 80)
+        "speed": (200, FIXED),  # the cold compile with CUDA graphs: 112.5 s on the H200, 148.3 s on the H100, then the
+        # timing and profile: the stage took 170.0 s of its old 170 on the H100
         "pretrain": (None, REMAINDER),
     }},
     "finish": {"deadline_s": 280, "stages": {
-        "glue_speed": (60, FIXED),  # unmeasured
-        "glue": (None, REMAINDER),
+        "glue": (None, REMAINDER),  # first, all the deadline leaves: its plan is fitted to it (glue_fit.py)
         "glue_early": (120, TIME_LEFT),
         "glue_fp32": (90, TIME_LEFT),
         "hf_compiled": (170, TIME_LEFT),
         "eager": (60, TIME_LEFT),  # 47.5 s measured
         "fp16": (170, TIME_LEFT),
+        "glue_speed": (60, TIME_LEFT),  # 60.2 s on the H100 (five layouts; graphs:32's set-up alone 19.7 s)
     }},
 }
 SUMMARY_RESERVE_S = {"gpu": 15, "smoke": 300}  # a stopped stage's 10 s of grace, the summary and the archive
@@ -175,7 +189,7 @@ KILL_GRACE_S = 10  # between a stage's SIGTERM at its limit and SIGKILL
 # `pretrain`'s time outside its --budget (which counts training time only): start-up (imports, data, the compile
 # from the inductor cache the speed stage filled, the CUDA-graph recording, the first step), five checkpoints with
 # their held-out evaluation and resume states, exit. Measured on the H200 in default compile mode: 20.7 s of stage
-# time around 242 s of training; with CUDA graphs unmeasured (summary.json: pretrain.overhead_s). Generous on
+# time around 242 s of training; with CUDA graphs on the H100 34.6 s around 217 s (summary.json: pretrain.overhead_s). Generous on
 # purpose: a stage stopped at its limit has not written its last checkpoint, and GLUE would take an earlier one.
 PRETRAIN_OVERHEAD_S = 55
 MIN_TRAIN_S = 20
@@ -332,22 +346,53 @@ def _selection(run: "Run", name: str, checkpoints: list[Path]) -> Path:
     return folder
 
 
+def fit_glue(run: "Run", stage: str, layout: dict, tasks: list[str], checkpoints: int, precision: str) -> dict | str:
+    """The stage's plan against its time limit (glue_fit.fit: the critical path of its jobs at the rates measured on
+    the H100), or why it is not modeled (the CPU smoke run, a layout of several processes or without CUDA graphs,
+    fp32, a pack without row counts). Trimmed plans are said in the stage's note."""
+    if run.mode != "gpu":
+        return "not modeled on the CPU smoke run (the rates are the H100's)"
+    if layout["processes"] != 1 or layout["mode"] != "graphs" or precision != "bf16":
+        return f"not modeled for {layout['layout']} in {precision} (the rates are one process's with CUDA graphs in bf16)"
+    rows = {t: _get(_load(run.pack / "pack.json"), "glue", "tasks", t, "train_rows") for t in tasks}
+    if not all(rows.values()):
+        return "not modeled (the pack does not give every task's training rows)"
+    steps = {t: v["steps_per_seed"] for t, v in glue_plan(rows, 1, 1)["tasks"].items()}
+    return glue_fit.fit(steps, GLUE[run.mode]["seeds"], checkpoints, run.budget(stage)[0] or 0)
+
+
 def _glue_layout_commands(run: "Run", stage: str, checkpoint: Path, tasks: list[str], out: Path,
-                          extra: tuple[str, ...] = ()) -> list[list[str]]:
-    """The processes of the picked layout: one `tinyelectra glue` with every seed, or one per share of the seeds."""
+                          extra: tuple[str, ...] = (), checkpoints: int = 1) -> list[list[str]] | str:
+    """The processes of the picked layout: one `tinyelectra glue` with every seed, or one per share of the seeds;
+    on the GPU fitted to the stage's time first (fit_glue): the cap on jobs in flight the model finds fastest, and
+    the trimmed tasks and seeds when the whole plan does not fit (or why the stage cannot run at all)."""
     seeds = GLUE[run.mode]["seeds"]
     layout = run.layout or pick_layout(_load(run.stage_dir / "glue_speed.json"), seeds, run.mode,
                                        os.environ.get("SUITE_GLUE_LAYOUT"))
     run.layout = layout
+    precision = next((s.split("=")[1] for s in reversed((*GLUE[run.mode]["settings"], *extra)) if s.startswith("precision=")), "")
+    fit = fit_glue(run, stage, layout, tasks, checkpoints, precision)
+    run.glue_fits[stage] = fit if isinstance(fit, dict) else {"modeled": False, "why": fit}
+    concurrent, task_seeds = layout["concurrent"], None
+    if isinstance(fit, dict):
+        if not fit["fits"]:
+            return f"does not fit its {fit['available_s']:.0f} s: {glue_fit.describe(fit)}"
+        tasks = [t for t in tasks if t in fit["seeds"]]
+        task_seeds = {t: n for t, n in fit["seeds"].items() if n != seeds} or None
+        concurrent = fit["concurrent"]
     per = seeds // layout["processes"]
-    mode_sets = (f"step={layout['mode']}", f"concurrent={layout['concurrent']}")
+    mode_sets = (f"step={layout['mode']}", f"concurrent={concurrent}")
     device = SIZES[run.mode]["train_device"]
     commands = []
     for p in range(layout["processes"]):
         seed_sets = (f"seed={p * per}",) if layout["processes"] > 1 else ()
-        commands.append([run.python, "-m", "tinyelectra", *glue_args(run.mode, checkpoint, run.pack / "glue", tasks,
-                                                                      out / f"p{p}", device, per, (*mode_sets, *seed_sets, *extra))])
+        commands.append([run.python, "-m", "tinyelectra", *glue_args(run.mode, checkpoint, run.pack / "glue", tasks, out / f"p{p}",
+                                                                      device, per, (*mode_sets, *seed_sets, *extra), task_seeds)])
     run.note(stage, f"layout {layout['layout']} ({layout['why']})")
+    run.note(stage, f"plan: {glue_fit.describe(fit)}" if isinstance(fit, dict) else f"plan {fit}")
+    if isinstance(fit, dict) and fit["trims"]:
+        run.say(f"[suite] {stage}: TRIMMED to fit its {fit['available_s']:.0f} s: {', '.join(fit['trims'])} "
+                f"(the whole plan: modeled {fit['full_plan']['seconds']:.0f} s, over {fit['budget_s']:.0f} s)")
     return commands
 
 
@@ -366,7 +411,8 @@ def stage_glue(run: "Run") -> list[list[str]] | str:
         run.note("glue", f"pretrain stopped before its end: GLUE on {found[-1].name}, its last checkpoint")
     if init not in sides:
         run.note("glue", "no ckpt-0000 (the init stage did not finish): the pre-trained side alone")
-    return _glue_layout_commands(run, "glue", _selection(run, "glue-models", sides), tasks, run.work / "glue")
+    return _glue_layout_commands(run, "glue", _selection(run, "glue-models", sides), tasks, run.work / "glue",
+                                 checkpoints=len(sides))
 
 
 def stage_glue_early(run: "Run") -> list[list[str]] | str:
@@ -444,7 +490,10 @@ class Run:
         self.notes: dict[str, list[str]] = {}
         self.limits: dict[str, int] = {}  # limits a stage's builder decided (pretrain's)
         self.layout: dict | None = None  # glue's, picked once per command
-        self.background: dict[str, tuple] = {}  # stage -> (processes, logs, start, limit, command)
+        self.glue_fits: dict[str, dict] = {}  # each GLUE stage's plan against its time (fit_glue)
+        self.background: dict[str, tuple] = {}  # stage -> (processes, logs, start, limit, command, end)
+        # a background stage's end (its own duration, not until `join` collects it): {"at": monotonic seconds,
+        # "timed_out": stopped at its limit}, noted by `watch_background` while the other stages run
         self.interrupted: str | None = None  # SIGTERM or SIGINT: the running stage is stopped, the results written
         (self.stage_dir / "logs").mkdir(parents=True, exist_ok=True)
         self.log = open(out_dir / self.files[0], "w", encoding="utf-8")  # noqa: SIM115 - open for the whole run
@@ -510,7 +559,7 @@ class Run:
             limit = min(self.limits.pop(name, limit), limit)
             procs, logs = self._start(name, commands)
             if self.plan[name][1] == BACKGROUND:
-                self.background[name] = (procs, logs, t0, limit, commands)
+                self.background[name] = (procs, logs, t0, limit, commands, {})
                 self.say(f"[suite] {name:<14} started in the background (limit {limit} s)")
                 return None
             rc, status = self.wait(procs, t0 + limit)
@@ -520,26 +569,43 @@ class Run:
         return self.finished(name, procs, logs, rc, status, t0, limit, commands)
 
     def join(self) -> None:
-        """Wait for the background stages (within their limits) and record them."""
-        for name, (procs, logs, t0, limit, commands) in list(self.background.items()):
+        """Wait for the background stages (within their limits) and record them, each with its own duration."""
+        for name, (procs, logs, t0, limit, commands, end) in list(self.background.items()):
             rc, status = self.wait(procs, t0 + limit)
-            self.finished(name, procs, logs, rc, status, t0, limit, commands)
+            if end.get("timed_out"):
+                rc, status = 124, "timed_out"
+            self.finished(name, procs, logs, rc, status, t0, limit, commands, end.get("at"))
             del self.background[name]
 
-    def finished(self, name, procs, logs, rc, status, t0, limit, commands) -> None:
+    def watch_background(self) -> None:
+        """Note the end of each background stage whose processes have all ended (its duration), and stop one that
+        has run past its limit."""
+        now = time.monotonic()
+        for procs, _, t0, limit, _, end in self.background.values():
+            if "at" in end:
+                continue
+            if all(p.poll() is not None for p in procs):
+                end["at"] = now
+            elif now >= t0 + limit:
+                for p in procs:
+                    _stop(p)
+                end.update(at=time.monotonic(), timed_out=True)
+
+    def finished(self, name, procs, logs, rc, status, t0, limit, commands, ended: float | None = None) -> None:
         note = "; ".join(self.notes.get(name, []) + (["the suite was interrupted"] if status == "interrupted" else []))
         if status not in ("ok", "interrupted"):
             bad = next((log for p, log in zip(procs, logs) if p.returncode != 0), logs[0])
             tail = bad.read_text(encoding="utf-8", errors="replace").splitlines()[-25:]
             note = "; ".join(filter(None, [note, tail[-1][:300] if tail else ""]))
             self.say(f"[suite] --- last lines of logs/{bad.name} ---\n" + "\n".join(tail) + "\n[suite] ---")
-        self.record(name, status, rc, time.monotonic() - t0, limit, note, commands)
+        self.record(name, status, rc, (ended or time.monotonic()) - t0, limit, note, commands)
 
     def wait(self, procs: list[subprocess.Popen], until: float) -> tuple[int | None, str]:
         """(exit code, status) of a stage's processes: ok when all end with 0, failed when one does not (the first
         non-zero code), timed_out at the limit (all stopped, exit code 124), interrupted when a signal reached the
-        suite (all stopped). Looks twice a second."""
+        suite (all stopped). Looks twice a second, and at the background stages (watch_background)."""
         while True:
+            self.watch_background()
             if self.interrupted:
                 for p in procs:
                     _stop(p)
@@ -626,6 +692,8 @@ def close(run: Run, interrupted: str | None) -> int:
         doc = summarize(run.stage_dir, run.records, run.mode, run.command, seconds, run.deadline_s, interrupted,
                         _load(run.work / "run.json") if run.command == "finish" else None)
         doc["glue_layout"] = run.layout
+        if run.command == "finish":
+            doc["glue_fit"] = run.glue_fits
         text = table(doc)
     except Exception as e:  # noqa: BLE001 - the records and the files are what the lease leaves: keep them
         doc = {"benchmark": "gpu_suite", "mode": run.mode, "command": run.command, "seconds": round(seconds, 1),
@@ -981,7 +1049,10 @@ def summarize(d: Path, records: list[dict], mode: str, command: str, seconds: fl
                    glue_early=glue_table(early, next(iter(early), None), None) if early else None,
                    glue_fp32=fp32_check(fp32, sides, pretrained) if fp32 else None,
                    glue_plan=gp, glue_run={"stage_seconds": layout.get("seconds"), "status": layout.get("status"),
-                                           "fine_tuning": fine_tuning[0] if fine_tuning else None},
+                                           "fine_tuning": fine_tuning[0] if fine_tuning else None,
+                                           # start-up, set-up and evaluations around the steps: glue_fit's constants
+                                           "seconds_outside_steps": layout["seconds"] - fine_tuning[0]["seconds"]
+                                           if fine_tuning and layout.get("seconds") and fine_tuning[0].get("seconds") else None},
                    glue_speed=docs.get("glue_speed"), speed=speeds,
                    ratios={"tinyelectra CUDA graphs / transformers compiled + CUDA graphs": ours / theirs if ours and theirs else None,
                            "eager (paired rounds in one process)": _get(docs.get("eager"), "speedup", "median_of_round_ratios")})
@@ -1089,10 +1160,16 @@ def table(doc: dict) -> str:
         out += _pretrain_lines(doc["pretrain"])
         g, lay, gp = doc["glue"], doc.get("glue_layout") or {}, doc.get("glue_plan") or {}
         ft = _get(doc, "glue_run", "fine_tuning") or {}
-        est = gp.get("steps") / lay["steps_per_second"] if gp.get("steps") and lay.get("steps_per_second") else None
+        fit = _get(doc, "glue_fit", "glue") or {}
+        if "fits" in fit:
+            plan = (f"modeled {_n(fit['estimate_s'], '{:.0f}')} s with up to {_n(fit['concurrent'])} in flight, of "
+                    f"{fit['available_s']:.0f} s" + (f"; TRIMMED to fit: {', '.join(fit['trims'])} (the whole plan: modeled "
+                                                       f"{fit['full_plan']['seconds']:.0f} s)" if fit["trims"] else ""))
+        else:
+            plan = fit.get("why") or "not planned"
         out.append(f"GLUE: {_n(gp.get('jobs'))} jobs, {_n(gp.get('steps'))} steps planned (full training sets, 3 or 10 epochs, batch 32); "
-                   f"layout {lay.get('layout', '-')} ({lay.get('why', '-')}); estimated {_n(est, '{:.0f}')} s, ran "
-                   f"{_n(_get(doc, 'glue_run', 'stage_seconds'), '{:.0f}')} s ({_n(ft.get('steps_per_second'), '{:.0f}')} steps/s)")
+                   f"layout {lay.get('layout', '-')}; {plan}; ran {_n(_get(doc, 'glue_run', 'stage_seconds'), '{:.0f}')} s "
+                   f"({_n(ft.get('steps_per_second'), '{:.0f}')} steps/s)")
         pre = doc.get("pretrain") or {}
         passes = (f" ({_n(pre.get('passes_over_pack'), '{:.1f}')} passes over the pack's "
                   f"{_n((pre.get('pack_tokens') or 0) / 1e6 or None, '{:.1f}')}M tokens)") if g["checkpoint"] else ""

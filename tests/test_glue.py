@@ -825,3 +825,43 @@ def test_glue_with_static_steps_and_jobs_in_flight_records_how_it_ran(ckpt, tmp_
     ft = r["fine_tuning"]
     assert (ft["step"], ft["jobs"], ft["most_in_flight"], ft["steps"]) == ("static", 6, 4, 6 * 2)  # 40 rows: 2 steps
     assert ft["steps_per_second"] > 0
+
+
+def test_task_seeds_give_a_task_fewer_seeds_and_reuse_only_the_same_seeds(ckpt, tmp_path, capsys):
+    """`--task-seeds sst2=1` with --seeds 2 (the GPU suite's trim of its longest task): SST-2 trains seed 0 alone,
+    CoLA both seeds, glue.json names the trimmed task's seeds; the same command again reuses both tasks; sst2=2 then
+    retrains SST-2 (other seeds than the finished entry's) and reuses CoLA. Bad values are one UserError line."""
+    from tinyelectra.errors import UserError
+    from tinyelectra.glue import parse_task_seeds
+
+    glue_dir = write_sst2_like(tmp_path / "glue", train_rows=40, dev_rows=20)
+    cola = glue_dir / "CoLA"
+    cola.mkdir()
+    for name in ("train.tsv", "dev.tsv"):  # CoLA's headerless layout: source, label, mark, text
+        lines = (glue_dir / "SST-2" / name).read_text().splitlines()[1:]
+        (cola / name).write_text("".join(f"src\t{ln.split(chr(9))[1]}\t\t{ln.split(chr(9))[0]}\n" for ln in lines))
+
+    def run(spec: str) -> dict:
+        from tinyelectra.glue import glue_command
+
+        paths = glue_command(checkpoint=ckpt, glue_dir=glue_dir, use_hf=False, tasks="cola,sst2", seeds=2,
+                             out_dir=tmp_path / "out", gpu=None, device="cpu", max_train_rows=None,
+                             overrides=["epochs=1", "step=static", "concurrent=3"], command="pytest", task_seeds=spec)
+        return json.loads(paths[0].read_text())
+
+    r = run("sst2=1")
+    assert r["complete"] and r["seeds"] == [0, 1] and r["task_seeds"] == {"sst2": [0]}
+    assert [s["seed"] for s in r["tasks"]["sst2"]["seeds"]] == [0] and [s["seed"] for s in r["tasks"]["cola"]["seeds"]] == [0, 1]
+    assert r["fine_tuning"]["jobs"] == 3 and r["tasks"]["sst2"]["std_paper"] is None  # one seed: no spread
+    capsys.readouterr()
+    again = run("SST-2=1")
+    assert capsys.readouterr().out.count("reusing the results") == 2 and again["tasks"] == r["tasks"]
+    more = run("")
+    out = capsys.readouterr().out
+    assert "ckpt-10000 cola: reusing" in out and "ckpt-10000 sst2: reusing" not in out and "task_seeds" not in more
+    assert [s["seed"] for s in more["tasks"]["sst2"]["seeds"]] == [0, 1] and more["tasks"]["cola"] == r["tasks"]["cola"]
+    assert parse_task_seeds(" sst2=1 , cola=2", ["cola", "sst2"], 2) == {"sst2": 1, "cola": 2}
+    for spec, msg in (("sst2", "expected TASK=N"), ("sst2=x", "expected TASK=N"), ("mnli=1", "not among the tasks run"),
+                      ("sst2=0", "needs 1 to 2 seeds"), ("sst2=3", "needs 1 to 2 seeds"), ("nope=1", "expected TASK=N")):
+        with pytest.raises(UserError, match=msg):
+            parse_task_seeds(spec, ["cola", "sst2"], 2)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 
 import pytest
 from rich.console import Console
@@ -59,3 +60,17 @@ def test_file_logs_are_not_wrapped(tmp_path, capsys):
     assert lines[0].rstrip() == ("· " + long_note).rstrip()
     assert lines[1].startswith("step 10/1,000 | end ") and "12,345 tok/s" in lines[1]
     assert not (tmp_path / "tensorboard").exists() and not (tmp_path / "metrics.jsonl").exists()  # nothing written yet
+
+
+def test_eta_follows_the_recent_speed_not_the_start_up():
+    """The H100 run printed "end 0:17:20" at step 50 of a 217 s budget: 12 s of first-step compiling and graph
+    capture were counted as training speed. With 50 s of start-up then 50 steps a second, 850 steps are 17 s away."""
+    plan = make_plan(parse_budget("1000steps"), load_recipe("tiny"))
+    times = itertools.chain([0.0, 50.0, 51.0, 52.0], itertools.repeat(53.0))  # the start, then per update
+    progress = Progress(plan, 0, main=True, clock=times.__next__, console=Console(file=io.StringIO(), width=110))
+    for step in (50, 100, 150):
+        progress.update(step, RECORD)
+    rate_since_start = 150 / 53.0  # what the old ETA used: 2.8 steps/s, 5 minutes for the last 850 steps
+    assert (plan.total_steps - 150) / rate_since_start > 290
+    eta = progress._eta(150)
+    assert eta.startswith("end 0:00:17"), eta  # 850 steps at (150 - 50) / (52 - 50) = 50 steps/s

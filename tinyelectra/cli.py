@@ -240,6 +240,9 @@ def glue(
         "only these run."),
     tasks: str = typer.Option("all", "--tasks", metavar="TASKS", help="Comma-separated tasks, or 'all' (those with data)."),
     seeds: int = typer.Option(3, "--seeds", metavar="N", help="Fine-tuning seeds per task; medians are reported."),
+    task_seeds: Optional[str] = typer.Option(
+        None, "--task-seeds", metavar="TASK=N,...", help="Fewer seeds for some tasks: their first N of --seeds (a plan cut "
+        "to fit a time limit); glue.json records them."),
     out: Optional[Path] = typer.Option(None, "--out", metavar="DIR", help="Where OUT/<checkpoint>/glue.json goes (default: RUN/glue for a run or its checkpoints, else CHECKPOINT/glue)."),
     gpu: Optional[int] = typer.Option(None, "--gpu", metavar="INDEX", help="CUDA device index."),
     device: Optional[str] = typer.Option(None, "--device", metavar="DEVICE", help="'cpu' (or a torch device string)."),
@@ -268,7 +271,7 @@ def glue(
     glue_command(
         checkpoint=checkpoint, glue_dir=glue_dir, use_hf=hf, tasks=tasks, seeds=seeds, out_dir=out, gpu=gpu,
         device=device, max_train_rows=max_train_rows, overrides=list(set_ or []), command=_command_line(),
-        task_files=list(task_file or []), config=config, skip_bad_labels=skip_bad_labels,
+        task_files=list(task_file or []), config=config, skip_bad_labels=skip_bad_labels, task_seeds=task_seeds,
     )
 
 

@@ -309,7 +309,8 @@ class CheckpointRun:
 
     def __init__(self, ref: CheckpointRef, data: dict[str, TaskData], fc: FinetuneConfig, seeds: list[int], out_dir: Path,
                  device, precision: str, precision_reason: str, mode: tuple[str, str, int], max_train_rows: int | None,
-                 skipped: dict[str, str], command: str, console, encoded_cache: dict) -> None:
+                 skipped: dict[str, str], command: str, console, encoded_cache: dict,
+                 task_seeds: dict[str, list[int]] | None = None) -> None:
         import torch
 
         from tinyelectra.hf import load_backbone
@@ -317,6 +318,7 @@ class CheckpointRun:
 
         self.ref, self.data, self.fc, self.seeds, self.out_dir, self.device = ref, data, fc, seeds, out_dir, device
         self.precision, self.console = precision, console
+        self.task_seeds = {task: (task_seeds or {}).get(task, seeds) for task in data}  # a task's seeds (--task-seeds)
         self.backbone = load_backbone(ref.path)
         if self.backbone.tokenizer_dir is None:
             raise UserError(f"{ref.path}: no tokenizer files beside the weights (tokenizer/ or tokenizer.json / vocab.txt); "
@@ -333,7 +335,9 @@ class CheckpointRun:
             "meta": checkpoint_meta(ref),
             "model": {"hidden_size": cfg.hidden_size, "num_layers": cfg.num_layers, "embedding_size": cfg.embedding_size,
                       "vocab_size": cfg.vocab_size, "size": size_defaults(cfg.hidden_size)[0]},
-            "seeds": seeds, "tasks": {}, "averages": {}, "skipped_tasks": dict(skipped), "data": {},
+            "seeds": seeds, **({"task_seeds": {t: v for t, v in self.task_seeds.items() if v != seeds}}
+                               if any(v != seeds for v in self.task_seeds.values()) else {}),
+            "tasks": {}, "averages": {}, "skipped_tasks": dict(skipped), "data": {},
             "protocol": protocol_dict(fc, cfg.hidden_size, list(data), max_train_rows, mode),
             "device": device_name(device, threads=True), "precision": precision,
             "precision_reason": precision_reason, "torch": torch.__version__, "threads": torch.get_num_threads(),
@@ -350,20 +354,21 @@ class CheckpointRun:
         self.encoded_cache = encoded_cache
         for task in data:
             described = self.described[task]
-            if task in previous and previous[task][1] == described:  # same rows from the same files
+            same_seeds = task in previous and [r["seed"] for r in previous[task][0].get("seeds", [])] == self.task_seeds[task]
+            if task in previous and previous[task][1] == described and same_seeds:  # same rows, files and seeds
                 console.print(f"[dim]{ref.name} {task}: reusing the results in {self.target} (same checkpoint, protocol and seeds)[/]")
                 self.result["tasks"][task], self.result["data"][task] = previous[task][0], described
                 continue
             finished = {}  # seed -> its record, kept from an interrupted run of the same task on the same rows
             if task in previous_seeds and previous_seeds[task]["data"] == described:
-                finished = {r["seed"]: r for r in previous_seeds[task]["seeds"] if r["seed"] in seeds}
+                finished = {r["seed"]: r for r in previous_seeds[task]["seeds"] if r["seed"] in self.task_seeds[task]}
                 if data[task].test:  # a reused seed's test predictions are needed if it is the median one
                     finished = {k: r for k, r in finished.items() if _seed_outputs_path(self.target, task, k).is_file()}
                 if finished:
                     console.print(f"[dim]{ref.name} {task}: reusing {len(finished)} finished seed(s) from {self.target}[/]")
             self.records[task] = dict(finished)
             self.test_outputs[task] = {k: _load_seed_outputs(self.target, task, k, len(data[task].test)) for k in finished}
-            self.todo[task] = [k for k in seeds if k not in finished]
+            self.todo[task] = [k for k in self.task_seeds[task] if k not in finished]
 
     def encoded(self, task: str) -> EncodedTask:
         key = (self.tokenizer.fingerprint(), self.fc.max_length, task)
@@ -397,16 +402,17 @@ class CheckpointRun:
         self.test_outputs[task][seed] = outputs
         if data.test:
             _save_seed_outputs(self.target, task, seed, outputs)
-        in_order = [self.records[task][k] for k in self.seeds if k in self.records[task]]
+        in_order = [self.records[task][k] for k in self.task_seeds[task] if k in self.records[task]]
         self.result.setdefault("partial", {})[task] = {"seeds": in_order, "data": self.described[task]}
         write_json(self.target, self.result, "GLUE results")
-        if len(self.records[task]) == len(self.seeds):
+        if len(self.records[task]) == len(self.task_seeds[task]):
             self.task_done(task)
 
     def task_done(self, task: str) -> None:
         enc, data, fc = self.encoded(task), self.data[task], self.fc
         per_epoch, steps = plan_steps(len(enc.train), fc.batch_size, fc.task_epochs(task))
-        seed_results = [self.records[task][k] for k in self.seeds]
+        seeds = self.task_seeds[task]
+        seed_results = [self.records[task][k] for k in seeds]
         entry = {"epochs": fc.task_epochs(task), "train_rows": len(enc.train), "steps_per_epoch": per_epoch,
                  "steps": steps, "peak_lr": fc.peak_lr(self.backbone.config.hidden_size),
                  "truncated_train_rows": enc.train.truncated, "seeds": seed_results, **summarize_task(task, seed_results),
@@ -415,18 +421,18 @@ class CheckpointRun:
             chosen = median_seed_index([s["paper_score"] for s in seed_results])
             sub_dir = self.out_dir / self.ref.name / "submission"
             files = [str(write_submission(sub_dir, split, outputs))
-                     for split, outputs in zip(data.test, self.test_outputs[task][self.seeds[chosen]])]
-            entry["test_predictions"] = {"seed": self.seeds[chosen], "files": files}
+                     for split, outputs in zip(data.test, self.test_outputs[task][seeds[chosen]])]
+            entry["test_predictions"] = {"seed": seeds[chosen], "files": files}
         self.result["tasks"][task], self.result["data"][task] = entry, self.described[task]
         self.result["averages"] = task_averages(self.result["tasks"])
         (self.result.get("partial") or {}).pop(task, None)
         if not self.result.get("partial"):
             self.result.pop("partial", None)
         write_json(self.target, self.result, "GLUE results")  # after every task: a long run keeps what it finished
-        for seed in self.seeds:
+        for seed in seeds:
             _seed_outputs_path(self.target, task, seed).unlink(missing_ok=True)
         with contextlib.suppress(OSError):  # the folder of unfinished tasks' outputs, once empty
-            _seed_outputs_path(self.target, task, self.seeds[0]).parent.rmdir()
+            _seed_outputs_path(self.target, task, seeds[0]).parent.rmdir()
         self.test_outputs.pop(task, None)
         self.console.print(_task_line(self.ref.name, task, entry))
         if self.ref.run_dir is not None and self.result["meta"].get("step") is not None:
@@ -434,7 +440,7 @@ class CheckpointRun:
 
     def finish(self, fine_tuning: dict[str, Any]) -> dict[str, Any]:
         for task in self.todo:  # every seed reused from an interrupted run: the task's entry is written now
-            if task not in self.result["tasks"] and len(self.records[task]) == len(self.seeds):
+            if task not in self.result["tasks"] and len(self.records[task]) == len(self.task_seeds[task]):
                 self.task_done(task)
         self.result["averages"] = task_averages(self.result["tasks"])
         self.result["seconds_total"] = time.perf_counter() - self.started
@@ -580,9 +586,10 @@ def majority_class_baseline(data: TaskData) -> dict[str, Any] | None:
 def glue_command(checkpoint: Path, glue_dir: Path | None, use_hf: bool, tasks: str, seeds: int, out_dir: Path | None,
                  gpu: int | None, device: str | None, max_train_rows: int | None, overrides: list[str],
                  command: str, task_files: list[Path] | None = None, config: Path | None = None,
-                 skip_bad_labels: bool = False) -> list[Path]:
+                 skip_bad_labels: bool = False, task_seeds: str | None = None) -> list[Path]:
     """`tinyelectra glue`: fine-tune every selected checkpoint on every selected task (GLUE's, and those of
-    --task-file); returns the glue.json paths."""
+    --task-file); returns the glue.json paths. `task_seeds` ("sst2=2,stsb=1"): fewer seeds for those tasks, the first
+    N of the --seeds."""
     from tinyelectra.runtime import configure_matmul, device_name, guard_cudnn_sdpa, pick_device, pick_precision
 
     console = make_console(stderr=False)
@@ -592,6 +599,7 @@ def glue_command(checkpoint: Path, glue_dir: Path | None, use_hf: bool, tasks: s
     refs = find_checkpoints(checkpoint)
     custom = [load_task_file(f).name for f in task_files or []]
     task_names, skipped = choose_tasks(tasks, glue_dir, use_hf, custom)
+    fewer = parse_task_seeds(task_seeds, task_names, seeds)  # before any data is read
     dev = pick_device(gpu, device)
     precision, reason = pick_precision(fc.precision, dev)
     configure_matmul(precision, dev)
@@ -611,6 +619,7 @@ def glue_command(checkpoint: Path, glue_dir: Path | None, use_hf: bool, tasks: s
             if s.malformed:
                 console.print(s.summary())
     seed_list = list(range(fc.seed, fc.seed + seeds))
+    per_task = {task: seed_list[:n] for task, n in fewer.items()}
     mode, why = step_mode(fc, dev, precision)
     concurrent = concurrency(fc, mode)
     console.print(f"fine-tuning {len(refs)} checkpoint(s) x {len(task_names)} task(s) ({', '.join(task_names)}) x "
@@ -623,7 +632,8 @@ def glue_command(checkpoint: Path, glue_dir: Path | None, use_hf: bool, tasks: s
         try:
             for ref in refs:
                 runs.append(CheckpointRun(ref, data, fc, seed_list, Path(out_dir), dev, precision, reason,
-                                          (mode, why, concurrent), max_train_rows, skipped, command, console, cache))
+                                          (mode, why, concurrent), max_train_rows, skipped, command, console, cache,
+                                          per_task))
             fine_tuning = _run_all(runs, fc, dev, precision, mode, concurrent, console)
         except Interrupted as e:
             for ref in refs:
@@ -638,6 +648,23 @@ def glue_command(checkpoint: Path, glue_dir: Path | None, use_hf: bool, tasks: s
             console.print(f"wrote {run.target}")
             written.append(run.target)
     return written
+
+
+def parse_task_seeds(spec: str | None, tasks: list[str], seeds: int) -> dict[str, int]:
+    """`--task-seeds sst2=2,stsb=1` -> {task: seeds}: each a task being run, with 1 to --seeds seeds."""
+    out: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in (spec or "").split(","))):
+        name, _, n = part.partition("=")
+        try:
+            task, count = get_task(name.strip()).name, int(n)
+        except (UserError, ValueError):
+            raise UserError(f"--task-seeds {spec}: expected TASK=N[,TASK=N] with a task and a whole number, got {part!r}") from None
+        if task not in tasks:
+            raise UserError(f"--task-seeds {spec}: {task} is not among the tasks run ({', '.join(tasks)})")
+        if not 1 <= count <= seeds:
+            raise UserError(f"--task-seeds {spec}: {task} needs 1 to {seeds} seeds (--seeds {seeds}), got {count}")
+        out[task] = count
+    return out
 
 
 def _run_all(runs: list[CheckpointRun], fc: FinetuneConfig, device, precision: str, mode: str, concurrent: int,
@@ -668,7 +695,7 @@ def _run_all(runs: list[CheckpointRun], fc: FinetuneConfig, device, precision: s
         def maker(run: CheckpointRun, task: str, seed: int):
             def make(stream) -> FinetuneJob:
                 enc, steps, bar = run.encoded(task), run.steps(task), bars[(run, task)]
-                lines = _PlainProgress(console, f"{run.ref.name} {task} seed {run.seeds.index(seed) + 1}/{len(run.seeds)}",
+                lines = _PlainProgress(console, f"{run.ref.name} {task} seed {run.task_seeds[task].index(seed) + 1}/{len(run.task_seeds[task])}",
                                        steps, clock)
                 shown = [0]  # this job's steps on its task's bar so far
 

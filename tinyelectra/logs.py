@@ -10,6 +10,7 @@ import json
 import math
 import statistics
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
@@ -158,8 +159,11 @@ class _TwoLines(RichProgress):
 class Progress:
     """The step counter, a bar and the ETAs on one short line that fits an 80-column terminal, the losses,
     accuracies, lr and speed on the line below (wrapped, never cut). Before a time budget's speed is measured the
-    total is unknown and shown as such ("12/?"), never as a placeholder number. When stderr is not a terminal
-    (CI logs), one plain line per log step instead."""
+    total is unknown and shown as such ("12/?"), never as a placeholder number. The ETAs use the speed of the last
+    few log steps, so start-up (the first compiled steps, CUDA-graph capture) and checkpoint pauses do not stretch
+    them. When stderr is not a terminal (CI logs), one plain line per log step instead."""
+
+    RATE_WINDOW_LOG_STEPS = 8
 
     def __init__(self, plan: Plan, step: int, main: bool, clock: Callable[[], float] = time.perf_counter,
                  console=None) -> None:
@@ -167,6 +171,7 @@ class Progress:
         self.console = console if console is not None else make_console()
         self.live = main and self.console.is_terminal
         self.step0 = self.step = step
+        self.marks: deque[tuple[float, int]] = deque(maxlen=self.RATE_WINDOW_LOG_STEPS + 1)  # (clock, step) per update
         if main:
             self.bar = _TwoLines(TextColumn("[bold]train[/] {task.fields[counter]}"), BarColumn(bar_width=None),
                                 TextColumn("{task.fields[eta]}"), console=self.console, transient=False, expand=True)
@@ -182,7 +187,12 @@ class Progress:
     def _eta(self, step: int) -> str:
         if self.plan.total_steps is None:
             return "measuring the speed"
-        rate = (step - self.step0) / max(self.clock() - self.t0, 1e-9)
+        if len(self.marks) >= 2:  # the steps per second over the last log steps
+            (t_first, s_first), (t_last, s_last) = self.marks[0], self.marks[-1]
+            rate = (s_last - s_first) / max(t_last - t_first, 1e-9)
+        else:  # one log step so far: its speed since the start
+            now = self.marks[-1][0] if self.marks else self.clock()
+            rate = (step - self.step0) / max(now - self.t0, 1e-9)
         upcoming = [s for s in self.plan.checkpoint_steps.values() if s > step]
         eta_ckpt = (min(upcoming) - step) / rate if upcoming and rate > 0 else None
         eta_end = (self.plan.total_steps - step) / rate if rate > 0 else float("inf")
@@ -198,6 +208,7 @@ class Progress:
         if not self.main:
             return
         self.step = step
+        self.marks.append((self.clock(), step))
         parts = [f"loss g {rec['gen_loss']:.3f}"]
         if "disc_loss" in rec:
             parts.append(f"d {rec['disc_loss']:.4f}")
