@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from tinyelectra.config import load_recipe
 from tinyelectra.errors import UserError
@@ -89,51 +88,21 @@ def test_the_papers_recipes_keep_one_rate():
 
 # ---------------------------------------------------------------------------------------------------- the plateau, in CI
 OPT_IN = ["optim.lr=3e-4"]  # what the tiny recipe's deviations name for a discriminator that learns context
-STEPS = 2000  # the bound; measured escapes of this configuration: see the test's docstring
-BATCH = 32  # rows of 32 tokens a step (tiny's 16 rows of 128 carry twice the tokens; 16 rows of 32 left later and less
-# reliably: benchmarks/results/plateau_cpu.md)
+STEPS = 2500  # the bound: measured escapes of this configuration at 1,000-1,700 steps (the test's docstring)
+BATCH = 32  # rows of 32 tokens a step (tiny's 16 rows of 128 carry twice the tokens); with 16 rows the escape came
+# later and less reliably (1,700, 2,400, not within 2,500: benchmarks/results/plateau_cpu.md)
 LEFT_AT = 0.7  # matched AUC; at the prior, every run of the ablation measured 0.45-0.59, after the escape 0.8-0.9
-WARMUP = 100
-EVAL_EVERY = 100
-
-
-def grammar_curve(overrides: list[str], steps: int = STEPS, data: str = "grammar0", seed: int = 0) -> dict[int, float]:
-    """Replaced-token detection alone, as benchmarks/plateau.py runs it: tinyelectra's Electra (discriminator alone)
-    from the tiny recipe's model section (the grammar's vocabulary), its optimizer exactly as the recipe with
-    `overrides` builds it (build_optimizer: the paper's Adam, its rate, eps, decay, clipping), a 100-step warm-up then
-    the peak rate, BATCH rows of 32 tokens of the benchmark's grammar with unigram draws at 15% of the positions. The
-    held-out AUC matched by token id every EVAL_EVERY steps, until it reaches LEFT_AT or `steps` run out."""
-    recipe = load_recipe("tiny", overrides)
-    src = plateau.Source(data, None, batch_size=BATCH, seq_len=32, eval_rows=128, seed=seed)
-    torch.manual_seed(seed)
-    model = plateau.TinyElectraDisc(dataclasses.replace(recipe.model, vocab_size=src.vocab_size)).train()
-    opt = build_optimizer(model.m, recipe.optim, "cpu")
-    g = torch.Generator().manual_seed(seed + 1)
-    curve = {0: plateau.evaluate(model, src)["auc_matched"]}
-    for step in range(steps):
-        b = src.train_batch()
-        fake, labels = plateau.corrupt(b, src.special, src.unigram, g)
-        opt.set_lr(recipe.optim.lr * min(1.0, (step + 1) / WARMUP))
-        loss = F.binary_cross_entropy_with_logits(model(fake, b.token_type_ids, b.attention_mask), labels)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.optim.clip_norm)
-        opt.step()
-        if (step + 1) % EVAL_EVERY == 0:
-            curve[step + 1] = plateau.evaluate(model, src)["auc_matched"]
-            if curve[step + 1] >= LEFT_AT:
-                break
-    return curve
-
-
 @pytest.mark.slow
 def test_tiny_discriminator_with_the_opt_in_leaves_the_prior_on_a_grammar():
     """The tiny recipe's discriminator, with the opt-in its deviations name, leaves its all-"original" prior on the
     generated grammar within STEPS steps: its held-out AUC matched by token id (0.5 = no context) reaches LEFT_AT.
 
-    The bound, from benchmarks/results/plateau_cpu.md (16 rows of 32, the paper's Adam at 3e-4, 100-step warm-up):
-    (ESCAPES). Without the opt-in (tiny's 3e-3) the same discriminator stays at its prior for 2,000 steps (0.48-0.52
-    along the run), and so does every arm of the ablation at that rate; this test then fails."""
-    curve = grammar_curve(OPT_IN)
+    The bound, from benchmarks/results/plateau_cpu.md (32 rows of 32, the paper's Adam at 3e-4, 100-step warm-up):
+    the benchmark's ELECTRA end left the prior at step 1,000, 1,300 and 1,000 on grammar0, 1 and 2; this test's own
+    configuration (tinyelectra's Electra, grammar0) at 1,700 (0.840; 0.621 at 1,600) with seed 0, SEED1 with seed 1.
+    Without the opt-in (tiny's 3e-3) the same discriminator stays at its prior: NOOPT here, 0.48-0.52 along 2,000
+    steps in the benchmark, as every arm of the ablation at that rate; this test then fails. It takes 2-3 minutes on
+    one loaded core: the plateau is that long even at the best rate measured."""
+    curve = plateau.tiny_curve(OPT_IN, STEPS, BATCH, LEFT_AT)
     last = max(curve)
     assert curve[last] >= LEFT_AT, f"matched AUC by step: {curve} ({OPT_IN})"
