@@ -964,17 +964,17 @@ said; "left at" is the first evaluated step from which the run stays >= 0.6 (tab
 
 1. **Not a defect.** tinyelectra's `Electra` and transformers' `ElectraForPreTraining` compute the same logits and
    the same gradients on identical weights (max relative gradient difference 5e-7 over 71 tensors,
-   plateau_check_cpu.json), and both sit at the prior (0.51 and 0.52 at best over 600 steps), as does this file's
+   plateau_check_cpu.json), and both sit at the prior (0.535 and 0.516 at best over 2,000 steps), as does this file's
    ELECTRA end (0.508 at best over 2,000 steps). The plain end equals `torch.nn.TransformerEncoder` (0.0 apart) and
    leaves the prior at step 200 (0.883 at 600).
 2. **No single choice of ELECTRA's makes the plateau; three together do, and reverting any one of those three ends
    it.** Each of ELECTRA's seven choices added alone to the plain encoder leaves it learning by step 200-300 (0.87-0.92
    at 600). From ELECTRA's side, PyTorch's initialisation instead of N(0, 0.02) leaves at 900, pre-LN instead of
-   post-LN at 800, ReLU instead of GELU at 600 (0.91-0.92 at 2,000); reverting the two-layer head does not (0.525 at
-   best over 2,000), nor, within 600 steps, the factorised embedding, the embedding LayerNorm, the token types or
-   dropout. At initialisation ELECTRA's layers get 10-30x smaller gradients than the plain encoder's (attention RMS
-   1.0e-4 against 1.6e-3, feed-forward 8e-5 against 2.2e-3, plateau_check_cpu.json): Adam takes steps of the
-   learning rate's size whatever the gradient, so in a small batch those steps mostly follow noise.
+   post-LN at 800, ReLU instead of GELU at 600 (0.89-0.92 at 2,000); reverting the two-layer head, the factorised
+   embedding, the embedding LayerNorm, the token types or dropout does not (0.50-0.53 at best over 2,000). At
+   initialisation ELECTRA's layers get 6-30x smaller gradients than the plain encoder's (attention RMS 1.0e-4 against
+   1.6e-3, feed-forward 8e-5 against 2.2e-3, plateau_check_cpu.json): Adam takes steps of the learning rate's size
+   whatever the gradient, so in a small batch those steps mostly follow noise (a reading, not a measurement).
 3. **The learning rate decides whether the plateau ends.** ELECTRA leaves it at AdamW 1e-4 (step 1,800) and 3e-4
    (1,000), not at 1e-3 (0.508 at best over 2,000), and not at tiny's optimizer (the paper's Adam, eps 1e-6, peak 3e-3:
    0.522). At tiny's optimizer not one of the reverts above helps (PyTorch's init, ReLU, pre-LN, init + ReLU, ReLU +
