@@ -10,6 +10,7 @@ fool them), the raw AUCs and discriminator accuracy beside its all-"original" pr
 - `lrX`: peak learning rate X, warm-up by today's rule (budget.warmup_for: the paper's Adam warms up for at least
   min(1 / (1 - beta2), half the run) steps);
 - `lrX-warmupN`: peak X, warm-up N% of the run's steps instead (budget.warmup_for replaced for that arm);
+- any of these with `-discS`: the discriminator's encoder and head at S times the rate (optim.disc_lr_scale = S);
 - any of these with `-seedN`: the same with train.seed = N (the recipe's is 0).
 
 Threads are pinned (`--threads`, default 1, also exported as OMP_NUM_THREADS): unpinned beside other work a trainer
@@ -41,7 +42,8 @@ from common import RESULTS, ROOT, command_line, run_main, write_result  # noqa: 
 from tinyelectra import budget  # noqa: E402
 from tinyelectra.errors import UserError  # noqa: E402
 
-ARM = re.compile(r"(recipe|lr(?P<lr>\d+(\.\d+)?e-\d+)(-warmup(?P<percent>\d+))?)(-seed(?P<seed>\d+))?")
+ARM = re.compile(r"(recipe|lr(?P<lr>\d+(\.\d+)?e-\d+)(-warmup(?P<percent>\d+))?)(-disc(?P<disc>\d+(\.\d+)?))?"
+                 r"(-seed(?P<seed>\d+))?")
 EVAL_KEYS = ("gen_acc", "unigram_acc", "gen_loss", "disc_auc_matched", "disc_auc_context_matched", "disc_auc",
              "disc_auc_context", "disc_acc", "baseline_acc", "disc_recall", "learned")
 
@@ -51,8 +53,9 @@ def arm_settings(name: str) -> tuple[list[str], float | None]:
     m = ARM.fullmatch(name)
     if m is None:
         raise UserError(f"arm {name!r}: expected recipe, lrX (e.g. lr2e-3) or lrX-warmupN (N% of the run), "
-                        "each optionally followed by -seedN")
-    overrides = ([f"optim.lr={m['lr']}"] if m["lr"] else []) + ([f"train.seed={m['seed']}"] if m["seed"] else [])
+                        "each optionally followed by -discS (optim.disc_lr_scale) and -seedN")
+    overrides = ([f"optim.lr={m['lr']}"] if m["lr"] else []) + ([f"train.seed={m['seed']}"] if m["seed"] else []) \
+        + ([f"optim.disc_lr_scale={m['disc']}"] if m["disc"] else [])
     return overrides, (int(m["percent"]) / 100 if m["percent"] is not None else None)
 
 
@@ -101,7 +104,8 @@ def arm_facts(run_dir: Path) -> dict:
             e = rec["eval"]
             checkpoints.append({"name": rec["name"], "step": rec["step"], "gen_over_unigram": e["gen_acc"] / e["unigram_acc"],
                                 "disc_gain": e["disc_acc"] - e["baseline_acc"], **{k: e.get(k) for k in EVAL_KEYS}})
-    return {"lr": recipe["optim"]["lr"], "optimizer": recipe["optim"]["name"], "steps": summary["steps"],
+    return {"lr": recipe["optim"]["lr"], "disc_lr_scale": recipe["optim"].get("disc_lr_scale", 1.0),
+            "optimizer": recipe["optim"]["name"], "steps": summary["steps"],
             "warmup_steps": plan["warmup_steps"], "seed": recipe["train"]["seed"], "train_seconds": summary["train_seconds"],
             "tokens_per_second": summary["tokens_seen"] / summary["train_seconds"], "checkpoints": checkpoints}
 
@@ -114,12 +118,12 @@ def render(doc: dict) -> str:
              "Generator: held-out accuracy at the masked slots, and its ratio to always answering the most frequent "
              "word. Matched AUCs: replaced vs original occurrences of the same token id (0.5 = no context), on the "
              "generator's fakes and on unigram draws. Raw AUCs and accuracy over the prior: word frequency counts.", "",
-             "| arm | peak lr | warm-up | seed | step | gen. acc (unigram) | gen / unigram | matched AUC | matched context AUC "
+             "| arm | peak lr | disc. lr scale | warm-up | seed | step | gen. acc (unigram) | gen / unigram | matched AUC | matched context AUC "
              "| raw AUC | raw context AUC | disc. acc − prior | tokens/s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, a in doc["arms"].items():
         for c in a["checkpoints"]:
-            lines.append(f"| {name} | {a['lr']:g} | {a['warmup_steps']} | {a['seed']} | {c['step']} | {c['gen_acc']:.3f} "
+            lines.append(f"| {name} | {a['lr']:g} | {a.get('disc_lr_scale', 1.0):g} | {a['warmup_steps']} | {a['seed']} | {c['step']} | {c['gen_acc']:.3f} "
                          f"({c['unigram_acc']:.3f}) | {c['gen_over_unigram']:.2f} | {c['disc_auc_matched']:.3f} | "
                          f"{c['disc_auc_context_matched']:.3f} | {c['disc_auc']:.3f} | {c['disc_auc_context']:.3f} | "
                          f"{c['disc_gain']:+.4f} | {a['tokens_per_second']:,.0f} |")
