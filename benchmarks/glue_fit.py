@@ -108,13 +108,13 @@ def fit(steps_per_seed: dict[str, int], seeds: int, checkpoints: int, available_
     dropped absent), the cap on jobs in flight, the modeled seconds and each task's end; what was trimmed against the
     whole plan, and the plans tried. `fits` is False when not even one seed of the shortest task fits."""
     budget = available_s * margin
-    tried, plan, kept = [], None, {}
+    tried, plan, kept, full = [], None, {}, None
     for kept in trimmed_plans(steps_per_seed, seeds):
         plan = best_schedule(jobs_in_order(steps_per_seed, kept, checkpoints), table)
+        full = full or plan  # trimmed_plans yields the whole plan first
         tried.append({"seeds": kept, "seconds": round(plan["seconds"], 1), "concurrent": plan["concurrent"]})
         if plan["seconds"] <= budget:
             break
-    full = best_schedule(jobs_in_order(steps_per_seed, {t: seeds for t in steps_per_seed}, checkpoints), table)
     fits = plan is not None and plan["seconds"] <= budget
     trims = [f"{t} dropped" if t not in kept else f"{t} {kept[t]} seed{'s' if kept[t] > 1 else ''} of {seeds}"
              for t in sorted(steps_per_seed, key=lambda t: -steps_per_seed[t]) if kept.get(t) != seeds] if fits else []

@@ -60,7 +60,9 @@ from torch import Tensor, nn  # noqa: E402
 from tinyelectra.config import ModelConfig, ObjectiveConfig  # noqa: E402
 from tinyelectra.electra import SpecialIds, mask_batch  # noqa: E402
 from tinyelectra.errors import UserError  # noqa: E402
+from tinyelectra.files import write_json  # noqa: E402
 from tinyelectra.metrics import roc_auc  # noqa: E402
+from tinyelectra.optim import TorchAdamW  # noqa: E402
 
 RESULTS = BENCH / "results"
 RUNS = RESULTS / "plateau_cpu"  # one file per (data, arm)
@@ -464,15 +466,7 @@ def optimizer(model: nn.Module, s: Spec) -> torch.optim.Optimizer:
         groups = [g for g in split if g["params"]]
     if s.opt == "paper":
         return PaperAdam(groups, lr=s.lr, betas=(0.9, 0.999), eps=s.eps, weight_decay=s.wd)
-    return torch.optim.AdamW(groups, lr=s.lr, eps=s.eps, weight_decay=s.wd)
-
-
-def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
-    if hasattr(opt, "set_lr"):
-        opt.set_lr(lr)  # PaperAdam: lr x each group's lr_scale
-    else:
-        for g in opt.param_groups:
-            g["lr"] = lr * g.get("lr_scale", 1.0)
+    return TorchAdamW(groups, lr=s.lr, eps=s.eps, weight_decay=s.wd)  # torch's AdamW; set_lr: lr x each group's lr_scale
 
 
 # ---------------------------------------------------------------------------------------------------- one run
@@ -561,7 +555,7 @@ def train_one(args, arm: str, data: str) -> dict:
             save_weights(model, key, arm, step)
         b = src.train_batch()
         fake, lab = corrupt(b, src.special, src.unigram, g_train)
-        set_lr(opt, s.lr * min(1.0, (step + 1) / s.warmup) if s.warmup else s.lr)
+        opt.set_lr(s.lr * min(1.0, (step + 1) / s.warmup) if s.warmup else s.lr)
         w = b.attention_mask.float()
         logits = model(fake, b.token_type_ids, b.attention_mask).float()
         loss = (F.binary_cross_entropy_with_logits(logits, lab, reduction="none") * w).sum() / w.sum()
@@ -580,13 +574,6 @@ def save_weights(model: nn.Module, data: str, arm: str, step: int) -> None:
     path = WEIGHTS / "weights" / f"{data}__{arm.replace(':', '_')}__{step}.pt"
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(model.state_dict(), path)
-
-
-def write_json(path: Path, doc: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".json.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    os.replace(tmp, path)
 
 
 def run_all(args) -> None:

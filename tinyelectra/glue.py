@@ -316,7 +316,7 @@ class CheckpointRun:
         from tinyelectra.hf import load_backbone
         from tinyelectra.runtime import device_name
 
-        self.ref, self.data, self.fc, self.seeds, self.out_dir, self.device = ref, data, fc, seeds, out_dir, device
+        self.ref, self.data, self.fc, self.out_dir, self.device = ref, data, fc, out_dir, device
         self.precision, self.console = precision, console
         self.task_seeds = {task: (task_seeds or {}).get(task, seeds) for task in data}  # a task's seeds (--task-seeds)
         self.backbone = load_backbone(ref.path)
