@@ -60,13 +60,18 @@ class Block(nn.Module):
         self.dropout_p = cfg.dropout
         self.attention_dropout_p = cfg.attention_dropout
 
-    def forward(self, x: Tensor, attn_mask: Tensor | None) -> Tensor:
+    def forward(self, x: Tensor, attn_mask: Tensor | None, cu_seqlens: Tensor | None = None) -> Tensor:
+        """`attn_mask` (B, 1, 1, T) bool or None; or `cu_seqlens` (`row_segments`): the rows' lengths instead."""
         B, T, H = x.shape
         nh = self.num_heads
-        q, k, v = self.qkv(x).view(B, T, 3, nh, H // nh).permute(2, 0, 3, 1, 4)  # each (B, nh, T, hd)
         p_attn = self.attention_dropout_p if self.training else 0.0
-        a = _attention(q, k, v, attn_mask, p_attn)  # (B, nh, T, hd)
-        a = a.transpose(1, 2).reshape(B, T, H)
+        if cu_seqlens is not None:  # the tokens of all rows as one packed sequence (B*T, nh, hd), no transposes
+            q, k, v = self.qkv(x).view(B * T, 3, nh, H // nh).unbind(1)
+            a = varlen_attention(q, k, v, cu_seqlens, T, p_attn).view(B, T, H)
+        else:
+            q, k, v = self.qkv(x).view(B, T, 3, nh, H // nh).permute(2, 0, 3, 1, 4)  # each (B, nh, T, hd)
+            a = _attention(q, k, v, attn_mask, p_attn)  # (B, nh, T, hd)
+            a = a.transpose(1, 2).reshape(B, T, H)
         p = self.dropout_p if self.training else 0.0
         x = self.norm1(x + dropout(self.attn_out(a), p, self.training))
         h = F.gelu(self.ffn_in(x))  # exact (erf) GELU, as BERT/ELECTRA and transformers' "gelu"
@@ -83,15 +88,20 @@ class Encoder(nn.Module):
         self.project = Linear(E, H) if E != H else None
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
         self.grad_checkpointing = False
+        self.attention = "mask"  # train.attention: "mask" | "varlen" (padded rows by their lengths: `row_segments`)
 
     def forward(self, embedded: Tensor, attention_mask: Tensor | None) -> Tensor:
         x = self.project(embedded) if self.project is not None else embedded  # (B, T, H)
-        attn_mask = None if attention_mask is None else attention_mask[:, None, None, :]  # (B, 1, 1, T) True = attend
+        attn_mask = cu_seqlens = None
+        if attention_mask is not None and self.attention == "varlen":
+            cu_seqlens = row_segments(attention_mask)
+        elif attention_mask is not None:
+            attn_mask = attention_mask[:, None, None, :]  # (B, 1, 1, T) True = attend
         for layer in self.layers:
             if self.grad_checkpointing and self.training:
-                x = checkpoint(layer, x, attn_mask, use_reentrant=False)
+                x = checkpoint(layer, x, attn_mask, cu_seqlens, use_reentrant=False)
             else:
-                x = layer(x, attn_mask)
+                x = layer(x, attn_mask, cu_seqlens)
         return x
 
 
@@ -164,6 +174,14 @@ class Electra(nn.Module):
     def set_grad_checkpointing(self, enabled: bool) -> None:
         for enc in {id(e): e for e in (self.discriminator, self.generator) if e is not None}.values():
             enc.grad_checkpointing = enabled
+
+    def set_attention(self, kind: str) -> None:
+        """train.attention: "mask" (a boolean padding mask to SDPA) or "varlen" (padded batches by their rows' lengths:
+        `varlen_attention`). The same mathematics for every real token; a choice of kernels, not of weights."""
+        if kind not in ATTENTION_KINDS:
+            raise UserError(f"train.attention {kind!r}: use {' or '.join(ATTENTION_KINDS)}")
+        for enc in {id(e): e for e in (self.discriminator, self.generator) if e is not None}.values():
+            enc.attention = kind
 
     def generator_logits(self, input_ids: Tensor, token_type_ids: Tensor, attention_mask: Tensor | None,
                          positions: Tensor) -> Tensor:
@@ -243,6 +261,42 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, dropou
         scores = torch.baddbmm(bias, q3, k3.transpose(1, 2), alpha=hd**-0.5)  # (B*nh, T, T)
     probs = dropout(scores.softmax(-1), dropout_p, True)
     return torch.bmm(probs, v3).view(B, nh, T, hd)
+
+
+ATTENTION_KINDS = ("mask", "varlen")
+
+
+def row_segments(attention_mask: Tensor) -> Tensor:
+    """The rows of a padded batch as variable-length sequences, for rows whose real tokens come first (as the data
+    builder and the GLUE batches lay them out): cu_seqlens (2B + 1,) int32 over the B*T tokens taken as one packed
+    sequence: row b's real tokens [bT, bT + n_b) are one sequence and its padding [bT + n_b, (b + 1)T) another (empty
+    for a full row). Static shape, no host sync. Padding attends only to padding, so no row is ever fully masked and
+    real tokens see exactly what the boolean mask lets them see; the losses weigh padding 0, so the loss and every
+    gradient are the masked path's."""
+    B, T = attention_mask.shape
+    starts = torch.arange(B, device=attention_mask.device) * T  # (B,)
+    ends = torch.stack([starts + attention_mask.sum(1), starts + T], 1).flatten()  # (2B,)
+    return F.pad(ends, (1, 0)).to(torch.int32)
+
+
+def varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, seq_len: int, dropout_p: float) -> Tensor:
+    """softmax(q k^T / sqrt(hd)) -> dropout -> @ v within each sequence of `cu_seqlens` (`row_segments`), for q, k, v
+    (B*T, nh, hd) packed rows of `seq_len` tokens: (B*T, nh, hd).
+
+    CUDA in bf16/fp16: FlashAttention's variable-length kernel (aten._flash_attention_forward with cu_seqlens, the
+    kernel of torch.nn.attention.varlen, called directly because varlen_attn fixes its dropout at 0 and the paper's
+    attention dropout is 0.1; its backward is torch's own). Elsewhere (the CPU, fp32): the same sequences as a
+    boolean mask per row (B, 1, T, T) through `_attention`: the reference, no faster than the padding mask."""
+    if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
+        return torch.ops.aten._flash_attention_forward(q, k, v, cu_seqlens, cu_seqlens, seq_len, seq_len, dropout_p,
+                                                       False, False)[0]
+    BT, nh, hd = q.shape
+    B = BT // seq_len
+    token = torch.arange(BT, device=q.device, dtype=cu_seqlens.dtype)
+    seq = torch.searchsorted(cu_seqlens[1:], token, right=True).view(B, 1, seq_len)  # (B, 1, T) sequence of each token
+    q4, k4, v4 = (t.view(B, seq_len, nh, hd).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hd)
+    out = _attention(q4, k4, v4, seq.unsqueeze(-1) == seq.unsqueeze(-2), dropout_p)  # mask (B, 1, T, T)
+    return out.transpose(1, 2).reshape(BT, nh, hd)
 
 
 def attention_kernel(cfg: ModelConfig, batch: int, seq_len: int, device: torch.device, dtype: torch.dtype,

@@ -133,10 +133,11 @@ class PretrainStep(nn.Module):
     def __init__(self, model: Electra, recipe: Recipe) -> None:
         super().__init__()
         self.model = model
-        self.objective = recipe.objective
+        self.objective, self.sampler = recipe.objective, recipe.train.sampler
+        model.set_attention(recipe.train.attention)
 
     def forward(self, m: Masked) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        t = loss_terms(self.model, m, self.objective)
+        t = loss_terms(self.model, m, self.objective, sampler=self.sampler)
         return t.mlm_sum, t.disc_sum, t.stats
 
 

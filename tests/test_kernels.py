@@ -1,0 +1,146 @@
+"""The kernel variants of issue 33 (train.sampler, train.attention), each against today's path on the CPU: the same
+loss and gradients where the mathematics is the same, and the switch reaching the step. The samplers' distributions
+are tested in test_objective.py (chi-square against the softmax and against the Gumbel-max sampler).
+
+Reference: the boolean padding mask (B, 1, 1, T) through SDPA (model._attention), today's default; for the rows'
+lengths, hand-written cu_seqlens."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from tinyelectra import runtime
+from tinyelectra.config import load_recipe
+from tinyelectra.data import Batch
+from tinyelectra.electra import SpecialIds
+from tinyelectra.errors import UserError
+from tinyelectra.model import Electra, row_segments, varlen_attention
+from tinyelectra.step import PretrainStep, mask_step
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TOY = ["model.vocab_size=256", "train.seq_len=32", "model.max_positions=32", "model.num_layers=2", "train.batch_size=4"]
+SPECIAL = SpecialIds(pad=0, cls=1, sep=2, mask=3)
+
+
+def padded_batch(lengths: list[int], T: int = 32, seed: int = 0) -> Batch:
+    """Rows of `lengths` real tokens ([CLS] ... [SEP]), then padding, as the data builder lays them out."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(10, 256, (len(lengths), T), generator=g)
+    mask = torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]
+    ids[:, 0] = SPECIAL.cls
+    for b, n in enumerate(lengths):
+        ids[b, n - 1] = SPECIAL.sep
+    ids[~mask] = SPECIAL.pad
+    return Batch(ids, torch.zeros_like(ids), mask, full_rows=mask.all(1).numpy())
+
+
+def step_loss_and_grads(recipe, batch: Batch, seed: int = 0):
+    """One training micro-batch through PretrainStep (dropout on, the recipe's switches): loss, gradients."""
+    torch.manual_seed(seed)
+    model = Electra(recipe.model).train()
+    step = PretrainStep(model, recipe)
+    (m,), _ = mask_step(batch, recipe, SPECIAL, 0, 0, len(batch.input_ids), 1)
+    torch.manual_seed(7)  # the same dropout masks and samples for every variant
+    mlm_sum, disc_sum, _ = step(m)
+    loss = mlm_sum / m.mlm_count + 50.0 * disc_sum / m.token_count
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_row_segments_by_hand():
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0]], dtype=torch.bool)
+    # row 0: [0, 4) real, [4, 4) no padding; row 1: [4, 6) real, [6, 8) padding; row 2: [8, 11), [11, 12)
+    assert row_segments(mask).tolist() == [0, 4, 4, 6, 8, 11, 12]
+    assert row_segments(mask).dtype == torch.int32  # what FlashAttention's varlen kernel takes
+
+
+@pytest.mark.parametrize("plain", [False, True])
+def test_varlen_attention_gives_the_masked_paths_loss_and_gradients(plain):
+    """A padded batch (one full row, three padded), dropout on, two layers: the rows' lengths give the boolean mask's
+    loss and every gradient, on the CPU's own attention and on SDPA (runtime.plain_cpu_paths); the variant draws the
+    same dropout masks here (same shapes), so equal means equal up to float rounding."""
+    batch = padded_batch([32, 20, 9, 27])
+    with runtime.plain_cpu_paths() if plain else contextlib.nullcontext():
+        ref = step_loss_and_grads(load_recipe("tiny", TOY), batch)
+        var = step_loss_and_grads(load_recipe("tiny", TOY + ["train.attention=varlen"]), batch)
+    torch.testing.assert_close(var[0], ref[0], rtol=1e-6, atol=0)
+    for name, g in ref[1].items():
+        torch.testing.assert_close(var[1][name], g, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_the_rows_lengths_matter():
+    """Control: the same batch with segments that ignore the padding (each row one sequence of T tokens, i.e. no
+    mask) changes the gradients, so the test above would see segments built wrong."""
+    recipe = load_recipe("tiny", TOY + ["train.attention=varlen"])
+    batch = padded_batch([32, 20, 9, 27])
+    ref = step_loss_and_grads(recipe, batch)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("tinyelectra.model.row_segments", lambda mask: row_segments(torch.ones_like(mask)))
+        bad = step_loss_and_grads(recipe, batch)
+    worst = max(float((bad[1][n] - g).abs().max() / g.abs().max()) for n, g in ref[1].items())
+    assert worst > 1e-2, worst
+
+
+def test_varlen_attention_under_gradient_checkpointing_and_compile():
+    """Recomputed blocks (gradient checkpointing) and a whole-graph trace (fullgraph, aot_eager: no graph break in
+    row_segments or the packed layout) give the eager variant's loss and gradients."""
+    recipe = load_recipe("tiny", TOY + ["train.attention=varlen"])
+    batch = padded_batch([32, 20, 9, 27])
+    torch.manual_seed(0)
+    model = Electra(recipe.model).train()
+    model.set_grad_checkpointing(True)
+    step = PretrainStep(model, recipe)
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    (m,), _ = mask_step(batch, recipe, SPECIAL, 0, 0, 4, 1)
+    with runtime.plain_cpu_paths():  # what compiled code runs: the test compares eager and compiled on the same ops
+        torch.manual_seed(7)
+        eager_ref = step_loss_and_grads(recipe, batch)
+        torch.manual_seed(7)
+        mlm_sum, disc_sum, _ = compiled(m)
+    loss = mlm_sum / m.mlm_count + 50.0 * disc_sum / m.token_count
+    loss.backward()
+    torch.testing.assert_close(loss.detach(), eager_ref[0], rtol=1e-6, atol=0)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, eager_ref[1][name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_unknown_attention_kind_is_refused():
+    with pytest.raises(UserError, match="train.attention"):
+        load_recipe("tiny", ["train.attention=flex"])
+    with pytest.raises(UserError, match="mask or varlen"):
+        Electra(load_recipe("tiny", TOY).model).set_attention("flex")
+
+
+@pytest.mark.parametrize("sampler", ["inverse-cdf", "gumbel-max"])
+def test_the_sampler_setting_reaches_the_step(sampler):
+    """On the CPU `auto` samples by inverse CDF: `inverse-cdf` gives its loss exactly, `gumbel-max` other draws (other
+    replacements, another discriminator loss) from the same seed."""
+    batch = padded_batch([32, 20, 9, 27])
+    auto = step_loss_and_grads(load_recipe("tiny", TOY), batch)
+    chosen = step_loss_and_grads(load_recipe("tiny", TOY + [f"train.sampler={sampler}"]), batch)
+    assert (chosen[0] == auto[0]) == (sampler == "inverse-cdf"), (chosen[0], auto[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="FlashAttention's variable-length kernel needs a CUDA GPU")
+def test_flash_varlen_equals_the_masked_sdpa_on_a_gpu():
+    """bf16 on the card, no dropout: the flash varlen kernel's outputs at real tokens and its q/k/v gradients (the
+    padding's are 0 in both: its outputs get no gradient) against SDPA with the boolean padding mask."""
+    B, T, nh, hd = 4, 128, 4, 64
+    lengths = torch.tensor([128, 77, 5, 100], device="cuda")
+    mask = torch.arange(T, device="cuda")[None, :] < lengths[:, None]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(B, T, nh, hd, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_() for _ in range(3))
+    out = varlen_attention(*(t.view(B * T, nh, hd) for t in (q, k, v)), row_segments(mask), T, 0.0).view(B, T, nh, hd)
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        *(t.transpose(1, 2) for t in (q, k, v)), attn_mask=mask[:, None, None, :]).transpose(1, 2)
+    w = mask[:, :, None, None].to(out.dtype)
+    torch.testing.assert_close(out * w, ref * w, rtol=2e-2, atol=2e-2)
+    grads = [torch.autograd.grad((o * w * torch.linspace(-1, 1, hd, device="cuda")).sum().float(), (q, k, v))
+             for o in (out, ref)]
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)
