@@ -144,3 +144,14 @@ def test_flash_varlen_equals_the_masked_sdpa_on_a_gpu():
              for o in (out, ref)]
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)
+
+
+def test_the_attention_report_names_the_variant():
+    """The log line and summary.json say what padded batches run: the rows' lengths and, off CUDA, the reference."""
+    from tinyelectra.model import attention_kernel
+
+    cfg = load_recipe("electra-small").model
+    report = attention_kernel(cfg, 4, 128, torch.device("cpu"), torch.float32, attention="varlen")
+    assert report["mask"].startswith("the rows' lengths") and "reference" in report["discriminator"]["kernel"]
+    assert report["without_padding"]["mask"] == "none"  # batches without padding: no mask, no lengths, as before
+    assert attention_kernel(cfg, 4, 128, torch.device("cpu"), torch.float32)["mask"].startswith("bool")

@@ -139,23 +139,24 @@ def inverse_cdf_sample(logits: Tensor, generator: torch.Generator | None = None)
     """A sample from softmax(logits) along the last dimension with ONE uniform number per row: the first entry whose
     cumulative weight exceeds u x the total. Static shapes and no host sync (torch.compile and CUDA graphs take it).
 
-    Two levels, so that no (rows, V) prefix sum is ever written and fp32 keeps its precision: the unnormalised weights
-    exp(x - max) are summed in blocks of CDF_BLOCK entries, the blocks' prefix sum (V / 128 entries) is fp64 and finds
-    the block, then the fp32 prefix sum inside that one block finds the entry. A one-level fp32 prefix sum over V
+    Two levels, so that no (rows, V) tensor is written (compiled, the weights live only inside the block sums'
+    kernel) and fp32 keeps its precision: the unnormalised weights exp(x - max) are summed in blocks of CDF_BLOCK
+    entries, the blocks' prefix sum (V / 128 entries) is fp64 and finds the block, then the fp32 prefix sum of that
+    one block's recomputed weights finds the entry. A one-level fp32 prefix sum over V
     would round away up to ~V x 2^-25 of probability at its end; here a block's rounding is what is lost."""
     V = logits.shape[-1]
     x = logits.reshape(-1, V)  # (R, V)
-    w = torch.exp(x - x.amax(-1, keepdim=True))  # (R, V) in (0, 1], the largest 1: softmax without its division
+    top = x.amax(-1, keepdim=True)  # (R, 1): weights exp(x - top) in (0, 1], softmax without its division
     full = V - V % CDF_BLOCK
-    blocks = w[:, :full].reshape(x.shape[0], -1, CDF_BLOCK).sum(-1)  # (R, V // K)
+    blocks = torch.exp(x[:, :full].reshape(x.shape[0], -1, CDF_BLOCK) - top.unsqueeze(-1)).sum(-1)  # (R, V // K)
     if full < V:
-        blocks = torch.cat([blocks, w[:, full:].sum(-1, keepdim=True)], 1)  # the shorter last block
+        blocks = torch.cat([blocks, torch.exp(x[:, full:] - top).sum(-1, keepdim=True)], 1)  # the shorter last block
     cdf = blocks.double().cumsum(-1)  # (R, nb)
     u = torch.rand(x.shape[0], 1, dtype=torch.float64, device=x.device, generator=generator) * cdf[:, -1:]  # (R, 1)
     b = torch.searchsorted(cdf, u, right=True).clamp_max_(cdf.shape[1] - 1)  # (R, 1): the block holding u
     rest = (u - cdf.gather(1, b) + blocks.gather(1, b).double()).float()  # u's offset into that block
     idx = b * CDF_BLOCK + torch.arange(CDF_BLOCK, device=x.device)  # (R, K)
-    inner = torch.where(idx < V, w.gather(1, idx.clamp_max(V - 1)), 0.0).cumsum(-1)  # (R, K)
+    inner = torch.where(idx < V, torch.exp(x.gather(1, idx.clamp_max(V - 1)) - top), 0.0).cumsum(-1)  # (R, K)
     last = (inner < inner[:, -1:]).sum(-1, keepdim=True)  # the block's last entry of nonzero weight
     j = torch.minimum(torch.searchsorted(inner, rest, right=True), last)  # rounding never picks a zero-weight entry
     return (b * CDF_BLOCK + j).view(logits.shape[:-1])

@@ -300,17 +300,23 @@ def varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, seq_le
 
 
 def attention_kernel(cfg: ModelConfig, batch: int, seq_len: int, device: torch.device, dtype: torch.dtype,
-                     training: bool = True, compiled: bool = False) -> dict:
+                     training: bool = True, compiled: bool = False, attention: str = "mask") -> dict:
     """Which attention kernel the discriminator's (and the generator's) blocks run for a (batch, seq_len) batch, for
     logs, summary.json and benchmarks: `_attention` with the encoder's boolean padding mask (B, 1, 1, T) and, when
     training, the attention dropout; and ("without_padding") for a batch without padding, which passes no mask
     (electra.Masked.full). Asks torch's own dispatcher (`runtime.sdpa_kernel`) with tensors of the real shapes and
     `dtype` (the autocast dtype under mixed precision).
 
-    FlashAttention takes no attention mask, so it runs only for batches without padding: with the mask the choice is
-    between the memory-efficient, cuDNN and math kernels (benchmarks/NOTES.md, "attention")."""
+    FlashAttention takes no attention mask, so with `attention` "mask" it runs only for batches without padding: with
+    the mask the choice is between the memory-efficient, cuDNN and math kernels (benchmarks/NOTES.md, "attention").
+    With "varlen" (train.attention) padded batches go by their rows' lengths (`varlen_attention`)."""
     def one(c: ModelConfig, masked: bool) -> dict:
         p = c.attention_dropout if training else 0.0
+        if masked and attention == "varlen":
+            if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16):
+                return {"kernel": "flash (variable length: the rows' lengths)", "flash_eligible": True, "why_not_flash": None}
+            return {"kernel": "tinyelectra's variable-length reference (the rows' sequences as a (B, 1, T, T) mask)",
+                    "flash_eligible": False, "why_not_flash": "FlashAttention's varlen kernel needs CUDA and bf16/fp16"}
         if device.type == "cpu" and p > 0.0 and not compiled:
             return {"kernel": "tinyelectra's CPU attention (one baddbmm for scale + mask, softmax, dropout, bmm): "
                               "SDPA would take its unfused math path with dropout", "flash_eligible": False,
@@ -322,7 +328,8 @@ def attention_kernel(cfg: ModelConfig, batch: int, seq_len: int, device: torch.d
 
     gen_cfg = cfg.generator()
     disc, gen = one(cfg, True), one(gen_cfg, True)
-    out = {"discriminator": disc, "generator": gen, "mask": "bool (B, 1, 1, T), True = attend",
+    how = "bool (B, 1, 1, T), True = attend" if attention == "mask" else "the rows' lengths (cu_seqlens, 2B + 1)"
+    out = {"discriminator": disc, "generator": gen, "mask": how,
            "without_padding": {"discriminator": one(cfg, False), "generator": one(gen_cfg, False), "mask": "none"},
            "dropout": cfg.attention_dropout if training else 0.0, "dtype": str(dtype).replace("torch.", "")}
     same = disc["kernel"] == gen["kernel"]

@@ -128,7 +128,8 @@ def train_step(engine: "Engine", masked: list[Masked], seeds: list[int], counts:
 
 
 class PretrainStep(nn.Module):
-    """model + objective as one module, so DDP (and torch.compile) see one forward: Masked -> loss sums + stats."""
+    """model + objective as one module, so DDP (and torch.compile) see one forward: Masked -> loss sums + stats; with
+    the recipe's kernel variants (train.sampler, train.attention)."""
 
     def __init__(self, model: Electra, recipe: Recipe) -> None:
         super().__init__()
