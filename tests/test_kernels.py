@@ -125,6 +125,25 @@ def test_the_sampler_setting_reaches_the_step(sampler):
     assert (chosen[0] == auto[0]) == (sampler == "inverse-cdf"), (chosen[0], auto[0])
 
 
+def test_the_cuda_branch_is_a_call_torchs_flash_varlen_kernel_accepts():
+    """Without a card: the CUDA branch of varlen_attention traced on fake CUDA tensors (torch's meta kernels of
+    aten._flash_attention_forward / _backward check the arguments' shapes and dtypes): the packed views of the fused
+    qkv projection, int32 cu_seqlens (2B + 1), bf16; the output (B*T, heads, head size) and the backward's gradients
+    of the same shapes. The kernels' values are checked on a card (test_flash_varlen_equals_the_masked_sdpa_on_a_gpu)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    B, T, nh, hd = 4, 128, 4, 64
+    with FakeTensorMode():
+        q, k, v = torch.empty(B * T, 3, nh, hd, device="cuda", dtype=torch.bfloat16).unbind(1)
+        cu = row_segments(torch.ones(B, T, dtype=torch.bool, device="cuda"))
+        out = varlen_attention(q, k, v, cu, T, 0.1)
+        assert out.shape == (B * T, nh, hd) and out.dtype == torch.bfloat16 and out.device.type == "cuda"
+        out, lse, rng, unused, _ = torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, T, T, 0.1, False, False)
+        grads = torch.ops.aten._flash_attention_backward(torch.empty_like(out), q, k, v, out, lse, cu, cu, T, T, 0.1,
+                                                         False, rng, unused)
+        assert [g.shape for g in grads] == [(B * T, nh, hd)] * 3 and cu.shape == (2 * B + 1,)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="FlashAttention's variable-length kernel needs a CUDA GPU")
 def test_flash_varlen_equals_the_masked_sdpa_on_a_gpu():

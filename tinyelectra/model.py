@@ -67,7 +67,7 @@ class Block(nn.Module):
         p_attn = self.attention_dropout_p if self.training else 0.0
         if cu_seqlens is not None:  # the tokens of all rows as one packed sequence (B*T, nh, hd), no transposes
             q, k, v = self.qkv(x).view(B * T, 3, nh, H // nh).unbind(1)
-            a = varlen_attention(q, k, v, cu_seqlens, T, p_attn).view(B, T, H)
+            a = varlen_attention(q, k, v, cu_seqlens, T, p_attn).reshape(B, T, H)
         else:
             q, k, v = self.qkv(x).view(B, T, 3, nh, H // nh).permute(2, 0, 3, 1, 4)  # each (B, nh, T, hd)
             a = _attention(q, k, v, attn_mask, p_attn)  # (B, nh, T, hd)
