@@ -17,7 +17,7 @@ from tinyelectra.config import load_recipe
 from tinyelectra.data import Batch
 from tinyelectra.electra import SpecialIds
 from tinyelectra.errors import UserError
-from tinyelectra.model import Electra, row_segments, varlen_attention
+from tinyelectra.model import Electra, row_segments, varlen_attention, varlen_blocker
 from tinyelectra.step import PretrainStep, mask_step
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -113,6 +113,16 @@ def test_unknown_attention_kind_is_refused():
         load_recipe("tiny", ["train.attention=flex"])
     with pytest.raises(UserError, match="mask or varlen"):
         Electra(load_recipe("tiny", TOY).model).set_attention("flex")
+
+
+def test_gpus_and_heads_flash_cannot_run_are_named():
+    """FlashAttention's limits (torch's flash kernels: sm80+, head size a multiple of 8 up to 256): electra-small's
+    heads (64, the generator's too) on an H100 pass; a T4 (7.5), heads of 4 and of 320 are refused with the reason."""
+    cfg = load_recipe("electra-small").model
+    gen = cfg.generator()
+    assert varlen_blocker((9, 0), [cfg.hidden_size // cfg.num_heads, gen.hidden_size // gen.num_heads]) == ""
+    assert "7.5" in varlen_blocker((7, 5), [64, 64])
+    assert "[4, 320]" in varlen_blocker((8, 0), [64, 4, 320])
 
 
 @pytest.mark.parametrize("sampler", ["inverse-cdf", "gumbel-max"])

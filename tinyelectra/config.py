@@ -153,7 +153,7 @@ class TrainConfig:
     # (inverse CDF on the CPU, Gumbel-max on a GPU) | inverse-cdf (one random number per masked slot) | gumbel-max
     sampler: str = "auto"
     # attention: how padded batches reach attention (model.Encoder): mask (a boolean padding mask to SDPA, which rules
-    # out FlashAttention) | varlen (the rows' lengths: FlashAttention's variable-length kernel on CUDA in bf16/fp16)
+    # out FlashAttention) | varlen (the rows' lengths: FlashAttention's variable-length kernel, Ampere+ GPUs in bf16/fp16)
     attention: str = "mask"
 
     def __post_init__(self) -> None:

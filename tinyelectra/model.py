@@ -180,6 +180,11 @@ class Electra(nn.Module):
         `varlen_attention`). The same mathematics for every real token; a choice of kernels, not of weights."""
         if kind not in ATTENTION_KINDS:
             raise UserError(f"train.attention {kind!r}: use {' or '.join(ATTENTION_KINDS)}")
+        device = next(self.parameters()).device
+        if kind == "varlen" and device.type == "cuda":
+            head_dims = [c.hidden_size // c.num_heads for c in (self.cfg, self.gen_cfg)]
+            if why := varlen_blocker(torch.cuda.get_device_capability(device), head_dims):
+                raise UserError(f"train.attention=varlen: {why}; use train.attention=mask")
         for enc in {id(e): e for e in (self.discriminator, self.generator) if e is not None}.values():
             enc.attention = kind
 
@@ -277,6 +282,15 @@ def row_segments(attention_mask: Tensor) -> Tensor:
     starts = torch.arange(B, device=attention_mask.device) * T  # (B,)
     ends = torch.stack([starts + attention_mask.sum(1), starts + T], 1).flatten()  # (2B,)
     return F.pad(ends, (1, 0)).to(torch.int32)
+
+
+def varlen_blocker(capability: tuple[int, int], head_dims: list[int]) -> str:
+    """Why FlashAttention's variable-length kernel cannot run on a GPU of this compute capability with these head
+    sizes ("" when it can): it needs an Ampere or newer GPU and head sizes that are multiples of 8 up to 256."""
+    if capability < (8, 0):
+        return f"FlashAttention needs an Ampere or newer GPU (compute capability 8.0+), this one is {capability[0]}.{capability[1]}"
+    bad = sorted({d for d in head_dims if d % 8 or d > 256})
+    return f"FlashAttention needs head sizes that are multiples of 8 up to 256, not {bad}" if bad else ""
 
 
 def varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, seq_len: int, dropout_p: float) -> Tensor:
