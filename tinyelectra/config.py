@@ -180,10 +180,10 @@ class TrainConfig:
 # losses moved by up to 0.3%); gradient checkpointing recomputes activations with the same draws; compile and
 # deterministic choose the kernels (compiled dropout draws its masks its own way); sampler draws the generator's
 # replacements from the same distribution another way; attention gives every real token what the mask gives it;
-# resume_every_seconds how often a resume state is written. Not these: precision (other arithmetic, and fp16's loss scale is in the resume state),
-# strategy and deepspeed_offload (another optimizer-state format, which --resume cannot read), seed (the run's
-# randomness), log_every_steps (metrics.jsonl's loss windows keep one length through a run; DDP re-plans a time budget
-# at log steps) and eval_rows (the checkpoints' held-out scores would no longer compare).
+# resume_every_seconds how often a resume state is written. Not these: precision (other arithmetic, and fp16's loss
+# scale is in the resume state), strategy and deepspeed_offload (another optimizer-state format, which --resume cannot
+# read), seed (the run's randomness), log_every_steps (metrics.jsonl's loss windows keep one length through a run; DDP
+# re-plans a time budget at log steps) and eval_rows (the checkpoints' held-out scores would no longer compare).
 RUNTIME_SETTINGS = ("train.micro_batch_size", "train.grad_checkpointing", "train.compile", "train.deterministic",
                     "train.resume_every_seconds", "train.sampler", "train.attention")
 

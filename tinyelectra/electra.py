@@ -111,7 +111,6 @@ def mask_batch(
     return Masked(input_ids, masked_ids, token_type_ids, attention_mask, positions, targets, weights, full)
 
 
-SAMPLERS = ("auto", "inverse-cdf", "gumbel-max")  # train.sampler
 CDF_BLOCK = 128  # vocabulary entries per block of the inverse-CDF sampler's two-level search
 
 
@@ -142,8 +141,8 @@ def inverse_cdf_sample(logits: Tensor, generator: torch.Generator | None = None)
     Two levels, so that no (rows, V) tensor is written (compiled, the weights live only inside the block sums'
     kernel) and fp32 keeps its precision: the unnormalised weights exp(x - max) are summed in blocks of CDF_BLOCK
     entries, the blocks' prefix sum (V / 128 entries) is fp64 and finds the block, then the fp32 prefix sum of that
-    one block's recomputed weights finds the entry. A one-level fp32 prefix sum over V
-    would round away up to ~V x 2^-25 of probability at its end; here a block's rounding is what is lost."""
+    one block's recomputed weights finds the entry. A one-level fp32 prefix sum over V would round away up to
+    ~V x 2^-25 of probability at its end; here only a block's own rounding is."""
     V = logits.shape[-1]
     x = logits.reshape(-1, V)  # (R, V)
     top = x.amax(-1, keepdim=True)  # (R, 1): weights exp(x - top) in (0, 1], softmax without its division
