@@ -4,7 +4,9 @@ backward of F.scaled_dot_product_attention with the model's boolean padding mask
 under each SDPA backend alone (memory-efficient, cuDNN, math; flash and efficient on the CPU as they exist there),
 plus FlashAttention *without* the mask — what flash would cost if the batch had no padding or were unpadded (it
 takes no mask at all): the reference for whether packing / unpadding is worth it. A backend that cannot run these
-inputs is recorded with torch's reason. `default` is what SDPA picks by itself (torch's dispatcher).
+inputs is recorded with torch's reason. `default` is what SDPA picks by itself (torch's dispatcher). `varlen` is
+train.attention=varlen (issue 33): the padded rows by their lengths, FlashAttention's variable-length kernel on CUDA
+(on the CPU its reference, the rows' sequences as a mask).
 
     python benchmarks/attention.py --device cuda --recipe electra-small --batch 128 --precision bf16
       -> benchmarks/results/attention_<device>_<precision>.json  (or --name)
@@ -50,6 +52,28 @@ def time_case(q, k, v, mask, p: float, backend, device: torch.device, iters: int
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
         out.backward(grad)
 
+    return time_call(call, ctx, device, iters, rounds)
+
+
+def time_varlen(q, k, v, mask, p: float, device: torch.device, iters: int, rounds: int) -> dict:
+    """train.attention=varlen: the same rows as one packed sequence (B*T, heads, head size) through
+    model.varlen_attention with the mask's rows' lengths (model.row_segments), forward + backward."""
+    from tinyelectra.model import row_segments, varlen_attention  # noqa: PLC0415
+
+    B, nh, T, hd = q.shape
+    packed = [t.detach().transpose(1, 2).reshape(B * T, nh, hd).requires_grad_() for t in (q, k, v)]
+    grad = torch.randn_like(packed[0])
+    cu_seqlens = row_segments(mask.view(B, T))
+
+    def call() -> None:
+        varlen_attention(*packed, cu_seqlens, T, p).backward(grad)
+
+    return time_call(call, contextlib.nullcontext(), device, iters, rounds)
+
+
+def time_call(call, ctx, device: torch.device, iters: int, rounds: int) -> dict:
+    """Median and least seconds per `call()` (forward + backward) over `rounds` rounds of `iters` calls, under `ctx`;
+    or why it cannot run these inputs."""
     try:
         with ctx, warnings.catch_warnings(record=True) as caught:  # torch gives its reasons as warnings
             warnings.simplefilter("always")
@@ -166,6 +190,7 @@ def main(argv: list[str] | None = None) -> dict:
             row[label] = time_case(q, k, v, mask, p, b, device, iters, args.rounds)
         flash = SDPBackend.FLASH_ATTENTION
         row["flash without mask (reference: no padding / unpadded)"] = time_case(q, k, v, None, p, flash, device, iters, args.rounds)
+        row["varlen: the rows' lengths (train.attention=varlen)"] = time_varlen(q, k, v, mask, p, device, iters, args.rounds)
         results[role] = row
         print(role, {k2: (v2.get("fwd_bwd_ms_median") if isinstance(v2, dict) and "ran" in v2 else None)
                      for k2, v2 in row.items() if isinstance(v2, dict)}, flush=True)

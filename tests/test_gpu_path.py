@@ -521,9 +521,9 @@ def test_fp16_a_nonfinite_loss_stops_the_run_though_the_scaler_skipped_its_step(
     forwards = [0]
     real_terms = step_mod.loss_terms
 
-    def nan_from_step_3(model, m, objective):
+    def nan_from_step_3(model, m, objective, **kwargs):
         forwards[0] += 1
-        t = real_terms(model, m, objective)
+        t = real_terms(model, m, objective, **kwargs)
         return t if forwards[0] < 3 else dataclasses.replace(t, mlm_sum=t.mlm_sum * float("nan"))
 
     monkeypatch.setattr(step_mod, "loss_terms", nan_from_step_3)

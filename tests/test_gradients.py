@@ -61,13 +61,13 @@ def randomize(module: torch.nn.Module, seed: int) -> None:
 def our_step(model: Electra, ids, types, mask, monkeypatch):
     """One step of tinyelectra's objective; returns the masking and the generator's (recorded) samples."""
     recorded = {}
-    real_sample = electra.gumbel_sample
+    real_sample = electra.sample_tokens
 
-    def recording_sample(logits, temperature, generator=None):
-        recorded["sampled"] = real_sample(logits, temperature, generator)
+    def recording_sample(logits, temperature, generator=None, sampler="auto"):
+        recorded["sampled"] = real_sample(logits, temperature, generator, sampler)
         return recorded["sampled"]
 
-    monkeypatch.setattr(electra, "gumbel_sample", recording_sample)
+    monkeypatch.setattr(electra, "sample_tokens", recording_sample)
     m = mask_batch(ids, types, mask, OBJECTIVE, SPECIAL, model.cfg.vocab_size, generator=torch.Generator().manual_seed(5))
     model.train()
     model.zero_grad(set_to_none=True)

@@ -1,5 +1,5 @@
-"""The ELECTRA objective (electra.py): masking counts and corruption rates, Gumbel-max sampling, labels, losses in
-fp32 and bf16, overfitting one batch, and the micro-batch loss arithmetic.
+"""The ELECTRA objective (electra.py): masking counts and corruption rates, sampling (Gumbel-max and inverse CDF),
+labels, losses in fp32 and bf16, overfitting one batch, and the micro-batch loss arithmetic.
 
 Reference numbers: N = int((0.15 + 0.005) * 128) = 19 and round(0.15 * tokens) per short row (official
 pretrain_helpers.py), 85/15 (ELECTRA) and 80/10/10 (BERT) corruption, softmax probabilities (Gumbel-max).
@@ -15,7 +15,7 @@ import torch
 from scipy.stats import chi2
 
 from tinyelectra.config import ModelConfig, ObjectiveConfig
-from tinyelectra.electra import SpecialIds, combine, electra_terms, gumbel_sample, loss_terms, mask_batch
+from tinyelectra.electra import SpecialIds, combine, electra_terms, loss_terms, mask_batch, sample_tokens
 from tinyelectra.model import Electra
 from tinyelectra.optim import PaperAdam
 
@@ -114,20 +114,69 @@ def test_corruption_rates(cfg, mask_rate, random_rate):
     assert abs(share_kept - (1 - mask_rate - random_rate)) < 0.02
 
 
-def test_gumbel_sampling_matches_softmax():
+def chi_square(counts: torch.Tensor, p: torch.Tensor) -> float:
+    """Pearson's statistic of `counts` against probabilities `p` (entries of p > 0)."""
+    n = counts.sum()
+    return float(((counts - n * p) ** 2 / (n * p)).sum())
+
+
+@pytest.mark.parametrize("sampler", ["gumbel-max", "inverse-cdf"])
+def test_sampling_matches_softmax(sampler):
     logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
     n = 200_000
     for temperature in (1.0, 2.0):
-        draws = gumbel_sample(logits.expand(n, -1), temperature, generator=torch.Generator().manual_seed(5))
+        draws = sample_tokens(logits.expand(n, -1), temperature, torch.Generator().manual_seed(5), sampler)
         counts = torch.bincount(draws, minlength=6).double()
         p = torch.softmax(logits.double() / temperature, -1)
-        stat = float(((counts - n * p) ** 2 / (n * p)).sum())
-        assert chi2.sf(stat, 5) > 1e-4, (temperature, counts / n, p)
+        assert chi2.sf(chi_square(counts, p), 5) > 1e-4, (temperature, counts / n, p)
     # Control: the statistic does notice a wrong temperature.
-    draws = gumbel_sample(logits.expand(n, -1), 1.0, generator=torch.Generator().manual_seed(6))
+    draws = sample_tokens(logits.expand(n, -1), 1.0, torch.Generator().manual_seed(6), sampler)
     counts = torch.bincount(draws, minlength=6).double()
-    p_wrong = torch.softmax(logits.double() / 1.2, -1)
-    assert chi2.sf(float(((counts - n * p_wrong) ** 2 / (n * p_wrong)).sum()), 5) < 1e-6
+    assert chi2.sf(chi_square(counts, torch.softmax(logits.double() / 1.2, -1)), 5) < 1e-6
+
+
+def test_inverse_cdf_over_blocks_matches_softmax_and_the_gumbel_max_sampler():
+    """V = 300 spans two full blocks of electra.CDF_BLOCK (128) and a short one (44): the two-level search against
+    the softmax (Pearson's chi-square over 300 cells) and against today's Gumbel-max draws (the chi-square test of
+    homogeneity of the two count tables); each statistic's control is a softmax at another temperature."""
+    V, n = 300, 150_000
+    logits = torch.randn(V, generator=torch.Generator().manual_seed(0))  # probabilities from ~1.5e-4 to ~0.06
+    p = torch.softmax(logits.double(), -1)
+    inv = torch.bincount(sample_tokens(logits.expand(n, -1), 1.0, torch.Generator().manual_seed(1), "inverse-cdf"), minlength=V).double()
+    gum = torch.bincount(sample_tokens(logits.expand(n, -1), 1.0, torch.Generator().manual_seed(2), "gumbel-max"), minlength=V).double()
+    assert chi2.sf(chi_square(inv, p), V - 1) > 1e-4
+    both = torch.stack([inv, gum])  # (2, V) contingency table, equal row totals
+    expected = both.sum(0, keepdim=True) / 2
+    assert chi2.sf(float(((both - expected) ** 2 / expected).sum()), V - 1) > 1e-4
+    warmer = torch.bincount(sample_tokens(logits.expand(n, -1), 1.1, torch.Generator().manual_seed(2), "gumbel-max"), minlength=V).double()
+    assert chi2.sf(chi_square(inv, torch.softmax(logits.double() / 1.1, -1)), V - 1) < 1e-6
+    other = torch.stack([inv, warmer])
+    expected = other.sum(0, keepdim=True) / 2
+    assert chi2.sf(float(((other - expected) ** 2 / expected).sum()), V - 1) < 1e-6
+
+
+def test_inverse_cdf_never_draws_an_impossible_token():
+    """Entries of probability 0 (logit -inf) beside the blocks' edges, in the short last block, and a row whose only
+    possible token is the vocabulary's last: never drawn, and the possible ones all are."""
+    V, n = 300, 20_000
+    logits = torch.full((3, V), float("-inf"))
+    allowed = [torch.tensor([127, 128, 255, 256]), torch.tensor([0, 299]), torch.tensor([299])]
+    for row, ids in zip(logits, allowed):
+        row[ids] = torch.tensor([0.0, 5.0, -2.0, 1.0][: len(ids)])
+    draws = sample_tokens(logits.repeat(n, 1), 1.0, torch.Generator().manual_seed(3), "inverse-cdf").view(n, 3)
+    for r, ids in enumerate(allowed):
+        assert set(draws[:, r].unique().tolist()) == set(ids.tolist()), r
+
+
+def test_inverse_cdf_sampler_compiles_whole():
+    """No graph break (fullgraph) and the same draws as eager from the same seed (aot_eager runs torch's own random
+    operators): the sampler runs inside a compiled step and its CUDA graph."""
+    logits = torch.randn(4, 7, 300, generator=torch.Generator().manual_seed(4)) * 2
+    compiled = torch.compile(lambda x: sample_tokens(x, 1.0, None, "inverse-cdf"), fullgraph=True, backend="aot_eager")
+    torch.manual_seed(11)
+    eager = sample_tokens(logits, 1.0, None, "inverse-cdf")
+    torch.manual_seed(11)
+    assert torch.equal(compiled(logits), eager) and eager.shape == (4, 7)
 
 
 def _constant_text_batch(B: int, T: int, token: int):
@@ -136,8 +185,9 @@ def _constant_text_batch(B: int, T: int, token: int):
     return ids, torch.zeros_like(ids), torch.ones(B, T, dtype=torch.bool)
 
 
+@pytest.mark.parametrize("sampler", ["gumbel-max", "inverse-cdf"])
 @pytest.mark.parametrize("favoured,replaced", [(150, False), (151, True)])
-def test_sampled_original_is_labelled_original(favoured, replaced):
+def test_sampled_original_is_labelled_original(favoured, replaced, sampler):
     """Text made of token 150; a generator forced (through its output bias) to always sample `favoured`."""
     torch.manual_seed(0)
     model = Electra(TINY).eval()
@@ -147,7 +197,7 @@ def test_sampled_original_is_labelled_original(favoured, replaced):
     ids, types, mask = _constant_text_batch(8, 64, 150)
     m = mask_batch(ids, types, mask, ELECTRA, SPECIAL, TINY.vocab_size, generator=torch.Generator().manual_seed(7))
     with torch.no_grad():
-        terms = electra_terms(model, m, ELECTRA, generator=torch.Generator().manual_seed(8))
+        terms = electra_terms(model, m, ELECTRA, generator=torch.Generator().manual_seed(8), sampler=sampler)
     n_used = int(m.weights.sum())
     assert n_used == 8 * min(ELECTRA.num_masked(64), round(0.15 * 64))
     assert int(terms.stats["replaced"]) == (n_used if replaced else 0)

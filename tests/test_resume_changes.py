@@ -141,7 +141,8 @@ REFUSED = {  # what a --resume must not change: the model, the objective, the ba
     "train.log_every_steps=5": "train.log_every_steps", "train.eval_rows=16": "train.eval_rows",
 }
 MAY_CHANGE = ("may change only optim.lr and optim.clip_norm, and how the steps are computed: train.micro_batch_size, "
-              "train.grad_checkpointing, train.compile, train.deterministic, train.resume_every_seconds")
+              "train.grad_checkpointing, train.compile, train.deterministic, train.resume_every_seconds, train.sampler, "
+              "train.attention")
 
 
 @pytest.mark.parametrize("setting", list(REFUSED))

@@ -148,6 +148,13 @@ class TrainConfig:
     resume_every_seconds: float = 300.0  # full resume state at most this far apart
     deterministic: bool = False  # torch deterministic algorithms (exact-resume tests)
     eval_rows: int = 512  # held-out rows scored at each fraction checkpoint
+    # Kernel variants (issue 33), each the same mathematics as its default; the defaults stay today's until a card's
+    # A/B run shows a win. sampler: how the generator's replacements are drawn (electra.sample_tokens): auto
+    # (inverse CDF on the CPU, Gumbel-max on a GPU) | inverse-cdf (one random number per masked slot) | gumbel-max
+    sampler: str = "auto"
+    # attention: how padded batches reach attention (model.Encoder): mask (a boolean padding mask to SDPA, which rules
+    # out FlashAttention) | varlen (the rows' lengths: FlashAttention's variable-length kernel, Ampere+ GPUs in bf16/fp16)
+    attention: str = "mask"
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "steps", "log_every_steps", "resume_every_seconds"):
@@ -158,6 +165,8 @@ class TrainConfig:
         _check(self.precision in ("auto", "bf16", "fp16", "fp32"), "train.precision", "must be auto, bf16, fp16 or fp32")
         _check(self.compile in ("auto", "on", "off", "reduce-overhead"), "train.compile", "must be auto, on, off or reduce-overhead")
         _check(self.strategy in ("ddp", "deepspeed"), "train.strategy", "must be ddp or deepspeed")
+        _check(self.sampler in ("auto", "inverse-cdf", "gumbel-max"), "train.sampler", "must be auto, inverse-cdf or gumbel-max")
+        _check(self.attention in ("mask", "varlen"), "train.attention", "must be mask or varlen")
 
     @property
     def tokens_per_step(self) -> int:
@@ -169,13 +178,14 @@ class TrainConfig:
 # gradients up to float summation order; but each micro-batch's masks, samples and dropout are drawn from its own
 # seed, so a changed micro-batch draws others from there on, as a card that fits another one would: a tiny run's
 # losses moved by up to 0.3%); gradient checkpointing recomputes activations with the same draws; compile and
-# deterministic choose the kernels (compiled dropout draws its masks its own way); resume_every_seconds how often a
-# resume state is written. Not these: precision (other arithmetic, and fp16's loss scale is in the resume state),
-# strategy and deepspeed_offload (another optimizer-state format, which --resume cannot read), seed (the run's
-# randomness), log_every_steps (metrics.jsonl's loss windows keep one length through a run; DDP re-plans a time budget
-# at log steps) and eval_rows (the checkpoints' held-out scores would no longer compare).
+# deterministic choose the kernels (compiled dropout draws its masks its own way); sampler draws the generator's
+# replacements from the same distribution another way; attention gives every real token what the mask gives it;
+# resume_every_seconds how often a resume state is written. Not these: precision (other arithmetic, and fp16's loss
+# scale is in the resume state), strategy and deepspeed_offload (another optimizer-state format, which --resume cannot
+# read), seed (the run's randomness), log_every_steps (metrics.jsonl's loss windows keep one length through a run; DDP
+# re-plans a time budget at log steps) and eval_rows (the checkpoints' held-out scores would no longer compare).
 RUNTIME_SETTINGS = ("train.micro_batch_size", "train.grad_checkpointing", "train.compile", "train.deterministic",
-                    "train.resume_every_seconds")
+                    "train.resume_every_seconds", "train.sampler", "train.attention")
 
 
 @dataclass(frozen=True)

@@ -111,32 +111,63 @@ def mask_batch(
     return Masked(input_ids, masked_ids, token_type_ids, attention_mask, positions, targets, weights, full)
 
 
+CDF_BLOCK = 128  # vocabulary entries per block of the inverse-CDF sampler's two-level search
+
+
 @torch.no_grad()
-def gumbel_sample(logits: Tensor, temperature: float, generator: torch.Generator | None = None) -> Tensor:
+def sample_tokens(logits: Tensor, temperature: float, generator: torch.Generator | None = None,
+                  sampler: str = "auto") -> Tensor:
     """An exact sample from softmax(logits / t) along the last dimension, computed in fp32. No gradient.
 
-    GPU: argmax(logits / t + Gumbel noise), the official code's Gumbel-max (one parallel random number per entry).
-    CPU: inverse-CDF sampling, the same distribution with one random number per row instead of V: torch's CPU
-    generator is serial (~4 ns a number), so V = 30522 numbers per masked slot cost more than the softmax and
-    prefix sum this path needs (benchmarks/NOTES.md). The prefix sum is fp64, so its rounding is far below fp32's."""
+    `sampler` (train.sampler): "gumbel-max", the official code's argmax(logits / t + Gumbel noise), one random number
+    per vocabulary entry; "inverse-cdf" (`inverse_cdf_sample`), the same distribution with one random number per row;
+    "auto", inverse CDF on the CPU outside torch.compile (torch's CPU generator is serial, ~4 ns a number: V = 30522
+    numbers per masked slot cost more than the whole search, benchmarks/NOTES.md) and Gumbel-max elsewhere, until a
+    card's A/B run (issue 33) shows which is faster there."""
     logits = logits.float()  # fp16 Gumbel noise gives NaN/inf (the official code, fp32 only, never met it): always fp32 here
     if temperature != 1.0:
         logits = logits / temperature
-    if cpu_fast_path(logits):
-        cdf = torch.softmax(logits, -1).cumsum(-1, dtype=torch.float64)  # (..., V), non-decreasing
-        u = torch.rand(*cdf.shape[:-1], 1, dtype=torch.float64, generator=generator) * cdf[..., -1:]  # (..., 1)
-        return torch.searchsorted(cdf, u, right=True).clamp_max_(cdf.shape[-1] - 1).squeeze(-1)  # first cdf > u
+    if sampler == "inverse-cdf" or (sampler == "auto" and cpu_fast_path(logits)):
+        return inverse_cdf_sample(logits, generator)
     u = torch.rand(logits.shape, device=logits.device, generator=generator)
     gumbel = -torch.log(-torch.log(u + 1e-9) + 1e-9)  # the official code's epsilons
     return (logits + gumbel).argmax(-1)
 
 
+def inverse_cdf_sample(logits: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """A sample from softmax(logits) along the last dimension with ONE uniform number per row: the first entry whose
+    cumulative weight exceeds u x the total. Static shapes and no host sync (torch.compile and CUDA graphs take it).
+
+    Two levels, so that no (rows, V) tensor is written (compiled, the weights live only inside the block sums'
+    kernel) and fp32 keeps its precision: the unnormalised weights exp(x - max) are summed in blocks of CDF_BLOCK
+    entries, the blocks' prefix sum (V / 128 entries) is fp64 and finds the block, then the fp32 prefix sum of that
+    one block's recomputed weights finds the entry. A one-level fp32 prefix sum over V would round away up to
+    ~V x 2^-25 of probability at its end; here only a block's own rounding is."""
+    V = logits.shape[-1]
+    x = logits.reshape(-1, V)  # (R, V)
+    top = x.amax(-1, keepdim=True)  # (R, 1): weights exp(x - top) in (0, 1], softmax without its division
+    full = V - V % CDF_BLOCK
+    blocks = torch.exp(x[:, :full].reshape(x.shape[0], -1, CDF_BLOCK) - top.unsqueeze(-1)).sum(-1)  # (R, V // K)
+    if full < V:
+        blocks = torch.cat([blocks, torch.exp(x[:, full:] - top).sum(-1, keepdim=True)], 1)  # the shorter last block
+    cdf = blocks.double().cumsum(-1)  # (R, nb)
+    u = torch.rand(x.shape[0], 1, dtype=torch.float64, device=x.device, generator=generator) * cdf[:, -1:]  # (R, 1)
+    b = torch.searchsorted(cdf, u, right=True).clamp_max_(cdf.shape[1] - 1)  # (R, 1): the block holding u
+    rest = (u - cdf.gather(1, b) + blocks.gather(1, b).double()).float()  # u's offset into that block
+    idx = b * CDF_BLOCK + torch.arange(CDF_BLOCK, device=x.device)  # (R, K)
+    inner = torch.where(idx < V, torch.exp(x.gather(1, idx.clamp_max(V - 1)) - top), 0.0).cumsum(-1)  # (R, K)
+    last = (inner < inner[:, -1:]).sum(-1, keepdim=True)  # the block's last entry of nonzero weight
+    j = torch.minimum(torch.searchsorted(inner, rest, right=True), last)  # rounding never picks a zero-weight entry
+    return (b * CDF_BLOCK + j).view(logits.shape[:-1])
+
+
 def electra_terms(model: Electra, m: Masked, cfg: ObjectiveConfig, generator: torch.Generator | None = None,
-                  capture: dict | None = None) -> LossTerms:
-    """Generator MLM at the masked slots, Gumbel-max replacements, then replaced-token detection on every token.
-    `capture` (held-out diagnostics only) receives the discriminator's input ids, logits and labels, (B, T) each."""
+                  capture: dict | None = None, sampler: str = "auto") -> LossTerms:
+    """Generator MLM at the masked slots, sampled replacements (`sample_tokens`, `sampler` = train.sampler), then
+    replaced-token detection on every token. `capture` (held-out diagnostics only) receives the discriminator's input
+    ids, logits and labels, (B, T) each."""
     logits, mlm = mlm_terms(model, m)
-    sampled = gumbel_sample(logits.detach(), cfg.temperature, generator)  # (B, N)
+    sampled = sample_tokens(logits.detach(), cfg.temperature, generator, sampler)  # (B, N)
     sampled = torch.where(m.weights > 0, sampled, m.targets)
     fake_ids = m.input_ids.scatter(1, m.positions, sampled)  # (B, T)
     labels = (fake_ids != m.input_ids).float()  # a sample equal to the original is "original"
@@ -171,8 +202,10 @@ def mlm_terms(model: Electra, m: Masked) -> tuple[Tensor, LossTerms]:
 
 
 def loss_terms(model: Electra, m: Masked, cfg: ObjectiveConfig, generator: torch.Generator | None = None,
-               capture: dict | None = None) -> LossTerms:
-    return electra_terms(model, m, cfg, generator, capture) if cfg.kind == "electra" else mlm_terms(model, m)[1]
+               capture: dict | None = None, sampler: str = "auto") -> LossTerms:
+    if cfg.kind == "electra":
+        return electra_terms(model, m, cfg, generator, capture, sampler)
+    return mlm_terms(model, m)[1]
 
 
 def combine(terms: LossTerms, cfg: ObjectiveConfig, mlm_count: Tensor, token_count: Tensor) -> Tensor:

@@ -60,13 +60,18 @@ class Block(nn.Module):
         self.dropout_p = cfg.dropout
         self.attention_dropout_p = cfg.attention_dropout
 
-    def forward(self, x: Tensor, attn_mask: Tensor | None) -> Tensor:
+    def forward(self, x: Tensor, attn_mask: Tensor | None, cu_seqlens: Tensor | None = None) -> Tensor:
+        """`attn_mask` (B, 1, 1, T) bool or None; or `cu_seqlens` (`row_segments`): the rows' lengths instead."""
         B, T, H = x.shape
         nh = self.num_heads
-        q, k, v = self.qkv(x).view(B, T, 3, nh, H // nh).permute(2, 0, 3, 1, 4)  # each (B, nh, T, hd)
         p_attn = self.attention_dropout_p if self.training else 0.0
-        a = _attention(q, k, v, attn_mask, p_attn)  # (B, nh, T, hd)
-        a = a.transpose(1, 2).reshape(B, T, H)
+        if cu_seqlens is not None:  # the tokens of all rows as one packed sequence (B*T, nh, hd), no transposes
+            q, k, v = self.qkv(x).view(B * T, 3, nh, H // nh).unbind(1)
+            a = varlen_attention(q, k, v, cu_seqlens, T, p_attn).reshape(B, T, H)
+        else:
+            q, k, v = self.qkv(x).view(B, T, 3, nh, H // nh).permute(2, 0, 3, 1, 4)  # each (B, nh, T, hd)
+            a = _attention(q, k, v, attn_mask, p_attn)  # (B, nh, T, hd)
+            a = a.transpose(1, 2).reshape(B, T, H)
         p = self.dropout_p if self.training else 0.0
         x = self.norm1(x + dropout(self.attn_out(a), p, self.training))
         h = F.gelu(self.ffn_in(x))  # exact (erf) GELU, as BERT/ELECTRA and transformers' "gelu"
@@ -83,15 +88,20 @@ class Encoder(nn.Module):
         self.project = Linear(E, H) if E != H else None
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
         self.grad_checkpointing = False
+        self.attention = "mask"  # train.attention: "mask" | "varlen" (padded rows by their lengths: `row_segments`)
 
     def forward(self, embedded: Tensor, attention_mask: Tensor | None) -> Tensor:
         x = self.project(embedded) if self.project is not None else embedded  # (B, T, H)
-        attn_mask = None if attention_mask is None else attention_mask[:, None, None, :]  # (B, 1, 1, T) True = attend
+        attn_mask = cu_seqlens = None
+        if attention_mask is not None and self.attention == "varlen":
+            cu_seqlens = row_segments(attention_mask)
+        elif attention_mask is not None:
+            attn_mask = attention_mask[:, None, None, :]  # (B, 1, 1, T) True = attend
         for layer in self.layers:
             if self.grad_checkpointing and self.training:
-                x = checkpoint(layer, x, attn_mask, use_reentrant=False)
+                x = checkpoint(layer, x, attn_mask, cu_seqlens, use_reentrant=False)
             else:
-                x = layer(x, attn_mask)
+                x = layer(x, attn_mask, cu_seqlens)
         return x
 
 
@@ -164,6 +174,19 @@ class Electra(nn.Module):
     def set_grad_checkpointing(self, enabled: bool) -> None:
         for enc in {id(e): e for e in (self.discriminator, self.generator) if e is not None}.values():
             enc.grad_checkpointing = enabled
+
+    def set_attention(self, kind: str) -> None:
+        """train.attention: "mask" (a boolean padding mask to SDPA) or "varlen" (padded batches by their rows' lengths:
+        `varlen_attention`). The same mathematics for every real token; a choice of kernels, not of weights."""
+        if kind not in ATTENTION_KINDS:
+            raise UserError(f"train.attention {kind!r}: use {' or '.join(ATTENTION_KINDS)}")
+        device = next(self.parameters()).device
+        if kind == "varlen" and device.type == "cuda":
+            head_dims = [c.hidden_size // c.num_heads for c in (self.cfg, self.gen_cfg)]
+            if why := varlen_blocker(torch.cuda.get_device_capability(device), head_dims):
+                raise UserError(f"train.attention=varlen: {why}; use train.attention=mask")
+        for enc in {id(e): e for e in (self.discriminator, self.generator) if e is not None}.values():
+            enc.attention = kind
 
     def generator_logits(self, input_ids: Tensor, token_type_ids: Tensor, attention_mask: Tensor | None,
                          positions: Tensor) -> Tensor:
@@ -245,18 +268,69 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, dropou
     return torch.bmm(probs, v3).view(B, nh, T, hd)
 
 
+ATTENTION_KINDS = ("mask", "varlen")
+
+
+def row_segments(attention_mask: Tensor) -> Tensor:
+    """The rows of a padded batch as variable-length sequences, for rows whose real tokens come first (as the data
+    builder and the GLUE batches lay them out): cu_seqlens (2B + 1,) int32 over the B*T tokens taken as one packed
+    sequence: row b's real tokens [bT, bT + n_b) are one sequence and its padding [bT + n_b, (b + 1)T) another (empty
+    for a full row). Static shape, no host sync. Padding attends only to padding, so no row is ever fully masked and
+    real tokens see exactly what the boolean mask lets them see; the losses weigh padding 0, so the loss and every
+    gradient are the masked path's."""
+    B, T = attention_mask.shape
+    starts = torch.arange(B, device=attention_mask.device) * T  # (B,)
+    ends = torch.stack([starts + attention_mask.sum(1), starts + T], 1).flatten()  # (2B,)
+    return F.pad(ends, (1, 0)).to(torch.int32)
+
+
+def varlen_blocker(capability: tuple[int, int], head_dims: list[int]) -> str:
+    """Why FlashAttention's variable-length kernel cannot run on a GPU of this compute capability with these head
+    sizes ("" when it can): it needs an Ampere or newer GPU and head sizes that are multiples of 8 up to 256."""
+    if capability < (8, 0):
+        return f"FlashAttention needs an Ampere or newer GPU (compute capability 8.0+), this one is {capability[0]}.{capability[1]}"
+    bad = sorted({d for d in head_dims if d % 8 or d > 256})
+    return f"FlashAttention needs head sizes that are multiples of 8 up to 256, not {bad}" if bad else ""
+
+
+def varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, seq_len: int, dropout_p: float) -> Tensor:
+    """softmax(q k^T / sqrt(hd)) -> dropout -> @ v within each sequence of `cu_seqlens` (`row_segments`), for q, k, v
+    (B*T, nh, hd) packed rows of `seq_len` tokens: (B*T, nh, hd).
+
+    CUDA in bf16/fp16: FlashAttention's variable-length kernel (aten._flash_attention_forward with cu_seqlens, the
+    kernel of torch.nn.attention.varlen, called directly because varlen_attn fixes its dropout at 0 and the paper's
+    attention dropout is 0.1; its backward is torch's own). Elsewhere (the CPU, fp32): the same sequences as a
+    boolean mask per row (B, 1, T, T) through `_attention`: the reference, no faster than the padding mask."""
+    if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
+        return torch.ops.aten._flash_attention_forward(q, k, v, cu_seqlens, cu_seqlens, seq_len, seq_len, dropout_p,
+                                                       False, False)[0]
+    BT, nh, hd = q.shape
+    B = BT // seq_len
+    token = torch.arange(BT, device=q.device, dtype=cu_seqlens.dtype)
+    seq = torch.searchsorted(cu_seqlens[1:], token, right=True).view(B, 1, seq_len)  # (B, 1, T) sequence of each token
+    q4, k4, v4 = (t.view(B, seq_len, nh, hd).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hd)
+    out = _attention(q4, k4, v4, seq.unsqueeze(-1) == seq.unsqueeze(-2), dropout_p)  # mask (B, 1, T, T)
+    return out.transpose(1, 2).reshape(BT, nh, hd)
+
+
 def attention_kernel(cfg: ModelConfig, batch: int, seq_len: int, device: torch.device, dtype: torch.dtype,
-                     training: bool = True, compiled: bool = False) -> dict:
+                     training: bool = True, compiled: bool = False, attention: str = "mask") -> dict:
     """Which attention kernel the discriminator's (and the generator's) blocks run for a (batch, seq_len) batch, for
     logs, summary.json and benchmarks: `_attention` with the encoder's boolean padding mask (B, 1, 1, T) and, when
     training, the attention dropout; and ("without_padding") for a batch without padding, which passes no mask
     (electra.Masked.full). Asks torch's own dispatcher (`runtime.sdpa_kernel`) with tensors of the real shapes and
     `dtype` (the autocast dtype under mixed precision).
 
-    FlashAttention takes no attention mask, so it runs only for batches without padding: with the mask the choice is
-    between the memory-efficient, cuDNN and math kernels (benchmarks/NOTES.md, "attention")."""
+    FlashAttention takes no attention mask, so with `attention` "mask" it runs only for batches without padding: with
+    the mask the choice is between the memory-efficient, cuDNN and math kernels (benchmarks/NOTES.md, "attention").
+    With "varlen" (train.attention) padded batches go by their rows' lengths (`varlen_attention`)."""
     def one(c: ModelConfig, masked: bool) -> dict:
         p = c.attention_dropout if training else 0.0
+        if masked and attention == "varlen":
+            if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16):
+                return {"kernel": "flash (variable length: the rows' lengths)", "flash_eligible": True, "why_not_flash": None}
+            return {"kernel": "tinyelectra's variable-length reference (the rows' sequences as a (B, 1, T, T) mask)",
+                    "flash_eligible": False, "why_not_flash": "FlashAttention's varlen kernel needs CUDA and bf16/fp16"}
         if device.type == "cpu" and p > 0.0 and not compiled:
             return {"kernel": "tinyelectra's CPU attention (one baddbmm for scale + mask, softmax, dropout, bmm): "
                               "SDPA would take its unfused math path with dropout", "flash_eligible": False,
@@ -268,7 +342,8 @@ def attention_kernel(cfg: ModelConfig, batch: int, seq_len: int, device: torch.d
 
     gen_cfg = cfg.generator()
     disc, gen = one(cfg, True), one(gen_cfg, True)
-    out = {"discriminator": disc, "generator": gen, "mask": "bool (B, 1, 1, T), True = attend",
+    how = "bool (B, 1, 1, T), True = attend" if attention == "mask" else "the rows' lengths (cu_seqlens, 2B + 1)"
+    out = {"discriminator": disc, "generator": gen, "mask": how,
            "without_padding": {"discriminator": one(cfg, False), "generator": one(gen_cfg, False), "mask": "none"},
            "dropout": cfg.attention_dropout if training else 0.0, "dtype": str(dtype).replace("torch.", "")}
     same = disc["kernel"] == gen["kernel"]

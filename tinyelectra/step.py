@@ -128,15 +128,17 @@ def train_step(engine: "Engine", masked: list[Masked], seeds: list[int], counts:
 
 
 class PretrainStep(nn.Module):
-    """model + objective as one module, so DDP (and torch.compile) see one forward: Masked -> loss sums + stats."""
+    """model + objective as one module, so DDP (and torch.compile) see one forward: Masked -> loss sums + stats; with
+    the recipe's kernel variants (train.sampler, train.attention)."""
 
     def __init__(self, model: Electra, recipe: Recipe) -> None:
         super().__init__()
         self.model = model
-        self.objective = recipe.objective
+        self.objective, self.sampler = recipe.objective, recipe.train.sampler
+        model.set_attention(recipe.train.attention)
 
     def forward(self, m: Masked) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        t = loss_terms(self.model, m, self.objective)
+        t = loss_terms(self.model, m, self.objective, sampler=self.sampler)
         return t.mlm_sum, t.disc_sum, t.stats
 
 

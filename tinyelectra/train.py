@@ -382,7 +382,7 @@ def set_up(run: RunState, data_dir: Path, init: Path | None, resume: bool) -> Pa
     log.once(compiled.pop("line"))  # how long compiling took, and where its cache is
     log.once(engine.host_sync_note or "")
     attention = attention_kernel(recipe.model, micro, tr.seq_len, device, runtime.autocast_dtype(precision, device),
-                                 compiled=engine.compile_note.startswith("compile: torch.compile"))
+                                 compiled=engine.compile_note.startswith("compile: torch.compile"), attention=tr.attention)
     log.once(attention["summary"])
     log.once(f"batch: {tr.batch_size} sequences x {tr.seq_len} tokens per step = {dist.world} process(es) x "
              f"{accum} micro-batch(es) of {micro}")
