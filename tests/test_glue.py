@@ -144,11 +144,11 @@ def make_run(run_dir: Path, fractions=(0.5, 1.0)) -> Path:
 
 def run_glue(checkpoint: Path, glue_dir: Path | None, out: Path, tasks: str, seeds: int = 1,
              max_train_rows: int | None = None, overrides: list[str] | None = None) -> list[Path]:
-    from tinyelectra.glue import glue_command
+    from tinyelectra.glue import GlueSettings, glue_command
 
-    return glue_command(checkpoint=checkpoint, glue_dir=glue_dir, use_hf=False, tasks=tasks, seeds=seeds, out_dir=out,
-                        gpu=None, device="cpu", max_train_rows=max_train_rows, overrides=list(overrides or []),
-                        command="pytest")
+    return glue_command(GlueSettings(checkpoint=checkpoint, glue_dir=glue_dir, use_hf=False, tasks=tasks, seeds=seeds,
+                                     out_dir=out, gpu=None, device="cpu", max_train_rows=max_train_rows,
+                                     overrides=list(overrides or []), command="pytest"))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -775,9 +775,9 @@ def test_jobs_in_flight_together_end_as_they_do_alone(ckpt):
     results = {}
     for concurrent in (1, 3):
         done = {}
-        makers = [lambda stream, s=seed, shared=concurrent > 1: FinetuneJob(bb, "sst2", task, fc, s, dev, "fp32", "static",
-                                                                            stream=stream, shared_rng=shared) for seed in range(3)]
-        stats = run_jobs(makers, concurrent, dev, lambda job, d=done: d.__setitem__(job.seed, job.finish()[0]))
+        start = lambda s, stream, shared=concurrent > 1: FinetuneJob(bb, "sst2", task, fc, s, dev, "fp32", "static",  # noqa: E731
+                                                                   stream=stream, shared_rng=shared)
+        stats = run_jobs(list(range(3)), start, lambda s, job, d=done: d.__setitem__(s, job.finish()[0]), concurrent, dev)
         assert stats["most_in_flight"] == concurrent and stats["steps"] == 3 * 4
         results[concurrent] = done
     for seed in range(3):
@@ -842,11 +842,12 @@ def test_task_seeds_give_a_task_fewer_seeds_and_reuse_only_the_same_seeds(ckpt, 
         (cola / name).write_text("".join(f"src\t{ln.split(chr(9))[1]}\t\t{ln.split(chr(9))[0]}\n" for ln in lines))
 
     def run(spec: str) -> dict:
-        from tinyelectra.glue import glue_command
+        from tinyelectra.glue import GlueSettings, glue_command
 
-        paths = glue_command(checkpoint=ckpt, glue_dir=glue_dir, use_hf=False, tasks="cola,sst2", seeds=2,
-                             out_dir=tmp_path / "out", gpu=None, device="cpu", max_train_rows=None,
-                             overrides=["epochs=1", "step=static", "concurrent=3"], command="pytest", task_seeds=spec)
+        paths = glue_command(GlueSettings(checkpoint=ckpt, glue_dir=glue_dir, use_hf=False, tasks="cola,sst2", seeds=2,
+                                          out_dir=tmp_path / "out", gpu=None, device="cpu", max_train_rows=None,
+                                          overrides=["epochs=1", "step=static", "concurrent=3"], command="pytest",
+                                          task_seeds=spec))
         return json.loads(paths[0].read_text())
 
     r = run("sst2=1")

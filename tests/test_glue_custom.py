@@ -28,18 +28,6 @@ def ckpt(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def forget_custom_tasks():
-    """A task file registers its task for the process (the command line runs one command); tests put the table back."""
-    from tinyelectra import glue_data
-
-    saved = dict(glue_data.TASKS), dict(glue_data._ALIASES), dict(glue_data.CUSTOM_FILES)
-    yield
-    for table, before in zip((glue_data.TASKS, glue_data._ALIASES, glue_data.CUSTOM_FILES), saved):
-        table.clear()
-        table.update(before)
-
-
-@pytest.fixture(autouse=True)
 def usual_umask():
     old = os.umask(0o022)
     yield
@@ -66,12 +54,12 @@ def task_file(path: Path, **fields) -> Path:
 
 
 def run(ckpt: Path, out: Path, files: list[Path], seeds: int = 1, **kw) -> list[Path]:
-    from tinyelectra.glue import glue_command
+    from tinyelectra.glue import GlueSettings, glue_command
 
-    return glue_command(checkpoint=ckpt, glue_dir=kw.get("glue_dir"), use_hf=False, tasks=kw.get("tasks", "all"),
-                        seeds=seeds, out_dir=out, gpu=None, device="cpu", max_train_rows=kw.get("max_train_rows"),
-                        overrides=kw.get("overrides", []), command="pytest", task_files=files,
-                        **({"skip_bad_labels": True} if kw.get("skip_bad_labels") else {}))
+    return glue_command(GlueSettings(checkpoint=ckpt, glue_dir=kw.get("glue_dir"), use_hf=False, tasks=kw.get("tasks", "all"),
+                                     seeds=seeds, out_dir=out, gpu=None, device="cpu", max_train_rows=kw.get("max_train_rows"),
+                                     overrides=kw.get("overrides", []), command="pytest", task_files=files,
+                                     skip_bad_labels=bool(kw.get("skip_bad_labels"))))
 
 
 def mode(path: Path) -> int:
