@@ -14,6 +14,7 @@ import json
 import os
 import random
 import stat
+import sys
 from pathlib import Path
 
 import pytest
@@ -218,3 +219,26 @@ def test_labels_outside_the_task_list_are_an_error_or_skipped_when_asked(ckpt, t
     assert line.endswith("; rows skipped: dev 12"), line
     entry = json.loads(paths[0].read_text())["tasks"]["rotulos"]
     assert entry["skipped_rows"] == {"dev": 12}
+
+
+def test_two_task_files_with_one_name_are_one_line(ckpt, tmp_path, capsys):
+    """Issue 35: two --task-file naming the same task ran one job and dropped the other without a word; now one line
+    naming both files, exit 2, nothing fine-tuned."""
+    from tinyelectra import cli
+
+    write_tsv(tmp_path / "a.tsv", rows(16, 0))
+    write_tsv(tmp_path / "b.tsv", rows(16, 1))
+    base = dict(name="meu", dev="a.tsv", text_columns=["frase"], label_column="rótulo", metric="accuracy")
+    first, second = task_file(tmp_path / "a.toml", train="a.tsv", **base), task_file(tmp_path / "b.toml", train="b.tsv", **base)
+    argv = ["tinyelectra", "glue", "--checkpoint", str(ckpt), "--task-file", str(first), "--task-file", str(second),
+            "--device", "cpu", "--out", str(tmp_path / "out")]
+    old, sys.argv = sys.argv, argv
+    try:
+        with pytest.raises(SystemExit) as exc:
+            cli.main()
+    finally:
+        sys.argv = old
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and err.startswith("error: ") and "\n" not in err, err
+    assert f"--task-file {second}: names the task 'meu', as --task-file {first} does" in err
+    assert not (tmp_path / "out" / "ckpt-10000" / "glue.json").exists()

@@ -261,7 +261,7 @@ def compare_seeds(ours: Sequence[float], theirs: Sequence[float], majority: floa
         spread, beyond = "one seed on a side: no spread to judge by", False
     else:
         beyond = a[0] > b[-1] or a[-1] < b[0]
-        spread = "beyond the seeds' spread" if beyond else "within the seeds' spread (the ranges overlap)"
+        spread = "beyond the seeds' spread" if beyond else "within the seeds' spread: the ranges overlap"
     words = f"{difference:+.1f} ({a[0]:.1f}..{a[-1]:.1f} vs {b[0]:.1f}..{b[-1]:.1f}: {spread})"
     if majority is not None:
         words += f"; {median - majority:+.1f} against the majority class's {majority:.1f}"

@@ -60,7 +60,7 @@ def fmt_duration(seconds: float | None) -> str:
 
 
 def fmt_score_std(median: float | None, std: float | None) -> str:
-    return fmt_score(median) if std is None else f"{fmt_score(median)} ± {std:.1f}"
+    return fmt_score(median) if std is None or median is None else f"{fmt_score(median)} ± {std:.1f}"
 
 
 # ---------- Reading (a damaged file is one error naming it, or a warning in the report: never a quiet omission)
