@@ -676,13 +676,13 @@ def _stop(proc: subprocess.Popen) -> int:
 def collect(run: Run) -> None:
     """Copy what the user-facing commands wrote into the archive's folder (never the weights): the first command:
     the pre-training run's plan, summary, metrics, recipe and each checkpoint's meta.json (ckpt-0000's too), pack.json;
-    the second: every glue.json."""
+    the second: every glue.json (--released-lr's too)."""
     if run.command == "run":
         pre = run.work / "pretrain"
         wanted = [pre / n for n in ("plan.json", "summary.json", "metrics.jsonl", "recipe.json")] + sorted(pre.glob("ckpt-*/meta.json"))
         wanted += [run.work / "init" / "ckpt-0000" / "meta.json", run.pack / "pack.json"]
     else:
-        wanted = sorted(run.work.glob("glue*/p*/*/glue.json"))
+        wanted = sorted(run.work.glob("glue*/p*/*/glue.json")) + sorted(run.work.glob("glue*/p*/*/released-lr/glue.json"))
     for src in wanted:
         if src.is_file():
             dst = run.stage_dir / src.relative_to(run.work)
@@ -952,18 +952,17 @@ def pretrain_figures(d: Path, pack: dict | None, record: dict | None) -> dict:
             "final_verdict": f"{final['name']}: {_get(final, 'eval', 'verdict')}" if final else None}
 
 
-def glue_results(folder: Path, arm: str = "paper") -> dict[str, dict[str, dict]]:
+def glue_results(folder: Path, arm: str = "") -> dict[str, dict[str, dict]]:
     """Every checkpoint's finished seeds in a glue stage's folder (one glue.json per process and checkpoint: the
     processes of a layout split the seeds), by checkpoint and task: the paper metric's score of each seed, the class
     it answered when it answered one class for every dev row, its loss curve, the majority-class score, the protocol;
-    a stopped run's finished seeds of unfinished tasks count too. `arm` "released": the released learning rate's."""
+    a stopped run's finished seeds of unfinished tasks count too. `arm` "released-lr": glue --released-lr's results."""
     out: dict[str, dict[str, dict]] = {}
-    done, unfinished = ("tasks", "partial") if arm == "paper" else ("arms", "partial_arms")
-    for path in sorted(Path(folder).glob("p*/*/glue.json")):
+    for path in sorted(Path(folder).glob(f"p*/*/{arm}/glue.json" if arm else "p*/*/glue.json")):
         doc = _load(path) or {}
-        name = path.parent.name
-        entries = {t: (e.get("seeds") or [], e) for t, e in (doc.get(done) or {}).items()}
-        entries.update({t: (p.get("seeds") or [], {}) for t, p in (doc.get(unfinished) or {}).items() if t not in entries})
+        name = path.parents[1 if arm else 0].name
+        entries = {t: (e.get("seeds") or [], e) for t, e in (doc.get("tasks") or {}).items()}
+        entries.update({t: (p.get("seeds") or [], {}) for t, p in (doc.get("partial") or {}).items() if t not in entries})
         for task, (seeds, entry) in entries.items():
             t = out.setdefault(name, {}).setdefault(task, {"scores": {}, "metric": entry.get("paper_metric"),
                                                            "protocol": doc.get("protocol"), "precision": doc.get("precision"),
@@ -1065,7 +1064,7 @@ def summarize(d: Path, records: list[dict], mode: str, command: str, seconds: fl
         names = sorted(sides, key=lambda n: int(n[5:]) if re.fullmatch(r"ckpt-\d{4,5}", n) else -1)
         pretrained = next((n for n in reversed(names) if n != "ckpt-0000"), None)
         glue = glue_table(sides, pretrained, "ckpt-0000" if "ckpt-0000" in sides else None)
-        released = glue_results(d / "glue", "released")
+        released = glue_results(d / "glue", "released-lr")
         early = glue_results(d / "glue-early")
         fp32 = glue_results(d / "glue-fp32")
         fine_tuning = [ft for v in (sides.get(pretrained) or sides.get("ckpt-0000") or {}).values() for ft in v.get("fine_tuning", [])][:1]
@@ -1172,7 +1171,8 @@ def _glue_lines(g: dict, header: bool = True) -> list[str]:
     out = [f"  {'task (metric)':<24}{'pre-trained':>20}{'no pre-training':>20}{'paper':>8}{'majority':>10}"
            f"{'one class':>11}"] if header else []
     for task, v in g["tasks"].items():
-        one = "/".join(_n(v["one class"].get(s), "{}") for s in ("pre-trained", "no pre-training"))
+        one = ", ".join(f"{v['one class'][s]}/{v[s]['seeds']}" if v["one class"].get(s) is not None and v.get(s) else "-"
+                        for s in ("pre-trained", "no pre-training"))
         out.append(f"  {task + ' (' + str(v.get('metric')) + ')':<24}{_cell(v.get('pre-trained')):>20}"
                    f"{_cell(v.get('no pre-training')):>20}{_n(v.get('paper'), '{:.1f}'):>8}"
                    f"{_n(v.get('majority class'), '{:.1f}'):>10}{one:>11}")
@@ -1241,8 +1241,9 @@ def table(doc: dict) -> str:
         for side, curves in (doc.get("cola_loss_curves") or {}).items():
             seed, curve = min((curves or {}).items(), default=(None, None))
             if curve:
-                out.append(f"cola training loss, {side}, seed {seed}: {curve[0][1]:.3f} at step {curve[0][0]}, "
-                           f"{curve[len(curve) // 2][1]:.3f} at {curve[len(curve) // 2][0]}, {curve[-1][1]:.3f} at {curve[-1][0]}")
+                points = dict.fromkeys(map(tuple, (curve[0], curve[len(curve) // 2], curve[-1])))  # first, middle, last
+                out.append(f"cola training loss, {side}, seed {seed}: " + ", ".join(f"{loss:.3f} at step {step}"
+                                                                                       for step, loss in points))
         if r := doc.get("glue_released_lr"):
             out.append("with the released code's learning rate (1e-4, weight decay 0.01; not the paper's 3e-4):")
             out += _glue_lines(r, header=False)

@@ -918,26 +918,33 @@ def test_a_seed_that_answers_one_class_is_named_beside_its_loss_curve_and_class_
 
 
 def test_released_lr_is_a_second_arm_kept_apart_from_the_papers_protocol(ckpt, tmp_path, capsys):
-    """`--released-lr sst2`: SST-2 fine-tuned twice, by the paper's protocol (3e-4, weight decay 0) in `tasks` and with
-    the released code's learning rate and weight decay (configure_finetuning.py: 1e-4, 0.01) in `arms`; the average
-    stays the paper protocol's; the same command again reuses both; an unknown task is one line."""
+    """`--released-lr sst2`: SST-2 fine-tuned twice in one process, by the paper's protocol (3e-4, weight decay 0) into
+    OUT/CKPT/glue.json and with the released code's learning rate and weight decay (configure_finetuning.py: 1e-4,
+    0.01) into OUT/CKPT/released-lr/glue.json, which the report lists apart; the averages stay the paper protocol's; the
+    same command again reuses both; a task not run is one line."""
     from tinyelectra.errors import UserError
     from tinyelectra.glue import GlueSettings, glue_command
+    from tinyelectra.report import build_report
 
     glue_dir = write_sst2_like(tmp_path / "glue", train_rows=40, dev_rows=20)
 
-    def run(released: str) -> dict:
+    def run(released: str) -> list[dict]:
         settings = GlueSettings(checkpoint=ckpt, glue_dir=glue_dir, tasks="sst2", seeds=1, out_dir=tmp_path / "out",
                                 device="cpu", overrides=["epochs=3"], command="pytest", released_lr=released)
-        return json.loads(glue_command(settings)[0].read_text())
+        return [json.loads(p.read_text()) for p in glue_command(settings)]
 
-    r = run("sst2")
-    paper, arm = r["tasks"]["sst2"], r["arms"]["sst2"]
-    assert (paper["peak_lr"], paper["weight_decay"]) == (3e-4, 0.0) and (arm["peak_lr"], arm["weight_decay"]) == (1e-4, 0.01)
-    assert r["protocol"]["released_lr"]["tasks"] == ["sst2"] and r["averages"]["paper"]["score"] == paper["median_paper"]
-    assert arm["seeds"][0]["final_loss"] != paper["seeds"][0]["final_loss"]  # trained otherwise
+    paper, arm = run("sst2")
+    assert (paper["protocol"]["settings"]["lr"], paper["protocol"]["settings"]["weight_decay"]) == (0.0, 0.0)
+    assert paper["tasks"]["sst2"]["peak_lr"] == 3e-4 and "arm" not in paper["protocol"]
+    assert arm["tasks"]["sst2"]["peak_lr"] == 1e-4 and arm["protocol"]["settings"]["weight_decay"] == 0.01
+    assert "released code's learning rate" in arm["protocol"]["arm"]
+    assert (tmp_path / "out" / "ckpt-10000" / "released-lr" / "glue.json").is_file()
+    assert arm["tasks"]["sst2"]["seeds"][0]["final_loss"] != paper["tasks"]["sst2"]["seeds"][0]["final_loss"]
+    rep = build_report(tmp_path / "out")
+    assert [c["name"] for c in rep["checkpoints"]] == ["ckpt-10000"]  # one checkpoint, its arm beside it
+    assert rep["checkpoints"][0]["released_lr"]["settings"] == {"lr": 1e-4, "weight_decay": 0.01}
     capsys.readouterr()
-    assert run("SST-2")["arms"] == r["arms"] and capsys.readouterr().out.count("reusing the results") == 2
+    assert run("SST-2")[1]["tasks"] == arm["tasks"] and capsys.readouterr().out.count("reusing the results") == 2
     with pytest.raises(UserError, match="rte is not among the tasks run"):
         run("rte")
 

@@ -524,8 +524,28 @@ def test_the_h100_leases_own_glue_files_give_the_wording_the_rule_allows(tmp_pat
     assert t["verdict"]["words"].startswith("average 51.6 over cola, mrpc, stsb, rte (sst2 missing); -23.3 against "
                                             "ELECTRA-Small-OWT at 1M steps (74.9); -7.4 against the 6.25% point's replication")
     assert t["tasks"]["cola"]["one class"] == {"pre-trained": None, "no pre-training": None}
-    assert "  cola (matthews_corr)          0.0 (0.0..0.0)      0.0 (0.0..0.0)    56.8       0.0        -/-" in \
+    assert "  cola (matthews_corr)          0.0 (0.0..0.0)      0.0 (0.0..0.0)    56.8       0.0       -, -" in \
         suite._glue_lines(t)
+
+
+def test_the_table_counts_the_seeds_that_answered_one_class(tmp_path):
+    """A seed whose dev predictions are one class is counted beside its side's median (issue 34: CoLA's six runs all
+    answered 'acceptable' and the table did not say so); the released learning rate's results are read apart."""
+    g = tmp_path / "glue"
+    for name, one in (("ckpt-10000", [None, "acceptable", "acceptable"]), ("ckpt-0000", ["acceptable"] * 3)):
+        seeds = [{"seed": k, "paper_score": 0.0 if c else 5.0, "predicted_classes": {"acceptable": 9}, "one_class": c,
+                  "loss_curve": [[10, 0.61], [20, 0.6]]} for k, c in enumerate(one)]
+        path = g / "p0" / name / "glue.json"
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps({"tasks": {"cola": {"paper_metric": "matthews_corr", "seeds": seeds}}}))
+        (path.parent / "released-lr").mkdir()
+        (path.parent / "released-lr" / "glue.json").write_text(json.dumps({"tasks": {"cola": {"seeds": seeds[:1]}}}))
+    t = suite.glue_table(suite.glue_results(g), "ckpt-10000", "ckpt-0000")
+    assert t["tasks"]["cola"]["one class"] == {"pre-trained": 2, "no pre-training": 3}
+    assert suite._glue_lines(t)[1].endswith("  2/3, 3/3")
+    arm = suite.glue_results(g, "released-lr")
+    assert sorted(arm) == ["ckpt-0000", "ckpt-10000"] and arm["ckpt-10000"]["cola"]["scores"] == {0: 5.0}
+    assert arm["ckpt-0000"]["cola"]["loss_curves"] == {0: [[10, 0.61], [20, 0.6]]}
 
 
 def test_the_second_learning_rate_runs_only_when_the_whole_plan_fits_with_it(tmp_path, monkeypatch):

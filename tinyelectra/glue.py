@@ -16,18 +16,14 @@ Protocol (the paper's fine-tuning appendix; official configure_finetuning.py and
 - several seeds (default 3); every seed kept, median and standard deviation reported. Test-set predictions come
   from the seed whose dev paper score is the median (the lower middle one for an even count).
 Opt-in departures, recorded in glue.json: `batching=length` (batches of similar length, about half the padded tokens
-on GLUE; transformers' group_by_length), `precision=bf16` on a CPU with AVX512-BF16/AMX, and `--released-lr TASKS`:
-those tasks fine-tuned a second time with the released code's learning rate and weight decay (configure_finetuning.py:
-1e-4 for Small and Base, 5e-5 for Large; 0.01), kept apart in glue.json's `arms`: the scores and averages stay the
-paper's protocol's.
+on GLUE; transformers' group_by_length), `precision=bf16` on a CPU with AVX512-BF16/AMX; and `--released-lr TASKS`,
+those tasks fine-tuned again with the released code's learning rate and weight decay (RELEASED), in the same process,
+into OUT/<checkpoint>/released-lr/glue.json: apart from the paper's protocol, its scores and averages.
 
-Each seed says why it scored what it did: its training loss every finetune.LOSS_EVERY steps (`loss_curve`) and how
-many dev rows it put in each class (`predicted_classes`); a seed that gives every row one class is named as such
-(`one_class`, in the console line and the report). How the steps run: finetune.py's docstring; with more than one job
-in flight every (checkpoint, task, seed) job is scheduled together (`Scheduler`, longest first), and glue.json records
-how they ran (`protocol.step`, `fine_tuning`). A tinyelectra checkpoint's scores also go beside its pre-training
-curves in RUN/tensorboard, but only under RUN's lock (taken for the write, without waiting): a run folder that cannot
-be written or that another command holds gets one line, and the results stay in glue.json.
+Each seed keeps its training loss every finetune.LOSS_EVERY steps and its dev rows per class; a seed that gives every
+row one class is named as such (glue.json, the console line, the report). How the steps run: finetune.py's docstring;
+every (checkpoint, task, seed) job is scheduled together (`Scheduler`). RUN/tensorboard gets a checkpoint's scores
+only under RUN's lock: a run folder that cannot be written or that another command holds gets one line instead.
 """
 
 from __future__ import annotations
@@ -69,9 +65,8 @@ from tinyelectra.tokenizer import Tokenizer
 
 FORMAT = "tinyelectra-glue"
 FORMAT_VERSION = 1
-RELEASED_LR = {"small": 1e-4, "base": 1e-4, "large": 5e-5}  # google-research/electra configure_finetuning.py
-RELEASED_WEIGHT_DECAY = 0.01  # the same file's weight_decay_rate
-ARM_SECTIONS = {"paper": ("tasks", "partial"), "released": ("arms", "partial_arms")}  # glue.json: finished, unfinished
+# google-research/electra configure_finetuning.py's learning_rate and weight_decay_rate (Small and Base; Large 5e-5)
+RELEASED = {"lr": 1e-4, "weight_decay": 0.01}
 PLAIN_PROGRESS_SECONDS = 30.0
 
 
@@ -154,27 +149,15 @@ def checkpoint_meta(ref: CheckpointRef) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def arm_key(task: str, arm: str) -> str:
-    """A task and its protocol arm, in words: "cola", "cola (released lr)"."""
-    return task if arm == "paper" else f"{task} ({arm} lr)"
-
-
 @dataclass
 class TaskData:
-    """One task as it is fine-tuned: its spec and splits as read (before tokenization): train (row-limited, swapped
-    pairs added), dev, test; and its protocol arm, "paper" or "released" (--released-lr: the same rows, the released
-    code's learning rate)."""
+    """One task's spec and splits as read (before tokenization): train (row-limited, swapped pairs added), dev, test."""
 
     task: TaskSpec
     train: GlueSplit
     dev: dict[str, GlueSplit]  # split name -> split; the first is the primary (MNLI: dev_matched)
     test: list[GlueSplit]  # test splits (MNLI's include AX when present)
     original_train_rows: int  # before the row limit and swapping
-    arm: str = "paper"
-
-    @property
-    def key(self) -> str:
-        return arm_key(self.task.name, self.arm)
 
     def describe(self) -> dict[str, Any]:
         """Rows, source, skipped lines and a content hash of every split (reuse of results checks it)."""
@@ -265,11 +248,8 @@ def encode_task(tokenizer, data: TaskData, max_length: int) -> EncodedTask:
 
 
 def _task_name(name: str, tasks: list[str], what: str) -> str:
-    """A task named on the command line (GLUE's by any spelling, a task of one's own by its name) among `tasks`."""
-    try:
-        task = name if name in tasks else get_task(name).name
-    except UserError:
-        raise UserError(f"{what}: expected TASK=N[,TASK=N] with a task and a whole number, got {name!r}") from None
+    """A task named on the command line (GLUE's by any spelling, a task of one's own by its name), one of `tasks`."""
+    task = name if name in tasks else get_task(name).name  # an unknown name: get_task's one line
     if task not in tasks:
         raise UserError(f"{what}: {task} is not among the tasks run ({', '.join(tasks)})")
     return task
@@ -281,10 +261,10 @@ def parse_task_seeds(spec: str | None, tasks: list[str], seeds: int) -> dict[str
     for part in filter(None, (p.strip() for p in (spec or "").split(","))):
         name, _, n = part.partition("=")
         try:
-            count = int(n)
-        except ValueError:
+            count, name = int(n), name.strip() if name.strip() in tasks else get_task(name.strip()).name
+        except (UserError, ValueError):
             raise UserError(f"--task-seeds {spec}: expected TASK=N[,TASK=N] with a task and a whole number, got {part!r}") from None
-        task = _task_name(name.strip(), tasks, f"--task-seeds {spec}")
+        task = _task_name(name, tasks, f"--task-seeds {spec}")
         if task in out:
             raise UserError(f"--task-seeds {spec}: {task} is given twice; give each task once")
         if not 1 <= count <= seeds:
@@ -368,8 +348,8 @@ def majority_class_baseline(data: TaskData) -> dict[str, Any] | None:
 @dataclass
 class Session:
     """What one `glue` command decided before fine-tuning, for all its checkpoints: the settings, device, precision,
-    how the steps run, the tasks' data (arms included, by key) and each one's seeds, where results go; and each task's
-    encoding per tokenizer, made once and shared by the checkpoints (and arms) that need it."""
+    how the steps run, the tasks' data and each one's seeds, where results go (`arm`: a subfolder of each checkpoint's,
+    for --released-lr); and each task's encoding per tokenizer, made once and shared by the checkpoints that need it."""
 
     settings: GlueSettings
     fc: FinetuneConfig
@@ -380,11 +360,12 @@ class Session:
     mode_why: str
     concurrent: int  # jobs in flight at once
     out_dir: Path
-    data: dict[str, TaskData]  # TaskData.key -> the task's data, in running order
+    data: dict[str, TaskData]  # task name -> its data, in running order
     seeds: list[int]
-    task_seeds: dict[str, list[int]]  # TaskData.key -> its seeds (fewer with --task-seeds; an arm has its task's)
+    task_seeds: dict[str, list[int]]  # task name -> its seeds (fewer with --task-seeds)
     skipped: dict[str, str]  # tasks not run, and why
     console: Any
+    arm: str = ""  # "" for the paper's protocol; "released-lr" for --released-lr's session
     encodings: dict[tuple[str, str], EncodedTask] = field(default_factory=dict)
 
     def encoded(self, tokenizer: Tokenizer, data: TaskData) -> EncodedTask:
@@ -393,24 +374,22 @@ class Session:
             self.encodings[key] = encode_task(tokenizer, data, self.fc.max_length)
         return self.encodings[key]
 
-    def finetune_config(self, data: TaskData, hidden_size: int) -> FinetuneConfig:
-        """The paper's protocol, or for the released arm its learning rate and weight decay by model size."""
-        if data.arm == "paper":
-            return self.fc
-        return dataclasses.replace(self.fc, lr=RELEASED_LR[size_defaults(hidden_size)[0]],
-                                   weight_decay=RELEASED_WEIGHT_DECAY)
+    def released(self, tasks: list[str]) -> Session:
+        """These tasks again with the released code's learning rate and weight decay, the encodings shared."""
+        return dataclasses.replace(self, fc=dataclasses.replace(self.fc, **RELEASED), arm="released-lr",
+                                   data={t: self.data[t] for t in tasks}, encodings=self.encodings)
 
     def protocol(self, hidden_size: int) -> dict[str, Any]:
         """Every setting that decides the numbers (compared before reusing earlier results), and how the steps ran."""
-        fc, size = self.fc, size_defaults(hidden_size)[0]
-        tasks = [d.task for d in self.data.values() if d.arm == "paper"]
+        fc, size, tasks = self.fc, size_defaults(hidden_size)[0], [d.task for d in self.data.values()]
         padding = ("dynamic (each batch to its longest row; attention mask on padded keys)" if self.mode == "eager" else
                    f"length buckets of {fc.length_bucket} tokens (each batch to its longest row rounded up; attention "
                    "mask on padded keys), a short last batch filled with copies of its rows weighted 0: the same loss "
                    "and gradients")
-        released = [d.task.name for d in self.data.values() if d.arm == "released"]
         return {
             "settings": dataclasses.asdict(fc),
+            **({"arm": "--released-lr: the released code's learning rate and weight decay (google-research/electra "
+                       "configure_finetuning.py for Small and Base), not the paper's"} if self.arm else {}),
             "model_size_rule": f"{size} (hidden size {hidden_size}: <= 256 Small, <= 768 Base, else Large)",
             "peak_lr": fc.peak_lr(hidden_size),
             "layerwise": fc.layerwise,
@@ -431,19 +410,18 @@ class Session:
                         f"length-grouped: groups of {MEGABATCH} batches sorted by length, batches shuffled (not the paper's)",
             "max_train_rows": self.settings.max_train_rows,
             "test_predictions_from": "the median seed by dev paper score (lower middle for an even count)",
-            **({"released_lr": {"tasks": released, "lr": RELEASED_LR[size], "weight_decay": RELEASED_WEIGHT_DECAY,
-                                "source": "google-research/electra configure_finetuning.py"}} if released else {}),
         }
 
 
 class CheckpointRun:
-    """One checkpoint's fine-tuning: its backbone and tokenizer, the glue.json it fills (`result`, written after every
-    finished seed and task), what an earlier glue.json for the same checkpoint, protocol and seeds lets it reuse, and
-    each task's finished seeds, by TaskData.key. `todo` is what is left to train; `seed_done` evaluates and records
+    """One checkpoint's fine-tuning under one session: its backbone and tokenizer, the glue.json it fills (`result`,
+    written after every finished seed and task), what an earlier glue.json for the same checkpoint, protocol and seeds
+    lets it reuse, and each task's finished seeds. `todo` is what is left to train; `seed_done` evaluates and records
     one finished seed and writes the task's entry once all its seeds are in; `finish` completes glue.json."""
 
     def __init__(self, ref: CheckpointRef, session: Session) -> None:
         self.ref, self.session, self.console = ref, session, session.console
+        self.name = ref.name + (f" ({session.arm})" if session.arm else "")
         self.backbone = load_backbone(ref.path)
         if self.backbone.tokenizer_dir is None:
             raise UserError(f"{ref.path}: no tokenizer files beside the weights (tokenizer/ or tokenizer.json / vocab.txt); "
@@ -452,9 +430,10 @@ class CheckpointRun:
         cfg = self.backbone.config
         if session.fc.max_length > cfg.max_positions:
             raise UserError(f"--set max_length={session.fc.max_length} exceeds the model's {cfg.max_positions} positions")
-        self.target = session.out_dir / ref.name / "glue.json"
-        seeds, task_seeds = session.seeds, session.task_seeds
-        fewer = {d.task.name: task_seeds[k] for k, d in session.data.items() if d.arm == "paper" and task_seeds[k] != seeds}
+        self.folder = session.out_dir / ref.name / session.arm
+        self.target = self.folder / "glue.json"
+        seeds = session.seeds
+        fewer = {t: v for t, v in session.task_seeds.items() if v != seeds}
         self.result: dict[str, Any] = {
             "format": FORMAT, "format_version": FORMAT_VERSION,
             "checkpoint": {"name": ref.name, "path": str(ref.path.resolve()), "kind": ref.kind,
@@ -470,72 +449,68 @@ class CheckpointRun:
             "platform": platform.platform(), "command": session.settings.command, "complete": False,
         }
         previous, previous_seeds = _reusable(self.target, self.result)
-        for key, v in previous_seeds.items():  # kept on disk until their tasks are reached and finished
-            self.result.setdefault(ARM_SECTIONS[session.data[key].arm][1], {})[session.data[key].task.name] = v
+        if previous_seeds:  # kept on disk until their tasks are reached and finished
+            self.result["partial"] = dict(previous_seeds)
         self.started = time.perf_counter()
-        self.described = {key: data.describe() for key, data in session.data.items()}
-        self.records: dict[str, dict[int, dict]] = {}  # key -> seed -> its record
-        self.test_outputs: dict[str, dict[int, list]] = {}  # key -> seed -> its test-set outputs
-        self.todo: dict[str, list[int]] = {}  # key -> seeds still to train
+        self.described = {task: data.describe() for task, data in session.data.items()}
+        self.records: dict[str, dict[int, dict]] = {}  # task -> seed -> its record
+        self.test_outputs: dict[str, dict[int, list]] = {}  # task -> seed -> its test-set outputs
+        self.todo: dict[str, list[int]] = {}  # task -> seeds still to train
         self.tensorboard_note = ""  # why RUN/tensorboard was left alone, said once
-        for key, data in session.data.items():
-            described = self.described[key]
-            same_seeds = key in previous and [r["seed"] for r in previous[key][0].get("seeds", [])] == task_seeds[key]
-            if key in previous and previous[key][1] == described and same_seeds:  # same rows, files and seeds
-                self.console.print(f"[dim]{ref.name} {key}: reusing the results in {self.target} (same checkpoint, "
+        for task, data in session.data.items():
+            described, task_seeds = self.described[task], session.task_seeds[task]
+            same_seeds = task in previous and [r["seed"] for r in previous[task][0].get("seeds", [])] == task_seeds
+            if task in previous and previous[task][1] == described and same_seeds:  # same rows, files and seeds
+                self.console.print(f"[dim]{self.name} {task}: reusing the results in {self.target} (same checkpoint, "
                                    "protocol and seeds)[/]")
-                self.result.setdefault(ARM_SECTIONS[data.arm][0], {})[data.task.name] = previous[key][0]
-                self.result["data"][data.task.name] = described
+                self.result["tasks"][task], self.result["data"][task] = previous[task][0], described
                 continue
             finished = {}  # seed -> its record, kept from an interrupted run of the same task on the same rows
-            if key in previous_seeds and previous_seeds[key]["data"] == described:
-                finished = {r["seed"]: r for r in previous_seeds[key]["seeds"] if r["seed"] in task_seeds[key]}
+            if task in previous_seeds and previous_seeds[task]["data"] == described:
+                finished = {r["seed"]: r for r in previous_seeds[task]["seeds"] if r["seed"] in task_seeds}
                 if data.test:  # a reused seed's test predictions are needed if it is the median one
-                    finished = {k: r for k, r in finished.items() if self._outputs_path(data, k).is_file()}
+                    finished = {k: r for k, r in finished.items() if self._outputs_path(task, k).is_file()}
                 if finished:
-                    self.console.print(f"[dim]{ref.name} {key}: reusing {len(finished)} finished seed(s) from {self.target}[/]")
-            self.records[key] = dict(finished)
-            self.test_outputs[key] = {k: self._load_outputs(data, k) for k in finished}
-            self.todo[key] = [k for k in task_seeds[key] if k not in finished]
+                    self.console.print(f"[dim]{self.name} {task}: reusing {len(finished)} finished seed(s) from {self.target}[/]")
+            self.records[task] = dict(finished)
+            self.test_outputs[task] = {k: self._load_outputs(data, k) for k in finished}
+            self.todo[task] = [k for k in task_seeds if k not in finished]
 
     def encoded(self, data: TaskData) -> EncodedTask:
         return self.session.encoded(self.tokenizer, data)
 
-    def finetune_config(self, data: TaskData) -> FinetuneConfig:
-        return self.session.finetune_config(data, self.backbone.config.hidden_size)
-
     def steps(self, data: TaskData) -> int:
-        fc = self.finetune_config(data)
+        fc = self.session.fc
         return plan_steps(len(self.encoded(data).train), fc.batch_size, fc.task_epochs(data.task))[1]
 
-    def _outputs_path(self, data: TaskData, seed: int) -> Path:
+    def _outputs_path(self, task: str, seed: int) -> Path:
         """A finished seed's test-set outputs, kept until its task is finished (the median seed's become the
         submission)."""
-        return self.target.parent / "partial" / f"{data.task.name}{'' if data.arm == 'paper' else '-' + data.arm}-seed{seed}.npz"
+        return self.folder / "partial" / f"{task}-seed{seed}.npz"
 
     def _load_outputs(self, data: TaskData, seed: int) -> list[np.ndarray]:
         if not data.test:
             return []
-        with np.load(self._outputs_path(data, seed), allow_pickle=False) as z:
+        with np.load(self._outputs_path(data.task.name, seed), allow_pickle=False) as z:
             return [z[f"arr_{i}"] for i in range(len(data.test))]
 
     def seed_done(self, data: TaskData, seed: int, model, facts: dict, evaluate_on=contextlib.nullcontext) -> None:
         """Score the finished seed's model on the dev splits (and predict the test splits), with the dev rows it put
         in each class; record it in glue.json at once (an interrupt loses at most the seeds in flight); the task's
         entry once all its seeds are in."""
-        enc, spec, key, fc = self.encoded(data), data.task, data.key, self.session.fc
+        enc, spec, fc, s = self.encoded(data), data.task, self.session.fc, self.session
         t_eval = time.perf_counter()
         splits = {}
         with evaluate_on():  # after the job's own steps (its CUDA stream)
             for split, dev_enc in enc.dev.items():
-                outputs = predict(model, dev_enc, fc.eval_batch_size, self.session.device, self.session.precision)
+                outputs = predict(model, dev_enc, fc.eval_batch_size, s.device, s.precision)
                 score = score_task(spec, outputs, data.dev[split].labels, split=split)
                 splits[split] = {"paper_score": score.paper_score, "glue_score": score.glue_score,
                                  "metrics": score.metrics, "examples": score.num_examples}
                 if not spec.is_regression:
                     counts = np.bincount(prediction_vector(spec, outputs), minlength=spec.num_labels)
                     splits[split]["predicted_classes"] = dict(zip(spec.label_names, counts.tolist()))
-            tests = [predict(model, t, fc.eval_batch_size, self.session.device, self.session.precision) for t in enc.test]
+            tests = [predict(model, t, fc.eval_batch_size, s.device, s.precision) for t in enc.test]
         primary = splits[spec.primary_dev_split]
         record = {"seed": seed, **{k: primary[k] for k in ("paper_score", "glue_score", "metrics")}}
         if "predicted_classes" in primary:
@@ -545,53 +520,48 @@ class CheckpointRun:
             record["splits"] = splits
         record.update(train_seconds=facts["train_seconds"], eval_seconds=time.perf_counter() - t_eval,
                       steps=facts["steps"], final_loss=facts["final_loss"], loss_curve=facts["loss_curve"])
-        self.records[key][seed] = record
-        self.test_outputs[key][seed] = tests
+        self.records[spec.name][seed] = record
+        self.test_outputs[spec.name][seed] = tests
         if data.test:
             buffer = io.BytesIO()
             np.savez(buffer, *tests)
-            write_atomic(self._outputs_path(data, seed), buffer.getvalue())
-        in_order = [self.records[key][k] for k in self.session.task_seeds[key] if k in self.records[key]]
-        partial = self.result.setdefault(ARM_SECTIONS[data.arm][1], {})
-        partial[spec.name] = {"seeds": in_order, "data": self.described[key]}
+            write_atomic(self._outputs_path(spec.name, seed), buffer.getvalue())
+        in_order = [self.records[spec.name][k] for k in s.task_seeds[spec.name] if k in self.records[spec.name]]
+        self.result.setdefault("partial", {})[spec.name] = {"seeds": in_order, "data": self.described[spec.name]}
         write_json(self.target, self.result, "GLUE results")
-        if len(self.records[key]) == len(self.session.task_seeds[key]):
+        if len(self.records[spec.name]) == len(s.task_seeds[spec.name]):
             self.task_done(data)
 
     def task_done(self, data: TaskData) -> None:
-        enc, spec, key, fc = self.encoded(data), data.task, data.key, self.finetune_config(data)
-        per_epoch, steps = plan_steps(len(enc.train), fc.batch_size, fc.task_epochs(spec))
-        seeds = self.session.task_seeds[key]
-        seed_results = [self.records[key][k] for k in seeds]
-        entry = {"epochs": fc.task_epochs(spec), "train_rows": len(enc.train), "steps_per_epoch": per_epoch,
+        enc, task, fc = self.encoded(data), data.task.name, self.session.fc
+        per_epoch, steps = plan_steps(len(enc.train), fc.batch_size, fc.task_epochs(data.task))
+        seeds = self.session.task_seeds[task]
+        seed_results = [self.records[task][k] for k in seeds]
+        entry = {"epochs": fc.task_epochs(data.task), "train_rows": len(enc.train), "steps_per_epoch": per_epoch,
                  "steps": steps, "peak_lr": fc.peak_lr(self.backbone.config.hidden_size),
-                 "weight_decay": fc.weight_decay, "truncated_train_rows": enc.train.truncated, "seeds": seed_results,
-                 **summarize_task(spec, seed_results), "majority_class": majority_class_baseline(data),
-                 "skipped_rows": data.skipped_rows()}
-        if not spec.is_regression:
+                 "truncated_train_rows": enc.train.truncated, "seeds": seed_results, **summarize_task(data.task, seed_results),
+                 "majority_class": majority_class_baseline(data), "skipped_rows": data.skipped_rows()}
+        if not data.task.is_regression:
             entry["one_class_seeds"] = [s["seed"] for s in seed_results if s.get("one_class")]
         if data.test:
             chosen = median_seed_index([s["paper_score"] for s in seed_results])
-            sub_dir = self.session.out_dir / self.ref.name / ("submission" if data.arm == "paper" else f"submission-{data.arm}-lr")
-            files = [str(write_submission(sub_dir, split, outputs))
-                     for split, outputs in zip(data.test, self.test_outputs[key][seeds[chosen]])]
+            files = [str(write_submission(self.folder / "submission", split, outputs))
+                     for split, outputs in zip(data.test, self.test_outputs[task][seeds[chosen]])]
             entry["test_predictions"] = {"seed": seeds[chosen], "files": files}
-        done, unfinished = ARM_SECTIONS[data.arm]
-        self.result.setdefault(done, {})[spec.name] = entry
-        self.result["data"][spec.name] = self.described[key]
+        self.result["tasks"][task], self.result["data"][task] = entry, self.described[task]
         self.result["averages"] = task_averages(self.result["tasks"])
-        (self.result.get(unfinished) or {}).pop(spec.name, None)
-        if not self.result.get(unfinished):
-            self.result.pop(unfinished, None)
+        (self.result.get("partial") or {}).pop(task, None)
+        if not self.result.get("partial"):
+            self.result.pop("partial", None)
         write_json(self.target, self.result, "GLUE results")  # after every task: a long run keeps what it finished
         for seed in seeds:
-            self._outputs_path(data, seed).unlink(missing_ok=True)
+            self._outputs_path(task, seed).unlink(missing_ok=True)
         with contextlib.suppress(OSError):  # the folder of unfinished tasks' outputs, once empty
-            self._outputs_path(data, seeds[0]).parent.rmdir()
-        self.test_outputs.pop(key, None)
-        self.console.print(_task_line(self.ref.name, key, entry), markup=False, highlight=False)
-        if data.arm == "paper":
-            self._tensorboard(f"glue/{spec.name}", entry["median_paper"])
+            self._outputs_path(task, seeds[0]).parent.rmdir()
+        self.test_outputs.pop(task, None)
+        self.console.print(_task_line(self.name, task, entry), markup=False, highlight=False)
+        if not self.session.arm:
+            self._tensorboard(f"glue/{task}", entry["median_paper"])
 
     def _tensorboard(self, tag: str, value: float) -> None:
         """A tinyelectra checkpoint's score beside its pre-training curves in RUN/tensorboard, at its pre-training
@@ -611,13 +581,13 @@ class CheckpointRun:
                     writer.add_scalar(tag, value, step)
         except UserError as e:
             self.tensorboard_note = str(e).split("; ")[0]
-            self.console.print(f"{self.ref.name}: GLUE scores not added to {run_dir / 'tensorboard'} "
+            self.console.print(f"{self.name}: GLUE scores not added to {run_dir / 'tensorboard'} "
                                f"({self.tensorboard_note}); they are in {self.target}", markup=False, highlight=False)
 
     def finish(self, fine_tuning: dict[str, Any]) -> dict[str, Any]:
-        for key, data in self.session.data.items():  # every seed reused from an interrupted run: its entry now
-            if key in self.todo and len(self.records[key]) == len(self.session.task_seeds[key]) and \
-                    data.task.name not in self.result.get(ARM_SECTIONS[data.arm][0], {}):
+        for task, data in self.session.data.items():  # every seed reused from an interrupted run: its entry now
+            if task in self.todo and task not in self.result["tasks"] and \
+                    len(self.records[task]) == len(self.session.task_seeds[task]):
                 self.task_done(data)
         self.result["averages"] = task_averages(self.result["tasks"])
         self.result["seconds_total"] = time.perf_counter() - self.started
@@ -628,9 +598,9 @@ class CheckpointRun:
 
 
 def _reusable(target: Path, fresh: dict[str, Any]) -> tuple[dict[str, tuple[dict, dict]], dict[str, dict]]:
-    """What an earlier glue.json for the same checkpoint, protocol and seeds holds (else nothing), by TaskData.key:
-    its finished tasks, each with the description of the data it used, {key: (task entry, data description)}; and
-    the finished seeds of tasks it did not finish (interrupted), {key: {"seeds": [records], "data": description}}."""
+    """What an earlier glue.json for the same checkpoint, protocol and seeds holds (else nothing): its finished tasks,
+    each with the description of the data it used, {task: (task entry, data description)}; and the finished seeds of
+    tasks it did not finish (interrupted), {task: {"seeds": [records], "data": description}}."""
     try:
         old = json.loads(target.read_text(encoding="utf-8"))
     except (OSError, ValueError):  # none yet, or unreadable
@@ -641,12 +611,9 @@ def _reusable(target: Path, fresh: dict[str, Any]) -> tuple[dict[str, tuple[dict
             and all(old_protocol.get(k) == fresh["protocol"][k] for k in ("settings", "max_train_rows")))
     if not same:
         return {}, {}
-    run, tasks, partial = fresh["protocol"]["epochs"], {}, {}
-    for arm, (done, unfinished) in ARM_SECTIONS.items():
-        tasks.update({arm_key(t, arm): (v, (old.get("data") or {}).get(t)) for t, v in (old.get(done) or {}).items()
-                      if t in run})
-        partial.update({arm_key(t, arm): v for t, v in (old.get(unfinished) or {}).items()
-                        if t in run and arm_key(t, arm) not in tasks})
+    tasks = {t: (v, (old.get("data") or {}).get(t)) for t, v in (old.get("tasks") or {}).items()
+             if t in fresh["protocol"]["epochs"]}
+    partial = {t: v for t, v in (old.get("partial") or {}).items() if t in fresh["protocol"]["epochs"] and t not in tasks}
     return tasks, partial
 
 
@@ -657,7 +624,7 @@ def _kept(path: Path) -> str:
     except (OSError, ValueError):
         return f"nothing finished was written yet ({path})"
     tasks = list(result.get("tasks") or {})
-    seeds = sum(len(v.get("seeds", [])) for s in ("partial", "partial_arms") for v in (result.get(s) or {}).values())
+    seeds = sum(len(v.get("seeds", [])) for v in (result.get("partial") or {}).values())
     parts = ([f"finished tasks {', '.join(tasks)}"] if tasks else []) + ([f"{seeds} finished seed(s) of unfinished tasks"] if seeds else [])
     return f"kept {' and '.join(parts) or 'nothing finished yet'} in {path}"
 
@@ -726,15 +693,16 @@ class JobProgress:
 
 
 class Scheduler:
-    """Every (checkpoint, task, seed) job left to train, run by finetune.run_jobs `concurrent` at a time: longest first
-    when several run at once (so that the last to finish are short), in order otherwise (tasks finish one after
-    another); each finished seed recorded as it ends. With fixed shapes a task's training split is put on the device
-    once for all the jobs that train on it, and let go after the last of them."""
+    """Every (checkpoint, task, seed) job left to train, of every session, run by finetune.run_jobs `concurrent` at a
+    time: longest first when several run at once (so that the last to finish are short), in order otherwise (tasks
+    finish one after another); each finished seed recorded as it ends. With fixed shapes a task's training split is
+    put on the device once for all the jobs that train on it, and let go after the last of them."""
 
-    def __init__(self, runs: list[CheckpointRun], session: Session) -> None:
-        self.session = session
-        self.units = [(run, session.data[key], seed) for run in runs for key, seeds in run.todo.items() for seed in seeds]
-        if session.concurrent > 1:
+    def __init__(self, runs: list[CheckpointRun]) -> None:
+        self.s = runs[0].session  # the device, precision, step mode and jobs in flight all sessions share
+        self.units = [(run, run.session.data[task], seed) for run in runs for task, seeds in run.todo.items()
+                      for seed in seeds]
+        if self.s.concurrent > 1:
             self.units.sort(key=lambda u: -u[0].steps(u[1]))  # stable: ties keep their order
         self.uses = Counter(self._split_key(run, data) for run, data, _ in self.units)  # jobs left per device split
         self.splits: dict[tuple[str, str], Any] = {}  # split key -> the training split on the device
@@ -746,20 +714,19 @@ class Scheduler:
         return run.tokenizer.fingerprint(), data.task.name
 
     def start(self, unit: tuple[CheckpointRun, TaskData, int], stream) -> FinetuneJob:
-        run, data, seed = unit
-        s, enc = self.session, run.encoded(data)
-        seeds = s.task_seeds[data.key]
-        show = JobProgress(self.progress, self.bars[(run, data.key)], s.console,
-                           f"{run.ref.name} {data.key} seed {seeds.index(seed) + 1}/{len(seeds)}", run.steps(data), self.clock)
-        split = None
+        (run, data, seed), s = unit, self.s
+        seeds, enc = run.session.task_seeds[data.task.name], run.encoded(data)
+        show = JobProgress(self.progress, self.bars[(run, data.task.name)], s.console,
+                           f"{run.name} {data.task.name} seed {seeds.index(seed) + 1}/{len(seeds)}", run.steps(data),
+                           self.clock)
+        key, split = self._split_key(run, data), None
         if s.mode != "eager":
-            key = self._split_key(run, data)
             if key not in self.splits:
                 self.splits[key] = device_split(enc.train, data.task.is_regression, s.fc.length_bucket,
                                                 run.backbone.config.max_positions, s.device)
             split = self.splits[key]
-        return FinetuneJob(run.backbone, data.task, enc, run.finetune_config(data), seed, s.device, s.precision, s.mode,
-                           data=split, stream=stream, shared_rng=s.concurrent > 1, on_step=show)
+        return FinetuneJob(run.backbone, data.task, enc, run.session.fc, seed, s.device, s.precision, s.mode, data=split,
+                           stream=stream, shared_rng=s.concurrent > 1, on_step=show)
 
     def done(self, unit: tuple[CheckpointRun, TaskData, int], job: FinetuneJob) -> None:
         run, data, seed = unit
@@ -772,15 +739,15 @@ class Scheduler:
 
     def run(self) -> dict[str, Any]:
         """Every job; returns what ran (finetune.run_jobs) with the step mode."""
-        s = self.session
+        s = self.s
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"),
                    TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), TextColumn("loss {task.fields[loss]}"))
         with Progress(*columns, console=s.console, transient=False, disable=not s.console.is_terminal) as progress:
             self.progress, self.bars = progress, {}
             for run, data, _ in self.units:
-                if (run, data.key) not in self.bars:
-                    self.bars[(run, data.key)] = progress.add_task(f"{run.ref.name} {data.key}", loss="-",
-                                                                   total=run.steps(data) * len(run.todo[data.key]))
+                if (run, data.task.name) not in self.bars:
+                    self.bars[(run, data.task.name)] = progress.add_task(
+                        f"{run.name} {data.task.name}", loss="-", total=run.steps(data) * len(run.todo[data.task.name]))
             stats = run_jobs(self.units, self.start, self.done, s.concurrent, s.device)
         if stats["steps"]:
             s.console.print(f"fine-tuned {stats['jobs']} job(s), {stats['steps']:,} steps in {stats['seconds']:.0f} s "
@@ -802,8 +769,6 @@ def _session(settings: GlueSettings, refs: list[CheckpointRef], console) -> Sess
     custom = {spec.name: spec for spec in load_task_files(list(settings.task_files))}
     task_names, skipped = choose_tasks(settings.tasks, settings.glue_dir, settings.use_hf, list(custom.values()))
     fewer = parse_task_seeds(settings.task_seeds, task_names, settings.seeds)  # before any data is read
-    released = {_task_name(t.strip(), task_names, f"--released-lr {settings.released_lr}")
-                for t in (settings.released_lr or "").split(",") if t.strip()}
     dev = pick_device(settings.gpu, settings.device)
     precision, reason = pick_precision(fc.precision, dev)
     configure_matmul(precision, dev)
@@ -823,39 +788,40 @@ def _session(settings: GlueSettings, refs: list[CheckpointRef], console) -> Sess
             s.refuse_bad_labels(settings.skip_bad_labels)
             if s.malformed:
                 console.print(s.summary())
-    data.update({(arm := dataclasses.replace(data[t], arm="released")).key: arm for t in task_names if t in released})
     seeds = list(range(fc.seed, fc.seed + settings.seeds))
     mode, why = step_mode(fc, dev, precision)
     return Session(settings, fc, dev, precision, reason, mode, why, concurrency(fc, mode), out_dir, data, seeds,
-                   {k: seeds[:fewer.get(d.task.name, len(seeds))] for k, d in data.items()}, skipped, console)
+                   {t: seeds[:fewer.get(t, len(seeds))] for t in data}, skipped, console)
 
 
 def glue_command(settings: GlueSettings) -> list[Path]:
     """`tinyelectra glue`: fine-tune every selected checkpoint on every selected task (GLUE's, and those of
-    --task-file); returns the glue.json paths."""
+    --task-file), and the tasks of --released-lr again with the released code's rate; returns the glue.json paths."""
     console = make_console(stderr=False)
     refs = find_checkpoints(settings.checkpoint)
     s = _session(settings, refs, console)
-    names = list(dict.fromkeys(d.task.name for d in s.data.values()))
-    console.print(f"fine-tuning {len(refs)} checkpoint(s) x {len(names)} task(s) ({', '.join(names)}) x "
+    released = list(dict.fromkeys(_task_name(t.strip(), list(s.data), f"--released-lr {settings.released_lr}")
+                                  for t in (settings.released_lr or "").split(",") if t.strip()))
+    sessions = [s, s.released(released)] if released else [s]
+    console.print(f"fine-tuning {len(refs)} checkpoint(s) x {len(s.data)} task(s) ({', '.join(s.data)}) x "
                   f"{settings.seeds} seed(s) on {device_name(s.device, threads=True)}, {s.precision} ({s.precision_reason}); "
-                  f"steps: {s.mode} ({s.mode_why}), up to {s.concurrent} job(s) at once; results in {s.out_dir}")
+                  f"steps: {s.mode} ({s.mode_why}), up to {s.concurrent} job(s) at once; results in {s.out_dir}"
+                  + (f"; again with the released code's lr {RELEASED['lr']:g} and weight decay {RELEASED['weight_decay']:g}: "
+                     f"{', '.join(released)}" if released else ""))
     runs: list[CheckpointRun] = []
-    written = []
     with holding(s.out_dir, "--out"):  # one writer per --out (runfolder.py)
         try:
-            runs = [CheckpointRun(ref, s) for ref in refs]
-            fine_tuning = Scheduler(runs, s).run()
+            runs = [CheckpointRun(ref, session) for session in sessions for ref in refs]
+            fine_tuning = Scheduler(runs).run()
         except Interrupted as e:
-            for ref in refs:
-                console.print(f"interrupted ({e.signal_name}): {_kept(s.out_dir / ref.name / 'glue.json')}; run "
-                              "the same command again to continue (finished tasks and seeds are reused)", highlight=False)
+            for target in [s.out_dir / ref.name / session.arm / "glue.json" for session in sessions for ref in refs]:
+                console.print(f"interrupted ({e.signal_name}): {_kept(target)}; run the same command again to continue "
+                              "(finished tasks and seeds are reused)", highlight=False)
             raise
         for run in runs:
             result = run.finish(fine_tuning)
             for kind in ("paper", "glue"):
                 if avg := result["averages"].get(kind):
-                    console.print(f"{run.ref.name}: {kind} average {avg['score']:.1f} ({avg['label']})")
+                    console.print(f"{run.name}: {kind} average {avg['score']:.1f} ({avg['label']})")
             console.print(f"wrote {run.target}")
-            written.append(run.target)
-    return written
+    return [run.target for run in runs]

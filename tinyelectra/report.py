@@ -224,8 +224,7 @@ def _task_entries(path: Path, raw: dict, notes: list[str]) -> dict[str, dict]:
         majority = t.get("majority_class") and _possible(_numbers(t["majority_class"], ("paper_score",), path),
                                                          {"paper_score": paper_range}, f"{path}: {task} majority class", notes)
         tasks[task] = {
-            **{k: t.get(k) for k in ("paper_metric", "glue_metric", "median_paper", "std_paper", "median_glue", "std_glue",
-                                     "peak_lr", "weight_decay")},
+            **{k: t.get(k) for k in ("paper_metric", "glue_metric", "median_paper", "std_paper", "median_glue", "std_glue")},
             "seed_paper_scores": [s.get("paper_score") for s in seeds], "seeds": [s["seed"] for s in seeds],
             "one_class": [s.get("one_class") for s in seeds], "train_seconds": sum(s["train_seconds"] for s in seeds),
             "majority_class": majority or None,
@@ -241,6 +240,8 @@ def _glue_entry(path: Path, glue: dict, notes: list[str]) -> dict[str, Any]:
     meta = _possible(meta, dict.fromkeys(("step", "tokens_seen", "train_flops_paper", "train_flops_hardware",
                                           "train_seconds", "wall_seconds"), COUNT), f"{path}: meta", notes)
     tasks = _task_entries(path, glue.get("tasks") or {}, notes)
+    arm = path.parent / "released-lr" / "glue.json"  # glue --released-lr: the tasks again at the released code's rate
+    arm_doc = _read_json(arm) if arm.is_file() else {}
     averages = {kind: _possible(a, {"score": (-100, 100)}, f"{path}: {kind} average", notes)
                 for kind, a in (glue.get("averages") or {}).items() if isinstance(a, dict) and "score" in a}
     averages = {kind: a for kind, a in averages.items() if "score" in a}
@@ -258,7 +259,9 @@ def _glue_entry(path: Path, glue: dict, notes: list[str]) -> dict[str, Any]:
         "step": meta.get("step"), "tokens_seen": meta.get("tokens_seen"),
         "train_flops_paper": meta.get("train_flops_paper"), "train_flops_hardware": meta.get("train_flops_hardware"),
         "train_seconds": train_seconds_of(meta),
-        "tasks": tasks, "arms": _task_entries(path, glue.get("arms") or {}, notes),
+        "tasks": tasks, "released_lr": {"settings": {k: (arm_doc.get("protocol") or {}).get("settings", {}).get(k)
+                                                     for k in ("lr", "weight_decay")},
+                                        "tasks": _task_entries(arm, arm_doc.get("tasks") or {}, notes)} if arm_doc else None,
         "average_paper": averages.get("paper"), "average_glue": averages.get("glue"),
         "finetune": {"device": glue.get("device"), "precision": glue.get("precision"),
                      **{k: protocol.get(k)
@@ -485,8 +488,9 @@ def render_markdown(rep: dict[str, Any]) -> str:
         L += ["", "Seeds (paper metric each), and the score of always answering the training rows' most frequent "
               "class (classification tasks):", ""]
         for c in cks:
-            arms = {f"{t} (the released code's lr {e['peak_lr']:g}, weight decay {e['weight_decay']:g})": e
-                    for t, e in c.get("arms", {}).items()}
+            arm = c.get("released_lr") or {"tasks": {}}
+            arms = {f"{t} (--released-lr: lr {arm['settings']['lr']}, weight decay {arm['settings']['weight_decay']})": e
+                    for t, e in arm["tasks"].items()}
             for t, e in [(task_title(t), c["tasks"][t]) for t in tasks if t in c["tasks"]] + list(arms.items()):
                 scores = ", ".join(f"seed {s}: {fmt_score(v)}" + (f" (ONE CLASS: {one!r} for every row)" if one else "")
                                    for s, v, one in zip(e["seeds"], e["seed_paper_scores"], e.get("one_class") or ()))
