@@ -245,7 +245,7 @@ def glue(
         "to fit a time limit); glue.json records them."),
     released_lr: Optional[str] = typer.Option(
         None, "--released-lr", metavar="TASKS", help="Fine-tune these tasks a second time with the released code's "
-        "learning rate and weight decay (1e-4 and 0.01 for Small; not the paper's), kept apart in glue.json's arms."),
+        "learning rate and weight decay (1e-4 and 0.01 for Small; not the paper's), into OUT/<checkpoint>/released-lr/."),
     out: Optional[Path] = typer.Option(None, "--out", metavar="DIR", help="Where OUT/<checkpoint>/glue.json goes (default: RUN/glue for a run or its checkpoints, else CHECKPOINT/glue)."),
     gpu: Optional[int] = typer.Option(None, "--gpu", metavar="INDEX", help="CUDA device index."),
     device: Optional[str] = typer.Option(None, "--device", metavar="DEVICE", help="'cpu' (or a torch device string)."),

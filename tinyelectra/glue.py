@@ -377,7 +377,8 @@ class Session:
     def released(self, tasks: list[str]) -> Session:
         """These tasks again with the released code's learning rate and weight decay, the encodings shared."""
         return dataclasses.replace(self, fc=dataclasses.replace(self.fc, **RELEASED), arm="released-lr",
-                                   data={t: self.data[t] for t in tasks}, encodings=self.encodings)
+                                   data={t: self.data[t] for t in tasks},
+                                   task_seeds={t: self.task_seeds[t] for t in tasks}, encodings=self.encodings)
 
     def protocol(self, hidden_size: int) -> dict[str, Any]:
         """Every setting that decides the numbers (compared before reusing earlier results), and how the steps ran."""
