@@ -16,7 +16,8 @@ machine between commands) with run.json, its summary.
 
 The second (--finish, 280 s) finds that run (or says in one line that it is not there) and runs first glue (the full
 training sets of CoLA, SST-2, MRPC, STS-B and RTE, the paper's protocol, 3 seeds, the last checkpoint and `ckpt-0000`
-side by side in one process) with all the time the deadline leaves. Before it starts, its plan is checked against that
+side by side in one process; CoLA again at the released code's learning rate when the whole plan fits with it) with
+all the time the deadline leaves. Before it starts, its plan is checked against that
 time on its critical path (benchmarks/glue_fit.py: the jobs round-robin in one process, at the steps/s measured on the
 H100 for each number of jobs in flight), the cap on jobs in flight set to the one the model finds fastest, and when
 it does not fit it is trimmed in a stated order (the longest task's seeds first, a task dropped last), said in one
@@ -24,7 +25,9 @@ line and in finish.json (glue_fit). Its layout is the default (DEFAULT_LAYOUT: t
 measurement sits before it. Then, with time left: glue_early (a checkpoint at a quarter of the run, fitted the same
 way), glue_fp32 (bf16 fine-tuning checked against fp32 on three tasks), the extras (transformers compiled with CUDA
 graphs, tinyelectra vs transformers eager, fp16) and glue_speed (fine-tuning steps/s per layout: processes x jobs in
-flight, for the next lease's default). Its table is the verdict against the paper.
+flight, for the next lease's default). Its table gives each side's seeds that answered one class, the two sides
+compared by one rule (tinyelectra.metrics.compare_seeds) and the verdict against the paper, computed
+(metrics.verdict_against_anchors).
 
 Every stage is a process (or, for glue, the processes of its layout) under its own time limit, recorded whatever
 happens. --cpu-smoke runs both commands at toy size on the CPU (one thread per process, compile stages with

@@ -761,15 +761,19 @@ class Scheduler:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _session(settings: GlueSettings, refs: list[CheckpointRef], console) -> Session:
-    """Everything decided before the first checkpoint loads: settings, tasks and their data, seeds, device,
-    precision, step mode, where results go (checked writable: results that cannot be written are not computed)."""
+def _session(settings: GlueSettings, console) -> tuple[list[CheckpointRef], Session, list[str]]:
+    """The checkpoints, everything decided before the first loads (settings, tasks and their data, seeds, device,
+    precision, step mode, where results go: checked writable, results that cannot be written are not computed) and
+    the tasks of --released-lr."""
     fc = FinetuneConfig.from_overrides(list(settings.overrides), settings.config)
     if settings.seeds < 1:
         raise UserError("--seeds must be at least 1")
+    refs = find_checkpoints(settings.checkpoint)
     custom = {spec.name: spec for spec in load_task_files(list(settings.task_files))}
     task_names, skipped = choose_tasks(settings.tasks, settings.glue_dir, settings.use_hf, list(custom.values()))
     fewer = parse_task_seeds(settings.task_seeds, task_names, settings.seeds)  # before any data is read
+    released = list(dict.fromkeys(_task_name(t.strip(), task_names, f"--released-lr {settings.released_lr}")
+                                  for t in (settings.released_lr or "").split(",") if t.strip()))
     dev = pick_device(settings.gpu, settings.device)
     precision, reason = pick_precision(fc.precision, dev)
     configure_matmul(precision, dev)
@@ -791,18 +795,15 @@ def _session(settings: GlueSettings, refs: list[CheckpointRef], console) -> Sess
                 console.print(s.summary())
     seeds = list(range(fc.seed, fc.seed + settings.seeds))
     mode, why = step_mode(fc, dev, precision)
-    return Session(settings, fc, dev, precision, reason, mode, why, concurrency(fc, mode), out_dir, data, seeds,
-                   {t: seeds[:fewer.get(t, len(seeds))] for t in data}, skipped, console)
+    return refs, Session(settings, fc, dev, precision, reason, mode, why, concurrency(fc, mode), out_dir, data, seeds,
+                         {t: seeds[:fewer.get(t, len(seeds))] for t in data}, skipped, console), released
 
 
 def glue_command(settings: GlueSettings) -> list[Path]:
     """`tinyelectra glue`: fine-tune every selected checkpoint on every selected task (GLUE's, and those of
     --task-file), and the tasks of --released-lr again with the released code's rate; returns the glue.json paths."""
     console = make_console(stderr=False)
-    refs = find_checkpoints(settings.checkpoint)
-    s = _session(settings, refs, console)
-    released = list(dict.fromkeys(_task_name(t.strip(), list(s.data), f"--released-lr {settings.released_lr}")
-                                  for t in (settings.released_lr or "").split(",") if t.strip()))
+    refs, s, released = _session(settings, console)
     sessions = [s, s.released(released)] if released else [s]
     console.print(f"fine-tuning {len(refs)} checkpoint(s) x {len(s.data)} task(s) ({', '.join(s.data)}) x "
                   f"{settings.seeds} seed(s) on {device_name(s.device, threads=True)}, {s.precision} ({s.precision_reason}); "
