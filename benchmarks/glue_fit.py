@@ -13,7 +13,9 @@ runs, what was trimmed said in one line: the longest task (SST-2: its jobs are t
 time down to one, then the next longest, and so on; only when one seed of every task does not fit is the longest
 task dropped, the others back at their full seeds. The cap on jobs in flight is the one with the shortest modeled
 time (a cap starts the long jobs alone, at a higher rate each, and keeps short ones for the end, when the GPU would
-otherwise run a few long jobs at a lower aggregate rate).
+otherwise run a few long jobs at a lower aggregate rate). Extra jobs that run only when time allows (`fit_with_extras`:
+CoLA with the released code's learning rate) are planned first with the whole plan, and left out before anything is
+trimmed.
 """
 
 from __future__ import annotations
@@ -130,15 +132,27 @@ def fit(steps_per_seed: dict[str, int], seeds: int, checkpoints: int, available_
                       "job_finish_s": JOB_FINISH_S, "source": SOURCE}}
 
 
+def fit_with_extras(steps_per_seed: dict[str, int], extras: dict[str, int], seeds: int, checkpoints: int,
+                    available_s: float, table: dict[int, float] = H100_STEPS_PER_S, margin: float = FIT_MARGIN) -> dict:
+    """`fit` for a plan with `extras` ({name: steps a seed}) that run only when time allows: the whole plan with them
+    when it fits untrimmed, else `fit` without them. `extras` lists the extras kept, `extras_dropped` those left out."""
+    if extras:
+        f = fit({**steps_per_seed, **extras}, seeds, checkpoints, available_s, table, margin)
+        if f["fits"] and not f["trims"]:
+            return {**f, "extras": list(extras), "extras_dropped": []}
+    return {**fit(steps_per_seed, seeds, checkpoints, available_s, table, margin), "extras": [], "extras_dropped": list(extras)}
+
+
 def describe(f: dict) -> str:
     """One line: the plan against its time, what was trimmed and why."""
     full = f["full_plan"]
     head = (f"{full['jobs']} jobs, {full['steps']:,} steps: modeled {full['seconds']:.0f} s with up to {full['concurrent']} "
             f"in flight (all at once: {full['all_at_once_s']:.0f} s) against {f['budget_s']:.0f} s ({f['margin']:.0%} of "
             f"the {f['available_s']:.0f} s left)")
+    extras = f"; left out to fit: {', '.join(f['extras_dropped'])} (run only when time allows)" if f.get("extras_dropped") else ""
     if not f["fits"]:
         return f"{head}: does not fit, not even one seed of one task"
     if not f["trims"]:
-        return f"{head}: runs whole"
-    return (f"{head}: TRIMMED to fit ({', '.join(f['trims'])}; the longest task's seeds go first): {f['jobs']} jobs, "
+        return f"{head}: runs whole{extras}"
+    return (f"{head}{extras}: TRIMMED to fit ({', '.join(f['trims'])}; the longest task's seeds go first): {f['jobs']} jobs, "
             f"{f['steps']:,} steps, modeled {f['estimate_s']:.0f} s with up to {f['concurrent']} in flight")

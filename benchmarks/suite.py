@@ -16,7 +16,8 @@ machine between commands) with run.json, its summary.
 
 The second (--finish, 280 s) finds that run (or says in one line that it is not there) and runs first glue (the full
 training sets of CoLA, SST-2, MRPC, STS-B and RTE, the paper's protocol, 3 seeds, the last checkpoint and `ckpt-0000`
-side by side in one process) with all the time the deadline leaves. Before it starts, its plan is checked against that
+side by side in one process; CoLA again at the released code's learning rate when the whole plan fits with it) with
+all the time the deadline leaves. Before it starts, its plan is checked against that
 time on its critical path (benchmarks/glue_fit.py: the jobs round-robin in one process, at the steps/s measured on the
 H100 for each number of jobs in flight), the cap on jobs in flight set to the one the model finds fastest, and when
 it does not fit it is trimmed in a stated order (the longest task's seeds first, a task dropped last), said in one
@@ -24,7 +25,9 @@ line and in finish.json (glue_fit). Its layout is the default (DEFAULT_LAYOUT: t
 measurement sits before it. Then, with time left: glue_early (a checkpoint at a quarter of the run, fitted the same
 way), glue_fp32 (bf16 fine-tuning checked against fp32 on three tasks), the extras (transformers compiled with CUDA
 graphs, tinyelectra vs transformers eager, fp16) and glue_speed (fine-tuning steps/s per layout: processes x jobs in
-flight, for the next lease's default). Its table is the verdict against the paper.
+flight, for the next lease's default). Its table gives each side's seeds that answered one class, the two sides
+compared by one rule (tinyelectra.metrics.compare_seeds) and the verdict against the paper, computed
+(metrics.verdict_against_anchors).
 
 Every stage is a process (or, for glue, the processes of its layout) under its own time limit, recorded whatever
 happens. --cpu-smoke runs both commands at toy size on the CPU (one thread per process, compile stages with
@@ -77,6 +80,9 @@ STEPS_MARGIN = 0.85  # the paper's step count is asked for only when the speed s
 GLUE = {"gpu": {"seeds": 3, "max_train_rows": None, "settings": ("precision=bf16", "test_predictions=false")},
         "smoke": {"seeds": 3, "max_train_rows": 16, "settings": ("precision=fp32", "test_predictions=false", "step=static")}}
 GLUE_FP32_TASKS = ("cola", "mrpc", "rte")  # the small tasks: about 7,000 steps in true fp32 (TF32 off)
+# the glue stage's second learning rate (`glue --released-lr`: the released code's 1e-4, weight decay 0.01), when the
+# whole plan fits with it (glue_fit.fit_with_extras; always on the smoke run): CoLA predicted one class at 3e-4
+RELEASED_LR_TASKS = ("cola",)
 EARLY_CHECKPOINT = "ckpt-2500"  # glue_early: a quarter of the run
 # glue_speed: the layouts measured ([P processes x] step mode : jobs in flight per process), after the GLUE stages: it
 # tells the next lease's default. The processes split the seeds, so P divides GLUE's seeds.
@@ -99,15 +105,17 @@ def pretrain_recipe(mode: str, data_dir: Path):
 
 
 def glue_args(mode: str, checkpoint: Path, glue_dir: Path, tasks: list[str], out: Path, device: list[str],
-              seeds: int | None = None, extra: tuple[str, ...] = (), task_seeds: dict[str, int] | None = None) -> list[str]:
+              seeds: int | None = None, extra: tuple[str, ...] = (), task_seeds: dict[str, int] | None = None,
+              released: list[str] = ()) -> list[str]:
     """`tinyelectra glue` arguments of the protocol (`device`: ["--gpu", "0"] or ["--device", "cpu"]); `extra`
     settings go after the protocol's (a layout's step mode and jobs in flight, a seed, fp32); `task_seeds`: tasks
-    trimmed to fewer seeds (glue_fit)."""
+    trimmed to fewer seeds (glue_fit); `released`: tasks also fine-tuned with the released code's learning rate."""
     g = GLUE[mode]
     rows = ["--max-train-rows", str(g["max_train_rows"])] if g["max_train_rows"] else []
     fewer = ["--task-seeds", ",".join(f"{t}={n}" for t, n in task_seeds.items())] if task_seeds else []
+    second = ["--released-lr", ",".join(released)] if released else []
     return ["glue", "--checkpoint", str(checkpoint), "--glue-dir", str(glue_dir), "--tasks", ",".join(tasks),
-            "--seeds", str(seeds or g["seeds"]), *fewer, *rows, "--out", str(out), *device,
+            "--seeds", str(seeds or g["seeds"]), *fewer, *second, *rows, "--out", str(out), *device,
             *(a for s in (*g["settings"], *extra) for a in ("--set", s))]
 
 
@@ -346,10 +354,12 @@ def _selection(run: "Run", name: str, checkpoints: list[Path]) -> Path:
     return folder
 
 
-def fit_glue(run: "Run", stage: str, layout: dict, tasks: list[str], checkpoints: int, precision: str) -> dict | str:
+def fit_glue(run: "Run", stage: str, layout: dict, tasks: list[str], checkpoints: int, precision: str,
+             released: tuple[str, ...] = ()) -> dict | str:
     """The stage's plan against its time limit (glue_fit.fit: the critical path of its jobs at the rates measured on
-    the H100), or why it is not modeled (the CPU smoke run, a layout of several processes or without CUDA graphs,
-    fp32, a pack without row counts). Trimmed plans are said in the stage's note."""
+    the H100; `released`: tasks whose second learning rate runs only when the whole plan fits with it), or why it is
+    not modeled (the CPU smoke run, a layout of several processes or without CUDA graphs, fp32, a pack without row
+    counts). Trimmed plans are said in the stage's note."""
     if run.mode != "gpu":
         return "not modeled on the CPU smoke run (the rates are the H100's)"
     if layout["processes"] != 1 or layout["mode"] != "graphs" or precision != "bf16":
@@ -358,11 +368,13 @@ def fit_glue(run: "Run", stage: str, layout: dict, tasks: list[str], checkpoints
     if not all(rows.values()):
         return "not modeled (the pack does not give every task's training rows)"
     steps = {t: v["steps_per_seed"] for t, v in glue_plan(rows, 1, 1)["tasks"].items()}
-    return glue_fit.fit(steps, GLUE[run.mode]["seeds"], checkpoints, run.budget(stage)[0] or 0)
+    extras = {f"{t} (released lr)": steps[t] for t in released if t in steps}
+    return glue_fit.fit_with_extras(steps, extras, GLUE[run.mode]["seeds"], checkpoints, run.budget(stage)[0] or 0)
 
 
 def _glue_layout_commands(run: "Run", stage: str, checkpoint: Path, tasks: list[str], out: Path,
-                          extra: tuple[str, ...] = (), checkpoints: int = 1) -> list[list[str]] | str:
+                          extra: tuple[str, ...] = (), checkpoints: int = 1,
+                          released: tuple[str, ...] = ()) -> list[list[str]] | str:
     """The processes of the picked layout: one `tinyelectra glue` with every seed, or one per share of the seeds;
     on the GPU fitted to the stage's time first (fit_glue): the cap on jobs in flight the model finds fastest, and
     the trimmed tasks and seeds when the whole plan does not fit (or why the stage cannot run at all)."""
@@ -371,15 +383,19 @@ def _glue_layout_commands(run: "Run", stage: str, checkpoint: Path, tasks: list[
                                        os.environ.get("SUITE_GLUE_LAYOUT"))
     run.layout = layout
     precision = next((s.split("=")[1] for s in reversed((*GLUE[run.mode]["settings"], *extra)) if s.startswith("precision=")), "")
-    fit = fit_glue(run, stage, layout, tasks, checkpoints, precision)
+    released = tuple(t for t in released if t in tasks)
+    fit = fit_glue(run, stage, layout, tasks, checkpoints, precision, released)
     run.glue_fits[stage] = fit if isinstance(fit, dict) else {"modeled": False, "why": fit}
     concurrent, task_seeds = layout["concurrent"], None
     if isinstance(fit, dict):
         if not fit["fits"]:
             return f"does not fit its {fit['available_s']:.0f} s: {glue_fit.describe(fit)}"
+        released = tuple(t for t in released if f"{t} (released lr)" in fit["extras"])
         tasks = [t for t in tasks if t in fit["seeds"]]
         task_seeds = {t: n for t, n in fit["seeds"].items() if n != seeds} or None
         concurrent = fit["concurrent"]
+    elif run.mode == "gpu":
+        released = ()  # not modeled: no time known to allow it
     per = seeds // layout["processes"]
     mode_sets = (f"step={layout['mode']}", f"concurrent={concurrent}")
     device = SIZES[run.mode]["train_device"]
@@ -387,7 +403,8 @@ def _glue_layout_commands(run: "Run", stage: str, checkpoint: Path, tasks: list[
     for p in range(layout["processes"]):
         seed_sets = (f"seed={p * per}",) if layout["processes"] > 1 else ()
         commands.append([run.python, "-m", "tinyelectra", *glue_args(run.mode, checkpoint, run.pack / "glue", tasks, out / f"p{p}",
-                                                                      device, per, (*mode_sets, *seed_sets, *extra), task_seeds)])
+                                                                      device, per, (*mode_sets, *seed_sets, *extra), task_seeds,
+                                                                      list(released))])
     run.note(stage, f"layout {layout['layout']} ({layout['why']})")
     run.note(stage, f"plan: {glue_fit.describe(fit)}" if isinstance(fit, dict) else f"plan {fit}")
     if isinstance(fit, dict) and fit["trims"]:
@@ -412,7 +429,7 @@ def stage_glue(run: "Run") -> list[list[str]] | str:
     if init not in sides:
         run.note("glue", "no ckpt-0000 (the init stage did not finish): the pre-trained side alone")
     return _glue_layout_commands(run, "glue", _selection(run, "glue-models", sides), tasks, run.work / "glue",
-                                 checkpoints=len(sides))
+                                 checkpoints=len(sides), released=RELEASED_LR_TASKS)
 
 
 def stage_glue_early(run: "Run") -> list[list[str]] | str:
@@ -662,13 +679,13 @@ def _stop(proc: subprocess.Popen) -> int:
 def collect(run: Run) -> None:
     """Copy what the user-facing commands wrote into the archive's folder (never the weights): the first command:
     the pre-training run's plan, summary, metrics, recipe and each checkpoint's meta.json (ckpt-0000's too), pack.json;
-    the second: every glue.json."""
+    the second: every glue.json (--released-lr's too)."""
     if run.command == "run":
         pre = run.work / "pretrain"
         wanted = [pre / n for n in ("plan.json", "summary.json", "metrics.jsonl", "recipe.json")] + sorted(pre.glob("ckpt-*/meta.json"))
         wanted += [run.work / "init" / "ckpt-0000" / "meta.json", run.pack / "pack.json"]
     else:
-        wanted = sorted(run.work.glob("glue*/p*/*/glue.json"))
+        wanted = sorted(run.work.glob("glue*/p*/*/glue.json")) + sorted(run.work.glob("glue*/p*/*/released-lr/glue.json"))
     for src in wanted:
         if src.is_file():
             dst = run.stage_dir / src.relative_to(run.work)
@@ -938,21 +955,26 @@ def pretrain_figures(d: Path, pack: dict | None, record: dict | None) -> dict:
             "final_verdict": f"{final['name']}: {_get(final, 'eval', 'verdict')}" if final else None}
 
 
-def glue_results(folder: Path) -> dict[str, dict[str, dict]]:
+def glue_results(folder: Path, arm: str = "") -> dict[str, dict[str, dict]]:
     """Every checkpoint's finished seeds in a glue stage's folder (one glue.json per process and checkpoint: the
-    processes of a layout split the seeds), by checkpoint and task: the paper metric's score of each seed, the
-    majority-class score, the protocol; a stopped run's finished seeds of unfinished tasks count too."""
+    processes of a layout split the seeds), by checkpoint and task: the paper metric's score of each seed, the class
+    it answered when it answered one class for every dev row, its loss curve, the majority-class score, the protocol;
+    a stopped run's finished seeds of unfinished tasks count too. `arm` "released-lr": glue --released-lr's results."""
     out: dict[str, dict[str, dict]] = {}
-    for path in sorted(Path(folder).glob("p*/*/glue.json")):
+    for path in sorted(Path(folder).glob(f"p*/*/{arm}/glue.json" if arm else "p*/*/glue.json")):
         doc = _load(path) or {}
-        name = path.parent.name
+        name = path.parents[1 if arm else 0].name
         entries = {t: (e.get("seeds") or [], e) for t, e in (doc.get("tasks") or {}).items()}
         entries.update({t: (p.get("seeds") or [], {}) for t, p in (doc.get("partial") or {}).items() if t not in entries})
         for task, (seeds, entry) in entries.items():
             t = out.setdefault(name, {}).setdefault(task, {"scores": {}, "metric": entry.get("paper_metric"),
-                                                           "protocol": doc.get("protocol"), "precision": doc.get("precision")})
+                                                           "protocol": doc.get("protocol"), "precision": doc.get("precision"),
+                                                           "loss_curves": {}})
             t["metric"] = t["metric"] or entry.get("paper_metric")
             t["scores"].update({s["seed"]: s["paper_score"] for s in seeds})
+            if any("predicted_classes" in s for s in seeds):  # recorded since issue 34 (older files: unknown)
+                t.setdefault("one_class", {}).update({s["seed"]: s["one_class"] for s in seeds if s.get("one_class")})
+            t["loss_curves"].update({s["seed"]: s["loss_curve"] for s in seeds if s.get("loss_curve")})
             if entry.get("majority_class"):
                 t["majority_class"] = entry["majority_class"]["paper_score"]
             if doc.get("fine_tuning"):
@@ -969,9 +991,12 @@ def spread(scores: list[float]) -> dict:
 
 
 def glue_table(sides: dict[str, dict[str, dict]], pretrained: str | None, none: str | None) -> dict:
-    """Per task: the pre-trained and no-pre-training medians with their spreads, the paper's ELECTRA-Small (official
-    README, OpenWebText, 1M steps), the majority class; averages over the tasks both sides have; how many tasks
-    pre-training wins, and on how many beyond the seeds' ranges (its worst seed above none's best)."""
+    """Per task: the pre-trained and no-pre-training medians with their spreads and their seeds that answered one
+    class, the paper's ELECTRA-Small (official README, OpenWebText, 1M steps), the majority class, the two sides
+    compared in words (metrics.compare_seeds: "beyond the seeds' spread" only where the ranges do not overlap);
+    averages over the tasks both sides have; how many tasks pre-training wins, and on how many beyond the seeds'
+    spread; the verdict against the anchors, computed (metrics.verdict_against_anchors)."""
+    from tinyelectra.metrics import compare_seeds, verdict_against_anchors  # noqa: PLC0415
     from tinyelectra.paper import PAPER_TASKS, PER_TASK  # noqa: PLC0415
 
     paper = PER_TASK[0].scores
@@ -979,8 +1004,9 @@ def glue_table(sides: dict[str, dict[str, dict]], pretrained: str | None, none: 
     tasks: dict = {}
     for label, name in names.items():
         for task, v in (sides.get(name) or {}).items() if name else ():
-            t = tasks.setdefault(task, {"metric": v.get("metric"), "paper": paper.get(task)})
+            t = tasks.setdefault(task, {"metric": v.get("metric"), "paper": paper.get(task), "one class": {}})
             t[label] = spread([v["scores"][k] for k in sorted(v["scores"])])
+            t["one class"][label] = len(v["one_class"]) if "one_class" in v else None
             if v.get("majority_class") is not None:
                 t["majority class"] = v["majority_class"]
     order = {t: i for i, t in enumerate(PAPER_TASKS)}  # the paper's column order, whatever order the jobs ended in
@@ -989,11 +1015,15 @@ def glue_table(sides: dict[str, dict[str, dict]], pretrained: str | None, none: 
     mine = [t for t, v in tasks.items() if _get(v, "pre-trained", "median") is not None]
     averages = {label: statistics.fmean(tasks[t][label]["median"] for t in both) if both else None for label in names}
     averages["paper"] = statistics.fmean(tasks[t]["paper"] for t in both) if both and all(tasks[t]["paper"] for t in both) else None
-    wins = [t for t in both if tasks[t]["pre-trained"]["median"] > tasks[t]["no pre-training"]["median"]]
-    clear = [t for t in both if tasks[t]["pre-trained"]["min"] > tasks[t]["no pre-training"]["max"]]
+    for t in both:
+        v = tasks[t]
+        v["comparison"] = compare_seeds(*(list(sides[n][t]["scores"].values()) for n in (pretrained, none)),
+                                        majority=v.get("majority class"))
+    wins = [t for t in both if tasks[t]["comparison"]["difference"] > 0]
+    clear = [t for t in wins if tasks[t]["comparison"]["beyond_spread"]]
     return {"checkpoint": pretrained, "no_pretraining": none, "tasks": tasks, "averages_over": both, "averages": averages,
-            "pretrained_tasks": mine, "wins": wins, "wins_beyond_spread": clear,
-            "paper_source": PER_TASK[0].source}
+            "pretrained_tasks": mine, "wins": wins, "wins_beyond_spread": clear, "paper_source": PER_TASK[0].source,
+            "verdict": verdict_against_anchors({t: _get(v, "pre-trained", "median") for t, v in tasks.items()})}
 
 
 def summarize(d: Path, records: list[dict], mode: str, command: str, seconds: float, deadline_s: int,
@@ -1037,6 +1067,7 @@ def summarize(d: Path, records: list[dict], mode: str, command: str, seconds: fl
         names = sorted(sides, key=lambda n: int(n[5:]) if re.fullmatch(r"ckpt-\d{4,5}", n) else -1)
         pretrained = next((n for n in reversed(names) if n != "ckpt-0000"), None)
         glue = glue_table(sides, pretrained, "ckpt-0000" if "ckpt-0000" in sides else None)
+        released = glue_results(d / "glue", "released-lr")
         early = glue_results(d / "glue-early")
         fp32 = glue_results(d / "glue-fp32")
         fine_tuning = [ft for v in (sides.get(pretrained) or sides.get("ckpt-0000") or {}).values() for ft in v.get("fine_tuning", [])][:1]
@@ -1046,6 +1077,10 @@ def summarize(d: Path, records: list[dict], mode: str, command: str, seconds: fl
         layout = next((r for r in records if r["stage"] == "glue"), {})
         doc.update(first_command={k: _get(first, k) for k in ("date_utc", "seconds", "device", "git_commit")},
                    pretrain=_get(first, "pretrain"), glue=glue,
+                   glue_released_lr=glue_table(released, pretrained, "ckpt-0000" if "ckpt-0000" in released else None)
+                   if released else None,
+                   cola_loss_curves={f"{n} ({arm})": _get(r, n, "cola", "loss_curves") for arm, r in
+                                     (("paper's lr", sides), ("released lr", released)) for n in names if _get(r, n, "cola")},
                    glue_early=glue_table(early, next(iter(early), None), None) if early else None,
                    glue_fp32=fp32_check(fp32, sides, pretrained) if fp32 else None,
                    glue_plan=gp, glue_run={"stage_seconds": layout.get("seconds"), "status": layout.get("status"),
@@ -1133,6 +1168,25 @@ def _cell(s: dict | None) -> str:
     return f"{s['median']:.1f} ({s['min']:.1f}..{s['max']:.1f})"
 
 
+def _glue_lines(g: dict, header: bool = True) -> list[str]:
+    """The GLUE table's rows: each side's median (min..max) and how many of its seeds answered one class for every dev
+    row, the paper, the majority class; then how the sides compare, task by task (metrics.compare_seeds)."""
+    out = [f"  {'task (metric)':<24}{'pre-trained':>20}{'no pre-training':>20}{'paper':>8}{'majority':>10}"
+           f"{'one class':>11}"] if header else []
+    for task, v in g["tasks"].items():
+        one = ", ".join(f"{v['one class'][s]}/{v[s]['seeds']}" if v["one class"].get(s) is not None and v.get(s) else "-"
+                        for s in ("pre-trained", "no pre-training"))
+        out.append(f"  {task + ' (' + str(v.get('metric')) + ')':<24}{_cell(v.get('pre-trained')):>20}"
+                   f"{_cell(v.get('no pre-training')):>20}{_n(v.get('paper'), '{:.1f}'):>8}"
+                   f"{_n(v.get('majority class'), '{:.1f}'):>10}{one:>11}")
+    a = g["averages"]
+    if header:
+        out.append(f"  {'average of ' + str(len(g['averages_over'])) + ' tasks':<24}{_n(a.get('pre-trained'), '{:.1f}'):>20}"
+                   f"{_n(a.get('no pre-training'), '{:.1f}'):>20}{_n(a.get('paper'), '{:.1f}'):>8}")
+    return out + [f"  {task}, pre-trained vs none: {v['comparison']['words']}" for task, v in g["tasks"].items()
+                  if "comparison" in v]
+
+
 def table(doc: dict) -> str:
     """The short table printed last: the last lines of the output alone say what happened."""
     out = _header(doc)
@@ -1175,21 +1229,27 @@ def table(doc: dict) -> str:
                   f"{_n((pre.get('pack_tokens') or 0) / 1e6 or None, '{:.1f}')}M tokens)") if g["checkpoint"] else ""
         out.append(f"GLUE dev, median (min..max) over seeds: {g['checkpoint'] or 'no pre-trained checkpoint'}{passes} vs no "
                    f"pre-training (ckpt-0000: the same run's initial weights), same card, same processes; paper: {g['paper_source']}")
-        out.append(f"  {'task (metric)':<24}{'pre-trained':>20}{'no pre-training':>20}{'paper':>8}{'majority':>10}")
-        for task, v in g["tasks"].items():
-            out.append(f"  {task + ' (' + str(v.get('metric')) + ')':<24}{_cell(v.get('pre-trained')):>20}"
-                       f"{_cell(v.get('no pre-training')):>20}{_n(v.get('paper'), '{:.1f}'):>8}{_n(v.get('majority class'), '{:.1f}'):>10}")
-        a = g["averages"]
-        out.append(f"  {'average of ' + str(len(g['averages_over'])) + ' tasks':<24}{_n(a.get('pre-trained'), '{:.1f}'):>20}"
-                   f"{_n(a.get('no pre-training'), '{:.1f}'):>20}{_n(a.get('paper'), '{:.1f}'):>8}")
+        out += _glue_lines(g)
         if g["averages_over"]:
-            gap = a["pre-trained"] - a["no pre-training"]
+            gap = g["averages"]["pre-trained"] - g["averages"]["no pre-training"]
+            clear = g["wins_beyond_spread"]
             out.append(f"verdict: pre-training beats no pre-training on {len(g['wins'])} of {len(g['averages_over'])} tasks "
-                       f"({len(g['wins_beyond_spread'])} beyond the seeds' ranges), average {gap:+.1f} points; against the paper: "
-                       f"{a['pre-trained']:.1f} vs ELECTRA-Small's {_n(a.get('paper'), '{:.1f}')} on these tasks after 1M steps, "
-                       f"and GLUE {_get(doc, 'pretrain', 'paper_point', 'paper_glue') or 74.1} (8 tasks) at its 6.25% point")
+                       f"({len(clear)} beyond the seeds' spread{': ' + ', '.join(clear) if clear else ''}), average "
+                       f"{gap:+.1f} points")
         else:
             out.append("verdict: no GLUE comparison (a side is missing: see stages)")
+        if (g.get("verdict") or {}).get("ours") is not None:
+            out.append(f"against the paper ({g['checkpoint']}, computed): {g['verdict']['words']}; the paper's GLUE-8 at "
+                       f"its 6.25% point: {_get(doc, 'pretrain', 'paper_point', 'paper_glue') or 74.1}")
+        for side, curves in (doc.get("cola_loss_curves") or {}).items():
+            seed, curve = min((curves or {}).items(), default=(None, None))
+            if curve:
+                points = dict.fromkeys(map(tuple, (curve[0], curve[len(curve) // 2], curve[-1])))  # first, middle, last
+                out.append(f"cola training loss, {side}, seed {seed}: " + ", ".join(f"{loss:.3f} at step {step}"
+                                                                                       for step, loss in points))
+        if r := doc.get("glue_released_lr"):
+            out.append("with the released code's learning rate (1e-4, weight decay 0.01; not the paper's 3e-4):")
+            out += _glue_lines(r, header=False)
         if e := doc.get("glue_early"):
             out.append(f"GLUE at {e['checkpoint']} (a quarter of the run): " + ", ".join(
                 f"{t} {_cell(v.get('pre-trained'))}" for t, v in e["tasks"].items()))

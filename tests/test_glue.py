@@ -12,6 +12,7 @@ machinery and learning, not pre-training quality.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -144,11 +145,11 @@ def make_run(run_dir: Path, fractions=(0.5, 1.0)) -> Path:
 
 def run_glue(checkpoint: Path, glue_dir: Path | None, out: Path, tasks: str, seeds: int = 1,
              max_train_rows: int | None = None, overrides: list[str] | None = None) -> list[Path]:
-    from tinyelectra.glue import glue_command
+    from tinyelectra.glue import GlueSettings, glue_command
 
-    return glue_command(checkpoint=checkpoint, glue_dir=glue_dir, use_hf=False, tasks=tasks, seeds=seeds, out_dir=out,
-                        gpu=None, device="cpu", max_train_rows=max_train_rows, overrides=list(overrides or []),
-                        command="pytest")
+    return glue_command(GlueSettings(checkpoint=checkpoint, glue_dir=glue_dir, use_hf=False, tasks=tasks, seeds=seeds,
+                                     out_dir=out, gpu=None, device="cpu", max_train_rows=max_train_rows,
+                                     overrides=list(overrides or []), command="pytest"))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -775,9 +776,9 @@ def test_jobs_in_flight_together_end_as_they_do_alone(ckpt):
     results = {}
     for concurrent in (1, 3):
         done = {}
-        makers = [lambda stream, s=seed, shared=concurrent > 1: FinetuneJob(bb, "sst2", task, fc, s, dev, "fp32", "static",
-                                                                            stream=stream, shared_rng=shared) for seed in range(3)]
-        stats = run_jobs(makers, concurrent, dev, lambda job, d=done: d.__setitem__(job.seed, job.finish()[0]))
+        start = lambda s, stream, shared=concurrent > 1: FinetuneJob(bb, "sst2", task, fc, s, dev, "fp32", "static",  # noqa: E731
+                                                                   stream=stream, shared_rng=shared)
+        stats = run_jobs(list(range(3)), start, lambda s, job, d=done: d.__setitem__(s, job.finish()[0]), concurrent, dev)
         assert stats["most_in_flight"] == concurrent and stats["steps"] == 3 * 4
         results[concurrent] = done
     for seed in range(3):
@@ -842,11 +843,12 @@ def test_task_seeds_give_a_task_fewer_seeds_and_reuse_only_the_same_seeds(ckpt, 
         (cola / name).write_text("".join(f"src\t{ln.split(chr(9))[1]}\t\t{ln.split(chr(9))[0]}\n" for ln in lines))
 
     def run(spec: str) -> dict:
-        from tinyelectra.glue import glue_command
+        from tinyelectra.glue import GlueSettings, glue_command
 
-        paths = glue_command(checkpoint=ckpt, glue_dir=glue_dir, use_hf=False, tasks="cola,sst2", seeds=2,
-                             out_dir=tmp_path / "out", gpu=None, device="cpu", max_train_rows=None,
-                             overrides=["epochs=1", "step=static", "concurrent=3"], command="pytest", task_seeds=spec)
+        paths = glue_command(GlueSettings(checkpoint=ckpt, glue_dir=glue_dir, use_hf=False, tasks="cola,sst2", seeds=2,
+                                          out_dir=tmp_path / "out", gpu=None, device="cpu", max_train_rows=None,
+                                          overrides=["epochs=1", "step=static", "concurrent=3"], command="pytest",
+                                          task_seeds=spec))
         return json.loads(paths[0].read_text())
 
     r = run("sst2=1")
@@ -865,3 +867,120 @@ def test_task_seeds_give_a_task_fewer_seeds_and_reuse_only_the_same_seeds(ckpt, 
                       ("sst2=0", "needs 1 to 2 seeds"), ("sst2=3", "needs 1 to 2 seeds"), ("nope=1", "expected TASK=N")):
         with pytest.raises(UserError, match=msg):
             parse_task_seeds(spec, ["cola", "sst2"], 2)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# What each seed says beside its score; a second learning rate; RUN/tensorboard only when it may be written
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def write_unlearnable(glue_dir: Path, train_rows: int, dev_rows: int) -> Path:
+    """An SST-2-format task a model cannot learn: every row the same sentence, labels 2:1 at random (independent of
+    the text). Every row gets the same [CLS] output in eval mode, so every dev row the same class, whatever happened."""
+    rng = random.Random(3)
+    folder = glue_dir / "SST-2"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, n in (("train", train_rows), ("dev", dev_rows)):
+        labels = [1 if rng.random() < 2 / 3 else 0 for _ in range(n)]
+        lines = ["sentence\tlabel"] + [f"the film was a film\t{y}" for y in labels]
+        (folder / f"{name}.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return glue_dir
+
+
+@pytest.mark.slow
+def test_a_seed_that_answers_one_class_is_named_beside_its_loss_curve_and_class_counts(ckpt, tmp_path, capsys):
+    """Issue 34: CoLA predicted one class on all six runs and nothing said so. A job that cannot learn (labels
+    independent of the text) is flagged in glue.json, the console line and the report; every seed keeps its loss every
+    10 steps (the last point is the final loss it reports) and its dev rows per class, which add up to the dev rows."""
+    from tinyelectra.finetune import LOSS_EVERY
+    from tinyelectra.report import report_command
+
+    glue_dir = write_unlearnable(tmp_path / "glue", train_rows=64, dev_rows=30)
+    capsys.readouterr()
+    paths = run_glue(ckpt, glue_dir, tmp_path / "out", "sst2", seeds=2, overrides=["epochs=6"])  # 12 steps a seed
+    said = capsys.readouterr().out
+    t = json.loads(paths[0].read_text())["tasks"]["sst2"]
+    assert t["one_class_seeds"] == [0, 1]
+    for s in t["seeds"]:
+        counts = s["predicted_classes"]
+        assert set(counts) == {"negative", "positive"} and sum(counts.values()) == 30  # every dev row, once
+        assert s["one_class"] in counts and counts[s["one_class"]] == 30
+        assert [step for step, _ in s["loss_curve"]] == [10, 12] and LOSS_EVERY == 10
+        assert s["loss_curve"][-1][1] == pytest.approx(s["final_loss"]) and all(np.isfinite(x) for _, x in s["loss_curve"])
+    line = next(x for x in said.splitlines() if x.startswith("ckpt-10000 sst2: accuracy median"))
+    assert "ONE CLASS for every dev row: 2 of 2 seeds" in line, line
+    report_command(tmp_path / "out", None)
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert f"(ONE CLASS: {t['seeds'][0]['one_class']!r} for every row)" in md
+    learned = json.loads(run_glue(ckpt, write_sst2_like(tmp_path / "g2", 64, 40), tmp_path / "o2", "sst2",
+                                  overrides=["epochs=1", "step=static"])[0].read_text())["tasks"]["sst2"]["seeds"][0]
+    assert sum(learned["predicted_classes"].values()) == 40 and learned["loss_curve"][-1] == [2, learned["final_loss"]]
+
+
+def test_released_lr_is_a_second_arm_kept_apart_from_the_papers_protocol(ckpt, tmp_path, capsys):
+    """`--released-lr sst2`: SST-2 fine-tuned twice in one process, by the paper's protocol (3e-4, weight decay 0) into
+    OUT/CKPT/glue.json and with the released code's learning rate and weight decay (configure_finetuning.py: 1e-4,
+    0.01) into OUT/CKPT/released-lr/glue.json, which the report lists apart; the averages stay the paper protocol's; the
+    same command again reuses both; a task not run is one line."""
+    from tinyelectra.errors import UserError
+    from tinyelectra.glue import GlueSettings, glue_command
+    from tinyelectra.report import build_report
+
+    glue_dir = write_sst2_like(tmp_path / "glue", train_rows=40, dev_rows=20)
+
+    def run(released: str) -> list[dict]:
+        settings = GlueSettings(checkpoint=ckpt, glue_dir=glue_dir, tasks="sst2", seeds=1, out_dir=tmp_path / "out",
+                                device="cpu", overrides=["epochs=3"], command="pytest", released_lr=released)
+        return [json.loads(p.read_text()) for p in glue_command(settings)]
+
+    paper, arm = run("sst2")
+    assert (paper["protocol"]["settings"]["lr"], paper["protocol"]["settings"]["weight_decay"]) == (0.0, 0.0)
+    assert paper["tasks"]["sst2"]["peak_lr"] == 3e-4 and "arm" not in paper["protocol"]
+    assert arm["tasks"]["sst2"]["peak_lr"] == 1e-4 and arm["protocol"]["settings"]["weight_decay"] == 0.01
+    assert "released code's learning rate" in arm["protocol"]["arm"]
+    assert (tmp_path / "out" / "ckpt-10000" / "released-lr" / "glue.json").is_file()
+    assert arm["tasks"]["sst2"]["seeds"][0]["final_loss"] != paper["tasks"]["sst2"]["seeds"][0]["final_loss"]
+    rep = build_report(tmp_path / "out")
+    assert [c["name"] for c in rep["checkpoints"]] == ["ckpt-10000"]  # one checkpoint, its arm beside it
+    assert rep["checkpoints"][0]["released_lr"]["settings"] == {"lr": 1e-4, "weight_decay": 0.01}
+    capsys.readouterr()
+    assert run("SST-2")[1]["tasks"] == arm["tasks"] and capsys.readouterr().out.count("reusing the results") == 2
+    with pytest.raises(UserError, match="rte is not among the tasks run"):
+        run("rte")
+
+
+def test_duplicate_task_seeds_keys_are_one_line(ckpt, tmp_path, capsys):
+    """Issue 35: `--task-seeds rte=1,rte=2` kept the last; now an error naming the task, exit 2, nothing run."""
+    glue_dir = write_sst2_like(tmp_path / "glue", 8, 8)
+    err = _cli_error(["glue", "--checkpoint", str(ckpt), "--glue-dir", str(glue_dir), "--tasks", "sst2", "--seeds", "2",
+                      "--task-seeds", "sst2=1,SST-2=2", "--device", "cpu", "--out", str(tmp_path / "o")], capsys)
+    assert "sst2 is given twice" in err and not (tmp_path / "o" / "ckpt-10000" / "glue.json").exists()
+
+
+@pytest.mark.parametrize("how", ["held by another command", "not writable"])
+def test_glue_writes_run_tensorboard_only_under_the_runs_lock(tmp_path, capsys, how):
+    """Issue 35: glue wrote RUN/tensorboard without RUN's lock, even with --out elsewhere (beside a `train --force` its
+    events landed in the new run; on a read-only run it crashed from the writer thread after the first task). Now a
+    run folder another command holds, or one that cannot be written, gets one line, RUN is left as it was, and every
+    task's result is in glue.json."""
+    from tinyelectra.runfolder import holding
+
+    run = make_run(tmp_path / "run", fractions=(1.0,))
+    glue_dir = write_sst2_like(tmp_path / "glue", train_rows=24, dev_rows=12)
+    write_stsb_like(glue_dir, train_rows=12, dev_rows=12)
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    with contextlib.ExitStack() as stack:
+        if how == "not writable":  # root writes through modes: a file where the folder would be cannot be written into
+            (run / "tensorboard").write_text("not a folder\n")
+            before = sorted(p.relative_to(run) for p in run.rglob("*"))
+        else:
+            stack.enter_context(holding(run, "--out"))  # the lock train holds while it runs
+        capsys.readouterr()
+        paths = run_glue(run, glue_dir, tmp_path / "out", "sst2,stsb", overrides=["epochs=1"])
+    said = capsys.readouterr().out
+    r = json.loads(paths[0].read_text())
+    assert r["complete"] and set(r["tasks"]) == {"sst2", "stsb"}
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before  # RUN as it was: no tensorboard events
+    notes = [x for x in said.splitlines() if "GLUE scores not added to" in x]
+    assert len(notes) == 1 and str(run / "tensorboard") in notes[0], said
+    assert ("in use by" if how == "held by another command" else "not a directory") in notes[0]

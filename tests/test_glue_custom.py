@@ -14,6 +14,7 @@ import json
 import os
 import random
 import stat
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,18 +26,6 @@ from tinyelectra.errors import UserError
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory) -> Path:
     return make_checkpoint(tmp_path_factory.mktemp("ckpt") / "ckpt-10000")
-
-
-@pytest.fixture(autouse=True)
-def forget_custom_tasks():
-    """A task file registers its task for the process (the command line runs one command); tests put the table back."""
-    from tinyelectra import glue_data
-
-    saved = dict(glue_data.TASKS), dict(glue_data._ALIASES), dict(glue_data.CUSTOM_FILES)
-    yield
-    for table, before in zip((glue_data.TASKS, glue_data._ALIASES, glue_data.CUSTOM_FILES), saved):
-        table.clear()
-        table.update(before)
 
 
 @pytest.fixture(autouse=True)
@@ -66,12 +55,12 @@ def task_file(path: Path, **fields) -> Path:
 
 
 def run(ckpt: Path, out: Path, files: list[Path], seeds: int = 1, **kw) -> list[Path]:
-    from tinyelectra.glue import glue_command
+    from tinyelectra.glue import GlueSettings, glue_command
 
-    return glue_command(checkpoint=ckpt, glue_dir=kw.get("glue_dir"), use_hf=False, tasks=kw.get("tasks", "all"),
-                        seeds=seeds, out_dir=out, gpu=None, device="cpu", max_train_rows=kw.get("max_train_rows"),
-                        overrides=kw.get("overrides", []), command="pytest", task_files=files,
-                        **({"skip_bad_labels": True} if kw.get("skip_bad_labels") else {}))
+    return glue_command(GlueSettings(checkpoint=ckpt, glue_dir=kw.get("glue_dir"), use_hf=False, tasks=kw.get("tasks", "all"),
+                                     seeds=seeds, out_dir=out, gpu=None, device="cpu", max_train_rows=kw.get("max_train_rows"),
+                                     overrides=kw.get("overrides", []), command="pytest", task_files=files,
+                                     skip_bad_labels=bool(kw.get("skip_bad_labels"))))
 
 
 def mode(path: Path) -> int:
@@ -230,3 +219,26 @@ def test_labels_outside_the_task_list_are_an_error_or_skipped_when_asked(ckpt, t
     assert line.endswith("; rows skipped: dev 12"), line
     entry = json.loads(paths[0].read_text())["tasks"]["rotulos"]
     assert entry["skipped_rows"] == {"dev": 12}
+
+
+def test_two_task_files_with_one_name_are_one_line(ckpt, tmp_path, capsys):
+    """Issue 35: two --task-file naming the same task ran one job and dropped the other without a word; now one line
+    naming both files, exit 2, nothing fine-tuned."""
+    from tinyelectra import cli
+
+    write_tsv(tmp_path / "a.tsv", rows(16, 0))
+    write_tsv(tmp_path / "b.tsv", rows(16, 1))
+    base = dict(name="meu", dev="a.tsv", text_columns=["frase"], label_column="rótulo", metric="accuracy")
+    first, second = task_file(tmp_path / "a.toml", train="a.tsv", **base), task_file(tmp_path / "b.toml", train="b.tsv", **base)
+    argv = ["tinyelectra", "glue", "--checkpoint", str(ckpt), "--task-file", str(first), "--task-file", str(second),
+            "--device", "cpu", "--out", str(tmp_path / "out")]
+    old, sys.argv = sys.argv, argv
+    try:
+        with pytest.raises(SystemExit) as exc:
+            cli.main()
+    finally:
+        sys.argv = old
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and err.startswith("error: ") and "\n" not in err, err
+    assert f"--task-file {second}: names the task 'meu', as --task-file {first} does" in err
+    assert not (tmp_path / "out" / "ckpt-10000" / "glue.json").exists()

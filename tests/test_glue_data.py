@@ -456,7 +456,7 @@ def test_encode_split_and_swapped_pairs(vocab_file):
     assert sorted(a) == sorted(b) and a != b
     with pytest.raises(ValueError, match="training augmentation"):
         with_swapped_pairs(read_split(FIXTURES, "qnli", "dev"))
-    single = GlueSplit(task="sst2", split="train", source="x", ids=["0"], text_a=["a"], text_b=None, labels=np.array([1]))
+    single = GlueSplit(task=TASKS["sst2"], split="train", source="x", ids=["0"], text_a=["a"], text_b=None, labels=np.array([1]))
     with pytest.raises(ValueError, match="single sentences"):
         with_swapped_pairs(single)
 

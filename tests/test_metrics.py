@@ -233,3 +233,47 @@ def test_average_names_its_tasks():
         average_score([scores[0], scores[0]])
     with pytest.raises(ValueError, match="ax are not GLUE tasks"):
         average_score({"ax": 1.0})
+
+
+# ------------------------------------------------------------------------------------------------------------
+# What the numbers allow one to say
+# ------------------------------------------------------------------------------------------------------------
+
+
+def test_beyond_the_seeds_spread_only_where_the_ranges_do_not_overlap():
+    """The H100 lease's own seeds (benchmarks/results/h100-2026-11-26, glue.json): its README called RTE's +7 "beyond
+    the seeds' ranges", but pre-trained 52.7..58.1 and none 50.5..53.8 overlap; MRPC's ranges do not, and its median
+    69.9 is 1.5 over the majority class's 68.4; STS-B's are far apart."""
+    from tinyelectra.metrics import compare_seeds
+
+    rte = compare_seeds([58.1227, 52.7076, 57.7617], [53.7906, 50.9025, 50.5415], majority=52.7076)
+    assert not rte["beyond_spread"] and rte["difference"] == pytest.approx(57.7617 - 50.9025)
+    assert rte["words"] == "+6.9 (52.7..58.1 vs 50.5..53.8: within the seeds' spread: the ranges overlap); " \
+                           "+5.1 against the majority class's 52.7"
+    mrpc = compare_seeds([73.2843, 69.1176, 69.8529], [65.1961, 67.6471, 66.6667], majority=68.3824)
+    assert mrpc["beyond_spread"] and mrpc["words"].endswith("beyond the seeds' spread); +1.5 against the majority class's 68.4")
+    low = compare_seeds([19.9, 19.1, 19.4], [78.6, 78.9, 78.6])  # separated the other way: beyond, and below
+    assert low["beyond_spread"] and low["difference"] == pytest.approx(19.4 - 78.6) and "majority" not in low["words"]
+    touching = compare_seeds([60.0, 62.0], [58.0, 60.0])  # one shared value is an overlap
+    assert not touching["beyond_spread"] and "within" in touching["words"]
+    single = compare_seeds([70.0], [50.0, 52.0])  # one seed has no spread: never "beyond"
+    assert not single["beyond_spread"] and "no spread to judge by" in single["words"]
+
+
+def test_verdict_against_the_anchors_by_hand():
+    """The five tasks' average against each anchor's over the same tasks: the paper's ELECTRA-Small-OWT at 1M steps
+    (56.8, 88.3, 87.4, 86.8, 68.5: mean 77.56) and the replication of the 6.25% point (38.0, 63.9, 67.5, 69.9, 60.3:
+    mean 59.92); with a task missing, both averages cover the same four."""
+    from tinyelectra.metrics import verdict_against_anchors
+
+    v = verdict_against_anchors({"cola": 30.0, "sst2": 80.0, "mrpc": 70.0, "stsb": 75.0, "rte": 55.0, "wnli": 99.0})
+    assert v["tasks"] == ["cola", "sst2", "mrpc", "stsb", "rte"] and v["ours"] == pytest.approx(62.0)
+    assert [a["average"] for a in v["anchors"]] == [pytest.approx(77.56), pytest.approx(59.92)]
+    assert v["words"] == ("average 62.0 over cola, sst2, mrpc, stsb, rte; -15.6 against ELECTRA-Small-OWT at 1M steps "
+                          "(77.6); +2.1 against the 6.25% point's replication (59.9): clears the replication's bar, "
+                          "short of the 1M-step model")
+    four = verdict_against_anchors({"cola": 0.0, "mrpc": 69.9, "stsb": 78.6, "rte": 57.8, "sst2": None})
+    assert four["ours"] == pytest.approx(51.575) and "(sst2 missing)" in four["words"]
+    assert [a["average"] for a in four["anchors"]] == [pytest.approx(74.875), pytest.approx(58.925)]
+    assert "below the replication's bar" in four["words"]
+    assert verdict_against_anchors({"wnli": 50.0})["ours"] is None

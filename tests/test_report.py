@@ -318,3 +318,52 @@ def test_heldout_diagnostics_and_unlearned_checkpoints_are_said_plainly(run_dir)
     assert rows[2][2] == f"{heldout_eval(2)['disc_acc']:.4f} (0.8520, +{heldout_eval(2)['disc_acc'] - 0.852:.4f})"
     note = next(n for n in rep["notes"] if n.startswith("NOT LEARNED YET when fine-tuned"))
     assert "ckpt-0625, ckpt-1250" in note and "ckpt-2500" not in note and note in md
+
+
+@pytest.mark.slow
+def test_impossible_numbers_are_left_out_and_named(run_dir, tmp_path, capsys):
+    """Issue 35: a glue.json median of NaN or Infinity, an accuracy of 250 and a summary.json `steps: -5` were shown as
+    results ("250.0", "-5 of 1600 planned"). Now each is left out ("-"), named in the notes, report.md's and stderr,
+    and report.json stays strict JSON."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    path = run / "glue" / "ckpt-10000" / "glue.json"
+    glue = json.loads(path.read_text())
+    glue["tasks"]["cola"]["median_paper"] = float("nan")
+    glue["tasks"]["rte"]["std_paper"] = float("inf")
+    glue["tasks"]["sst2"]["median_paper"] = 250.0
+    glue["tasks"]["sst2"]["seeds"][1]["paper_score"] = 250.0
+    path.write_text(json.dumps(glue))  # NaN and Infinity as Python's json writes them
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps({**summary, "steps": -5}))
+    rep = report_command(run, None)
+    md, err = (run / "report.md").read_text(), capsys.readouterr().err
+    for note in (f"{path}: cola: median_paper is nan, not a finite number", f"{path}: rte: std_paper is inf, not a finite number",
+                 f"{path}: sst2: median_paper is 250.0, outside the 0..100 such a score can take",
+                 f"{path}: sst2 seed 1: paper_score is 250.0, outside the 0..100",
+                 f"{run / 'summary.json'}: steps is -5, negative"):
+        assert any(n.startswith(note) for n in rep["notes"]), (note, rep["notes"])
+        assert note in md and f"warning: {note}" in err
+    shown = md.split("## Notes")[0]  # the notes name the values; the tables and lines above them never show them
+    assert "250.0" not in shown and "nan" not in shown and "inf" not in shown and "-5 of" not in shown
+    _, rows = _md_table(md, "checkpoint")
+    final = dict(zip(rep["tasks"], rows[-1][5:11]))
+    assert final["cola"] == "-" and final["sst2"] == "-" and final["rte"] == "62.5" and final["mrpc"] == "80.5 ± 1.3"
+    assert "seed 1: -" in next(x for x in md.splitlines() if x.startswith("- ckpt-10000 SST-2:"))
+    json.loads((run / "report.json").read_text(), parse_constant=lambda c: pytest.fail(f"report.json holds {c}"))
+
+
+def test_the_verdict_and_the_majority_class_are_computed_beside_the_paper(run_dir):
+    """The final checkpoint's five-task average against each anchor over the same tasks, by hand: ours (28.5 + 88.5 +
+    80.5 + 68.5 + 62.5) / 5 = 65.7; ELECTRA-Small-OWT at 1M steps 77.56; the 6.25% replication 59.92. The per-task
+    table ends with the majority class's score (the fixture has none: '-')."""
+    md = (run_dir / "report.md").read_text()
+    rep = json.loads((run_dir / "report.json").read_text())
+    assert rep["verdict"]["checkpoint"] == "ckpt-10000" and rep["verdict"]["ours"] == pytest.approx(65.7)
+    assert ("**Verdict (ckpt-10000, computed):** average 65.7 over cola, sst2, mrpc, stsb, rte; -11.9 against "
+            "ELECTRA-Small-OWT at 1M steps (77.6); +5.8 against the 6.25% point's replication (59.9): clears the "
+            "replication's bar, short of the 1M-step model.") in md
+    header, rows = _md_table(md, "task")
+    assert header[-1] == "majority class (ours)" and all(r[-1] == "-" for r in rows)

@@ -243,6 +243,9 @@ def glue(
     task_seeds: Optional[str] = typer.Option(
         None, "--task-seeds", metavar="TASK=N,...", help="Fewer seeds for some tasks: their first N of --seeds (a plan cut "
         "to fit a time limit); glue.json records them."),
+    released_lr: Optional[str] = typer.Option(
+        None, "--released-lr", metavar="TASKS", help="Fine-tune these tasks a second time with the released code's "
+        "learning rate and weight decay (1e-4 and 0.01 for Small; not the paper's), into OUT/<checkpoint>/released-lr/."),
     out: Optional[Path] = typer.Option(None, "--out", metavar="DIR", help="Where OUT/<checkpoint>/glue.json goes (default: RUN/glue for a run or its checkpoints, else CHECKPOINT/glue)."),
     gpu: Optional[int] = typer.Option(None, "--gpu", metavar="INDEX", help="CUDA device index."),
     device: Optional[str] = typer.Option(None, "--device", metavar="DEVICE", help="'cpu' (or a torch device string)."),
@@ -266,13 +269,14 @@ def glue(
     length 128, 3 epochs (10 for RTE and STS-B), [CLS] -> dropout -> linear. Finished tasks are reused when the
     same command is run again. Test-set predictions (GLUE submission files) come from the median seed.
     """
-    from tinyelectra.glue import glue_command
+    from tinyelectra.glue import GlueSettings, glue_command
 
-    glue_command(
+    glue_command(GlueSettings(
         checkpoint=checkpoint, glue_dir=glue_dir, use_hf=hf, tasks=tasks, seeds=seeds, out_dir=out, gpu=gpu,
         device=device, max_train_rows=max_train_rows, overrides=list(set_ or []), command=_command_line(),
         task_files=list(task_file or []), config=config, skip_bad_labels=skip_bad_labels, task_seeds=task_seeds,
-    )
+        released_lr=released_lr,
+    ))
 
 
 @app.command()

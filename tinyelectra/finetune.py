@@ -3,7 +3,9 @@ paper's protocol (`FinetuneJob`, `finetune`), its settings (`FinetuneConfig`, a 
 predictions (`predict`), and several runs in flight at once (`run_jobs`). The `glue` command around it
 (checkpoints, tasks, seeds, glue.json) is glue.py's; the protocol itself is described there.
 
-How a step runs (`finetune.step`, chosen by `step_mode`):
+How a step runs (`finetune.step`, chosen by `step_mode`; the one description of it, which glue.py points to). With the
+attention mask excluding padded keys, absolute positions and per-token LayerNorm, the [CLS] output is the same function
+of the real tokens however far a row is padded (tests/test_glue.py checks it to 1e-5), so the modes differ in speed:
 - eager: each batch padded to its longest row, the epoch's last batch smaller, the host launching every kernel
   (the CPU's choice: no wasted work on padding);
 - static: fixed shapes. Each batch is padded to its longest row rounded up to a length bucket (32 tokens: 4 shapes
@@ -16,26 +18,37 @@ How a step runs (`finetune.step`, chosen by `step_mode`):
   and replayed: one launch per step instead of hundreds (CUDA's choice; fp16 stays eager, its loss scaler checks
   overflows on the host).
 Several jobs (checkpoint, task, seed) run at once in one process (`finetune.concurrent`), each on its own CUDA
-stream: a batch of 32 x 128 leaves most of a large GPU idle, and the streams' kernels overlap.
+stream: a batch of 32 x 128 leaves most of a large GPU idle, and the streams' kernels overlap. Evaluation batches are
+formed from length-sorted rows, and the predictions put back in file order. Every job keeps its training loss every
+LOSS_EVERY steps (the loss curve glue.json holds).
 
 Shapes: B batch, T tokens (the batch's width), C classes (1 for regression), M examples, S steps, G parameter groups.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterator
-from itertools import islice
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
+import torch
+import torch.nn.functional as F
 
+from tinyelectra.config import OptimConfig, parse_assignment, read_toml, section_values
 from tinyelectra.errors import Diverged, UserError
-from tinyelectra.glue_data import EncodedSplit, get_task
+from tinyelectra.glue_data import EncodedSplit, TaskSpec, get_task
+from tinyelectra.model import Classifier
+from tinyelectra.optim import (
+    GraphSafeUpdate, apply_update, build_optimizer, layerwise_lr_scales, lr_at, no_decay,
+)
+from tinyelectra.runtime import autocast_context, nonfinite_parameters
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -45,6 +58,7 @@ from tinyelectra.glue_data import EncodedSplit, get_task
 
 STEP_MODES = ("auto", "eager", "static", "graphs")
 AUTO_CONCURRENT = 32  # jobs in flight with CUDA graphs when finetune.concurrent is 0 (fewer when memory runs short)
+LOSS_EVERY = 10  # steps: an eager job on a GPU reads its loss (a host sync) every this many; the loss curve's spacing
 
 
 def size_defaults(hidden_size: int) -> tuple[str, float, float]:
@@ -110,8 +124,6 @@ class FinetuneConfig:
         """The `[finetune]` table of a TOML file (`tinyelectra glue --config`: a file of its own, or a recipe TOML
         that carries one), then the `--set` assignments on top: training's grammar (config.parse_assignment) with one
         section, `finetune.key=value`; the section may be left out (`key=value`)."""
-        from tinyelectra.config import parse_assignment, read_toml, section_values
-
         values: dict[str, Any] = {}
         if config is not None:
             table = read_toml(config).get("finetune")
@@ -130,7 +142,7 @@ class FinetuneConfig:
     def decay(self, hidden_size: int) -> float:
         return 1.0 if self.layerwise == "none" else self.layerwise_decay or size_defaults(hidden_size)[2]
 
-    def task_epochs(self, task: str) -> float:
+    def task_epochs(self, task: TaskSpec | str) -> float:
         return self.epochs or float(get_task(task).epochs)
 
 
@@ -162,8 +174,6 @@ def depth_key(param_name: str) -> str:
 
 def layerwise_groups(model, fc: FinetuneConfig) -> list[dict]:
     """Parameter groups with their `lr_scale` (layer-wise decay) and weight decay (none on LayerNorm and biases)."""
-    from tinyelectra.optim import layerwise_lr_scales, no_decay
-
     cfg = model.cfg
     scales = layerwise_lr_scales(cfg.num_layers, fc.decay(cfg.hidden_size), official_off_by_one=fc.layerwise == "official")
     groups: dict[tuple[str, bool], dict] = {}
@@ -176,8 +186,6 @@ def layerwise_groups(model, fc: FinetuneConfig) -> list[dict]:
 
 
 def _tensors(batch, device):
-    import torch
-
     ids, types, mask = (torch.from_numpy(a).to(device, non_blocking=True)  # (B, T) each
                         for a in (batch.input_ids, batch.token_type_ids, batch.attention_mask))
     return ids, types, mask.bool()  # mask: True = token
@@ -185,10 +193,6 @@ def _tensors(batch, device):
 
 def predict(model, enc: EncodedSplit, batch_size: int, device, precision: str) -> np.ndarray:
     """Model outputs for every example of `enc`, in its order: (M, C) float32 (C = 1 for regression)."""
-    import torch
-
-    from tinyelectra.runtime import autocast_context
-
     was_training = model.training
     model.eval()
     order = np.argsort(enc.lengths, kind="stable")  # similar lengths together: little padding
@@ -243,14 +247,8 @@ class Finetuner:
     beside this one, so the head is initialised from a CPU generator of its own and the global generators (dropout)
     are left as they are."""
 
-    def __init__(self, backbone, task: str, fc: FinetuneConfig, seed: int, device, precision: str,
+    def __init__(self, backbone, task: TaskSpec | str, fc: FinetuneConfig, seed: int, device, precision: str,
                  shared_rng: bool = False) -> None:
-        import torch
-
-        from tinyelectra.config import OptimConfig
-        from tinyelectra.model import Classifier
-        from tinyelectra.optim import build_optimizer
-
         self.spec = get_task(task)
         self.device, self.precision, self.clip_norm = device, precision, fc.clip_norm
         cfg = dataclasses.replace(backbone.config, dropout=fc.dropout)
@@ -273,12 +271,6 @@ class Finetuner:
     def step(self, batch, lr: float):
         """Forward, loss (cross-entropy, or MSE for regression, in fp32), backward, clip, update at `lr`.
         Returns the loss tensor (no host sync)."""
-        import torch
-        import torch.nn.functional as F
-
-        from tinyelectra.runtime import autocast_context
-        from tinyelectra.optim import apply_update
-
         ids, types, mask = _tensors(batch, self.device)
         with autocast_context(self.precision, self.device):
             out = self.model(ids, types, mask)  # (B, C)
@@ -344,8 +336,6 @@ class StaticSchedule:
 
 def static_schedule(lengths: np.ndarray, batch_size: int, total_steps: int, seed: int, peak_lr: float, warmup: float,
                     lr_scales: list[float], bucket: int, cap: int, length_batching: bool = False) -> StaticSchedule:
-    from tinyelectra.optim import lr_at
-
     rows, weights, widths, lrs = [], [], [], []
     for step, idx in enumerate(batch_indices(len(lengths), batch_size, total_steps, seed,
                                              lengths if length_batching else None)):
@@ -372,8 +362,6 @@ class DeviceSplit:
 
 
 def device_split(enc: EncodedSplit, regression: bool, bucket: int, max_positions: int, device) -> DeviceSplit:
-    import torch
-
     width = min(int(max_positions), bucket_width(int(enc.lengths.max()), bucket, 1 << 30))
     b = enc.batch(np.arange(len(enc)), pad_to=width)
     labels = b.labels.astype(np.float32 if regression else np.int64)
@@ -384,10 +372,6 @@ def device_split(enc: EncodedSplit, regression: bool, bucket: int, max_positions
 
 
 def _stream(stream):
-    import contextlib
-
-    import torch
-
     return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
 
 
@@ -398,10 +382,6 @@ class StaticStep:
     as a CUDA graph and replayed (graphs)."""
 
     def __init__(self, run: Finetuner, data: DeviceSplit, sched: StaticSchedule, capture: bool, stream=None) -> None:
-        import torch
-
-        from tinyelectra.optim import GraphSafeUpdate
-
         dev = run.device
         self.run, self.data, self.widths, self.stream = run, data, sched.widths, stream
         with _stream(stream):
@@ -423,8 +403,6 @@ class StaticStep:
 
     def loss(self, width: int):
         """The loss of the step the counter points at: a weighted mean over the batch's rows (fillers weigh 0)."""
-        import torch.nn.functional as F
-
         i = self.counter.view(1)
         rows = self.rows.index_select(0, i).view(-1)  # (B,)
         d = self.data
@@ -440,8 +418,6 @@ class StaticStep:
         return (per_row * w).sum() / w.sum()
 
     def _step(self, width: int) -> None:
-        import torch
-
         loss = self.loss(width)
         loss.backward()
         i = self.counter.view(1)
@@ -469,8 +445,6 @@ class StaticStep:
         """One step per width, untimed, to set up what a capture cannot (cuBLAS workspaces, attention plans, the
         optimizer state); the weights and the optimizer state put back; then one CUDA graph per width, sharing one
         memory pool (they never run at once). A capture that fails leaves the job static, said in `note`."""
-        import torch
-
         t0 = time.perf_counter()
         widths = sorted({int(w) for w in self.widths})
         params = self.run.params
@@ -506,8 +480,6 @@ class StaticStep:
 
     def _reset(self, saved: list) -> None:
         """The weights as they were, the optimizer state empty (as before any step), the counter and losses cleared."""
-        import torch
-
         with torch.no_grad():
             for p, s in zip(self.run.params, saved):
                 p.copy_(s)
@@ -527,19 +499,20 @@ class StaticStep:
 class FinetuneJob:
     """One (task, seed) fine-tuning run, one step per `advance()` (True once the last step is launched); `finish()`
     checks its losses and weights and returns (model, facts). The static and graph modes read no loss back until
-    the end (one host sync per job); the eager path reads every 10th step's (every step's on the CPU), as before."""
+    the end (one host sync per job); the eager path reads every LOSS_EVERY-th step's (every step's on the CPU).
+    `curve`: [step, loss] every LOSS_EVERY steps, the mean of the losses read since the last point."""
 
-    def __init__(self, backbone, task: str, enc: EncodedTask, fc: FinetuneConfig, seed: int, device, precision: str,
-                 mode: str = "eager", data: DeviceSplit | None = None, stream=None, shared_rng: bool = False,
-                 on_step: Callable[[int, float | None], None] | None = None) -> None:
-        self.task, self.seed, self.fc, self.device, self.mode, self.stream = task, seed, fc, device, mode, stream
+    def __init__(self, backbone, task: TaskSpec | str, enc: EncodedTask, fc: FinetuneConfig, seed: int, device,
+                 precision: str, mode: str = "eager", data: DeviceSplit | None = None, stream=None,
+                 shared_rng: bool = False, on_step: Callable[[int, float | None], None] | None = None) -> None:
+        self.task, self.seed, self.fc, self.device, self.mode, self.stream = get_task(task), seed, fc, device, mode, stream
         self.on_step = on_step
         self.t0 = time.perf_counter()
-        self.run = Finetuner(backbone, task, fc, seed, device, precision, shared_rng=shared_rng)
+        self.run = Finetuner(backbone, self.task, fc, seed, device, precision, shared_rng=shared_rng)
         self.train_rows = n = len(enc.train)
-        self.steps_per_epoch, self.total = plan_steps(n, fc.batch_size, fc.task_epochs(task))
+        self.steps_per_epoch, self.total = plan_steps(n, fc.batch_size, fc.task_epochs(self.task))
         self.warmup = fc.warmup_fraction * self.total  # official: num_train_steps * warmup_proportion (a float)
-        self.done, self.last_loss = 0, float("nan")
+        self.done, self.last_loss, self.curve = 0, float("nan"), []
         self.static: StaticStep | None = None
         lengths = enc.train.lengths
         if mode == "eager":
@@ -549,7 +522,7 @@ class FinetuneJob:
             self.note = "eager: each batch padded to its longest row"
         else:
             if data is None:
-                data = device_split(enc.train, self.run.spec.is_regression, fc.length_bucket,
+                data = device_split(enc.train, self.task.is_regression, fc.length_bucket,
                                     self.run.model.cfg.max_positions, device)
             scales = [g.get("lr_scale", 1.0) for g in self.run.optimizer.param_groups]
             sched = static_schedule(lengths, fc.batch_size, self.total, seed, self.run.peak_lr, self.warmup, scales,
@@ -558,6 +531,10 @@ class FinetuneJob:
             self.stream = self.static.stream
             self.note = self.static.note
 
+    def _diverged(self, what: str, step: int) -> Diverged:
+        lr = lr_at(step, self.run.peak_lr, self.warmup, self.total)
+        return Diverged(_diverged_line(what, self.task.name, self.seed, lr, self.run.peak_lr))
+
     def advance(self) -> bool:
         if self.static is not None:
             self.static.advance()
@@ -565,25 +542,23 @@ class FinetuneJob:
             if self.on_step is not None and self.done < self.total:  # the last one with its loss, from finish()
                 self.on_step(self.done, None)
             return self.done >= self.total
-        from tinyelectra.optim import lr_at
-
         idx = next(self.batches)  # padded to this batch's longest row
         lr = lr_at(self.done, self.run.peak_lr, self.warmup, self.total)  # step 0 at lr_at(0) = 0, as the official schedule
         with _stream(self.stream):
             loss = self.run.step(self.train.batch(idx), lr)
         self.done += 1
-        report_now = self.done % 10 == 0 or self.done == self.total
+        report_now = self.done % LOSS_EVERY == 0 or self.done == self.total
         if report_now or self.device.type == "cpu":
-            self.losses.append(loss.item())  # host sync: every step on CPU (free), every 10th on GPU
+            self.losses.append(loss.item())  # host sync: every step on CPU (free), every LOSS_EVERY-th on GPU
         if report_now:
             self.last_loss = sum(self.losses) / len(self.losses)
+            self.curve.append([self.done, self.last_loss])
             self.losses.clear()
             if not math.isfinite(self.last_loss):
                 done = self.done
-                first = done - (done - 1) % 10 if self.device.type == "cpu" else done  # the steps whose losses were read
+                first = done - (done - 1) % LOSS_EVERY if self.device.type == "cpu" else done  # the steps read
                 where = f"step {done}" if first == done else f"steps {first}-{done}"
-                raise Diverged(_diverged_line(f"the {self.task} loss is {self.last_loss} in {where} of {self.total}",
-                                              self.task, self.seed, lr, self.run.peak_lr))
+                raise self._diverged(f"the {self.task.name} loss is {self.last_loss} in {where} of {self.total}", done - 1)
         if self.on_step is not None:
             self.on_step(self.done, self.last_loss if report_now else None)
         return self.done >= self.total
@@ -591,21 +566,15 @@ class FinetuneJob:
     def finish(self):
         """Wait for this job's last step; a non-finite loss (static modes: the first one, by step) or non-finite
         weights raise Diverged. Returns (model, facts)."""
-        import torch
-
-        from tinyelectra.optim import lr_at
-        from tinyelectra.runtime import nonfinite_parameters
-
-        lr = lr_at(self.total - 1, self.run.peak_lr, self.warmup, self.total)
         if self.static is not None:
             losses = self.static.host_losses()  # (S,)
             bad = np.flatnonzero(~np.isfinite(losses))
             if bad.size:
                 k = int(bad[0])
-                raise Diverged(_diverged_line(f"the {self.task} loss is {losses[k]} at step {k + 1} of {self.total}",
-                                              self.task, self.seed, lr_at(k, self.run.peak_lr, self.warmup, self.total),
-                                              self.run.peak_lr))
-            self.last_loss = float(losses[-10:].mean())
+                raise self._diverged(f"the {self.task.name} loss is {losses[k]} at step {k + 1} of {self.total}", k)
+            self.last_loss = float(losses[-LOSS_EVERY:].mean())
+            ends = [*range(LOSS_EVERY, self.total, LOSS_EVERY), self.total]
+            self.curve = [[end, float(losses[max(0, end - LOSS_EVERY):end].mean())] for end in ends]
             if self.on_step is not None:
                 self.on_step(self.done, self.last_loss)
         elif self.stream is not None:
@@ -615,11 +584,11 @@ class FinetuneJob:
         with _stream(self.stream):
             names = nonfinite_parameters(self.run.model)
         if names:  # a last update that left non-finite weights
-            raise Diverged(_diverged_line(f"the weights hold non-finite values after the last step, {self.total} "
-                                          f"({names[0]})", self.task, self.seed, lr, self.run.peak_lr))
+            raise self._diverged(f"the weights hold non-finite values after the last step, {self.total} ({names[0]})",
+                                 self.total - 1)
         facts = {"steps": self.total, "steps_per_epoch": self.steps_per_epoch, "train_rows": self.train_rows,
                  "peak_lr": self.run.peak_lr, "warmup_steps": self.warmup, "final_loss": self.last_loss,
-                 "train_seconds": time.perf_counter() - self.t0, "step": self.note}
+                 "loss_curve": self.curve, "train_seconds": time.perf_counter() - self.t0, "step": self.note}
         if self.static is not None and self.static.capture_seconds:
             facts["capture_seconds"] = self.static.capture_seconds
         return self.run.model, facts
@@ -629,7 +598,7 @@ class FinetuneJob:
         return _stream(self.stream)
 
 
-def finetune(backbone, task: str, enc: EncodedTask, fc: FinetuneConfig, seed: int, device, precision: str,
+def finetune(backbone, task: TaskSpec | str, enc: EncodedTask, fc: FinetuneConfig, seed: int, device, precision: str,
              on_step: Callable[[int, float | None], None] | None = None, mode: str | None = None):
     """Fine-tune a fresh Classifier from `backbone` on one task with one seed, alone. Returns (model, facts); a loss
     or weights that are not finite raise Diverged: nothing of this seed is returned."""
@@ -640,41 +609,41 @@ def finetune(backbone, task: str, enc: EncodedTask, fc: FinetuneConfig, seed: in
     return job.finish()
 
 
-def run_jobs(makers: list[Callable[[Any], FinetuneJob]], concurrent: int, device,
-             on_done: Callable[[FinetuneJob], None]) -> dict[str, Any]:
-    """Run the jobs `makers` build (`maker(stream)`, when a slot frees up), up to `concurrent` in flight, one step of
-    each in turn; `on_done(job)` takes each as its last step is launched (finish, evaluate, record). On CUDA with
-    more than one in flight each job has its own stream, and no job starts while the memory left is under twice the
-    largest one's so far. Returns what ran: jobs, most in flight, steps, seconds, steps per second."""
-    import torch
+Unit = TypeVar("Unit")
 
+
+def run_jobs(units: list[Unit], start: Callable[[Unit, Any], FinetuneJob], done: Callable[[Unit, FinetuneJob], None],
+             concurrent: int, device) -> dict[str, Any]:
+    """Run one job per unit of work, `start(unit, stream)` building it when a slot frees up, up to `concurrent` in
+    flight, one step of each in turn; `done(unit, job)` takes each as its last step is launched (finish, evaluate,
+    record). On CUDA with more than one in flight each job has its own stream, and no job starts while the memory left
+    is under twice the largest one's so far. Returns what ran: jobs, most in flight, steps, seconds, steps per second."""
     cuda = device.type == "cuda"
-    pending, active = list(makers), []
+    pending, active = list(units), []
     footprint, most, steps = 0, 0, 0
     t0 = time.perf_counter()
     while pending or active:
         while pending and len(active) < concurrent and (not active or not cuda or _room_for(device, footprint)):
             before = torch.cuda.memory_reserved(device) if cuda else 0
-            stream = torch.cuda.Stream(device) if cuda and concurrent > 1 else None
-            active.append(pending.pop(0)(stream))
+            unit = pending.pop(0)
+            active.append((unit, start(unit, torch.cuda.Stream(device) if cuda and concurrent > 1 else None)))
             if cuda:
                 footprint = max(footprint, torch.cuda.memory_reserved(device) - before)
         most = max(most, len(active))
-        for job in list(active):
+        for entry in list(active):
+            unit, job = entry
             if job.advance():
-                active.remove(job)
+                active = [a for a in active if a is not entry]
                 steps += job.total
-                on_done(job)
+                done(unit, job)
     if cuda:
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - t0
-    return {"jobs": len(makers), "concurrent": concurrent, "most_in_flight": most, "steps": steps,
+    return {"jobs": len(units), "concurrent": concurrent, "most_in_flight": most, "steps": steps,
             "seconds": seconds, "steps_per_second": steps / seconds if seconds > 0 else None}
 
 
 def _room_for(device, footprint: int) -> bool:
-    import torch
-
     free, _ = torch.cuda.mem_get_info(device)
     cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
     return free + cached >= 2 * footprint

@@ -1,5 +1,7 @@
 """GLUE data: the task table (nine GLUE tasks, the AX diagnostic, tasks of your own), readers (classic `glue_data`
 folders, Hugging Face `datasets`), pair encoding and GLUE submission files (metrics: metrics.py; fine-tuning: glue.py).
+A task travels as its `TaskSpec` (a split holds its own): GLUE's are found by name in TASKS, a table nothing writes
+into; a task of your own is the TaskSpec `load_task_file` returns, its files inside it.
 
 Facts were checked against the classic `download_glue_data.py` layout, the Hugging Face GLUE builder
 (column names, label order), the official ELECTRA fine-tuning code (column positions, BERT's truncation rule,
@@ -29,6 +31,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 
 import numpy as np
 
@@ -76,6 +79,7 @@ class TaskSpec:
     epochs: int = 3  # fine-tuning epochs (the paper's fine-tuning appendix: 3, 10 for RTE and STS-B)
     swap_pairs: bool = False  # MRPC, STS-B: also train on (B, A) (official configure_finetuning.py: double_unordered)
     score_range: tuple[float, float] | None = None  # regression targets' range (STS-B: 0 to 5)
+    paths: Mapping[str, Path] = field(default_factory=dict)  # a task of your own: split -> its file; GLUE's: {}
 
     @property
     def is_regression(self) -> bool:
@@ -104,7 +108,7 @@ class TaskSpec:
         return self.dev_splits[0]
 
 
-TASKS: dict[str, TaskSpec] = {
+TASKS: Mapping[str, TaskSpec] = MappingProxyType({
     t.name: t
     for t in (
         TaskSpec(
@@ -166,7 +170,7 @@ TASKS: dict[str, TaskSpec] = {
             hf_text_columns=("premise", "hypothesis"),
         ),
     )
-}
+})
 
 # The nine GLUE tasks a model is fine-tuned on ("all"); AX is predicted with the MNLI model.
 GLUE_TASK_NAMES: tuple[str, ...] = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
@@ -190,15 +194,14 @@ def _norm(name: str) -> str:
 
 MACRO_F1 = "macro_f1"
 CUSTOM_METRICS = (ACCURACY, F1, MACRO_F1, MATTHEWS, PEARSON, SPEARMAN)  # pearson, spearman: regression
-CUSTOM_FILES: dict[str, dict[str, Path]] = {}  # custom task -> split -> its file (filled by load_task_file)
 CUSTOM_FORMATS = (".tsv", ".csv", ".jsonl")
 TASK_FILE_KEYS = {"name", "train", "dev", "test", "text_columns", "label_column", "labels", "metric", "epochs",
                   "index_column"}
 
 
 def load_task_file(path: str | Path) -> TaskSpec:
-    """Read a custom task's TOML description (README: "Tasks of your own"), check its files and columns, and register
-    it beside the GLUE tasks so that reading, fine-tuning, metrics and glue.json treat it the same way."""
+    """Read a custom task's TOML description (README: "Tasks of your own"), check its files and columns: its TaskSpec,
+    files included, which reading, fine-tuning, metrics and glue.json then treat as they treat GLUE's."""
     path = Path(path)
     raw = read_toml(path, "--task-file ")
     where = f"--task-file {path}"
@@ -210,7 +213,7 @@ def load_task_file(path: str | Path) -> TaskSpec:
             raise UserError(f"{where}: missing {key!r} (a task file names: name, train, dev, text_columns, "
                             "label_column, metric; README: \"Tasks of your own\")")
     name = path_part(str(raw["name"]), f"{where}: name")  # it names the submission file and results
-    if _norm(name) in _ALIASES and _ALIASES[_norm(name)] not in CUSTOM_FILES:
+    if _norm(name) in _ALIASES:
         raise UserError(f"{where}: name {name!r} is a GLUE task's; choose another")
     columns = raw["text_columns"]
     if not (isinstance(columns, list) and 1 <= len(columns) <= 2 and all(isinstance(c, str) for c in columns)):
@@ -247,11 +250,8 @@ def load_task_file(path: str | Path) -> TaskSpec:
         name=name, dir_name=name, files={split: split for split in files}, text_columns=tuple(columns),
         label_column=str(raw["label_column"]), file_labels=tuple(labels), label_names=tuple(labels),
         index_column=raw.get("index_column"), paper_metric=metric, glue_metric=metric,
-        submission_files={"test": f"{name}.tsv"}, epochs=epochs,
+        submission_files={"test": f"{name}.tsv"}, epochs=epochs, paths=files,
     )
-    TASKS[name] = spec
-    _ALIASES[_norm(name)] = name
-    CUSTOM_FILES[name] = files
     return spec
 
 
@@ -289,11 +289,10 @@ def _custom_rows(path: Path, required: list[str], where: str) -> tuple[list[dict
     return rows, 1 if suffix == ".jsonl" else 2  # .tsv and .csv: the first row follows the header
 
 
-def read_custom_split(task: str, split: str) -> GlueSplit:
-    """One split of a custom task (load_task_file registered it): texts, labels mapped to class ids (or floats), ids.
-    Rows with missing fields or unknown labels are skipped and listed, as for GLUE's files."""
-    spec = get_task(task)
-    path = CUSTOM_FILES[spec.name][split]
+def read_custom_split(spec: TaskSpec, split: str) -> GlueSplit:
+    """One split of a custom task (load_task_file): texts, labels mapped to class ids (or floats), ids. Rows with
+    missing fields or unknown labels are skipped and listed, as for GLUE's files."""
+    path = spec.paths[split]
     labelled = split != "test"
     required = list(spec.text_columns) + ([spec.label_column] if labelled else [])
     rows, first = _custom_rows(path, required, f"{spec.name} {split}")
@@ -319,12 +318,14 @@ def read_custom_split(task: str, split: str) -> GlueSplit:
 _ALIASES = {_norm(t.name): t.name for t in TASKS.values()} | {_norm(t.dir_name): t.name for t in TASKS.values()}
 
 
-def get_task(name: str) -> TaskSpec:
-    """The spec of a task by name, case- and hyphen-insensitive ("SST-2", "sst2", "STS-B")."""
-    key = _ALIASES.get(_norm(name))
+def get_task(task: TaskSpec | str) -> TaskSpec:
+    """A task as its spec: a TaskSpec as it is; a name is one of GLUE's, case- and hyphen-insensitive ("SST-2",
+    "sst2", "STS-B")."""
+    if isinstance(task, TaskSpec):
+        return task
+    key = _ALIASES.get(_norm(task))
     if key is None:
-        custom = f", the custom tasks {', '.join(CUSTOM_FILES)}" if CUSTOM_FILES else ""
-        raise UserError(f"unknown GLUE task '{name}'; choose from {', '.join(GLUE_TASK_NAMES)}, ax{custom}, or all "
+        raise UserError(f"unknown GLUE task '{task}'; choose from {', '.join(GLUE_TASK_NAMES)}, ax, or all "
                         "(a task of your own: --task-file)")
     return TASKS[key]
 
@@ -339,7 +340,7 @@ def resolve_tasks(spec: str) -> list[str]:
     return names
 
 
-def _spec_and_split(task: str, split: str) -> TaskSpec:
+def _spec_and_split(task: TaskSpec | str, split: str) -> TaskSpec:
     spec = get_task(task)
     if split not in spec.files:
         raise UserError(f"GLUE task '{spec.name}' has no split '{split}'; it has {', '.join(spec.files)}")
@@ -369,7 +370,7 @@ class GlueSplit:
     """One split of one task, as parallel lists. `labels` is int64 class ids, float32 scores (STS-B), or None
     for test splits. `ids` are the files' example ids (test files' `index`/`id` column, else the row ordinal)."""
 
-    task: str
+    task: TaskSpec
     split: str
     source: str  # file path, or "hf:nyu-mll/glue/rte/validation"
     ids: list[str]
@@ -384,7 +385,7 @@ class GlueSplit:
 
     def summary(self) -> str:
         """One line for the caller to print: rows read, and every skipped line (up to three shown)."""
-        line = f"{self.task} {self.split}: {len(self):,} rows from {self.source}"
+        line = f"{self.task.name} {self.split}: {len(self):,} rows from {self.source}"
         if self.malformed:
             shown = "; ".join(f"line {m.line_number}: {m.reason}" for m in self.malformed[:3])
             n = len(self.malformed)
@@ -399,7 +400,7 @@ class GlueSplit:
         bad = [m for m in self.malformed if m.bad_label]
         if bad and not skip:
             more = f", and {len(bad) - 1} more such row{'s' if len(bad) > 2 else ''}" if len(bad) > 1 else ""
-            raise UserError(f"{bad[0]} ({self.task} {self.split}{more}); correct the data (or a task file's labels), "
+            raise UserError(f"{bad[0]} ({self.task.name} {self.split}{more}); correct the data (or a task file's labels), "
                             "or skip such rows with --skip-bad-labels (their count is then printed beside the score)")
         return len(bad)
 
@@ -421,7 +422,7 @@ def with_swapped_pairs(split: GlueSplit) -> GlueSplit:
     if split.split != "train":
         raise ValueError(f"swapped pairs are a training augmentation; got the {split.split} split")
     if split.text_b is None:
-        raise ValueError(f"{split.task} has single sentences; there is no pair to swap")
+        raise ValueError(f"{split.task.name} has single sentences; there is no pair to swap")
     return dataclasses.replace(
         split,
         ids=split.ids + [f"{i}-swapped" for i in split.ids],
@@ -436,18 +437,18 @@ def with_swapped_pairs(split: GlueSplit) -> GlueSplit:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def find_split_file(glue_dir: str | Path | None, task: str, split: str) -> Path | None:
+def find_split_file(glue_dir: str | Path | None, task: TaskSpec | str, split: str) -> Path | None:
     """The file of one split if it exists, else None (no error): for choosing the tasks that have data."""
-    if get_task(task).name in CUSTOM_FILES:
-        return CUSTOM_FILES[get_task(task).name].get(split)
-    _spec_and_split(task, split)  # an unknown split stays an error
+    if (spec := get_task(task)).paths:
+        return spec.paths.get(split)
+    _spec_and_split(spec, split)  # an unknown split stays an error
     try:
-        return split_file(glue_dir, task, split)
+        return split_file(glue_dir, spec, split)
     except UserError:
         return None
 
 
-def split_file(glue_dir: str | Path, task: str, split: str) -> Path:
+def split_file(glue_dir: str | Path, task: TaskSpec | str, split: str) -> Path:
     """The file of one split, or a UserError that says which folder and files were expected."""
     spec = _spec_and_split(task, split)
     glue_dir = Path(glue_dir)
@@ -468,15 +469,14 @@ def split_file(glue_dir: str | Path, task: str, split: str) -> Path:
     return path
 
 
-def read_split(glue_dir: str | Path | None, task: str, split: str) -> GlueSplit:
+def read_split(glue_dir: str | Path | None, task: TaskSpec | str, split: str) -> GlueSplit:
     """Read one split from the classic glue_data layout (`glue_dir/RTE/dev.tsv`, `glue_dir/MNLI/dev_matched.tsv`),
     or a custom task's file (load_task_file)."""
-    if get_task(task).name in CUSTOM_FILES:
-        return read_custom_split(task, split)
-    return read_tsv(split_file(glue_dir, task, split), task, split)
+    spec = get_task(task)
+    return read_custom_split(spec, split) if spec.paths else read_tsv(split_file(glue_dir, spec, split), spec, split)
 
 
-def read_tsv(path: str | Path, task: str, split: str) -> GlueSplit:
+def read_tsv(path: str | Path, task: TaskSpec | str, split: str) -> GlueSplit:
     """Read one GLUE TSV file as `split` of `task` (any file name: e.g. QQP's `dev.partial.tsv`), by the reading rules
     of the module docstring: tabs only, nothing quoted, bad rows skipped and listed in `.malformed`."""
     spec = _spec_and_split(task, split)
@@ -553,7 +553,7 @@ def _kept_split(spec: TaskSpec, split: str, path: Path, kept: list[tuple[str, ..
         written = [v.strip() for v in columns.pop()]
         labels = (np.asarray([float(v) for v in written], dtype=np.float32) if spec.is_regression
                   else np.asarray([spec.file_labels.index(v) for v in written], dtype=np.int64))
-    return GlueSplit(task=spec.name, split=split, source=str(path), ids=ids, text_a=columns[0],
+    return GlueSplit(task=spec, split=split, source=str(path), ids=ids, text_a=columns[0],
                      text_b=columns[1] if spec.is_pair else None, labels=labels, **extra)
 
 
@@ -574,7 +574,7 @@ def _label_problem(spec: TaskSpec, value: str) -> str | None:
 # Hugging Face `datasets`
 # ----------------------------------------------------------------------------------------------------------------
 
-def load_hf_split(task: str, split: str, dataset_name: str | None = None) -> GlueSplit:
+def load_hf_split(task: TaskSpec | str, split: str, dataset_name: str | None = None) -> GlueSplit:
     """Read one split through Hugging Face `datasets` (`load_dataset("nyu-mll/glue", "rte", split="validation")`;
     `dataset_name` default HF_DATASET, or a local copy of that repository); a missing `datasets` package or an
     unreachable hub is a UserError, one line. datasets' progress bars stay off: plain lines in logs."""
@@ -594,10 +594,10 @@ def load_hf_split(task: str, split: str, dataset_name: str | None = None) -> Glu
         raise UserError(f"could not load {dataset_name} '{spec.name}' split '{hf_split}' from the Hugging Face hub "
                         f"({type(e).__name__}: {reason}); use --glue-dir with the classic glue_data folders "
                         "instead") from None
-    return from_hf_dataset(ds, spec.name, split, source=f"hf:{dataset_name}/{spec.name}/{hf_split}")
+    return from_hf_dataset(ds, spec, split, source=f"hf:{dataset_name}/{spec.name}/{hf_split}")
 
 
-def from_hf_dataset(ds, task: str, split: str, source: str) -> GlueSplit:
+def from_hf_dataset(ds, task: TaskSpec | str, split: str, source: str) -> GlueSplit:
     """Turn a loaded Hugging Face GLUE split (columns: texts, `label`, `idx`) into a GlueSplit. Class ids are mapped
     by the dataset's ClassLabel names, so they match the classic reader's ids; rows with label -1 (missing) are
     skipped and listed as malformed."""
@@ -631,7 +631,7 @@ def from_hf_dataset(ds, task: str, split: str, source: str) -> GlueSplit:
             bad = (labels < 0) | (labels >= spec.num_labels)
         malformed = [MalformedLine(source, int(i) + 1, f"label {raw[i]} missing or out of range", True)
                      for i in np.flatnonzero(bad)]
-    every_row = GlueSplit(task=spec.name, split=split, source=source, ids=ids, text_a=texts[0],
+    every_row = GlueSplit(task=spec, split=split, source=source, ids=ids, text_a=texts[0],
                           text_b=texts[1] if spec.is_pair else None, labels=labels, malformed=malformed)
     return every_row.select(np.flatnonzero(~bad))
 
@@ -740,7 +740,7 @@ def encode_split(tokenizer, split: GlueSplit, max_length: int = DEFAULT_MAX_LENG
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def prediction_vector(task: str, predictions: np.ndarray | Sequence) -> np.ndarray:
+def prediction_vector(task: TaskSpec | str, predictions: np.ndarray | Sequence) -> np.ndarray:
     """Model outputs -> one prediction per example: class ids (int64) from ids or (M, C) scores by argmax;
     float64 scores for regression from (M,) or (M, 1)."""
     spec = get_task(task)
@@ -766,14 +766,14 @@ def write_submission(out_dir: str | Path, test_split: GlueSplit, predictions: np
     """Write one GLUE submission file (e.g. `RTE.tsv`, `MNLI-m.tsv`, `AX.tsv`) for a test split: a header
     `index<TAB>prediction`, then one row per test example with its id and its label as the task's files spell
     it ("entailment", "1") or, for STS-B, the score with 3 decimals. Written atomically."""
-    spec = get_task(test_split.task)
+    spec = test_split.task
     name = spec.submission_files.get(test_split.split)
     if name is None:
         raise ValueError(f"{spec.name} {test_split.split} is not a test split; submissions are for test splits")
     if test_split.malformed:
         raise UserError(f"cannot write a complete {name}: {len(test_split.malformed)} test lines were malformed "
                         f"(first: {test_split.malformed[0]}); GLUE needs a prediction for every test example")
-    values = prediction_vector(spec.name, predictions)
+    values = prediction_vector(spec, predictions)
     if len(values) != len(test_split):
         raise ValueError(f"{len(values)} predictions for {len(test_split)} {spec.name} {test_split.split} examples")
     if spec.is_regression:

@@ -1,6 +1,8 @@
 """GLUE metrics in numpy: accuracy, F1, Matthews correlation, Pearson and Spearman; each task's two named
-scores (the ELECTRA paper's and the GLUE leaderboard's); and averages that say which tasks they cover. Arithmetic
-on arrays only: which column holds a label is glue_data.py's, running a model glue.py's.
+scores (the ELECTRA paper's and the GLUE leaderboard's); averages that say which tasks they cover; and what the
+numbers allow one to say: two sides' seeds compared in words no wider than their ranges (`compare_seeds`), a run's
+average against the published anchors (`verdict_against_anchors`). Arithmetic on arrays only: which column holds a
+label is glue_data.py's, running a model glue.py's.
 
 Conventions (each tested):
 - Metric functions return fractions (accuracy 0..1, correlations -1..1); task scores are x100, as in the paper.
@@ -15,10 +17,13 @@ Conventions (each tested):
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
+
+from tinyelectra import paper
 
 from tinyelectra.glue_data import (
     ACCURACY,
@@ -30,6 +35,7 @@ from tinyelectra.glue_data import (
     PEARSON,
     PEARSON_SPEARMAN_MEAN,
     SPEARMAN,
+    TaskSpec,
     get_task,
     prediction_vector,
 )
@@ -168,11 +174,11 @@ class TaskScore:
         return asdict(self)
 
 
-def task_metrics(task: str, predictions, labels) -> dict[str, float]:
+def task_metrics(task: TaskSpec | str, predictions, labels) -> dict[str, float]:
     """Every metric that GLUE or the paper uses for `task`, x100, plus the two means the leaderboard uses.
     `predictions` may be class ids, (M, C) scores (argmax is taken) or regression scores."""
     spec = get_task(task)
-    p = prediction_vector(spec.name, predictions)
+    p = prediction_vector(spec, predictions)
     y = np.asarray(labels)
     if spec.is_regression:
         values = {PEARSON: pearson_corr(p, y), SPEARMAN: spearman_corr(p, y)}
@@ -191,10 +197,10 @@ def task_metrics(task: str, predictions, labels) -> dict[str, float]:
     return {k: 100.0 * v for k, v in values.items()}
 
 
-def score_task(task: str, predictions, labels, split: str | None = None) -> TaskScore:
+def score_task(task: TaskSpec | str, predictions, labels, split: str | None = None) -> TaskScore:
     """The paper's and the GLUE leaderboard's score for one task (default split: the task's primary dev split)."""
     spec = get_task(task)
-    values = task_metrics(spec.name, predictions, labels)
+    values = task_metrics(spec, predictions, labels)
     return TaskScore(
         task=spec.name, split=split or spec.primary_dev_split, num_examples=len(np.asarray(labels)),
         metrics=values, paper_metric=spec.paper_metric, paper_score=values[spec.paper_metric],
@@ -236,3 +242,46 @@ def average_score(scores_by_task: Mapping[str, float] | Sequence[TaskScore], kin
     if unknown:
         raise ValueError(f"{', '.join(unknown)} are not GLUE tasks with a score")
     return TaskAverage(score=float(np.mean(list(items.values()))), tasks=tuple(sorted(items)))
+
+
+def score_range(metric: str) -> tuple[float, float]:
+    """The values a score (x100) can take: correlations -100..100, accuracies and F1 0..100."""
+    return (-100.0, 100.0) if metric in (MATTHEWS, PEARSON, SPEARMAN, PEARSON_SPEARMAN_MEAN) else (0.0, 100.0)
+
+
+def compare_seeds(ours: Sequence[float], theirs: Sequence[float], majority: float | None = None) -> dict:
+    """One task's seeds on two sides (x100), and the one rule for the words that compare them: "beyond the seeds'
+    spread" only where the ranges do not overlap (every seed of one side above every seed of the other); "within the
+    seeds' spread" where they do; no spread to judge by with one seed on a side. `majority`: the majority class's score,
+    which our median is also measured against (a classifier at or below it may have learned nothing)."""
+    a, b = sorted(ours), sorted(theirs)
+    median = statistics.median(a)
+    difference = median - statistics.median(b)
+    if len(a) < 2 or len(b) < 2:
+        spread, beyond = "one seed on a side: no spread to judge by", False
+    else:
+        beyond = a[0] > b[-1] or a[-1] < b[0]
+        spread = "beyond the seeds' spread" if beyond else "within the seeds' spread: the ranges overlap"
+    words = f"{difference:+.1f} ({a[0]:.1f}..{a[-1]:.1f} vs {b[0]:.1f}..{b[-1]:.1f}: {spread})"
+    if majority is not None:
+        words += f"; {median - majority:+.1f} against the majority class's {majority:.1f}"
+    return {"difference": difference, "beyond_spread": beyond, "words": words}
+
+
+def verdict_against_anchors(medians: Mapping[str, float | None]) -> dict:
+    """A run's verdict, computed: its average over paper.VERDICT_TASKS (those it has) against each anchor's average
+    over the same tasks (paper.ANCHORS: the paper's model at 1M steps, the replication of its 6.25% point)."""
+    tasks = [t for t in paper.VERDICT_TASKS if medians.get(t) is not None]
+    if not tasks:
+        return {"tasks": [], "ours": None, "anchors": [], "words": "no task of the verdict's five finished"}
+    ours = statistics.fmean(medians[t] for t in tasks)
+    anchors = [{"anchor": label, "source": row.source, "average": statistics.fmean(row.scores[t] for t in tasks)}
+               for label, row in paper.ANCHORS.items()]
+    missing = [t for t in paper.VERDICT_TASKS if t not in tasks]
+    words = f"average {ours:.1f} over {', '.join(tasks)}" + (f" ({', '.join(missing)} missing)" if missing else "")
+    for a in anchors:
+        a["gap"] = ours - a["average"]
+        words += f"; {a['gap']:+.1f} against {a['anchor']} ({a['average']:.1f})"
+    words += (f": {'clears' if anchors[-1]['gap'] >= 0 else 'below'} the replication's bar, "
+              f"{'reaches' if anchors[0]['gap'] >= 0 else 'short of'} the 1M-step model")
+    return {"tasks": tasks, "ours": ours, "anchors": anchors, "words": words}

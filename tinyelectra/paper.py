@@ -1,8 +1,9 @@
 """The published numbers tinyelectra compares itself with, as data, each with its source.
 
 What lives here: constants copied from the ELECTRA paper (Clark et al., ICLR 2020, arXiv 2003.10555), the official
-repository's README and the PyTorch reproduction's README (richarddwang/electra_pytorch). Nothing here
-is computed from our runs; report.py puts these beside ours and labels them as the paper's.
+repository's README and the PyTorch reproduction's README (richarddwang/electra_pytorch), and the anchors a run's
+verdict is computed against (ANCHORS, metrics.verdict_against_anchors). Nothing here is computed from our runs;
+report.py puts these beside ours and labels them as the paper's.
 
 Caveats that travel with the numbers (the report prints them):
 - The paper's GLUE score is the mean over 8 tasks (CoLA, SST-2, MRPC, STS-B, QQP, MNLI, QNLI, RTE; no WNLI) with
@@ -20,6 +21,8 @@ PAPER = "Clark et al., ELECTRA (ICLR 2020, arXiv 2003.10555)"
 TABLE1_SOURCE = f"{PAPER}, Table 1 (ELECTRA-Small partially trained, GLUE dev, 8 tasks without WNLI)"
 OFFICIAL_README = "google-research/electra README, GLUE dev results (ELECTRA-Small-OWT: OpenWebText, 1M steps)"
 PYTORCH_README = "richarddwang/electra_pytorch README (ELECTRA-Small on OpenWebText, mean of 10 fine-tuning runs)"
+REPLICATION_6_25 = ("a public PyTorch replication of ELECTRA-Small's 6.25% point (one V100, 6 h, transformers' Trainer, "
+                    "OpenWebText), as quoted in tinyelectra's issue 34 (not in ../shared/REFERENCE.md)")
 
 # Tasks of the paper's GLUE score, in the paper's column order.
 PAPER_TASKS: tuple[str, ...] = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte")
@@ -86,6 +89,17 @@ PER_TASK: tuple[PerTaskRow, ...] = (
     ),
 )
 
+# A run's verdict: its average over these five tasks (the GPU check's) against the same tasks' average of each anchor:
+# the paper's model at 1M steps (its per-task row above; also ../shared/REFERENCE.md sections 4 and 6), and the
+# replication of the paper's 6.25% point, the bar a run of that length clears first.
+VERDICT_TASKS: tuple[str, ...] = ("cola", "sst2", "mrpc", "stsb", "rte")
+ANCHORS: dict[str, PerTaskRow] = {
+    "ELECTRA-Small-OWT at 1M steps": PER_TASK[0],
+    "the 6.25% point's replication": PerTaskRow(
+        "ELECTRA-Small at 6.25% (62.5k steps), a replication",
+        {"cola": 38.0, "sst2": 63.9, "mrpc": 67.5, "stsb": 69.9, "rte": 60.3}, 66.8, REPLICATION_6_25),  # 66.8: GLUE-8
+}
+
 # Fine-tuning run-to-run standard deviation on the small tasks (the PyTorch reproduction's runs), for reading our seed spreads.
 FINETUNE_STD = {"rte": 1.9, "cola": 1.3}
 
@@ -100,6 +114,7 @@ def published() -> dict:
         "table1": [r.to_dict() for r in TABLE1],
         "bert_small": dict(BERT_SMALL),
         "per_task": [r.to_dict() for r in PER_TASK],
+        "anchors": {label: r.to_dict() for label, r in ANCHORS.items()},
         "finetune_std": dict(FINETUNE_STD),
         "note": PAPER_GLUE_NOTE,
     }

@@ -74,7 +74,8 @@ def plot_glue(rep: dict[str, Any], path: Path) -> bool:
     # (b) per task vs FLOPs, with seed std as error bars
     for t in rep["tasks"]:
         pts = [(c["train_flops_paper"], c["tasks"][t]["median_paper"], c["tasks"][t]["std_paper"] or 0.0)
-               for c in rep["checkpoints"] if t in c["tasks"] and c["train_flops_paper"] is not None]
+               for c in rep["checkpoints"] if t in c["tasks"] and c["train_flops_paper"] is not None
+               and c["tasks"][t]["median_paper"] is not None]
         if pts:
             x, y, err = _unzip(pts, 3)
             ax_task.errorbar(x, y, yerr=err, marker="o", capsize=3,

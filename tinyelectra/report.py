@@ -4,6 +4,9 @@ Reads what a run wrote (plan.json, recipe.json, summary.json, metrics.jsonl) and
 (RUN/glue/<checkpoint>/glue.json), puts it beside the paper's published numbers (paper.py) and renders report.md; no
 training, fine-tuning or metric arithmetic. report.json is built first and holds every number report.md shows; the
 markdown is rendered from it alone (the tests check the two agree), the PNG plots (plots.py) from the same dict.
+A number no run can produce (a NaN or infinite median, an accuracy of 250, a negative step count) is never shown as a
+result: it is left out ("-") and named in the notes. The verdict against the published anchors is computed
+(metrics.verdict_against_anchors), as is every seed that answered one class for every dev row.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from tinyelectra.checkpoint import train_seconds_of
 from tinyelectra.errors import UserError
 from tinyelectra.files import check_writable, first_line, write_atomic
 from tinyelectra.glue_data import GLUE_TASK_NAMES, PAPER_TASK_NAMES, get_task, task_title
+from tinyelectra.metrics import score_range, verdict_against_anchors
 from tinyelectra.plots import fmt_fraction, plot_curves, plot_glue
 
 FORMAT = "tinyelectra-report"
@@ -56,7 +60,7 @@ def fmt_duration(seconds: float | None) -> str:
 
 
 def fmt_score_std(median: float | None, std: float | None) -> str:
-    return fmt_score(median) if std is None else f"{fmt_score(median)} ± {std:.1f}"
+    return fmt_score(median) if std is None or median is None else f"{fmt_score(median)} ± {std:.1f}"
 
 
 # ---------- Reading (a damaged file is one error naming it, or a warning in the report: never a quiet omission)
@@ -80,6 +84,23 @@ def _numbers(obj: dict, keys, path: Path) -> dict:
         if obj.get(k) is not None and not _is_number(obj[k]):
             raise UserError(f"{path}: damaged ({k} is {obj[k]!r}, not a number)")
     return obj
+
+
+COUNT = (0.0, math.inf)  # steps, tokens, FLOPs, seconds
+
+
+def _possible(obj: dict, ranges: dict[str, tuple[float, float]], where: str, notes: list[str]) -> dict:
+    """`obj` without the numbers of `ranges` that no run can produce (not finite, or outside their range), each
+    named in `notes`: the report leaves such a number out ("-") instead of showing it as a result."""
+    out = dict(obj)
+    for k, (low, high) in ranges.items():
+        x = obj.get(k)
+        if _is_number(x) and not (math.isfinite(x) and low <= x <= high):
+            out.pop(k)
+            why = "not a finite number" if not math.isfinite(x) else "negative" if high == math.inf else \
+                f"outside the {low:g}..{high:g} such a score can take"
+            notes.append(f"{where}: {k} is {x!r}, {why}: left out of this report (the file was changed by hand or damaged)")
+    return out
 
 
 _NUMBER = "a number"
@@ -178,32 +199,52 @@ def damaged_lines_note(path: Path, damaged: list[int]) -> str:
 
 
 # ---------- Building report.json
-def _checkpoint_entry(path: Path, glue: dict) -> dict[str, Any]:
-    """One checkpoint's GLUE results (its glue.json) as the report shows them; damaged: one error naming the file."""
+def _checkpoint_entry(path: Path, glue: dict, notes: list[str]) -> dict[str, Any]:
+    """One checkpoint's GLUE results (its glue.json) as the report shows them; damaged: one error naming the file;
+    impossible numbers left out and named in `notes`."""
     if glue.get("format") != "tinyelectra-glue":
         raise UserError(f"{path}: not GLUE results written by tinyelectra (no \"format\": \"tinyelectra-glue\")")
     try:
-        return _glue_entry(path, glue)
+        return _glue_entry(path, glue, notes)
     except (KeyError, TypeError, AttributeError, ValueError) as e:
         raise UserError(f"{path}: damaged ({type(e).__name__}: {first_line(e)}); run `tinyelectra glue` again for this "
                         "checkpoint") from None
 
 
-def _glue_entry(path: Path, glue: dict) -> dict[str, Any]:
-    meta = _numbers(glue.get("meta") or {}, ("step", "tokens_seen", "train_flops_paper", "train_flops_hardware",
-                                             "train_seconds", "wall_seconds", "fraction"), path)
-    tasks, raw = {}, glue.get("tasks") or {}
+def _task_entries(path: Path, raw: dict, notes: list[str]) -> dict[str, dict]:
+    """glue.json's `tasks` (or `arms`) as the report shows them, impossible scores left out."""
+    tasks = {}
     for task in _task_order([name for name, t in raw.items() if t is not None]):
         t = _numbers(raw[task], ("median_paper", "std_paper", "median_glue", "std_glue"), path)
+        paper_range = score_range(t["paper_metric"])
+        t = _possible(t, {"median_paper": paper_range, "median_glue": score_range(t["glue_metric"]),
+                          "std_paper": (0, 200), "std_glue": (0, 200)}, f"{path}: {task}", notes)
+        seeds = [_possible(_numbers(s, ("paper_score",), path), {"paper_score": paper_range},
+                           f"{path}: {task} seed {s['seed']}", notes) for s in t["seeds"]]
+        majority = t.get("majority_class") and _possible(_numbers(t["majority_class"], ("paper_score",), path),
+                                                         {"paper_score": paper_range}, f"{path}: {task} majority class", notes)
         tasks[task] = {
-            **{k: t[k] for k in ("paper_metric", "glue_metric", "median_paper", "std_paper", "median_glue", "std_glue")},
-            "seed_paper_scores": [_numbers(s, ("paper_score",), path)["paper_score"] for s in t["seeds"]],
-            "seeds": [s["seed"] for s in t["seeds"]], "train_seconds": sum(s["train_seconds"] for s in t["seeds"]),
-            "majority_class": _numbers(t["majority_class"], ("paper_score",), path) if t.get("majority_class") else None,
+            **{k: t.get(k) for k in ("paper_metric", "glue_metric", "median_paper", "std_paper", "median_glue", "std_glue")},
+            "seed_paper_scores": [s.get("paper_score") for s in seeds], "seeds": [s["seed"] for s in seeds],
+            "one_class": [s.get("one_class") for s in seeds], "train_seconds": sum(s["train_seconds"] for s in seeds),
+            "majority_class": majority or None,
         }
         for split, e in (t.get("splits") or {}).items():
             tasks[task].setdefault("splits", {})[split] = {"median_paper": e["median_paper"], "std_paper": e["std_paper"]}
-    averages = glue.get("averages") or {}
+    return tasks
+
+
+def _glue_entry(path: Path, glue: dict, notes: list[str]) -> dict[str, Any]:
+    meta = _numbers(glue.get("meta") or {}, ("step", "tokens_seen", "train_flops_paper", "train_flops_hardware",
+                                             "train_seconds", "wall_seconds", "fraction"), path)
+    meta = _possible(meta, dict.fromkeys(("step", "tokens_seen", "train_flops_paper", "train_flops_hardware",
+                                          "train_seconds", "wall_seconds"), COUNT), f"{path}: meta", notes)
+    tasks = _task_entries(path, glue.get("tasks") or {}, notes)
+    arm = path.parent / "released-lr" / "glue.json"  # glue --released-lr: the tasks again at the released code's rate
+    arm_doc = _read_json(arm) if arm.is_file() else {}
+    averages = {kind: _possible(a, {"score": (-100, 100)}, f"{path}: {kind} average", notes)
+                for kind, a in (glue.get("averages") or {}).items() if isinstance(a, dict) and "score" in a}
+    averages = {kind: a for kind, a in averages.items() if "score" in a}
     protocol = glue.get("protocol") or {}
     name = (glue.get("checkpoint") or {}).get("name", path.parent.name)
     nominal = re.fullmatch(r"ckpt-(\d{4,5})", name)
@@ -218,7 +259,9 @@ def _glue_entry(path: Path, glue: dict) -> dict[str, Any]:
         "step": meta.get("step"), "tokens_seen": meta.get("tokens_seen"),
         "train_flops_paper": meta.get("train_flops_paper"), "train_flops_hardware": meta.get("train_flops_hardware"),
         "train_seconds": train_seconds_of(meta),
-        "tasks": tasks,
+        "tasks": tasks, "released_lr": {"settings": {k: (arm_doc.get("protocol") or {}).get("settings", {}).get(k)
+                                                     for k in ("lr", "weight_decay")},
+                                        "tasks": _task_entries(arm, arm_doc.get("tasks") or {}, notes)} if arm_doc else None,
         "average_paper": averages.get("paper"), "average_glue": averages.get("glue"),
         "finetune": {"device": glue.get("device"), "precision": glue.get("precision"),
                      **{k: protocol.get(k)
@@ -249,13 +292,16 @@ def build_report(run_dir: Path) -> dict[str, Any]:
         _numbers(summary, ("steps", "tokens_seen", "train_flops_paper", "train_flops_hardware", "train_seconds"),
                  run_dir / "summary.json")
         summary, odd = _typed_fields(summary, run_dir / "summary.json")
+        summary = _possible(summary, dict.fromkeys(("steps", "tokens_seen", "train_flops_paper", "train_flops_hardware",
+                                                    "train_seconds", "budget_seconds", "median_tokens_per_second",
+                                                    "peak_gpu_memory_gib"), COUNT), str(run_dir / "summary.json"), odd)
     records, events, damaged, repeated = read_metrics(run_dir / "metrics.jsonl")
     # what `tinyelectra glue --checkpoint RUN` writes, or RUN/*/glue.json when RUN is itself a glue output directory
     glue_paths = sorted(run_dir.glob("glue/*/glue.json")) or sorted(run_dir.glob("*/glue.json"))
     if plan is None and not glue_paths:
         raise UserError(f"{run_dir}: neither a run directory (plan.json) nor GLUE results (glue/*/glue.json) inside")
 
-    checkpoints = [_checkpoint_entry(p, _read_json(p)) for p in glue_paths]
+    checkpoints = [_checkpoint_entry(p, _read_json(p), odd) for p in glue_paths]
     checkpoints.sort(key=lambda c: (c["fraction"] is None, c["fraction"] or 0.0, c["name"]))
     off_fraction = (summary or {}).get("checkpoints_off_fraction") or {}  # a run too short (or re-planned) for its fractions
     for c in checkpoints:
@@ -335,6 +381,8 @@ def build_report(run_dir: Path) -> dict[str, Any]:
         "plan": plan_facts, "pretraining": pretraining, "hardware": hardware,
         "tasks": tasks_seen, "checkpoints": checkpoints, "comparison": comparison, "heldout": heldout,
         "paper_average_over_our_tasks": _paper_average_over(tasks_seen),
+        "verdict": {"checkpoint": checkpoints[-1]["name"], **verdict_against_anchors(
+            {t: v["median_paper"] for t, v in checkpoints[-1]["tasks"].items()})} if checkpoints else None,
         "paper": paper.published(), "notes": notes, "input_warnings": warnings, "plots": [],
     }
 
@@ -440,12 +488,15 @@ def render_markdown(rep: dict[str, Any]) -> str:
         L += ["", "Seeds (paper metric each), and the score of always answering the training rows' most frequent "
               "class (classification tasks):", ""]
         for c in cks:
-            for t in (t for t in tasks if t in c["tasks"]):
-                e = c["tasks"][t]
-                scores = ", ".join(f"seed {s}: {fmt_score(v)}" for s, v in zip(e["seeds"], e["seed_paper_scores"]))
+            arm = c.get("released_lr") or {"tasks": {}}
+            arms = {f"{t} (--released-lr: lr {arm['settings']['lr']}, weight decay {arm['settings']['weight_decay']})": e
+                    for t, e in arm["tasks"].items()}
+            for t, e in [(task_title(t), c["tasks"][t]) for t in tasks if t in c["tasks"]] + list(arms.items()):
+                scores = ", ".join(f"seed {s}: {fmt_score(v)}" + (f" (ONE CLASS: {one!r} for every row)" if one else "")
+                                   for s, v, one in zip(e["seeds"], e["seed_paper_scores"], e.get("one_class") or ()))
                 if majority := e.get("majority_class"):
-                    scores += f"; majority class {majority['label']!r}: {fmt_score(majority['paper_score'])}"
-                L.append(f"- {c['name']} {task_title(t)}: {scores}")
+                    scores += f"; majority class {majority['label']!r}: {fmt_score(majority.get('paper_score'))}"
+                L.append(f"- {c['name']} {t}: {scores}")
         L.append("")
 
     L += ["## Beside the paper", "",
@@ -468,16 +519,20 @@ def render_markdown(rep: dict[str, Any]) -> str:
               for a in rep["paper_average_over_our_tasks"]] + [""]
     if cks:
         final = cks[-1]
-        header = ["task", "metric", f"ours ({final['name']})"] + [r["model"] for r in rep["paper"]["per_task"]]
+        header = ["task", "metric", f"ours ({final['name']})"] + [r["model"] for r in rep["paper"]["per_task"]] + \
+            ["majority class (ours)"]
         rows = []
         for t in (t for t in rep["tasks"] if t in GLUE_TASK_NAMES):  # tasks the paper reports
-            ours = final["tasks"].get(t)
-            rows.append([task_title(t), get_task(t).paper_metric,
-                         fmt_score_std(ours["median_paper"], ours["std_paper"]) if ours else "-"]
-                        + [fmt_score(r["scores"].get(t)) for r in rep["paper"]["per_task"]])
+            ours = final["tasks"].get(t) or {}
+            rows.append([task_title(t), get_task(t).paper_metric, fmt_score_std(ours.get("median_paper"), ours.get("std_paper"))]
+                        + [fmt_score(r["scores"].get(t)) for r in rep["paper"]["per_task"]]
+                        + [fmt_score((ours.get("majority_class") or {}).get("paper_score"))])
         L += _table(header, rows)
         sources = "; ".join(f"{r['model']}: {r['source']}" for r in rep["paper"]["per_task"])
         L += ["", f"Per-task sources: {sources}.", ""]
+    if v := rep.get("verdict"):
+        sources = "; ".join(f"{a['anchor']}: {a['source']}" for a in v["anchors"])
+        L += [f"**Verdict ({v['checkpoint']}, computed):** {v['words']}." + (f" Anchors: {sources}." if sources else ""), ""]
     if rep["plots"]:
         L += ["## Plots", "", *(f"![{p}]({p})" for p in rep["plots"]), ""]
     L += ["## Notes", "", *(f"- {n}" for n in rep["notes"]), ""]
