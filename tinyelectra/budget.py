@@ -409,6 +409,7 @@ class TimeBudgetPlanner:
         self.stretched = any(n.startswith("the budget's time") for n in self.events)
         self.first_warmup: int | None = None  # the warm-up the first measurement planned
         self.seconds0: float | None = None  # training seconds at the first recorded step
+        self.planned_at: tuple[float, int] | None = None  # (training seconds, step) of the last (re-)plan
 
     @property
     def measuring(self) -> bool:
@@ -440,12 +441,16 @@ class TimeBudgetPlanner:
         return self.replan(step, train_seconds, rate, done)
 
     def on_track(self, step: int, train_seconds: float, rate: float) -> bool:
-        """Whether the plan, final, ends within REPLAN_TOLERANCE of the budget at `rate` steps/s from `step`."""
+        """Whether the plan, final, ends within REPLAN_TOLERANCE of the budget at the recent `rate` steps/s from
+        `step`, or at the speed since the plan was made: a stall slows the recent speed for a while, not the speed
+        since the plan (its seconds count once, in the time spent); a change of the machine's speed moves both."""
         plan = self.plan
-        if plan.status != "final" or plan.total_steps is None:
+        if plan.status != "final" or plan.total_steps is None or self.planned_at is None:
             return False
-        end = train_seconds + max(plan.total_steps - step, 0) / max(rate, 1e-12)
-        return abs(end - self.bud.value) <= REPLAN_TOLERANCE * self.bud.value
+        left, tolerance = max(plan.total_steps - step, 0), REPLAN_TOLERANCE * self.bud.value
+        seconds0, step0 = self.planned_at
+        since = (step - step0) / (train_seconds - seconds0) if train_seconds > seconds0 and step > step0 else rate
+        return any(abs(train_seconds + left / max(r, 1e-12) - self.bud.value) <= tolerance for r in (rate, since))
 
     def replan(self, step: int, train_seconds: float, rate: float, done: set[str]) -> list[str]:
         """Re-plan at `step` after `train_seconds` of training time at `rate` steps/s; `done`: checkpoints written."""
@@ -492,6 +497,7 @@ class TimeBudgetPlanner:
         new.resumed_with_changes = old.resumed_with_changes
         new.resumed_with_runtime_changes = old.resumed_with_runtime_changes
         new.stop, new.stopped = old.stop, old.stopped
+        self.planned_at = (train_seconds, step)
         new.replans = old.replans + [{"step": step, "total_steps": total, "warmup_steps": new.warmup_steps,
                                       "steps_per_second": round(rate, 4)}][:max(MAX_PLAN_EVENTS - len(old.replans), 0)]
         self.plan = new
