@@ -234,7 +234,9 @@ class RunState:
         self.done_ckpts = set(start.checkpoints)  # the fraction checkpoints written
         self.sums = new_sums(self.device)  # the current log window's metric sums, on the device
         self.window_step = start.window["step"]  # the step the current log window started after
-        for k, v in start.window["sums"].items():  # the log window an interruption cut: its first steps' sums
+        # the log window a stop cut: its first steps' sums (rank 0's: DDP saves no other process's, so a resumed DDP
+        # run's first window is the mean over rank 0's rows of its first steps and every row of the later ones)
+        for k, v in start.window["sums"].items() if self.dist.main else ():
             self.sums[k].fill_(v)
         self.state_saved: tuple[int, Path] | None = (self.step, start.state_dir) if start.state_dir else None
         self.stopped = ""  # "stopped by SIGTERM" once the loop's own stop is under way
@@ -264,6 +266,8 @@ class RunState:
         run_dir, dist, log, plan, changes = self.run_dir, self.dist, self.log, self.plan, start.changes
         if dist.main:  # the data it trains on (runfolder.check_data compares a --resume's with it)
             record_data(run_dir, self.parts.data)
+            if self.resumed:  # a stopped run's summary: no longer what the run is (its stops stay in plan.json)
+                (run_dir / "summary.json").unlink(missing_ok=True)
         if initial_checkpoint and self.step == 0:
             self.write_initial_checkpoint()
         elif initial_checkpoint and not is_checkpoint(run_dir / budgeting.INITIAL_CHECKPOINT):

@@ -3,8 +3,8 @@
 Sections of `train`: set-up (`set_up`: the data, the model, its step) -> plan and resume (`RunState.begin`) -> loop
 -> finish (`RunState.finish`: summary.json). The loop, one step at a time: `mask_step`, `global_counts`, the learning
 rate, `train_step` (step.py: the step, its Engine, compile and CUDA-graph policy; benchmarks/throughput.py times the
-same), the clocks, the time budget's re-plan, a log line, the fraction checkpoints (checkpoint.due_checkpoints) and
-resume states that are due. What the loop keeps between steps, what it writes and the divergence guard are
+same), the clocks, the time budget's re-plan, a log line, a --stop-after reached (`RunState.stop_reached`), the
+fraction checkpoints (checkpoint.due_checkpoints), the stop's checkpoint and the resume states that are due. What the loop keeps between steps, what it writes and the divergence guard are
 runstate.py's; the run folder's state when the command starts (`open_run_dir`) is here.
 The resume state holds everything needed to continue exactly; all randomness of a step is derived from (seed, step,
 first global row of the micro-batch), so a resumed, an accumulating and a DDP run draw the same for the same rows.
