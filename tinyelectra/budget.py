@@ -445,8 +445,11 @@ class TimeBudgetPlanner:
         `step`, or at the speed since the plan was made: a stall slows the recent speed for a while, not the speed
         since the plan (its seconds count once, in the time spent); a change of the machine's speed moves both."""
         plan = self.plan
-        if plan.status != "final" or plan.total_steps is None or self.planned_at is None:
+        if plan.status != "final" or plan.total_steps is None:
             return False
+        if self.planned_at is None:  # a resumed run's plan: kept, and its speed measured from here
+            self.planned_at = (train_seconds, step)
+            return True
         left, tolerance = max(plan.total_steps - step, 0), REPLAN_TOLERANCE * self.bud.value
         seconds0, step0 = self.planned_at
         since = (step - step0) / (train_seconds - seconds0) if train_seconds > seconds0 and step > step0 else rate
