@@ -2,8 +2,7 @@
 memory, and the two pre-training steps every speed benchmark compares.
 
 - `machine()`, `git_commit()`, `write_result(name, payload)`: every result file names the device, torch version,
-  commit and exact command; `save_initial_checkpoint`: a recipe's untrained weights as a checkpoint (the
-  no-pre-training control).
+  commit and exact command.
 - `alternate(steps, ...)`: runs the candidates in turn (A B, then B A, ...) in one process after warm-up, so that a
   noisy neighbour slows both equally; `summarize` gives medians and quartiles.
 - `PeakMemory`: CUDA `max_memory_allocated`, or on CPU the process's peak RSS (VmHWM, reset through
@@ -103,26 +102,6 @@ def write_result(name: str, payload: dict, device: torch.device | None = None, o
     tmp.write_text(json.dumps(doc, indent=2) + "\n")
     os.replace(tmp, path)
     return path
-
-
-def save_initial_checkpoint(recipe, data_dir: Path, target: Path, note: str) -> Path:
-    """The weights a pre-training run of `recipe` starts from (its seed, built as `tinyelectra.train.set_up` builds
-    them), saved as a checkpoint with the data's tokenizer and the held-out diagnostics of those untrained weights:
-    the no-pre-training control of a GLUE comparison. `recipe` must already carry the data's vocabulary size."""
-    from tinyelectra.checkpoint import save_checkpoint  # noqa: PLC0415
-    from tinyelectra.data import PretrainData  # noqa: PLC0415
-    from tinyelectra.diagnostics import evaluate  # noqa: PLC0415
-    from tinyelectra.electra import SpecialIds  # noqa: PLC0415
-    from tinyelectra.model import Electra  # noqa: PLC0415
-
-    data = PretrainData(data_dir)
-    torch.manual_seed(recipe.train.seed)  # as train.set_up does right before building the model
-    model = Electra(recipe.model, recipe.objective.kind)
-    ev = evaluate(model, data, recipe, SpecialIds.from_tokenizer(data.tokenizer), torch.device("cpu"),
-                  contextlib.nullcontext(), micro=recipe.train.batch_size)
-    meta = {"name": Path(target).name, "step": 0, "fraction": 0.0, "tokens_seen": 0, "train_flops_paper": 0.0,
-            "train_flops_hardware": 0.0, "eval": ev, "recipe": recipe.name, "note": note}
-    return save_checkpoint(Path(target), model, recipe, meta, data.path / "tokenizer")
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The GPU lease in two commands, run back to back on the same warm machine: the first pre-trains ELECTRA-Small
-# toward the paper's first point (checks, parity, speed, then tinyelectra train, within 560 s); the second fine-tunes
-# its last checkpoint and the untrained weights on GLUE and gives the verdict (within 280 s). Each leaves three
-# files (an archive, a summary and a log whose last lines are a short table). The pack travels beside the checkout.
+# The GPU lease in two commands, run back to back on the same warm machine: the first pre-trains ELECTRA-Small on
+# the paper's 1M-step schedule, stopped at its first point or where the time ends (checks, parity, speed, then
+# tinyelectra train, within 560 s); the second fine-tunes the checkpoint where it stopped and the run's own initial
+# weights on GLUE and gives the verdict (within 280 s). Each leaves three files (an archive, a summary and a log whose
+# last lines are a short table). The pack travels beside the checkout.
 #
-#   bash benchmarks/gpu_suite.sh --pack [DIR] [--shared DIR] [--shards N]   # build the pack (default .lease/, ~51 MiB)
+#   bash benchmarks/gpu_suite.sh --pack [DIR] [--shared DIR] [--shards N]   # build the pack (default .lease/, ~57 MiB)
 #   bash benchmarks/gpu_suite.sh [--lease DIR] [--out DIR]                  # the first command ($OUT unless --out)
 #   bash benchmarks/gpu_suite.sh --finish [--out DIR]                       # the second, on the first's run
 #   bash benchmarks/gpu_suite.sh --cpu-smoke [--finish] [--out DIR]         # either at toy size on the CPU
@@ -27,7 +28,7 @@ export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 
 case "${1:-}" in
-    -h | --help) sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' ;;
+    -h | --help) sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' ;;
     --pack) shift; exec "$PY" "$ROOT/benchmarks/pack.py" build "$@" ;;
     *) exec "$PY" "$ROOT/benchmarks/suite.py" run "$@" ;;
 esac

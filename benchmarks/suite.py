@@ -6,13 +6,15 @@ back to back on the same warm machine, each under its own deadline and each leav
     python benchmarks/suite.py summary DIR                                      # the table again, from an archive
 
 The first (RUN, 560 s): unpack (the pack from --lease), env (machine, measured ceilings), checks (a training step,
-SDPA gradients per backend), init in the background (the no-pre-training checkpoint, `ckpt-0000`), parity (fail
-fast: eager vs CUDA-graph training losses, benchmarks/loss_check.py, on a 2-layer model so that its cold compile is
-short), speed (tinyelectra's step with the shapes and compile mode `pretrain` uses: its cold compile fills the
-inductor cache `pretrain` then reads, so the same shapes never compile cold twice), pretrain (`tinyelectra train
---recipe electra-small`: the paper's 62,500 steps when the speed stage says they fit, else a time budget of what is
-left). It leaves its run in the work folder (default .lease-run/, git-ignored, not carried: it stays on the warm
-machine between commands) with run.json, its summary.
+SDPA gradients per backend), parity (fail fast: eager vs CUDA-graph training losses, benchmarks/loss_check.py, on a
+2-layer model so that its cold compile is short), speed (tinyelectra's step with the shapes and compile mode
+`pretrain` uses: its cold compile fills the inductor cache `pretrain` then reads, so the same shapes never compile
+cold twice), pretrain (`tinyelectra train --recipe electra-small --budget paper`: the paper's own 1M-step schedule,
+stopped with --stop-after at its 6.25% checkpoint, step 62,500, when it gets there within the time left, else where
+that time ends; with --initial-checkpoint, so that `ckpt-0000`, the no-pre-training side of GLUE, is the run's own
+initial weights). It leaves its run in the work folder (default .lease-run/, git-ignored, not carried: it stays on
+the warm machine between commands) with run.json, its summary: the schedule, where and why the run stopped, which
+share of the paper's point it reached, and how often it saw the pack's tokens.
 
 The second (--finish, 280 s) finds that run (or says in one line that it is not there) and runs first glue (the full
 training sets of CoLA, SST-2, MRPC, STS-B and RTE, the paper's protocol, 3 seeds, the last checkpoint and `ckpt-0000`
@@ -72,7 +74,7 @@ PRETRAIN = {"gpu": {"recipe": "electra-small", "sets": ("train.compile=reduce-ov
                                                  "train.eval_rows=32", "train.log_every_steps=5",
                                                  "train.compile=reduce-overhead")}}
 PAPER_POINT_STEPS = 62_500  # the paper's 6.25% checkpoint of ELECTRA-Small: 62,500 steps of 128 x 128 (Table 1)
-STEPS_MARGIN = 0.85  # the paper's step count is asked for only when the speed stage's rate fits it with this margin
+POINT_SHARE = 0.0625  # `pretrain` stops at this share of its recipe's schedule (the smoke run: 625 of tiny's 10,000)
 # GLUE on the pack's tasks, both sides in the same processes: the full training sets, the paper's protocol
 # (tinyelectra glue's defaults), 3 seeds (the paper used more; medians and spreads are reported), bf16 autocast
 # (weights and optimizer fp32; fp32 is checked against it on three tasks when time allows: glue_fp32), no test-set
@@ -164,16 +166,15 @@ def pick_layout(measured: dict | None, seeds: int, mode: str, forced: str | None
 # The plans: each command's stages in order of value, with their GPU budgets (seconds).
 # ---------------------------------------------------------------------------------------------------------------
 
-FIXED, REMAINDER, TIME_LEFT, BACKGROUND = "fixed", "remainder", "time left", "background"
+FIXED, REMAINDER, TIME_LEFT = "fixed", "remainder", "time left"
 # stage -> (GPU budget s, kind): "fixed" stages run under their budget; the "remainder" stage gets what the fixed
 # stages leave of the deadline (more when they finish early); "time left" stages run only when time is left, under at
-# most their budget; a "background" stage runs beside the others (CPU work) and is waited for at the end.
+# most their budget.
 PLANS = {
     "run": {"deadline_s": 560, "stages": {
         "unpack": (20, FIXED),  # measured 3.3 s on the H200's machine
         "env": (30, FIXED),  # 7.4 s
         "checks": (40, FIXED),  # 19.5 s
-        "init": (120, BACKGROUND),  # the no-pre-training checkpoint, on the CPU beside the GPU stages (unmeasured)
         "parity": (95, FIXED),  # a 2-layer model's cold compiles with CUDA graphs: 70.0 s on the H100 (limit was 80)
         "speed": (200, FIXED),  # the cold compile with CUDA graphs: 112.5 s on the H200, 148.3 s on the H100, then the
         # timing and profile: the stage took 170.0 s of its old 170 on the H100
@@ -194,20 +195,24 @@ DEADLINE_SMOKE_S = 3600
 MIN_STAGE_S = 10  # a stage with less time left is skipped
 SMOKE_STAGE_S = 900  # every smoke stage's own limit: a loaded 2-core CPU, not a GPU's minutes
 KILL_GRACE_S = 10  # between a stage's SIGTERM at its limit and SIGKILL
-# `pretrain`'s time outside its --budget (which counts training time only): start-up (imports, data, the compile
-# from the inductor cache the speed stage filled, the CUDA-graph recording, the first step), five checkpoints with
-# their held-out evaluation and resume states, exit. Measured on the H200 in default compile mode: 20.7 s of stage
-# time around 242 s of training; with CUDA graphs on the H100 34.6 s around 217 s (summary.json: pretrain.overhead_s). Generous on
-# purpose: a stage stopped at its limit has not written its last checkpoint, and GLUE would take an earlier one.
-PRETRAIN_OVERHEAD_S = 55
+# `pretrain`'s time outside training: start-up (imports, data, the compile from the inductor cache the speed stage
+# filled, the CUDA-graph recording, ckpt-0000 and its held-out evaluation, the first step), then after the stop the
+# step running, the stop's checkpoint with its held-out evaluation, the resume state, summary.json and exit. Measured
+# with five checkpoints: 20.7 s of stage time around 242 s of training on the H200 (default compile mode), 34.6 s
+# around 217 s with CUDA graphs on the H100 (summary.json: pretrain.overhead_s). The --stop-after time counts the
+# command's own time, start-up included: the stage's limit less STOP_MARGIN_S, the time after the stop. Generous on
+# purpose: a stage stopped at its limit has written no checkpoint where it stopped, and GLUE would have none.
+PRETRAIN_STARTUP_S = 35
+STOP_MARGIN_S = 20
+PRETRAIN_OVERHEAD_S = PRETRAIN_STARTUP_S + STOP_MARGIN_S
 MIN_TRAIN_S = 20
-SMOKE_TRAIN_S = 6  # the smoke run's pre-training budget: a time budget, as on the GPU, at a toy size
+SMOKE_STOP_S = 300  # the smoke run's time stop: 625 steps of the toy model take seconds; a loaded CPU, minutes
 EXPECTED_TOKENS_PER_S = (1.4e6, 2.5e6)  # measured with CUDA graphs on the H200 (throughput.py), and the goal
 
 
 def gpu_plan(command: str) -> dict:
     """A command's GPU budgets added up: the fixed stages, the remainder stage and the summary's reserve; "time left"
-    and background stages plan no time of their own."""
+    stages plan no time of their own."""
     plan = PLANS[command]
     fixed = sum(b for b, kind in plan["stages"].values() if kind == FIXED)
     reserve = SUMMARY_RESERVE_S["gpu"]
@@ -219,17 +224,24 @@ def gpu_plan(command: str) -> dict:
     return out
 
 
-def pretrain_budget(left_s: float, steps_per_second: float | None) -> tuple[int, str, str]:
-    """(stage limit, --budget, why) for a GPU `pretrain` starting `left_s` seconds before the deadline: the stage gets
-    all but the summary's reserve; the paper's 62,500 steps when the speed stage's rate fits them in its training
-    time with STEPS_MARGIN, else a time budget of that training time."""
+def pretrain_stops(left_s: float, steps_per_second: float | None) -> tuple[int, list[str], str]:
+    """(stage limit, --stop-after values, why) for a GPU `pretrain` of the paper's schedule starting `left_s` seconds
+    before the deadline: the stage gets all but the summary's reserve; the run stops at the paper's 6.25% checkpoint
+    (step 62,500) or STOP_MARGIN_S before the stage's limit, whichever comes first; `why` says which the speed
+    stage's rate expects."""
     stage = int(left_s - SUMMARY_RESERVE_S["gpu"])
-    train_s = max(stage - PRETRAIN_OVERHEAD_S, MIN_TRAIN_S)
-    if steps_per_second and steps_per_second * train_s * STEPS_MARGIN >= PAPER_POINT_STEPS:
-        return stage, f"{PAPER_POINT_STEPS}steps", (f"the speed stage's {steps_per_second:.0f} steps/s fit the paper's "
-                                                    f"{PAPER_POINT_STEPS:,} steps in {train_s} s")
-    fits = f"{steps_per_second * train_s:,.0f}" if steps_per_second else "an unmeasured number of"
-    return stage, f"{train_s}s", f"{train_s} s of training: {fits} steps at the speed stage's rate, short of {PAPER_POINT_STEPS:,}"
+    stop_s = max(stage - STOP_MARGIN_S, MIN_TRAIN_S)
+    train_s = max(stop_s - PRETRAIN_STARTUP_S, 0)
+    stops = [f"{PAPER_POINT_STEPS}steps", f"{stop_s}s"]
+    if not steps_per_second:
+        return stage, stops, f"the paper's 62,500 steps or {stop_s} s, whichever first (the speed stage measured no rate)"
+    fit = steps_per_second * train_s
+    if fit >= PAPER_POINT_STEPS:
+        return stage, stops, (f"the speed stage's {steps_per_second:.0f} steps/s reach the paper's {PAPER_POINT_STEPS:,} "
+                              f"steps in about {PAPER_POINT_STEPS / steps_per_second:.0f} s of the {train_s} s of training")
+    return stage, stops, (f"about {fit:,.0f} steps fit in {train_s} s of training at the speed stage's "
+                          f"{steps_per_second:.0f} steps/s: {fit / PAPER_POINT_STEPS:.0%} of the paper's {PAPER_POINT_STEPS:,}; "
+                          f"it stops after {stop_s} s")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -266,8 +278,10 @@ def _throughput(run: "Run", name: str, compile_mode: str, sides: str, profile: b
 
 
 def _checkpoints(run_dir: Path) -> list[Path]:
-    """A run's fraction checkpoints that are complete (config.json is written last), by fraction."""
-    found = [p for p in run_dir.glob("ckpt-*") if re.fullmatch(r"ckpt-\d{4,5}", p.name) and (p / "config.json").is_file()]
+    """A run's checkpoints after step 0 that are complete (config.json is written last), by fraction: the fraction
+    checkpoints and the one where a --stop-after stopped it (ckpt-0000, the initial weights, is not among them)."""
+    found = [p for p in run_dir.glob("ckpt-*") if re.fullmatch(r"ckpt-\d{4,5}", p.name) and p.name != "ckpt-0000"
+             and (p / "config.json").is_file()]
     return sorted(found, key=lambda p: int(p.name[5:]))
 
 
@@ -307,6 +321,14 @@ def why_eager(speed: dict, train_s: int | None) -> str | None:
     return None
 
 
+def point_steps(mode: str) -> int:
+    """The step `pretrain` stops at when time allows: POINT_SHARE of its recipe's schedule (the GPU: the paper's
+    62,500 of 1M)."""
+    from tinyelectra.config import load_recipe  # noqa: PLC0415
+
+    return round(POINT_SHARE * load_recipe(PRETRAIN[mode]["recipe"], list(PRETRAIN[mode]["sets"])).train.steps)
+
+
 def stage_pretrain(run: "Run") -> list[str] | str:
     if not (run.pack / "pretrain" / "manifest.json").is_file():
         return "no unpacked pre-training data (the unpack stage did not finish)"
@@ -317,27 +339,25 @@ def stage_pretrain(run: "Run") -> list[str] | str:
     if run.mode == "gpu":
         tokens_per_step = int(z["batch"]) * int(z["seq_len"])
         rate = speed["tokens_per_s"] / tokens_per_step if speed.get("tokens_per_s") else None
-        limit, budget, why = pretrain_budget(run.left(), rate)
+        limit, stops, why = pretrain_stops(run.left(), rate)
         if limit < MIN_STAGE_S + MIN_TRAIN_S:
             return f"too little time left: {limit} s"
         run.limits["pretrain"] = limit
-        run.note("pretrain", f"--budget {budget}: {why}")
-        train_s = int(budget[:-1]) if budget.endswith("s") and not budget.endswith("steps") else limit - PRETRAIN_OVERHEAD_S
+        train_s = int(stops[1][:-1]) - PRETRAIN_STARTUP_S
     else:
-        budget, train_s = f"{SMOKE_TRAIN_S}s", SMOKE_TRAIN_S
-    if why := why_eager(speed, train_s if run.mode == "gpu" else None):
+        stops, why, train_s = [f"{point_steps(run.mode)}steps", f"{SMOKE_STOP_S}s"], "the smoke run's toy point", None
+    run.note("pretrain", f"--budget paper --stop-after {' --stop-after '.join(stops)}: {why}")
+    if why := why_eager(speed, train_s):
         sets.append("train.compile=off")
         run.note("pretrain", f"eager: {why}")
     return [run.python, "-m", "tinyelectra", "train", "--recipe", p["recipe"], "--data", str(run.pack / "pretrain"),
-            "--budget", budget, *z["train_device"], "--out", str(run.work / "pretrain"),
-            *(a for s in sets for a in ("--set", s))]
+            "--budget", "paper", *(a for stop in stops for a in ("--stop-after", stop)), "--initial-checkpoint",
+            *z["train_device"], "--out", str(run.work / "pretrain"), *(a for s in sets for a in ("--set", s))]
 
 
-def stage_init(run: "Run") -> list[str] | str:
-    if not (run.pack / "pretrain" / "manifest.json").is_file():
-        return "no unpacked pre-training data (the unpack stage did not finish)"
-    return [run.python, _script("glue_baseline.py"), "--data", str(run.pack / "pretrain"), "--out",
-            str(run.work / "init" / "ckpt-0000"), "--mode", run.mode, "--threads", "4" if run.mode == "gpu" else "1"]
+def initial_checkpoint(run: "Run") -> Path:
+    """ckpt-0000, the no-pre-training side of GLUE: the pre-training run's own initial weights (--initial-checkpoint)."""
+    return run.work / "pretrain" / "ckpt-0000"
 
 
 def _glue_tasks(run: "Run") -> list[str]:
@@ -418,16 +438,16 @@ def stage_glue(run: "Run") -> list[list[str]] | str:
     if not tasks:
         return "no unpacked GLUE tasks"
     found = _checkpoints(run.work / "pretrain")
-    init = run.work / "init" / "ckpt-0000"
+    init = initial_checkpoint(run)
     sides = ([found[-1]] if found else []) + ([init] if (init / "config.json").is_file() else [])
     if not sides:
-        return "no checkpoint: pretrain wrote none and init did not finish"
+        return "no checkpoint: pretrain wrote none"
     if not found:
-        run.note("glue", "no pre-trained checkpoint (pretrain wrote none): the no-pre-training side alone")
-    elif found[-1].name != "ckpt-10000":
-        run.note("glue", f"pretrain stopped before its end: GLUE on {found[-1].name}, its last checkpoint")
+        run.note("glue", "no pre-trained checkpoint (pretrain wrote none after step 0): the no-pre-training side alone")
+    else:
+        run.note("glue", f"GLUE on {found[-1].name}, the run's last checkpoint")
     if init not in sides:
-        run.note("glue", "no ckpt-0000 (the init stage did not finish): the pre-trained side alone")
+        run.note("glue", "no ckpt-0000 (pretrain did not write its initial weights): the pre-trained side alone")
     return _glue_layout_commands(run, "glue", _selection(run, "glue-models", sides), tasks, run.work / "glue",
                                  checkpoints=len(sides), released=RELEASED_LR_TASKS)
 
@@ -451,9 +471,9 @@ def stage_glue_fp32(run: "Run") -> list[list[str]] | str:
 
 
 def stage_glue_speed(run: "Run") -> list[str] | str:
-    init = run.work / "init" / "ckpt-0000"
+    init = initial_checkpoint(run)
     if not (init / "config.json").is_file():
-        return "no ckpt-0000 to measure with (the init stage did not finish)"
+        return "no ckpt-0000 to measure with (pretrain did not write its initial weights)"
     return [run.python, _script("device_checks.py"), "finetune", "--checkpoint", str(init), *SIZES[run.mode]["glue_speed"],
             "--layouts", GLUE_LAYOUTS[run.mode], "--out-dir", str(run.stage_dir), "--name", "glue_speed"]
 
@@ -462,7 +482,6 @@ STAGES = {  # stage -> its command(s) (or why it cannot run), built when the sta
     "unpack": lambda r: [r.python, _script("pack.py"), "unpack", str(r.lease), str(r.pack)],
     "env": lambda r: [r.python, _script("device_checks.py"), "env", "--mode", r.mode, "--out-dir", str(r.stage_dir)],
     "checks": lambda r: [r.python, _script("device_checks.py"), "checks", *_step(r)],
-    "init": stage_init,
     "parity": stage_parity,
     "speed": stage_speed,
     "pretrain": stage_pretrain,
@@ -508,9 +527,6 @@ class Run:
         self.limits: dict[str, int] = {}  # limits a stage's builder decided (pretrain's)
         self.layout: dict | None = None  # glue's, picked once per command
         self.glue_fits: dict[str, dict] = {}  # each GLUE stage's plan against its time (fit_glue)
-        self.background: dict[str, tuple] = {}  # stage -> (processes, logs, start, limit, command, end)
-        # a background stage's end (its own duration, not until `join` collects it): {"at": monotonic seconds,
-        # "timed_out": stopped at its limit}, noted by `watch_background` while the other stages run
         self.interrupted: str | None = None  # SIGTERM or SIGINT: the running stage is stopped, the results written
         (self.stage_dir / "logs").mkdir(parents=True, exist_ok=True)
         self.log = open(out_dir / self.files[0], "w", encoding="utf-8")  # noqa: SIM115 - open for the whole run
@@ -543,9 +559,9 @@ class Run:
         planned, kind = self.plan[stage]
         limit = SMOKE_STAGE_S if self.mode == "smoke" else (planned if planned is not None else left)
         limit = int(os.environ.get(f"SUITE_BUDGET_{stage.upper()}", limit))
-        if left < MIN_STAGE_S and kind != BACKGROUND:
+        if left < MIN_STAGE_S:
             return None, "suite time limit reached"
-        return (limit if kind == BACKGROUND else min(limit, left)), ""
+        return min(limit, left), ""
 
     def _start(self, name: str, commands: list[list[str]]) -> tuple[list[subprocess.Popen], list[Path]]:
         procs, logs = [], []
@@ -564,7 +580,7 @@ class Run:
     def stage(self, name: str) -> None:
         """Run one stage under its limit, its output in logs/NAME.log (NAME.pK.log for each of several processes),
         and record it whatever happens (a fault of the suite's own, building or starting the command, fails this
-        stage, not the run). A background stage is started and recorded when `join` waits for it."""
+        stage, not the run)."""
         t0 = time.monotonic()
         limit, commands = 0, []
         try:
@@ -575,54 +591,26 @@ class Run:
             commands = built if isinstance(built[0], list) else [built]
             limit = min(self.limits.pop(name, limit), limit)
             procs, logs = self._start(name, commands)
-            if self.plan[name][1] == BACKGROUND:
-                self.background[name] = (procs, logs, t0, limit, commands, {})
-                self.say(f"[suite] {name:<14} started in the background (limit {limit} s)")
-                return None
             rc, status = self.wait(procs, t0 + limit)
         except Exception as e:  # noqa: BLE001 - recorded; the next stages and the summary still run
             return self.record(name, "failed", None, time.monotonic() - t0, limit or 0, f"the suite: {type(e).__name__}: {e}",
                                commands)
         return self.finished(name, procs, logs, rc, status, t0, limit, commands)
 
-    def join(self) -> None:
-        """Wait for the background stages (within their limits) and record them, each with its own duration."""
-        for name, (procs, logs, t0, limit, commands, end) in list(self.background.items()):
-            rc, status = self.wait(procs, t0 + limit)
-            if end.get("timed_out"):
-                rc, status = 124, "timed_out"
-            self.finished(name, procs, logs, rc, status, t0, limit, commands, end.get("at"))
-            del self.background[name]
-
-    def watch_background(self) -> None:
-        """Note the end of each background stage whose processes have all ended (its duration), and stop one that
-        has run past its limit."""
-        now = time.monotonic()
-        for procs, _, t0, limit, _, end in self.background.values():
-            if "at" in end:
-                continue
-            if all(p.poll() is not None for p in procs):
-                end["at"] = now
-            elif now >= t0 + limit:
-                for p in procs:
-                    _stop(p)
-                end.update(at=time.monotonic(), timed_out=True)
-
-    def finished(self, name, procs, logs, rc, status, t0, limit, commands, ended: float | None = None) -> None:
+    def finished(self, name, procs, logs, rc, status, t0, limit, commands) -> None:
         note = "; ".join(self.notes.get(name, []) + (["the suite was interrupted"] if status == "interrupted" else []))
         if status not in ("ok", "interrupted"):
             bad = next((log for p, log in zip(procs, logs) if p.returncode != 0), logs[0])
             tail = bad.read_text(encoding="utf-8", errors="replace").splitlines()[-25:]
             note = "; ".join(filter(None, [note, tail[-1][:300] if tail else ""]))
             self.say(f"[suite] --- last lines of logs/{bad.name} ---\n" + "\n".join(tail) + "\n[suite] ---")
-        self.record(name, status, rc, (ended or time.monotonic()) - t0, limit, note, commands)
+        self.record(name, status, rc, time.monotonic() - t0, limit, note, commands)
 
     def wait(self, procs: list[subprocess.Popen], until: float) -> tuple[int | None, str]:
         """(exit code, status) of a stage's processes: ok when all end with 0, failed when one does not (the first
         non-zero code), timed_out at the limit (all stopped, exit code 124), interrupted when a signal reached the
-        suite (all stopped). Looks twice a second, and at the background stages (watch_background)."""
+        suite (all stopped). Looks twice a second."""
         while True:
-            self.watch_background()
             if self.interrupted:
                 for p in procs:
                     _stop(p)
@@ -683,7 +671,7 @@ def collect(run: Run) -> None:
     if run.command == "run":
         pre = run.work / "pretrain"
         wanted = [pre / n for n in ("plan.json", "summary.json", "metrics.jsonl", "recipe.json")] + sorted(pre.glob("ckpt-*/meta.json"))
-        wanted += [run.work / "init" / "ckpt-0000" / "meta.json", run.pack / "pack.json"]
+        wanted += [run.pack / "pack.json"]
     else:
         wanted = sorted(run.work.glob("glue*/p*/*/glue.json")) + sorted(run.work.glob("glue*/p*/*/released-lr/glue.json"))
     for src in wanted:
@@ -701,7 +689,6 @@ def close(run: Run, interrupted: str | None) -> int:
     """The summary, the archive, then the table: the last lines printed. A fault in reading the stages' files still
     leaves a summary of the stage records and the archive. The first command's summary also stays in the work folder
     (run.json), where the second finds it."""
-    run.join()
     seconds = time.monotonic() - run.t0
     log_name, summary_name = run.files
     try:
@@ -902,22 +889,29 @@ def along_the_run(records: list[dict], checkpoints: dict[str, dict]) -> dict:
             "published_end": "published 1M-step runs end at 0.44-0.48 of the all-original loss (../shared/REFERENCE.md)"}
 
 
-def paper_point(tokens: float | None, flops_paper: float | None) -> dict:
-    """A run's tokens and paper-convention FLOPs as fractions of the paper's 6.25% point of ELECTRA-Small."""
+def paper_point(steps: int | None, tokens: float | None, flops_paper: float | None) -> dict:
+    """A run's steps, tokens and paper-convention FLOPs as fractions of the paper's 6.25% point of ELECTRA-Small, and
+    the learning rate the paper's schedule has there (5e-4 * min(1, 62,500 / 10,000) * (1 - 62,500 / 1M))."""
+    from tinyelectra.config import load_recipe  # noqa: PLC0415
     from tinyelectra.paper import TABLE1  # noqa: PLC0415
 
-    row = TABLE1[0]
+    row, small = TABLE1[0], load_recipe("electra-small")
     tokens_at = row.steps * 128 * 128
+    peak, warmup, total = small.optim.lr, small.optim.warmup_steps, small.train.steps
     return {"paper_steps": row.steps, "paper_tokens": tokens_at, "paper_flops": row.train_flops_paper, "paper_glue": row.glue_dev,
+            "paper_lr": peak * min(1.0, row.steps / warmup) * (1 - row.steps / total),
+            "steps_fraction": steps / row.steps if steps is not None else None,
             "tokens_fraction": tokens / tokens_at if tokens else None,
             "flops_fraction": flops_paper / row.train_flops_paper if flops_paper else None}
 
 
 def pretrain_figures(d: Path, pack: dict | None, record: dict | None) -> dict:
-    """The pre-training run from its own files: steps, tokens, passes over the pack, time, speed, each checkpoint's
-    held-out verdict, the discriminator along the run, the run against the paper's first point. Works on a run
-    stopped early (no summary.json): from metrics.jsonl."""
+    """The pre-training run from its own files: its schedule, where and why it stopped, steps, tokens, passes over
+    the pack and its unique tokens, time, speed, each checkpoint's held-out verdict (ckpt-0000: the run's initial
+    weights), the discriminator along the run, the run against the paper's first point. Works on a run stopped
+    early (no summary.json): from metrics.jsonl."""
     summary = _load(d / "pretrain" / "summary.json") or {}
+    plan = _load(d / "pretrain" / "plan.json") or {}
     lines = (d / "pretrain" / "metrics.jsonl").read_text().splitlines() if (d / "pretrain" / "metrics.jsonl").is_file() else []
     records = []
     for x in lines:
@@ -927,21 +921,29 @@ def pretrain_figures(d: Path, pack: dict | None, record: dict | None) -> dict:
             continue  # a line cut by a stop
     steps = [r for r in records if "event" not in r]
     ckpts = {r["name"]: r for r in records if r.get("event") == "checkpoint"}
-    init = _load(d / "init" / "ckpt-0000" / "meta.json")
-    if init:
-        ckpts = {"ckpt-0000": {"step": 0, "eval": init.get("eval")}, **ckpts}
     last = steps[-1] if steps else {}
+    step = summary.get("steps", last.get("step"))
     tokens = summary.get("tokens_seen", last.get("tokens_seen"))
     flops_paper = summary.get("train_flops_paper", last.get("train_flops_paper"))
     pack_tokens = _get(pack, "pretrain", "tokens", "train")
+    repetition = summary.get("data_repetition") or {}
+    passes = repetition.get("passes") or (tokens / pack_tokens if tokens and pack_tokens else None)
     process = summary.get("process_seconds") or {}
     final = [c for n, c in ckpts.items() if n != "ckpt-0000"][-1:] or [None]
     final = final[0]
+    schedule = {k: plan.get(k) for k in ("budget", "total_steps", "warmup_steps")}
     return {"command": (record or {}).get("command"), "note": (record or {}).get("note"), "finished": bool(summary),
-            "steps": summary.get("steps", last.get("step")),
-            "tokens_seen": tokens, "pack_tokens": pack_tokens, "passes_over_pack": tokens / pack_tokens if tokens and pack_tokens else None,
+            "status": summary.get("status") or ("stopped by its stage's limit" if steps else None),
+            # what the schedule is, and where (and why) the run stopped: the verdict names what it compared
+            "schedule": {**schedule, "peak_lr": _get(summary, "schedule", "peak_lr")},
+            "stopped": summary.get("stopped"),
+            "steps": step,
+            "tokens_seen": tokens, "pack_tokens": pack_tokens, "passes_over_pack": passes,
+            # the data's repetition: the pack's unique tokens, seen `passes` times
+            "data_repetition": {"unique_tokens": repetition.get("unique_tokens") or pack_tokens, "passes": passes,
+                                "train_rows": repetition.get("train_rows")},
             "train_flops_paper": flops_paper,
-            "train_seconds": summary.get("train_seconds", last.get("train_seconds")), "budget": _get(_load(d / "pretrain" / "plan.json"), "budget"),
+            "train_seconds": summary.get("train_seconds", last.get("train_seconds")), "budget": plan.get("budget"),
             "startup_s": _get(summary, "excluded_seconds", "startup_and_first_step"),
             "checkpoints_eval_state_s": _get(summary, "excluded_seconds", "checkpoints_eval_state"),
             "overhead_s": process["wall"] - process["training"] if process.get("wall") else None,
@@ -951,7 +953,7 @@ def pretrain_figures(d: Path, pack: dict | None, record: dict | None) -> dict:
             "metrics_median_tokens_per_second": statistics.median(r["tokens_per_second"] for r in steps[1:]) if len(steps) > 1 else None,
             "checkpoints": {n: {"step": c.get("step"), "eval": c.get("eval")} for n, c in ckpts.items()},
             "along_the_run": along_the_run(steps, ckpts),
-            "paper_point": paper_point(tokens, flops_paper),
+            "paper_point": paper_point(step, tokens, flops_paper),
             "final_verdict": f"{final['name']}: {_get(final, 'eval', 'verdict')}" if final else None}
 
 
@@ -1136,15 +1138,21 @@ def _header(doc: dict) -> list[str]:
 def _pretrain_lines(p: dict | None) -> list[str]:
     if not p or p.get("steps") is None:
         return ["pretrain: no step recorded (see its stage)"]
-    pp = p.get("paper_point") or {}
-    out = [f"pretrain: {_n(p['steps'])} steps, {_n(p['tokens_seen'] / 1e6 if p['tokens_seen'] else None, '{:.1f}')}M tokens = "
+    pp, sc, st = p.get("paper_point") or {}, p.get("schedule") or {}, p.get("stopped") or {}
+    stop = (f"stopped by {st['why']} at {st['fraction_of_schedule']:.2%} of it (learning rate {st['lr']:.3g})" if st
+            else "finished" if p.get("status") == "finished" else "STOPPED by its stage's limit (no checkpoint where it stopped)")
+    out = [f"pretrain: {_n(p['steps'])} steps of a {_n(sc.get('total_steps'))}-step schedule (warm-up {_n(sc.get('warmup_steps'))}, "
+           f"--budget {sc.get('budget') or p.get('budget')}), {stop}; "
+           f"{_n(p['tokens_seen'] / 1e6 if p['tokens_seen'] else None, '{:.1f}')}M tokens = "
            f"{_n(p['passes_over_pack'], '{:.1f}')} passes over the pack's {_n((p.get('pack_tokens') or 0) / 1e6 or None, '{:.1f}')}M "
-           f"tokens (repeated data; the paper saw each token about once) in {_n(p['train_seconds'], '{:.0f}')} s of training "
-           f"(--budget {p['budget']}), +{_n(p['overhead_s'], '{:.0f}')} s start-up and checkpoints; "
-           f"{_n(p['metrics_median_tokens_per_second'])} tokens/s median" + ("" if p["finished"] else "; STOPPED before its end")]
-    out.append(f"  against the paper's 6.25% point ({pp.get('paper_steps', 0):,} steps, {(pp.get('paper_tokens') or 0) / 1e9:.2f}B tokens, "
-               f"{_n(pp.get('paper_flops'), '{:.2g}')} FLOPs, GLUE {pp.get('paper_glue')}): tokens "
-               f"{_n(pp.get('tokens_fraction'), '{:.1%}')}, FLOPs {_n(pp.get('flops_fraction'), '{:.1%}')}")
+           f"unique tokens (repeated data; the paper saw each token about once) in {_n(p['train_seconds'], '{:.0f}')} s of "
+           f"training, +{_n(p['overhead_s'], '{:.0f}')} s start-up and checkpoints; "
+           f"{_n(p['metrics_median_tokens_per_second'])} tokens/s median"]
+    out.append(f"  against the paper's 6.25% point ({pp.get('paper_steps', 0):,} steps of its 1M, learning rate there "
+               f"{_n(pp.get('paper_lr'), '{:.3g}')}, {(pp.get('paper_tokens') or 0) / 1e9:.2f}B tokens, "
+               f"{_n(pp.get('paper_flops'), '{:.2g}')} FLOPs, GLUE {pp.get('paper_glue')}): reached steps "
+               f"{_n(pp.get('steps_fraction'), '{:.1%}')}, tokens {_n(pp.get('tokens_fraction'), '{:.1%}')}, FLOPs "
+               f"{_n(pp.get('flops_fraction'), '{:.1%}')}")
     a = p.get("along_the_run") or {}
     last = (a.get("loss_over_prior") or {}).get("last")
     dip = a.get("early_dip") or {}

@@ -64,6 +64,8 @@ def verify(self, special):
 def update(self):
     real_update(self)
     calls["update"] += 1
+    if point in ("sigterm-step-4", "sigint-step-4") and calls["update"] == 4:
+        os.kill(os.getpid(), signal.SIGTERM if point == "sigterm-step-4" else signal.SIGINT)  # between log steps 3 and 6
     if point == "double-ctrl-c" and calls["update"] == 3:
         os.kill(os.getpid(), signal.SIGINT)  # asks the loop to stop after this step ...
         os.kill(os.getpid(), signal.SIGINT)  # ... and the second Ctrl-C ends it at once
@@ -98,6 +100,15 @@ def ok(p: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
 def losses(run: Path) -> dict[int, tuple[float, float]]:
     recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return {r["step"]: (r["gen_loss"], r["disc_loss"]) for r in recs if "event" not in r}
+
+
+def metrics_lines(run: Path) -> list[dict]:
+    """metrics.jsonl line by line, without what timing changes (seconds, speeds)."""
+    def clean(rec):
+        if isinstance(rec, dict):
+            return {k: clean(v) for k, v in rec.items() if "seconds" not in k and "per_second" not in k and k != "mfu"}
+        return rec
+    return [clean(json.loads(line)) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
 def weights(ckpt: Path) -> dict[str, torch.Tensor]:
@@ -172,6 +183,23 @@ def test_killed_run_continues_with_the_documented_command(point, reference, cli_
         assert "ckpt-0625: written after this resume state; kept" in p.stderr
         after = weights(run / "ckpt-0625")
         assert all(torch.equal(before[k], after[k]) for k in before)  # the kept checkpoint is the same model
+    assert_same_run(run, reference)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_stop_between_log_steps_resumes_to_the_same_metrics_lines(sig, reference, cli_env, tmp_path):
+    """SIGTERM (or one Ctrl-C) after step 4, between the log steps 3 and 6 (issue 35, finding 9): the run stops
+    after that step without logging the window in progress (its resume state holds it), and the resumed run's
+    metrics.jsonl equals the uninterrupted run's line by line; before, the stop wrote an extra line at step 4 and the
+    next logged loss covered steps 5-6 only."""
+    run = tmp_path / "run"
+    killed = tinyelectra([*ARGS, "--out", str(run)], cli_env, kill_at=f"{sig.lower()}-step-4")
+    assert killed.returncode == (143 if sig == "SIGTERM" else 130), killed.stderr[-3000:]
+    assert f"stopped by {sig} at step 4: saved: resume state at step 4" in killed.stderr
+    assert sorted(losses(run)) == [3]  # nothing logged at the stop
+    ok(tinyelectra(continue_command(killed.stderr), cli_env))
+    assert metrics_lines(run) == metrics_lines(reference)
     assert_same_run(run, reference)
 
 

@@ -4,9 +4,17 @@ checkpoint steps at 1/16 .. 1 of the run, expected tokens, FLOPs in both convent
 The five checkpoints are snapshots of ONE run (the paper's Table 1 "partial training" rows): the schedule spans the
 whole budget, so the 6.25% checkpoint of a 4-day run is not a separately scheduled 6-hour run (a smaller budget).
 
-Step, FLOP and `paper` budgets are fixed before the first step, so a run reproduces. A time budget is planned from the
-speed measured over the first steps and re-planned as the run goes (`TimeBudgetPlanner`), so that the learning rate
-reaches zero when the budget runs out; plan.json ends up saying what happened. By design it does not reproduce.
+Step, FLOP and `paper` budgets are fixed before the first step, so a run reproduces. A time budget is a separately
+scheduled shorter run, not the paper's schedule: the steps that fit in that much training time at the speed measured
+over the first steps, on the paper's schedule shape (lr * min(1, step / warm-up) * (1 - step / total), warm-up and
+decay at once). Its schedule is then fixed, and re-planned only when the run would end more than REPLAN_TOLERANCE of
+the budget away from it (`TimeBudgetPlanner`: the machine's speed changed), so that a stall or noise never moves the
+learning rate; plan.json lists every re-plan. By design it does not reproduce.
+
+Where a run stops is another question than its schedule: `--stop-after` (`parse_stop`: a step count or this
+command's time, repeatable, the first reached wins) ends a run of any schedule early, cleanly and resumably, e.g. the
+paper's 1M-step schedule stopped at its 6.25% checkpoint with the paper's learning rate there (`--budget paper
+--stop-after 62500steps`), or four days of training run over several evenings (`--stop-after 6h`, then `--resume`).
 """
 
 from __future__ import annotations
@@ -29,11 +37,26 @@ FRACTIONS = flops.TABLE1_FRACTIONS  # the five checkpoints are the paper's Table
 _TIME_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _STEP_SUFFIX = {"": 1, "k": 1_000, "K": 1_000, "M": 1_000_000}
 _EXAMPLES = "e.g. 4d, 36h, 90m, 45s, 1.4e18flops, 62500steps, 1Msteps or paper"
+_STOP_EXAMPLES = "a step count or a time: e.g. 62500steps, 1Msteps, 6h, 90m"
 
 
 def checkpoint_name(fraction: float) -> str:
     """ckpt-0625 ... ckpt-10000: the fraction x 10^4, so names sort by fraction."""
     return f"ckpt-{round(fraction * 10_000):04d}"
+
+
+INITIAL_CHECKPOINT = "ckpt-0000"  # the run's weights at step 0 (train --initial-checkpoint): the no-pre-training control
+
+
+def stop_checkpoint_name(step: int, total_steps: int) -> str:
+    """The checkpoint where a --stop-after ends a run at `step` of a `total_steps` schedule: its share of the schedule
+    in ten-thousandths, rounded down, between 1 and 9,999 (ckpt-0000 is the initial weights) and never a fraction
+    checkpoint's name (one less): a stop at step 40,000 of 1M is ckpt-0400, at 62,550 ckpt-0624."""
+    fractions = {round(f * 10_000) for f in FRACTIONS}
+    n = max(1, min(step * 10_000 // total_steps, 9_999))
+    while n in fractions:
+        n -= 1
+    return f"ckpt-{n:04d}"
 
 
 @dataclass(frozen=True)
@@ -63,6 +86,40 @@ def parse_budget(text: str) -> Budget:
             raise UserError(f"budget {text!r}: a step count must be a whole number")
         return Budget("steps", float(int(steps)), t)
     raise UserError(f"budget {text!r} is not understood ({_EXAMPLES})")
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Where this command stops its run before the schedule's end (`--stop-after`): after step `value` (kind
+    "steps"), or after the first step that ends `value` seconds after the command started (kind "time": this
+    command's wall time, start-up included, as a session on a machine is counted)."""
+
+    kind: str  # steps | time
+    value: float
+    text: str
+
+    def describe(self) -> str:
+        if self.kind == "steps":
+            return f"after step {int(self.value):,}"
+        return f"after {_duration(self.value)} of this command (start-up included)"
+
+
+def parse_stop(text: str) -> Stop:
+    """--stop-after's value: a step count ('62500steps', '1Msteps') or a time ('6h', '1h30m'); one UserError else."""
+    try:
+        b = parse_budget(text)
+    except UserError as e:
+        raise UserError(f"--stop-after: {str(e).replace('budget ', '', 1).split(' (e.g.')[0]} ({_STOP_EXAMPLES})") from None
+    if b.kind not in ("steps", "time"):
+        raise UserError(f"--stop-after {text!r}: {_STOP_EXAMPLES} (the schedule itself is --budget's)")
+    return Stop(b.kind, b.value, b.text)
+
+
+def _duration(seconds: float) -> str:
+    for unit, n in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= n and seconds % n == 0:
+            return f"{seconds / n:g}{unit}"
+    return f"{seconds:g} s"
 
 
 MAX_BUDGET_STEPS = 10**15  # beyond any run; a larger number is a typo (and 1e400 is infinity)
@@ -101,6 +158,9 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     resumed_with_changes: list[dict] = field(default_factory=list)  # settings a --resume changed: step, key, old, new
     resumed_with_runtime_changes: list[dict] = field(default_factory=list)  # the same, of config.RUNTIME_SETTINGS
+    replans: list[dict] = field(default_factory=list)  # a time budget's re-plans: step, total and warm-up steps, speed
+    stop: list[dict] = field(default_factory=list)  # where the latest command stops the run (--stop-after; `stop_plan`)
+    stopped: list[dict] = field(default_factory=list)  # each stop before the schedule's end: step, why, share, lr
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -130,6 +190,42 @@ class Plan:
 
     def finished(self, step: int) -> bool:
         return self.total_steps is not None and step >= self.total_steps
+
+    def schedule_text(self) -> str:
+        """The schedule in words: "1,000,000 steps, warm-up 10,000, --budget paper"."""
+        if self.total_steps is None:
+            return f"the steps that fit in --budget {self.budget}, planned once the speed is measured"
+        return f"{self.total_steps:,} steps, warm-up {self.warmup_steps:,}, --budget {self.budget}"
+
+
+def stop_plan(stops: list[Stop], plan: Plan, lr_at_step: Callable[[int], float]) -> list[dict]:
+    """plan.json's `stop`: each --stop-after of this command, a step stop with its share of the schedule and the
+    learning rate the schedule has there (`lr_at_step`, the schedule's formula)."""
+    out = []
+    for s in stops:
+        if s.kind == "steps":
+            step = int(s.value)
+            share = step / plan.total_steps if plan.total_steps else None
+            out.append({"after": s.text, "kind": "steps", "step": step, "fraction_of_schedule": share,
+                        "lr": lr_at_step(step) if plan.total_steps else None})
+        else:
+            out.append({"after": s.text, "kind": "time", "seconds": s.value,
+                        "counts": "this command's wall time, start-up included"})
+    return out
+
+
+def stops_text(stops: list[dict]) -> str:
+    """plan.json's `stop` in words: "after step 62,500 (6.25% of the schedule, learning rate 4.69e-04) or after 6h of
+    this command (start-up included), whichever comes first"."""
+    said = []
+    for s in stops:
+        if s["kind"] == "steps":
+            where = (f" ({100 * s['fraction_of_schedule']:.4g}% of the schedule, learning rate {s['lr']:.3g})"
+                     if s.get("fraction_of_schedule") is not None else "")
+            said.append(f"after step {s['step']:,}{where}")
+        else:
+            said.append(Stop("time", s["seconds"], s["after"]).describe())
+    return " or ".join(said) + (", whichever comes first" if len(said) > 1 else "")
 
 
 WARMUP_SHARE_CAP = 0.1  # a shorter run warms up for at most this share of its steps ...
@@ -291,15 +387,18 @@ CALIBRATION_STEPS = 5  # a time budget is first planned after this many timed st
 CALIBRATION_SHARE = 0.03  # ... or after 2 of them, once they took this share of the budget (slow steps: 6.25% is near)
 RATE_WINDOW_SECONDS = 10.0  # ... and re-planned from the speed of the last max(this, 20% of elapsed) seconds
 SPEED_CHANGE_FACTOR = 1.5  # a measured speed this many times faster or slower than the last one announced is logged
+REPLAN_TOLERANCE = 0.02  # the schedule stays as planned while the run would end within this share of the budget of it
 MAX_PLAN_EVENTS = 20  # speed changes recorded in plan.json's notes (the log has them all)
 
 
 class TimeBudgetPlanner:
     """A time budget's plan, kept true while the machine's speed changes. `after_step` is the trainer's one call:
-    once enough steps are timed, `replan` takes their recent speed and sets the end to the steps done plus
-    those that fit in the remaining time (at least one per checkpoint still to write), moves the unwritten
-    checkpoints to their fractions of the new end, and re-plans the warm-up until it is over, so one noisy early
-    measurement fixes nothing. No clock is read here: the trainer passes its training time (tests simulate it)."""
+    once enough steps are timed, the first plan; after it the schedule stays fixed while the run, at its recent
+    speed, would end within REPLAN_TOLERANCE of the budget (a stall or noise changes nothing: the learning rate is
+    the schedule's formula over fixed steps). When it would not, `replan` sets the end to the steps done plus those
+    that fit in the remaining time (at least one per checkpoint still to write), moves the unwritten checkpoints to
+    their fractions of the new end, and re-plans the warm-up until it is over, so one noisy early measurement fixes
+    nothing. No clock is read here: the trainer passes its training time (tests simulate it)."""
 
     def __init__(self, bud: Budget, recipe: Recipe, plan: Plan, step: int) -> None:
         self.bud, self.recipe, self.plan = bud, recipe, plan
@@ -310,6 +409,7 @@ class TimeBudgetPlanner:
         self.stretched = any(n.startswith("the budget's time") for n in self.events)
         self.first_warmup: int | None = None  # the warm-up the first measurement planned
         self.seconds0: float | None = None  # training seconds at the first recorded step
+        self.planned_at: tuple[float, int] | None = None  # (training seconds, step) of the last (re-)plan
 
     @property
     def measuring(self) -> bool:
@@ -320,8 +420,9 @@ class TimeBudgetPlanner:
     def after_step(self, step: int, train_seconds: float, done: set[str], replan_now: bool = True,
                    share: Callable[[float, float], tuple[float, float]] | None = None) -> list[str] | None:
         """Time the step and, once the speed is known (CALIBRATION_STEPS) and `replan_now` (DDP: log steps only),
-        `replan` from the recent speed. `share` gives rank 0's (speed, training seconds) so every process keeps the
-        same plan. Returns the re-plan's log lines (the new plan is `self.plan`), or None when it did not re-plan."""
+        `replan` from the recent speed when the plan is provisional or off the budget by more than REPLAN_TOLERANCE.
+        `share` gives rank 0's (speed, training seconds) so every process keeps the same plan. Returns the re-plan's
+        log lines (the new plan is `self.plan`), or None when it did not re-plan."""
         self.recent.append((train_seconds, step))
         while len(self.recent) > 2 and self.recent[-1][0] - self.recent[0][0] > max(RATE_WINDOW_SECONDS, 0.2 * train_seconds):
             self.recent.popleft()
@@ -335,7 +436,24 @@ class TimeBudgetPlanner:
         rate = (s1 - s0) / max(t1 - t0, 1e-9)
         if share is not None:
             rate, train_seconds = share(rate, train_seconds)
+        if self.on_track(step, train_seconds, rate):
+            return None
         return self.replan(step, train_seconds, rate, done)
+
+    def on_track(self, step: int, train_seconds: float, rate: float) -> bool:
+        """Whether the plan, final, ends within REPLAN_TOLERANCE of the budget at the recent `rate` steps/s from
+        `step`, or at the speed since the plan was made: a stall slows the recent speed for a while, not the speed
+        since the plan (its seconds count once, in the time spent); a change of the machine's speed moves both."""
+        plan = self.plan
+        if plan.status != "final" or plan.total_steps is None:
+            return False
+        if self.planned_at is None:  # a resumed run's plan: kept, and its speed measured from here
+            self.planned_at = (train_seconds, step)
+            return True
+        left, tolerance = max(plan.total_steps - step, 0), REPLAN_TOLERANCE * self.bud.value
+        seconds0, step0 = self.planned_at
+        since = (step - step0) / (train_seconds - seconds0) if train_seconds > seconds0 and step > step0 else rate
+        return any(abs(train_seconds + left / max(r, 1e-12) - self.bud.value) <= tolerance for r in (rate, since))
 
     def replan(self, step: int, train_seconds: float, rate: float, done: set[str]) -> list[str]:
         """Re-plan at `step` after `train_seconds` of training time at `rate` steps/s; `done`: checkpoints written."""
@@ -381,6 +499,10 @@ class TimeBudgetPlanner:
         new.notes = warmup_notes + list(self.events)
         new.resumed_with_changes = old.resumed_with_changes
         new.resumed_with_runtime_changes = old.resumed_with_runtime_changes
+        new.stop, new.stopped = old.stop, old.stopped
+        self.planned_at = (train_seconds, step)
+        new.replans = old.replans + [{"step": step, "total_steps": total, "warmup_steps": new.warmup_steps,
+                                      "steps_per_second": round(rate, 4)}][:max(MAX_PLAN_EVENTS - len(old.replans), 0)]
         self.plan = new
         return lines
 

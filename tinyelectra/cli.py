@@ -149,21 +149,35 @@ def train(
         None, "--init", metavar="DIR", help="Start from these weights (continued pre-training): a tinyelectra checkpoint, a "
         "`tinyelectra export` directory, or a transformers ELECTRA discriminator directory. Shapes must match the recipe."
     ),
+    stop_after: Optional[list[str]] = typer.Option(
+        None, "--stop-after", metavar="STEPS|TIME", help="End this command early, cleanly, with the schedule left as "
+        "--budget planned it: after that step (62500steps: the paper's 6.25% checkpoint, with the paper's learning "
+        "rate there) or after that much time of this command (6h: start-up included; the step running then is "
+        "finished). Repeatable: the first reached wins. It writes a checkpoint of where it stopped (named by its "
+        "share of the schedule, e.g. ckpt-0400 at 4%) and a resume state; continue with --resume (with another "
+        "--stop-after, or none to run to the end)."),
+    initial_checkpoint: bool = typer.Option(
+        False, "--initial-checkpoint", help="Also write ckpt-0000: the run's weights at step 0, before any training, "
+        "with their held-out evaluation: the no-pre-training control that `tinyelectra glue` fine-tunes beside the "
+        "others."),
     set_: Optional[list[str]] = typer.Option(None, "--set", metavar="SECTION.KEY=VALUE", help="Override a recipe field: section.key=value (repeatable)."),
 ) -> None:
     """Pre-train within a budget; checkpoints at 6.25%, 12.5%, 25%, 50% and 100% of it.
 
     The five checkpoints are snapshots of ONE run whose learning-rate schedule spans the whole budget (the paper's
     Table 1 "partial training"); a separately scheduled shorter run is simply a smaller --budget.
-    Time budgets count training time only: start-up (data preparation, building and compiling, the first step)
-    and checkpoint/evaluation/resume-state writes are excluded and reported; the end and the checkpoint steps are
-    re-planned from the measured speed, and plan.json says what happened.
+    A time budget is a shorter schedule of its own, not the paper's: the steps that fit in that much training time
+    at the speed measured over the first steps (start-up, checkpoints and resume states excluded), fixed from then on
+    and re-planned only when the run would end more than 2% of the budget away from it; plan.json says what
+    happened. For the paper's schedule within a time, give --budget paper and --stop-after TIME.
     Ctrl-C (SIGINT) or SIGTERM saves a resume state and exits; --resume continues exactly where the run stopped.
     Running the same command on a finished run does nothing.
     """
-    from tinyelectra.budget import parse_budget
+    from tinyelectra.budget import parse_budget, parse_stop
 
     parse_budget(budget)  # a bad budget is refused before torch is imported (seconds)
+    for text in stop_after or []:
+        parse_stop(text)
     if resume and force:
         raise UserError("give either --resume (continue the run in --out) or --force (start it over), not both")
     from tinyelectra.train import train_command
@@ -171,6 +185,7 @@ def train(
     train_command(
         budget=budget, data_dir=data, corpus=corpus, recipe_name=recipe, gpu=gpu, device=device, out_dir=out,
         resume=resume, overrides=list(set_ or []), command=_command_line(), init=init, force=force,
+        stop_after=list(stop_after or []), initial_checkpoint=initial_checkpoint,
     )
 
 

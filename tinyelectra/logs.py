@@ -19,7 +19,7 @@ from rich.progress import BarColumn, Progress as RichProgress, TextColumn
 from rich.table import Table
 from rich.text import Text
 
-from tinyelectra.budget import Plan
+from tinyelectra.budget import Plan, stops_text
 from tinyelectra.config import Recipe
 from tinyelectra.console import make_console
 from tinyelectra.files import append_line, write_atomic
@@ -102,6 +102,8 @@ class Log:
             t.add_row("steps", "as many as fit: planned from the speed measured over the first steps, then re-planned as it changes")
         else:
             t.add_row("steps", f"{plan.total_steps:,} (warm-up {plan.warmup_steps:,})")
+        if plan.stop:  # where this command ends the run: the schedule stays as planned
+            t.add_row("this command stops", f"{stops_text(plan.stop)}; then --resume continues the schedule")
         t.add_row("batch", f"{plan.batch_size} x {plan.seq_len} = {plan.tokens_per_step:,} tokens per step")
         if provisional:
             t.add_row("checkpoints", "at 6.25%, 12.5%, 25%, 50% and 100% of the steps, each on its own step")
@@ -124,12 +126,22 @@ class Log:
         """The closing FLOPs report, then the commands that come next for this run (export, glue, report)."""
         t = Table(title="FLOPs report", show_header=False, title_justify="left")
         t.add_row("steps / tokens", f"{s['steps']:,} / {s['tokens_seen']:,}")
+        if s.get("stopped"):
+            t.add_row("stopped", f"by {s['stopped']['why']} at {100 * s['stopped']['fraction_of_schedule']:.4g}% of the "
+                      f"schedule ({plan.schedule_text()}; learning rate {s['stopped']['lr']:.3g})")
+        if s.get("data_repetition"):
+            r = s["data_repetition"]
+            unique = f" of {r['unique_tokens']:,} unique tokens" if r.get("unique_tokens") else ""
+            t.add_row("data", f"{r['passes']:.3g} passes over {r['train_rows']:,} training rows{unique}")
         t.add_row(plan.conventions["paper"], format_flops(s["train_flops_paper"]))
         t.add_row(plan.conventions["hardware"], format_flops(s["train_flops_hardware"]))
         budget_txt = f" (budget {s['budget_seconds']:.0f} s)" if s["budget_seconds"] else ""
         t.add_row("training time", f"{s['train_seconds']:.1f} s{budget_txt}")
         t.add_row("excluded", f"checkpoints/eval/state {s['excluded_seconds']['checkpoints_eval_state']:.1f} s")
-        t.add_row("checkpoints", ", ".join(f"{n}@{s['checkpoint_steps'][n]:,}" for n in s["checkpoints"]))
+        written = [f"{n}@{s['checkpoint_steps'][n]:,}" for n in s["checkpoints"]]
+        written += [f"{s['stopped']['checkpoint']}@{s['stopped']['step']:,} (where it stopped)"] if s.get("stopped") else []
+        written = ([f"{s['initial_checkpoint']}@0 (initial weights)"] if s.get("initial_checkpoint") else []) + written
+        t.add_row("checkpoints", ", ".join(dict.fromkeys(written)) or "none")
         if s["median_tokens_per_second"] is not None:
             t.add_row("speed", f"{s['median_tokens_per_second']:,.0f} tokens/s (median of the log windows after the "
                       f"first){'; ' + s['host_sync_per_step'] if s['host_sync_per_step'] else ''}")

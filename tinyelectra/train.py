@@ -3,8 +3,8 @@
 Sections of `train`: set-up (`set_up`: the data, the model, its step) -> plan and resume (`RunState.begin`) -> loop
 -> finish (`RunState.finish`: summary.json). The loop, one step at a time: `mask_step`, `global_counts`, the learning
 rate, `train_step` (step.py: the step, its Engine, compile and CUDA-graph policy; benchmarks/throughput.py times the
-same), the clocks, the time budget's re-plan, a log line, the fraction checkpoints (checkpoint.due_checkpoints) and
-resume states that are due. What the loop keeps between steps, what it writes and the divergence guard are
+same), the clocks, the time budget's re-plan, a log line, a --stop-after reached (`RunState.stop_reached`), the
+fraction checkpoints (checkpoint.due_checkpoints), the stop's checkpoint and the resume states that are due. What the loop keeps between steps, what it writes and the divergence guard are
 runstate.py's; the run folder's state when the command starts (`open_run_dir`) is here.
 The resume state holds everything needed to continue exactly; all randomness of a step is derived from (seed, step,
 first global row of the micro-batch), so a resumed, an accumulating and a DDP run draw the same for the same rows.
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import re
 import shutil
@@ -34,7 +33,7 @@ import torch
 
 from tinyelectra import budget as budgeting
 from tinyelectra import runtime
-from tinyelectra.budget import parse_budget
+from tinyelectra.budget import parse_budget, parse_stop
 from tinyelectra.checkpoint import CKPT_NAME, is_checkpoint, latest_state, load_checkpoint, read_state_info
 from tinyelectra.config import RUNTIME_SETTINGS, Recipe, difference_text, differences, load_recipe
 from tinyelectra.data import BatchLoader, PretrainData, heldout_warning
@@ -43,9 +42,9 @@ from tinyelectra.errors import Interrupted, UserError
 from tinyelectra.files import check_writable, path_part
 from tinyelectra.logs import make_console
 from tinyelectra.model import Electra, attention_kernel
-from tinyelectra.optim import build_optimizer, lr_at
+from tinyelectra.optim import build_optimizer
 from tinyelectra.runfolder import DATASET_FILE, LOCK_NAME, check_data, holding, user_of
-from tinyelectra.runstate import Parts, RunState, comparable_settings
+from tinyelectra.runstate import Launch, Parts, RunState, comparable_settings
 from tinyelectra.step import Dist, Engine, PretrainStep, fit_micro_batch, global_counts, mask_step, probe_step, train_step
 
 
@@ -56,11 +55,14 @@ from tinyelectra.step import Dist, Engine, PretrainStep, fit_micro_batch, global
 def train_command(
     budget: str, data_dir: Path | None, corpus: list[str] | None, recipe_name: str, gpu: int | None,
     device: str | None, out_dir: Path | None, resume: bool, overrides: list[str], command: str,
-    init: Path | None = None, force: bool = False,
+    init: Path | None = None, force: bool = False, stop_after: list[str] | None = None,
+    initial_checkpoint: bool = False,
 ) -> dict | None:
     dist = Dist.from_env()
     bud = parse_budget(budget)
+    stops = [parse_stop(t) for t in stop_after or []]
     recipe = load_recipe(recipe_name, overrides)
+    check_stops(stops, bud, recipe)
     notes: list[str] = []
     if data_dir is not None:
         recipe = adopt_data_vocab(recipe, data_dir, overrides, notes)
@@ -83,6 +85,10 @@ def train_command(
             shared = [mode]
             torch.distributed.broadcast_object_list(shared, 0)
             mode = shared[0]
+        if mode == "resume" and (reached := stop_already_reached(stops, run_dir)):
+            mode = "done"
+            if dist.main:
+                print(f"· {reached}", file=sys.stderr)
         if mode == "done":
             dist.leave()
             return None
@@ -100,7 +106,36 @@ def train_command(
             overridden.append(f"OFF-RECIPE optimizer {recipe.optim.name}: bias-corrected AdamW, not the paper's Adam "
                               "without bias correction")
         return train(recipe, bud, data_path, run_dir, dev, resume=(mode == "resume"), dist=dist, command=command,
-                     init=init, overridden=overridden)
+                     init=init, overridden=overridden, stops=stops, initial_checkpoint=initial_checkpoint)
+
+
+def check_stops(stops: list[budgeting.Stop], bud: budgeting.Budget, recipe: Recipe) -> None:
+    """--stop-after against the schedule, before anything is written: a step past a fixed schedule's end is an error
+    (the run ends there first); DeepSpeed's runs cannot be resumed, so they cannot be stopped early either."""
+    if not stops:
+        return
+    if recipe.train.strategy == "deepspeed":
+        raise UserError("--stop-after with train.strategy=deepspeed: its runs cannot be resumed yet, so a stop would "
+                        "end them; run without it")
+    total = budgeting.make_plan(bud, recipe).total_steps  # None for a time budget: known once its speed is measured
+    for s in stops:
+        if s.kind == "steps" and total is not None and s.value > total:
+            raise UserError(f"--stop-after {s.text}: after the end of the {total:,}-step schedule of --budget "
+                            f"{bud.text} (the run ends there: drop --stop-after, or give a step up to {total:,})")
+
+
+def stop_already_reached(stops: list[budgeting.Stop], run_dir: Path) -> str:
+    """A --resume whose step stop the run has already reached: what to say instead of training (nothing to do)."""
+    steps = [s for s in stops if s.kind == "steps"]
+    state_dir = latest_state(run_dir)
+    if not steps or state_dir is None:
+        return ""
+    at = read_state_info(state_dir)["step"]
+    first = min(steps, key=lambda s: s.value)
+    if at < first.value:
+        return ""
+    return (f"{run_dir} is at step {at:,}, already past --stop-after {first.text}: nothing to do; continue with "
+            "--resume and a later --stop-after, or none to run to the end")
 
 
 def adopt_data_vocab(recipe: Recipe, data_dir: Path, overrides: list[str], notes: list[str]) -> Recipe:
@@ -298,54 +333,59 @@ def resolve_data(data_dir: Path | None, corpus: list[str] | None, recipe: Recipe
 
 def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, device: torch.device,
           resume: bool = False, dist: Dist = Dist(), command: str = "", init: Path | None = None,
-          overridden: list[str] | None = None, clock: Callable[[], float] = time.perf_counter) -> dict:
-    """Pre-train `recipe` within `bud` on the prepared data; see the module docstring. `overridden` notes the
-    command line's `--set` changes: they are written into recipe.json's deviations, so reports show them. `clock`
-    measures training time (tests pass a simulated one to change the speed at will)."""
-    run = RunState(recipe, bud, run_dir, device, dist, command, clock)  # the step, tokens, clocks, what was written
+          overridden: list[str] | None = None, clock: Callable[[], float] = time.perf_counter,
+          stops: list[budgeting.Stop] | None = None, initial_checkpoint: bool = False) -> dict:
+    """Pre-train `recipe` within `bud` on the prepared data, stopping early at the first of `stops` reached
+    (--stop-after); see the module docstring. `overridden` notes the command line's `--set` changes: they are
+    written into recipe.json's deviations, so reports show them. `initial_checkpoint`: write ckpt-0000, the weights
+    at step 0. `clock` measures training time (tests pass a simulated one to change the speed at will)."""
+    launch = Launch(recipe, bud, stops or [], run_dir, device, dist, command, clock)  # the run before its set-up
     # --- set-up, plan, resume: out of memory or an interruption here is one line saying what is kept -------------------
-    with run.failures_during_startup(resume):
-        p = set_up(run, data_dir, init, resume)  # the data, the model, its optimizer and step, this process's loader
-        run.begin(p, resume, overridden)  # a new plan (recipe.json, plan.json), or the resume state's; a resume state
+    with launch.failures_during_startup(resume):
+        p = set_up(launch, data_dir, init, resume)  # the data, the model, its optimizer and step, this process's loader
+        # a new plan (recipe.json, plan.json) or the resume state's; ckpt-0000 if asked; a resume state
+        run = RunState.begin(launch, p, resume, overridden, initial_checkpoint)
 
     # --- loop ---------------------------------------------------------------------------------------------------------
     stop = StopFlag()
-    run.start_clocks()  # a resumed run's start-up ends here; a new run's with its first step
     p.model.train()
+    stopped_by = ""  # the --stop-after that ends this command before the schedule's end
     with run.failures_in_loop():  # divergence, an interruption, out of memory, a full disk: one line each
-        while not run.plan.finished(run.step):
+        while not run.plan.finished(run.step) and not stopped_by:
             # one optimizer step: this process's rows of the global batch, split into micro-batches
             masked, seeds = mask_step(next(p.loader), recipe, p.special, run.step, dist.rank * p.rank_batch, p.micro,
                                       p.accum)
             counts = global_counts(masked, dist)
-            lr = lr_at(run.step, recipe.optim.lr, run.plan.warmup_steps, run.plan.total_steps or math.inf)
+            lr = run.lr_at(run.step)  # the schedule's formula (optim.lr_at)
             p.optimizer.set_lr(lr)
             train_step(p.engine, masked, seeds, counts, p.autocast, run.sums)
             run.step += 1
             run.real_tokens += counts[1].long()  # the global batch's real tokens (all-reduced above)
 
             run.time_step()  # the first step is start-up; after it, training time accumulates
-            if run.planner is not None:  # a time budget: re-planned from the recent speed
+            if run.planner is not None:  # a time budget: re-planned when its end moved off the budget
                 run.replan()
-            if run.step % recipe.train.log_every_steps == 0 or run.plan.finished(run.step) or stop.requested:
+            if run.step % recipe.train.log_every_steps == 0 or run.plan.finished(run.step):
                 run.log_window(lr)  # one metrics.jsonl line (host sync); its losses must be finite
-            # fraction checkpoints, each on its own step; a resume state every train.resume_every_seconds, after a
-            # checkpoint, on a stop and at the end. Neither is training time
-            run.write_due(stop.requested)
+            stopped_by = run.stop_reached()  # --stop-after: this command ends here (the run continues with --resume)
+            # fraction checkpoints, each on its own step, and one where a --stop-after ends the run; a resume state
+            # every train.resume_every_seconds, after a checkpoint, on a stop and at the end. Neither is training time
+            run.write_due(stop.requested, stopped_by)
             if stop.requested:  # the step is done and its resume state written: out, saying how to continue
                 run.stopped = f"stopped by {stop.signal_name}"
                 dist.leave()
                 raise Interrupted(stop.signal_name)
 
     # --- finish -------------------------------------------------------------------------------------------------------
-    return run.finish()  # summary.json, plan.json as it ended, and what to run next
+    return run.finish(stopped_by)  # summary.json, plan.json as it ended, and what to run next
 
 
-def set_up(run: RunState, data_dir: Path, init: Path | None, resume: bool) -> Parts:
+def set_up(launch: Launch, data_dir: Path, init: Path | None, resume: bool) -> Parts:
     """What the loop trains with: the prepared data (checked), the model (the recipe's seed; --init's weights on a new
-    run), its optimizer and loss scaler, the micro-batch that fits (`run.micro` as soon as it is known: what a failed
-    allocation was for), the step's Engine (compiled now: start-up), this process's loader. Each choice is a log line."""
-    recipe, device, dist, log = run.recipe, run.device, run.dist, run.log
+    run), its optimizer and loss scaler, the micro-batch that fits (`launch.micro` as soon as it is known: what a
+    failed allocation was for), the step's Engine (compiled now: start-up), this process's loader. Each choice is a
+    log line."""
+    recipe, device, dist, log = launch.recipe, launch.device, launch.dist, launch.log
     tr = recipe.train
     log.once(runtime.set_deterministic(tr.deterministic))  # before the first GPU work (train_command did it earlier)
     log.once(runtime.tune_cpu() if device.type == "cpu" else "")
@@ -373,7 +413,7 @@ def set_up(run: RunState, data_dir: Path, init: Path | None, resume: bool) -> Pa
         log.once(f"optimizer: {recipe.optim.name} — OFF-RECIPE (the paper's Adam has no bias correction)")
     scaler = torch.amp.GradScaler(device.type, enabled=(precision == "fp16"))
     probe = PretrainStep(model, recipe)
-    micro = run.micro = fit_micro_batch(tr.micro_batch_size, rank_batch, device,
+    micro = launch.micro = fit_micro_batch(tr.micro_batch_size, rank_batch, device,
                                         lambda mb: probe_step(probe, model, special, recipe, mb, device, precision))
     accum = rank_batch // micro
     engine = Engine(model, recipe, optimizer, scaler, dist, device, precision, micro, accum)
