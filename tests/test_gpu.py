@@ -31,7 +31,6 @@ import torch
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (this machine has none)")]
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 EAGER_RUN_S = 120  # one subprocess run of the tiny recipe without compilation (estimated 20-30 s on an H100)
 COMPILED_RUN_S = 240  # one compiled run (estimated 60-120 s with a cold inductor cache)
 SMALL = ["--set", "model.num_layers=2", "--set", "train.batch_size=8", "--set", "train.eval_rows=32",
@@ -155,8 +154,7 @@ def test_no_host_sync_inside_a_training_step(compile_setting):
     synchronises only on log steps)."""
     if not torch.cuda.is_bf16_supported():
         pytest.skip("this GPU has no bf16")
-    sys.path.insert(0, str(BENCH))
-    from throughput import Batches, TrainerStep
+    from benchmarks.throughput import Batches, TrainerStep
 
     from tinyelectra.config import load_recipe
 

@@ -16,7 +16,6 @@ import json
 import math
 import os
 import random
-import sys
 from pathlib import Path
 
 import pytest
@@ -29,7 +28,6 @@ from tinyelectra.budget import parse_budget
 from tinyelectra.config import load_recipe
 from tinyelectra.errors import UserError
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 # a toy model on toy data: 1 layer, 4 rows of 32 tokens, a 256-entry vocabulary
 TOY = ["model.vocab_size=256", "train.seq_len=32", "model.max_positions=32", "model.num_layers=1",
@@ -227,8 +225,7 @@ def test_a_compiled_step_that_works_is_labelled_compiled(monkeypatch, toy_data, 
 def test_throughput_benchmark_reports_the_fallback(monkeypatch, tmp_path):
     """benchmarks/throughput.py with both sides compiled and a backend failing in the backward: it measures (before
     the fix: the first step raised) and its JSON says which side fell back, instead of "torch.compile (inductor)"."""
-    sys.path.insert(0, str(BENCH))
-    import throughput
+    from benchmarks import throughput
 
     patch_compile(monkeypatch, "backward")
     doc = throughput.main(["--device", "cpu", "--recipe", "tiny", "--batch", "2", "--seq-len", "16", "--rounds", "2",

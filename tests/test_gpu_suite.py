@@ -2,7 +2,7 @@
 judging) checked on the CPU: its labels read from recorded H100 profiles and logs (tests/fixtures/gpu/, sources cited
 there), each kernel counted once, MFU both ways; the plans' arithmetic (stage budgets, pretrain's budget, the GLUE
 full-set plan from the task sizes in ../shared/data/README.md), the layout picked from measured rates, the GLUE plan
-fitted to its time on its critical path (benchmarks/glue_fit.py, against hand-computed numbers from the H100 lease's
+fitted to its time on its critical path (benchmarks/gpu_check/glue_fit.py, against hand-computed numbers from the H100 lease's
 glue.log), a background stage's own duration, the median and
 spread table and its verdict, the discriminator along the run (on the first H200 run's own metrics.jsonl), passes over
 the pack; every GPU stage's command accepted by the program it runs, pretrain compiling what the speed stage compiled,
@@ -13,6 +13,7 @@ GPU machine. benchmarks/ scripts are imported as modules."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -25,16 +26,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks import throughput
+from benchmarks.gpu_check import glue_fit, suite
+from tinyelectra import flops
+from tinyelectra.budget import parse_budget
+from tinyelectra.errors import UserError
+
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCH))
-
-import glue_fit  # noqa: E402
-import suite  # noqa: E402
-import throughput  # noqa: E402
-
-from tinyelectra import flops  # noqa: E402
-from tinyelectra.budget import parse_budget  # noqa: E402
-from tinyelectra.errors import UserError  # noqa: E402
 
 FIX = Path(__file__).parent / "fixtures" / "gpu"
 PROFILES = json.loads((FIX / "h100_profiles.json").read_text())
@@ -569,8 +567,9 @@ def accepted(argv: list[str]) -> None:
         if argv[3] == "glue":
             FinetuneConfig.from_overrides([b for a, b in zip(argv, argv[1:]) if a == "--set"])
         return
-    module = __import__(Path(argv[1]).stem)
-    module.parser().parse_args(argv[2:])
+    assert argv[1] == "-m" and argv[2].startswith("benchmarks."), argv
+    module = importlib.import_module(argv[2])
+    module.parser().parse_args(argv[3:])
 
 
 ALL = ["ckpt-0625", "ckpt-1250", "ckpt-2500", "ckpt-5000", "ckpt-10000"]
@@ -683,10 +682,11 @@ def test_pretrain_runs_eager_when_a_cold_compile_would_outlast_its_training(tmp_
 @pytest.mark.slow
 def test_every_stage_script_runs_with_help():
     """Each program the GPU run starts imports and answers --help (each a process: torch is imported)."""
-    for script in ("suite.py", "pack.py", "device_checks.py", "throughput.py", "loss_check.py", "glue_baseline.py"):
-        p = subprocess.run([sys.executable, str(BENCH / script), "--help"], capture_output=True, text=True, timeout=300,
-                           env=dict(os.environ, PYTHONPATH=str(BENCH.parent)))
-        assert p.returncode == 0 and p.stdout.startswith("usage:"), (script, p.stderr[-2000:])
+    for module in ("gpu_check.suite", "gpu_check.pack", "gpu_check.device_checks", "throughput", "loss_check",
+                   "gpu_check.glue_baseline"):
+        p = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", "--help"], capture_output=True, text=True,
+                           timeout=300, cwd=BENCH.parent)
+        assert p.returncode == 0 and p.stdout.startswith("usage:"), (module, p.stderr[-2000:])
     p = subprocess.run(["bash", str(SUITE), "--help"], capture_output=True, text=True)
     assert p.returncode == 0 and "--cpu-smoke" in p.stdout and "--pack" in p.stdout and "--finish" in p.stdout
 
@@ -753,7 +753,7 @@ def test_pretrain_compiles_the_graph_the_speed_stage_left_in_the_cache(tmp_path,
     from tinyelectra.train import train_command
 
     run = gpu_run(tmp_path)
-    stage = throughput.parser().parse_args(suite.STAGES["speed"](run)[2:])
+    stage = throughput.parser().parse_args(suite.STAGES["speed"](run)[3:])
     pretrain = suite.STAGES["pretrain"](run)
     run.log.close()
     recipe = load_recipe(pretrain[pretrain.index("--recipe") + 1], [b for a, b in zip(pretrain, pretrain[1:]) if a == "--set"])
@@ -811,7 +811,7 @@ def test_pretrain_compiles_the_graph_the_speed_stage_left_in_the_cache(tmp_path,
 def smoke_pack(tmp_path_factory) -> Path:
     if not (SHARED / "enwiki").is_dir() or not (SHARED / "glue").is_dir():
         pytest.skip(f"{SHARED} (enwiki/ and glue/) is absent: the smoke pack is built from it")
-    import pack
+    from benchmarks.gpu_check import pack
 
     out = tmp_path_factory.mktemp("lease") / "pack"
     pack.build(out, SHARED, 1, smoke=True)
@@ -819,7 +819,7 @@ def smoke_pack(tmp_path_factory) -> Path:
 
 
 def test_pack_unpacks_what_it_describes_and_refuses_a_damaged_one(smoke_pack, tmp_path):
-    import pack
+    from benchmarks.gpu_check import pack
 
     doc = pack.unpack(smoke_pack, tmp_path / "w")
     assert sorted(p.name for p in smoke_pack.iterdir()) == ["glue.tar.xz", "pack.json", "pretrain.tar.xz"]
@@ -843,7 +843,7 @@ def test_pack_unpacks_what_it_describes_and_refuses_a_damaged_one(smoke_pack, tm
 @pytest.mark.slow
 def test_pack_over_its_limit_is_refused_and_the_old_one_kept(smoke_pack, tmp_path, monkeypatch):
     """Over the pack's own limit, or (the checkout measured) over what a GPU command carries with the checkout."""
-    import pack
+    from benchmarks.gpu_check import pack
 
     out = tmp_path / "lease"
     shutil.copytree(smoke_pack, out)

@@ -3,10 +3,10 @@
 the held-out diagnostics of the untrained weights. `bash benchmarks/gpu_suite.sh --finish` fine-tunes it beside the
 pre-trained checkpoint in the same processes, with the same protocol, on the same card.
 
-    python benchmarks/glue_baseline.py --data WORK/pack/pretrain --out WORK/init/ckpt-0000 [--mode gpu|smoke]
+    python -m benchmarks.gpu_check.glue_baseline --data WORK/pack/pretrain --out WORK/init/ckpt-0000 [--mode gpu|smoke]
 
 (Before the GPU fine-tuned both sides, this side was computed beforehand on the CPU with 1,000 training rows and one
-seed: results/glue_no_pretraining_cpu.json stays as the record of that, with the command that made it.)
+seed: glue_no_pretraining_cpu.json, retired with that mode; in git history at commit 0f79abe.)
 """
 
 from __future__ import annotations
@@ -16,11 +16,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import suite  # noqa: E402
-from common import run_main, save_initial_checkpoint  # noqa: E402
+from benchmarks.common import run_main, save_initial_checkpoint
+from benchmarks.gpu_check import suite
 
-from tinyelectra.checkpoint import is_checkpoint  # noqa: E402
+from tinyelectra.checkpoint import is_checkpoint
 
 
 def parser() -> argparse.ArgumentParser:

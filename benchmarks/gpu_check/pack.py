@@ -1,8 +1,8 @@
 """The data the GPU run needs that git does not hold, packed to travel beside the working tree, and unpacked there.
 
-    python benchmarks/pack.py build [DIR] [--shared ../shared/data] [--shards 360]   # -> DIR (default .lease/)
-    python benchmarks/pack.py build DIR --smoke                                      # a toy pack for --cpu-smoke
-    python benchmarks/pack.py unpack DIR WORK                  # -> WORK/pretrain (prepared data), WORK/glue (tasks)
+    python -m benchmarks.gpu_check.pack build [DIR] [--shared ../shared/data] [--shards 360]   # -> DIR (default .lease/)
+    python -m benchmarks.gpu_check.pack build DIR --smoke                                      # a toy pack for --cpu-smoke
+    python -m benchmarks.gpu_check.pack unpack DIR WORK                  # -> WORK/pretrain (prepared data), WORK/glue (tasks)
 
 A pack is three files:
 - pretrain.tar.xz: `tinyelectra prepare` of the first --shards enwiki files at the electra-small recipe's
@@ -31,12 +31,11 @@ import tarfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-ROOT = Path(__file__).resolve().parents[1]
-import suite  # noqa: E402  (no torch: unpacking is the GPU run's first stage, on a cold machine)
+from benchmarks import ROOT
+from benchmarks.gpu_check import suite  # no torch: unpacking is the GPU run's first stage, on a cold machine
 
-from tinyelectra.errors import UserError  # noqa: E402
-from tinyelectra.files import sha256_of  # noqa: E402
+from tinyelectra.errors import UserError
+from tinyelectra.files import sha256_of
 
 TASKS = ("cola", "sst2", "stsb", "mrpc", "rte")  # by value: CoLA shows pre-training first; RTE and MRPC last
 LIMIT_BYTES = 56 * 2**20
@@ -82,7 +81,7 @@ def build(out_dir: Path, shared: Path, shards: int, smoke: bool) -> dict:
     shard_files = sorted(enwiki.glob("*.gz")) if enwiki.is_dir() else []
     if not shard_files or not glue.is_dir():
         raise UserError(f"--shared {shared}: expected enwiki/*.gz and glue/ (the project's data folder, ../shared/data)")
-    from common import git_commit  # noqa: PLC0415
+    from benchmarks.common import git_commit  # noqa: PLC0415
 
     from tinyelectra.config import load_recipe  # noqa: PLC0415
     from tinyelectra.glue_data import get_task  # noqa: PLC0415

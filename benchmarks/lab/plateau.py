@@ -19,19 +19,19 @@ tinyelectra's `Electra` and transformers' `ElectraForPreTraining`, forward and e
 end to the other one switch at a time (singly and cumulatively) and back, then through the learning rate and the
 CPU recipes' optimizer.
 
-    python benchmarks/plateau.py run --data grammar0,grammar1,grammar2 --steps 2000 --arms electra,plain,...
-    python benchmarks/plateau.py run --data enwiki --steps 2000 --arms ...   # data/enwiki10-v8k (benchmarks/README.md)
-    python benchmarks/plateau.py check     # -> plateau_check_cpu.json: the equivalences, gradient RMS per layer
-    python benchmarks/plateau.py analyse   # -> plateau_attention_cpu.json: what trained weights attend to
-    python benchmarks/plateau.py report    # -> plateau_cpu.json and .md: the tables and every run's curve
-    python benchmarks/plateau.py corpus --data grammar0 --out grammar0.txt   # the grammar as text, for full runs
-    python benchmarks/plateau.py tiny --data grammar0 --steps 2500 --set optim.lr=3e-4   # tests/test_plateau.py's run
-    python benchmarks/plateau.py prior --data RUN,RUN --out NAME   # full runs: when the discriminator left its prior
+    python -m benchmarks.lab.plateau run --data grammar0,grammar1,grammar2 --steps 2000 --arms electra,plain,...
+    python -m benchmarks.lab.plateau run --data enwiki --steps 2000 --arms ...   # data/enwiki10-v8k (benchmarks/README.md)
+    python -m benchmarks.lab.plateau check     # -> plateau_check_cpu.json: the equivalences, gradient RMS per layer
+    python -m benchmarks.lab.plateau analyse   # -> plateau_attention_cpu.json: what trained weights attend to
+    python -m benchmarks.lab.plateau report    # -> plateau_cpu.json and .md: the tables and every run's curve
+    python -m benchmarks.lab.plateau corpus --data grammar0 --out grammar0.txt   # the grammar as text, for full runs
+    python -m benchmarks.lab.plateau tiny --data grammar0 --steps 2500 --set optim.lr=3e-4   # tests/test_plateau.py's run
+    python -m benchmarks.lab.plateau prior --data RUN,RUN --out NAME   # full runs: when the discriminator left its prior
 
 Each (data, arm) run is one process with one torch thread, at most `--parallel` (default 2) at a time, 32 rows a
 step (`--batch-size`; another size or row length is a data key of its own, e.g. grammar0-b8t32), AdamW after a
 100-step linear warm-up then constant (`Spec`), clipping at 1.0, dropout 0.1. It rewrites its curve in
-benchmarks/results/plateau_cpu/ and its state in runs/plateau/ after every evaluation: run again, an interrupted run
+benchmarks/lab/results/plateau_cpu/ and its state in runs/plateau/ after every evaluation: run again, an interrupted run
 resumes and a finished one extends to more steps on the same curve.
 """
 
@@ -48,25 +48,24 @@ import sys
 import time
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH))
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from common import command_line, git_commit, machine, run_main, write_result  # noqa: E402
-from torch import Tensor, nn  # noqa: E402
+from benchmarks import ROOT, child_env
+from benchmarks.common import command_line, git_commit, machine, run_main, write_result
+from benchmarks.lab import RESULTS
 
-from tinyelectra.config import ModelConfig, ObjectiveConfig  # noqa: E402
-from tinyelectra.electra import SpecialIds, mask_batch  # noqa: E402
-from tinyelectra.errors import UserError  # noqa: E402
-from tinyelectra.files import write_json  # noqa: E402
-from tinyelectra.metrics import roc_auc  # noqa: E402
-from tinyelectra.optim import TorchAdamW  # noqa: E402
+from tinyelectra.config import ModelConfig, ObjectiveConfig
+from tinyelectra.electra import SpecialIds, mask_batch
+from tinyelectra.errors import UserError
+from tinyelectra.files import write_json
+from tinyelectra.metrics import roc_auc
+from tinyelectra.optim import TorchAdamW
 
-RESULTS = BENCH / "results"
 RUNS = RESULTS / "plateau_cpu"  # one file per (data, arm)
-WEIGHTS = BENCH.parent / "runs" / "plateau"  # trained weights for the analysis (git-ignored)
+WEIGHTS = ROOT / "runs" / "plateau"  # trained weights for the analysis (git-ignored)
 SPECIAL = SpecialIds(pad=0, cls=1, sep=2, mask=3)  # the grammar's ids (enwiki's come from its tokenizer)
 OBJECTIVE = ObjectiveConfig()  # 15% of positions, as disc_context.py
 
@@ -591,8 +590,8 @@ def run_all(args) -> None:
                 continue
             jobs.append((arm, data))
     running: list[tuple[subprocess.Popen, str, str]] = []
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    base = [sys.executable, __file__, "one", "--steps", str(args.steps), "--batch-size", str(args.batch_size),
+    env = child_env(dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1"))
+    base = [sys.executable, "-m", __spec__.name, "one", "--steps", str(args.steps), "--batch-size", str(args.batch_size),
             *(["--seq-len", str(args.seq_len)] if args.seq_len else []), "--eval-every", str(args.eval_every), "--eval-rows", str(args.eval_rows),
             "--seed", str(args.seed), "--enwiki", str(args.enwiki), "--command", args.command,
             "--save-at", ",".join(map(str, args.save_at))]
@@ -876,7 +875,7 @@ STEPS_SHOWN = [200, 400, 600, 1000, 1500, 2000]
 
 
 def report(args) -> Path:
-    """benchmarks/results/plateau_cpu.json and .md from every run file: the tables, then every run's curve."""
+    """benchmarks/lab/results/plateau_cpu.json and .md from every run file: the tables, then every run's curve."""
     runs = [json.loads(p.read_text()) for p in sorted(RUNS.glob("*.json"))]
     for r in runs:
         r.setdefault("key", r["data"])
@@ -891,7 +890,7 @@ def report(args) -> Path:
                "arms": {a: {"what": w, "spec": dataclasses.asdict(sp)} for a, (w, sp) in arms().items()
                         if any(r["arm"] == a for r in runs)},
                "runs": runs, **extra}
-    path = write_result("plateau_cpu", payload, command=args.command)
+    path = write_result("plateau_cpu", payload, out_dir=RESULTS, command=args.command)
     groups = {}  # table name -> data keys
     for k in sorted({r["key"] for r in runs}):
         name = re.sub(r"^grammar\d+", "grammar", k)  # the grammar's seeds in one table
@@ -1015,13 +1014,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="tiny: a recipe override")
     ap.add_argument("--command", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    args.command = args.command or command_line("benchmarks/plateau.py", sys.argv[1:] if argv is None else argv)
+    args.command = args.command or command_line("benchmarks.lab.plateau", sys.argv[1:] if argv is None else argv)
     if args.mode == "one":
         train_one(args, args.arm, args.data)
     elif args.mode == "analyse":
         print(write_result("plateau_attention_cpu", {"what": "trained weights (runs/plateau/weights) on grammar0's "
                            "held-out rows: attention per layer, and the matched AUC with every position vector "
-                           "replaced by their mean", "models": analyse(args)}, command=args.command))
+                           "replaced by their mean", "models": analyse(args)}, out_dir=RESULTS, command=args.command))
     elif args.mode == "tiny":  # the tiny recipe itself, as tests/test_plateau.py runs it: one curve per --data
         path = RESULTS / "plateau_test_config_cpu.json"
         runs = json.loads(path.read_text())["runs"] if path.exists() else []
@@ -1033,9 +1032,10 @@ def main(argv: list[str] | None = None) -> None:
                          "seconds": round(time.perf_counter() - t0, 1), "command": args.command, "curve": curve})
             write_result("plateau_test_config_cpu", {"what": "the tiny recipe's discriminator alone (tinyelectra's "
                          "Electra, the recipe's optimizer with the overrides), rows of 32 tokens of the grammar, held-out "
-                         "AUC matched by token id every 100 steps until it reaches 0.7", "runs": runs}, command=args.command)
+                         "AUC matched by token id every 100 steps until it reaches 0.7", "runs": runs}, out_dir=RESULTS,
+                         command=args.command)
     elif args.mode == "prior":  # full runs' discriminator loss against its all-original loss, as the GPU suite reads it
-        import suite  # noqa: PLC0415
+        from benchmarks.gpu_check import suite  # noqa: PLC0415
 
         out = {}
         for d in args.data.split(","):
@@ -1043,11 +1043,11 @@ def main(argv: list[str] | None = None) -> None:
             out[d] = suite.along_the_run([r for r in records if "disc_loss" in r], {})
         print(write_result(args.out.stem if args.out else "plateau_prior_cpu", {"what": "each run's training "
                            "discriminator loss over its all-original loss (suite.along_the_run)", "runs": out},
-                           command=args.command))
+                           out_dir=RESULTS, command=args.command))
     elif args.mode == "corpus":
         print(write_corpus(args.data, args.out))
     elif args.mode == "check":
-        doc = write_result("plateau_check_cpu", check(args), command=args.command)
+        doc = write_result("plateau_check_cpu", check(args), out_dir=RESULTS, command=args.command)
         print(doc.read_text())
     elif args.mode == "report":
         print(report(args))
