@@ -65,6 +65,7 @@ def test_hf_baseline_step_trains():
     assert not torch.equal(before, hf.disc.electra.embeddings.word_embeddings.weight)
 
 
+@pytest.mark.slow
 def test_step_cpu_writes_a_complete_result(tmp_path):
     from benchmarks import step_cpu
 
@@ -203,6 +204,8 @@ def restore_threads():
     torch.set_num_threads(threads)
 
 
+@pytest.mark.cli
+@pytest.mark.slow
 def test_checkpoint_eval_scores_what_the_trainer_scored(toy_data, tmp_path, restore_threads):
     """benchmarks/lab/checkpoint_eval.py loads each saved checkpoint and scores the same held-out rows: its numbers equal
     the ones the trainer recorded in meta.json while the weights were live (fixed masks and samples), and it adds
@@ -228,6 +231,7 @@ def test_checkpoint_eval_scores_what_the_trainer_scored(toy_data, tmp_path, rest
     assert md.count("\n| ckpt-") == 5 and "context AUC" in md
 
 
+@pytest.mark.slow
 def test_disc_context_trains_both_implementations_on_the_same_rows(toy_data, tmp_path):
     """benchmarks/lab/disc_context.py on a toy corpus: tinyelectra's discriminator and transformers' ElectraForPreTraining
     each train in their own process and are scored on the same corrupted held-out rows (same token count, same
@@ -343,6 +347,7 @@ def test_throughput_batches_carry_their_full_rows():
     assert ids.shape == (8, 32) and mask.dtype == torch.bool
 
 
+@pytest.mark.gpu_check
 def test_step_checks_fit_the_deadline_by_hand():
     from benchmarks.gpu_check import step_checks
 

@@ -190,6 +190,7 @@ def losses(run: Path) -> dict:
 
 
 @pytest.mark.parametrize("where", ["backward", "forward"])
+@pytest.mark.slow
 def test_compile_failure_falls_back_to_eager_and_every_label_says_so(monkeypatch, toy_data, tmp_path, capsys, where):
     """A backend that fails in the backward (before the fix: the exception ended the run) or in the forward: the run
     trains eagerly, with exactly the losses of a compile=off run (the compile check on dummy rows changes nothing),
@@ -207,6 +208,7 @@ def test_compile_failure_falls_back_to_eager_and_every_label_says_so(monkeypatch
     assert losses(tmp_path / "fallback") == losses(tmp_path / "eager") and eager["steps"] == summary["steps"] == 3
 
 
+@pytest.mark.slow
 def test_a_compiled_step_that_works_is_labelled_compiled(monkeypatch, toy_data, tmp_path):
     """The same path with a backend that works (aot_eager, as the CPU smoke run uses: no C++ compiler needed), in
     both compile modes: labelled compiled, with the backend named; the same losses as eager (aot_eager runs the
@@ -222,6 +224,7 @@ def test_a_compiled_step_that_works_is_labelled_compiled(monkeypatch, toy_data, 
     assert eager["runtime"]["attention"].startswith("attention on the CPU: tinyelectra's CPU attention")
 
 
+@pytest.mark.slow
 def test_throughput_benchmark_reports_the_fallback(monkeypatch, tmp_path):
     """benchmarks/throughput.py with both sides compiled and a backend failing in the backward: it measures (before
     the fix: the first step raised) and its JSON says which side fell back, instead of "torch.compile (inductor)"."""

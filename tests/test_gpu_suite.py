@@ -40,6 +40,7 @@ SHARED = Path(os.environ.get("TINYELECTRA_SHARED_DATA", Path(__file__).resolve()
 SUITE = BENCH / "gpu_suite.sh"
 H200 = BENCH / "results" / "h200-2026-11-26"
 RUN_STAGES, FINISH_STAGES = list(suite.PLANS["run"]["stages"]), list(suite.PLANS["finish"]["stages"])
+pytestmark = pytest.mark.gpu_check  # the GPU-check harness: pytest -m gpu_check when touching it
 
 
 def kernel_names(case: str) -> list[str]:
@@ -390,6 +391,7 @@ def test_the_glue_stage_is_fitted_to_its_time_before_it_starts(tmp_path, monkeyp
     fin.log.close()
 
 
+@pytest.mark.slow
 def test_a_background_stage_reports_its_own_duration(tmp_path, monkeypatch):
     """init runs beside the other stages and is collected at the end: its record is its own time (today's H100 lease
     said "init ok 491.6 s" for a 14 s stage), and one that outlives its limit is stopped there."""
@@ -680,6 +682,7 @@ def test_pretrain_runs_eager_when_a_cold_compile_would_outlast_its_training(tmp_
 
 
 @pytest.mark.slow
+@pytest.mark.cli
 def test_every_stage_script_runs_with_help():
     """Each program the GPU run starts imports and answers --help (each a process: torch is imported)."""
     for module in ("gpu_check.suite", "gpu_check.pack", "gpu_check.device_checks", "throughput", "loss_check",
@@ -691,6 +694,7 @@ def test_every_stage_script_runs_with_help():
     assert p.returncode == 0 and "--cpu-smoke" in p.stdout and "--pack" in p.stdout and "--finish" in p.stdout
 
 
+@pytest.mark.cli
 def test_stages_import_the_package_as_installed_on_a_machine_where_nothing_is(tmp_path):
     """A bare GPU machine has no tinyelectra installed: with the checkout alone on the path a recipe loads from the
     checkout's recipes/ folder (tests/test_packaging.py); the stages' path puts the suite's installed copy first, and
@@ -904,6 +908,7 @@ def suite_output(out: Path, command: str = "run") -> tuple[dict, list[str]]:
     return summary, names
 
 
+@pytest.mark.cli
 def test_finish_refuses_a_missing_run_in_one_line(tmp_path):
     """--finish on a machine where the first command has not run (or another kind of run): one line, exit 2, nothing
     written; and it takes no --lease (it reads the pack the first command unpacked)."""
@@ -919,6 +924,7 @@ def test_finish_refuses_a_missing_run_in_one_line(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.cli
 def test_a_read_only_out_is_one_line_and_an_explicit_out_wins(tmp_path):
     """OUT=<a read-only folder> ended in a traceback (PermissionError opening suite.log); now one line, exit 2. An
     OUT in the environment used to win silently over --out; now --out wins, and the first line says so."""
@@ -940,6 +946,7 @@ def test_a_read_only_out_is_one_line_and_an_explicit_out_wins(tmp_path):
     assert (tmp_path / "mine" / "summary.json").is_file() and not (tmp_path / "env").exists()
 
 
+@pytest.mark.cli
 def test_the_work_folder_is_emptied_only_when_the_suite_made_it(tmp_path):
     (tmp_path / "w").mkdir()
     (tmp_path / "w" / "thesis.tex").write_text("mine")
@@ -948,6 +955,7 @@ def test_the_work_folder_is_emptied_only_when_the_suite_made_it(tmp_path):
     assert (tmp_path / "w" / "thesis.tex").read_text() == "mine"
 
 
+@pytest.mark.cli
 def test_gpu_suite_records_a_timed_out_stage_and_the_stages_not_run(smoke_pack, tmp_path):
     """SUITE_BUDGET_ENV=0: the env stage is stopped at once (no Python process finishes between its start and the
     suite's first look) and recorded as timed out, exit code 124; the stages not selected are recorded as skipped;
@@ -965,6 +973,7 @@ def test_gpu_suite_records_a_timed_out_stage_and_the_stages_not_run(smoke_pack, 
     assert "timed_out" in (tmp_path / "o" / "suite.log").read_text()
 
 
+@pytest.mark.cli
 def test_gpu_suite_keeps_its_results_when_interrupted(smoke_pack, tmp_path):
     """SIGTERM while a stage runs (as a command that reaches its time limit gets): the stage's process group is
     stopped, and the archive, summary and log are written all the same; exit code 130."""
@@ -985,6 +994,7 @@ def test_gpu_suite_keeps_its_results_when_interrupted(smoke_pack, tmp_path):
     assert len(list((tmp_path / "o").iterdir())) == 3 and "INTERRUPTED (SIGTERM)" in out
 
 
+@pytest.mark.cli
 def test_gpu_suite_rejects_bad_arguments(tmp_path):
     (tmp_path / "toy").mkdir()
     (tmp_path / "toy" / "pack.json").write_text(json.dumps({"format": "tinyelectra-gpu-pack", "kind": "smoke"}))
@@ -1018,6 +1028,7 @@ def bare_python(where: Path) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.cli
 def test_gpu_suite_cpu_smoke_runs_both_commands(tmp_path):
     """`bash benchmarks/gpu_suite.sh --cpu-smoke`, then `... --cpu-smoke --finish`, as documented: the first builds
     its toy pack and runs its stages at toy size under the smoke run's own limits (a loaded 2-core CPU's, not a GPU's),

@@ -38,6 +38,7 @@ def run_cli(args: list[str], env: dict) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.cli
 def test_short_run_learns_context_through_the_generator(tmp_path):
     """tiny as shipped, 600 steps of 16 x 128 on ten enwiki shards (vocabulary 8,192, 328 held-out rows), measured on a
     2-core CPU for seeds 0 (the default, this test), 1 and 2 (benchmarks/lab/results/short_runs_seeds_cpu.md): generator
@@ -88,6 +89,7 @@ def grammar_corpus(path: Path, documents: int = 4000, sentences: int = 10, seed:
 
 
 @pytest.mark.slow
+@pytest.mark.cli
 def test_generator_learns_a_grammars_context(tmp_path):
     """The whole trainer learns context, in minutes: a corpus generated here (above), prepared and trained through
     the command line with the tiny recipe as shipped, only the data-derived settings changed (32-token rows, the
