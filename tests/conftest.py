@@ -1,14 +1,15 @@
 """Fixtures shared by the test modules that run the command line, and the fast tier's guard.
 
-The guard keeps `pytest -m "not slow"` the few-minute loop it is measured to be (tinyelectra/docs/CONTRIBUTING.md):
-a test not marked `slow` fails when its call took more than `slow_guard_cpu_s` seconds (pyproject.toml: 5) both of
-CPU and of wall time, or more than ten times that of wall time alone. Both, because each alone misjudges: wall time
-grows with the machine's load (CI has seen load 10 on 2 cores, where a 1 s test takes 5 s), CPU time with threads
-(two torch threads spend 2 s of CPU in 1 s). The CPU counted is this process's and that of the child processes it
-waited for (os.times), so a test that runs the command line in a subprocess is judged by the work it caused. Under
-load CPU time moves only by what spinning OpenMP threads burn, and the slow tests were marked at well under the
-limit. Wall time alone catches a test that waits (a sleep, a child's timer) instead of computing: ten times the
-limit is twice what load 10 makes of a test at the limit."""
+The guard keeps the fast tier (`pytest -m "not slow and not cli"`) the loop of a few minutes it is measured to be
+(tinyelectra/docs/CONTRIBUTING.md), and the `slow` marker honest in the full suite: a test not marked `slow` fails
+when its call took more than `slow_guard_cpu_s` seconds (pyproject.toml: 5) both of CPU and of wall time, or more
+than ten times that of wall time alone. Both, because each alone misjudges: wall time grows with the machine's load
+(CI has seen load 10 on 2 cores, where a 1 s test takes 5 s), CPU time with threads (two torch threads spend 2 s of
+CPU in 1 s). The CPU counted is this process's and that of the child processes it waited for (os.times), so a test
+that runs the command line in a subprocess is judged by the work it caused. Under load CPU time moves only by what
+spinning OpenMP threads burn, and the slow tests were marked at well under the limit. Wall time alone catches a test
+that waits (a sleep, a child's timer) instead of computing: ten times the limit is twice what load 10 makes of a
+test at the limit. Fixtures are not counted (a module's shared set-up would fall on whichever test comes first)."""
 
 from __future__ import annotations
 

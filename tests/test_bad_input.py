@@ -671,6 +671,7 @@ def test_flops_option_out_of_range_names_the_option(option, cli_env, monkeypatch
 # whatever the kernel's overcommit policy: these tests never take memory.
 
 
+@pytest.mark.slow
 def test_a_model_too_large_for_memory_is_one_line(tmp_path, cli_env, monkeypatch, capsys):
     out = tmp_path / "run"
     code, err = in_process([*TRAIN, "--set", f"model.hidden_size={2**50}", "--out", str(out)], cli_env, monkeypatch,
@@ -680,6 +681,7 @@ def test_a_model_too_large_for_memory_is_one_line(tmp_path, cli_env, monkeypatch
     assert not out.exists()  # during start-up: no --out
 
 
+@pytest.mark.slow
 def test_a_training_step_out_of_memory_is_one_line(tmp_path, cli_env, monkeypatch, capsys):
     import tinyelectra.train as train
 

@@ -54,6 +54,7 @@ def test_hf_baseline_wiring_matches_tinyelectra_parameters():
     assert sum(p.numel() for p in hf.params) == hf_count  # the optimizer sees every parameter once
 
 
+@pytest.mark.slow
 def test_hf_baseline_step_trains():
     recipe = load_recipe("tiny")
     cfg = ModelConfig(**{**recipe.model.__dict__, "dropout": 0.0, "attention_dropout": 0.0})
