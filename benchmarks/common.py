@@ -87,7 +87,9 @@ def git_commit() -> str:
 
 def command_line(module: str | None = None, argv: list[str] | None = None) -> str:
     """The command that ran: `python -m MODULE ARGV...` when given, else this process's own command line."""
-    parts = ["python", "-m", module, *argv] if module is not None and argv is not None else [Path(sys.executable).name, *sys.argv]
+    if module is None or argv is None:
+        return " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv])
+    parts = ["python", "-m", module, *argv]
     return " ".join(shlex.quote(a) for a in parts)
 
 

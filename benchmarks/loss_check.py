@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> dict:
         "first_step_abs_difference": abs(losses["eager"][0] - losses["compiled"][0]),
         "tolerance": f"limit = {REFERENCE_FACTOR:g} x (max relative difference of the eager fp32 reference) + {FLOOR:g}",
     }
-    path = write_result(name, payload, device, out_dir=args.out_dir, command=command_line("benchmarks.loss_check", argv))
+    path = write_result(name, payload, device, out_dir=args.out_dir, command=command_line(__spec__.name, argv))
     if not v["ok"]:
         print(f"loss check failed: {v['line']} ({path})", file=sys.stderr)
         sys.exit(1)

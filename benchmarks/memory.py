@@ -1,7 +1,8 @@
 """Issue 6, item 2: peak memory of ELECTRA Small / Base / Large training steps under each memory lever, and which
 consumer cards (8, 12, 16, 24 GiB) each configuration fits.
 
-    python -m benchmarks.memory [--device cpu|cuda] [--sizes small,base,large]  -> benchmarks/results/memory_<device>.json
+    python -m benchmarks.memory [--device cpu|cuda] [--sizes small,base,large]
+      -> benchmarks/results/memory_<device>.json
 
 What is measured, per size, precision (fp32, bf16; fp16 too on CUDA) and gradient checkpointing (off, on): every
 tensor storage one full training step (masking, generator, sampling, discriminator, backward, clip, paper Adam

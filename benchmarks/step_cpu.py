@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> dict:
     payload = {"recipe": args.recipe, "device": "cpu", "precision": "fp32", "allocator": allocator_note,
                "data": "synthetic batches (8 distinct, cycled; same sequence for both sides)",
                "target_speedup": TARGET_SPEEDUP, "meets_target": speedup >= TARGET_SPEEDUP, **res}
-    path = write_result(args.name, payload, device, out_dir=args.out_dir, command=command_line("benchmarks.step_cpu", argv))
+    path = write_result(args.name, payload, device, out_dir=args.out_dir, command=command_line(__spec__.name, argv))
     te, hf = res["tinyelectra"], res["transformers"]
     print(f"tinyelectra {te['tokens_per_s']:.0f} tok/s (median {te['median_s'] * 1000:.0f} ms), transformers "
           f"{hf['tokens_per_s']:.0f} tok/s (median {hf['median_s'] * 1000:.0f} ms): {speedup:.2f}x "

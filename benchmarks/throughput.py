@@ -247,8 +247,8 @@ def memory_probe(args, recipe, device: torch.device, precision: str) -> dict:
 
 
 def cpu_memory(argv: list[str], side: str) -> dict:
-    out = subprocess.run([sys.executable, "-m", __spec__.name, *argv, "--memory-probe", side], capture_output=True, text=True,
-                         env=child_env())
+    probe = [sys.executable, "-m", __spec__.name, *argv, "--memory-probe", side]
+    out = subprocess.run(probe, capture_output=True, text=True, env=child_env())
     if out.returncode != 0:
         return {"error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"}
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -426,7 +426,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     from tinyelectra.model import attention_kernel  # noqa: PLC0415
 
     def save() -> Path:  # after every part, so a stage cut short by its time limit keeps what it measured
-        return write_result(name, payload, device, out_dir=args.out_dir, command=command_line("benchmarks.throughput", argv))
+        return write_result(name, payload, device, out_dir=args.out_dir, command=command_line(__spec__.name, argv))
 
     skips = CudagraphSkips() if mode == "reduce-overhead" else None
     steps = {}

@@ -113,7 +113,8 @@ def test_benchmarks_edit_no_import_path_and_stack_without_loops():
     measurements import neither the lab nor the GPU-check harness, the harness does not import the lab, the package
     imports nothing of benchmarks; and the modules import each other without loops."""
     modules = benchmark_modules()
-    edits = [f"{p.relative_to(ROOT)}:{node.lineno}" for p in modules.values() for node in ast.walk(ast.parse(p.read_text()))
+    edits = [f"{p.relative_to(ROOT)}:{node.lineno}"
+             for p in modules.values() for node in ast.walk(ast.parse(p.read_text()))
              if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and node.value.attr == "path"
              and isinstance(node.value.value, ast.Name) and node.value.value.id == "sys"
              and node.attr in ("insert", "append", "extend", "remove")]
@@ -180,7 +181,8 @@ def test_dead_references_are_found_without_false_alarms(tmp_path):
 
 def checked_files() -> list[Path]:
     """The files a reader follows references in: tracked (or new, not ignored) text files, but not the records
-    under a results/ or fixtures/ folder (their commands are as they ran, at the commit they name): their READMEs are."""
+    under a results/ or fixtures/ folder (their commands are as they ran, at the commit they name); their READMEs
+    are checked."""
     try:
         names = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
                                capture_output=True, text=True, check=True).stdout.split()
@@ -200,5 +202,6 @@ def test_no_reference_to_a_file_that_does_not_exist():
     they name exists (a moved or retired file leaves no pointer behind)."""
     files = checked_files()
     assert ROOT / "README.md" in files and BENCHMARKS / "README.md" in files and PACKAGE / "runtime.py" in files
-    dead = [f"{p.relative_to(ROOT)}: {ref}" for p in files for ref in dead_references(p.read_text(), p.parent, p.suffix == ".md")]
+    dead = [f"{p.relative_to(ROOT)}: {ref}"
+            for p in files for ref in dead_references(p.read_text(), p.parent, markdown=p.suffix == ".md")]
     assert not dead, "references to paths that do not exist:\n" + "\n".join(dead)

@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> dict | None:
         "final_auc_difference_tinyelectra_minus_transformers": round(last["tinyelectra"]["auc"] - last["transformers"]["auc"], 4),
         "final_auc_gain_ratio_tinyelectra_over_transformers": auc_gain_ratio(last["tinyelectra"]["auc"], last["transformers"]["auc"]),
     }
-    path = write_result(args.name, payload, out_dir=args.out_dir or RESULTS, command=command_line("benchmarks.lab.disc_context", argv))
+    path = write_result(args.name, payload, out_dir=args.out_dir or RESULTS, command=command_line(__spec__.name, argv))
     write_markdown(path)
     print(f"{path}: final AUC tinyelectra {last['tinyelectra']['auc']}, transformers {last['transformers']['auc']}")
     return payload
