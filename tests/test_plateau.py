@@ -42,3 +42,12 @@ def test_tiny_discriminator_with_the_opt_in_leaves_the_prior_on_a_grammar():
     curve = plateau.tiny_curve(OPT_IN, STEPS, BATCH, LEFT_AT)
     last = max(curve)
     assert curve[last] >= LEFT_AT, f"matched AUC by step: {curve} ({OPT_IN})"
+
+
+def test_the_report_keeps_its_hand_written_findings(tmp_path):
+    """`plateau.py report` writes the tables again from the run files; the findings (what they show, written by hand
+    into plateau_cpu.md, not held in the code) are carried over as they are, up to the first generated paragraph."""
+    md = tmp_path / "plateau_cpu.md"
+    assert plateau.findings(md, "Generated.") == "## Findings\n\n(to be written from the tables below)"
+    md.write_text("# Title\n\n## Findings\n\n1. **Not a defect.** Both sit at the prior.\n\nGenerated. | table |\n")
+    assert plateau.findings(md, "Generated.") == "## Findings\n\n1. **Not a defect.** Both sit at the prior."

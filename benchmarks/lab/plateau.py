@@ -896,7 +896,7 @@ def report(args) -> Path:
         name = re.sub(r"^grammar\d+", "grammar", k)  # the grammar's seeds in one table
         groups.setdefault(name, []).append(k)
     lines = ["# Why ELECTRA's discriminator sits at its prior: one choice at a time", "",
-             FINDINGS, "",
+             findings(path.with_suffix(".md"), payload["what"]), "",
              payload["what"] + f". Cells: held-out AUC matched by token id (0.5 = no context), the mean over the runs "
              f"that reached the step (their number in brackets when not all); \"left at\": each run's first evaluated "
              f"step from which it stays >= {LEFT_AT} (\"-\": never within the run). Machine, commit and command of each "
@@ -943,55 +943,15 @@ def report(args) -> Path:
     return md
 
 
-FINDINGS = """## Findings
-
-Numbers: matched AUC on grammar0 with 32 rows of 32 tokens a step, torch AdamW 1e-3 after a 100-step warm-up, unless
-said; "left at" is the first evaluated step from which the run stays >= 0.6 (tables below).
-
-1. **Not a defect.** tinyelectra's `Electra` and transformers' `ElectraForPreTraining` compute the same logits and
-   the same gradients on identical weights (max relative gradient difference 5e-7 over 71 tensors,
-   plateau_check_cpu.json), and both sit at the prior (0.535 and 0.516 at best over 2,000 steps), as does this file's
-   ELECTRA end (0.508 at best over 2,000 steps). The plain end equals `torch.nn.TransformerEncoder` (0.0 apart) and
-   leaves the prior at step 200 (0.883 at 600).
-2. **No single choice of ELECTRA's makes the plateau; three together do, and reverting any one of those three ends
-   it.** Each of ELECTRA's seven choices added alone to the plain encoder leaves it learning by step 200-300 (0.87-0.92
-   at 600). From ELECTRA's side, PyTorch's initialisation instead of N(0, 0.02) leaves at 900, pre-LN instead of
-   post-LN at 800, ReLU instead of GELU at 600 (0.89-0.92 at 2,000); reverting the two-layer head, the factorised
-   embedding, the embedding LayerNorm, the token types or dropout does not (0.50-0.53 at best over 2,000). At
-   initialisation ELECTRA's layers get 6-30x smaller gradients than the plain encoder's (attention RMS 1.0e-4 against
-   1.6e-3, feed-forward 8e-5 against 2.2e-3, plateau_check_cpu.json): Adam takes steps of the learning rate's size
-   whatever the gradient, so in a small batch those steps mostly follow noise (a reading, not a measurement).
-3. **The learning rate decides whether the plateau ends.** ELECTRA leaves it at AdamW 1e-4 (step 1,800) and 3e-4
-   (1,000), not at 1e-3 (0.508 at best over 2,000), and not at tiny's optimizer (the paper's Adam, eps 1e-6, peak 3e-3:
-   0.522). At tiny's optimizer not one of the reverts above helps (PyTorch's init, ReLU, pre-LN, init + ReLU, ReLU +
-   pre-LN: 0.53-0.59 at best over 2,000), and ELECTRA's initialisation alone or post-LN alone stops the plain encoder
-   (0.518, 0.519 at best over 1,000), which itself still leaves the prior at step 200 there. The paper's Adam at 3e-4
-   leaves at 1,000, 1,300 and 1,000 on grammar0, 1 and 2 (0.87-0.92 at 2,000), tinyelectra's `Electra` (another
-   initial draw, tests/test_plateau.py's configuration) at 1,600 on grammar0 (plateau_test_config_cpu.json). The CPU
-   recipes' 3e-3 (six times the paper's 5e-4, chosen for the generator) sits deep in the regime where it never ends.
-   At 1e-3, neither a warm-up of 0 or 1,000 steps, nor weight decay 0, nor an initial scale of 0.05 or 0.1, nor the
-   paper's Adam had left it by step 600 (0.49-0.52 at best).
-4. **Smaller batches need still lower rates, and the plateau is long even at the best one.** With tiny's 16 rows a
-   step, the paper's Adam at 3e-4 leaves the prior at step 1,700 (grammar0) and 2,400 (grammar2; tinyelectra's
-   `Electra` on grammar0 also 2,400, plateau_test_config_cpu.json), not within 2,500 on grammar1 (0.513 at best); at 5e-4 not within 2,000 (0.531
-   at best); with 2 layers instead of 4 at 1,300. The discriminator's body at a tenth of 3e-3 with the embeddings at
-   3e-3 (`optim.disc_lr_scale = 0.1`) leaves at 1,200 with 32 rows, not with 16 or 8 (0.541, 0.519 at best over
-   2,000). None of rows of 16 tokens (2,000 steps), a grammar of 4 x 4 or 8 x 8 words (1,000, 700) or ReLU at 3e-4
-   (1,000) had left it when stopped. The plain encoder needs about 6,400 rows; ELECTRA's discriminator at its best
-   rate 27,000-51,000 (and more than 40,000 on grammar1 with 16 rows a step).
-5. **enwiki, and full ELECTRA runs at CPU compute.** On enwiki rows (32 x 64) even the plain encoder reaches only
-   0.583 at best over 2,000 steps (ELECTRA 0.540 over 1,900). In full runs of the mini recipe on enwiki (2,000 steps of
-   32 x 128, plateau_mini_cpu.md) the discriminator stays at its prior with every setting tried: the recipe (3e-3),
-   the body at a tenth (disc_lr_scale 0.1) and the whole model at 3e-4 end with matched AUCs of 0.509, 0.513, 0.504
-   (on unigram draws 0.500, 0.491, 0.490) and a training loss of 1.000, 0.991, 0.975 of the all-original loss, never
-   under 0.95 (plateau_mini_prior_cpu.json); their generators reach 3.82x, 3.84x and 1.99x the unigram answer.
-
-**The cause:** ELECTRA's N(0, 0.02) initialisation, post-LN and GELU together give its discriminator a long plateau
-at the all-"original" prior, and with Adam at a learning rate above about 3e-4 in batches of 16-32 rows it does not
-end at all within 2,000 steps; the CPU recipes' 3e-3 is far above. A choice of the paper's (both implementations
-share it), not a bug. At the paper's own rate and batch (5e-4, 128 x 128, real enwiki) an H100 run of electra-small
-left it at step 2,300 (benchmarks/results/h100-2026-11-26/summary.json).
-"""
+def findings(md: Path, next_paragraph: str) -> str:
+    """The "## Findings" section written by hand into the report (what the tables show), up to `next_paragraph`, the
+    first one this writes after it: kept when the tables are written again; a placeholder in a new report."""
+    text = md.read_text(encoding="utf-8") if md.exists() else ""
+    start = text.find("## Findings")
+    end = text.find(next_paragraph, start)
+    if start < 0 or end < 0:
+        return "## Findings\n\n(to be written from the tables below)"
+    return text[start:end].rstrip()
 
 
 def main(argv: list[str] | None = None) -> None:
