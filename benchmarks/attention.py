@@ -8,7 +8,7 @@ inputs is recorded with torch's reason. `default` is what SDPA picks by itself (
 train.attention=varlen (issue 33): the padded rows by their lengths, FlashAttention's variable-length kernel on CUDA
 (on the CPU its reference, the rows' sequences as a mask).
 
-    python benchmarks/attention.py --device cuda --recipe electra-small --batch 128 --precision bf16
+    python -m benchmarks.attention --device cuda --recipe electra-small --batch 128 --precision bf16
       -> benchmarks/results/attention_<device>_<precision>.json  (or --name)
 
 Timing: --iters calls back to back, one device synchronisation at the end, median of --rounds rounds.
@@ -28,18 +28,16 @@ import statistics
 import sys
 import time
 import warnings
-from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import add_step_arguments, command_line, run_main, step_setup, synchronize, write_result  # noqa: E402
+from benchmarks.common import add_step_arguments, command_line, run_main, step_setup, synchronize, write_result
 
-from tinyelectra import runtime  # noqa: E402
-from tinyelectra.config import load_recipe  # noqa: E402
+from tinyelectra import runtime
+from tinyelectra.config import load_recipe
 
 
 def time_case(q, k, v, mask, p: float, backend, device: torch.device, iters: int, rounds: int) -> dict:
@@ -198,7 +196,7 @@ def main(argv: list[str] | None = None) -> dict:
     payload = {"recipe": args.recipe, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                "precision": precision, "dtype": str(dtype).replace("torch.", ""), "batch_size": batch,
                "seq_len": args.seq_len, "iters_per_round": iters, "rounds": args.rounds, "results": results}
-    path = write_result(name, payload, device, out_dir=args.out_dir, command=command_line("benchmarks/attention.py", argv))
+    path = write_result(name, payload, device, out_dir=args.out_dir, command=command_line("benchmarks.attention", argv))
     print(f"-> {path}")
     return payload
 

@@ -32,9 +32,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from benchmarks import ROOT
 from tinyelectra.runtime import synchronize  # noqa: F401  (the benchmarks wait for the device as the trainer does)
 
-ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 
 
@@ -84,9 +84,11 @@ def git_commit() -> str:
         return "unknown"
 
 
-def command_line(script: str | None = None, argv: list[str] | None = None) -> str:
-    """The command that ran: `python SCRIPT ARGV...` when given, else this process's own command line."""
-    parts = ["python", script, *argv] if script is not None and argv is not None else [Path(sys.executable).name, *sys.argv]
+def command_line(module: str | None = None, argv: list[str] | None = None) -> str:
+    """The command that ran: `python -m MODULE ARGV...` when given, else this process's own command line."""
+    if module is None or argv is None:
+        return " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv])
+    parts = ["python", "-m", module, *argv]
     return " ".join(shlex.quote(a) for a in parts)
 
 

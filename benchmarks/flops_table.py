@@ -1,7 +1,7 @@
 """FLOP table: both conventions for every recipe, the paper's rows reproduced, and the hardware convention
 checked against torch's FlopCounterMode on the real model (and on the common transformers wiring).
 
-    /tmp/venv/bin/python benchmarks/flops_table.py  ->  benchmarks/results/flops_table.json
+    /tmp/venv/bin/python -m benchmarks.flops_table  ->  benchmarks/results/flops_table.json
 
 The counts are analytic (tinyelectra.flops); the measured part is FlopCounterMode's matmul count of one
 forward+backward training step (fp32, CPU, math SDPA backend), compared as a ratio in the same run.

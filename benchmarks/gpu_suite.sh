@@ -11,7 +11,7 @@
 #   bash benchmarks/gpu_suite.sh --cpu-smoke [--finish] [--out DIR]         # either at toy size on the CPU
 #
 # PYTHON=... chooses the interpreter (default: the checkout's .venv/bin/python, else python3). The stages, their
-# limits and the summaries: benchmarks/suite.py and benchmarks/README.md.
+# limits and the summaries: benchmarks/gpu_check/suite.py and benchmarks/README.md.
 
 set -u -o pipefail
 
@@ -29,6 +29,6 @@ export PYTHONUNBUFFERED=1
 
 case "${1:-}" in
     -h | --help) sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' ;;
-    --pack) shift; exec "$PY" "$ROOT/benchmarks/pack.py" build "$@" ;;
-    *) exec "$PY" "$ROOT/benchmarks/suite.py" run "$@" ;;
+    --pack) shift; exec "$PY" -m benchmarks.gpu_check.pack build "$@" ;;
+    *) exec "$PY" -m benchmarks.gpu_check.suite run "$@" ;;
 esac

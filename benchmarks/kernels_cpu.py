@@ -2,7 +2,7 @@
 train.sampler timed against each other, and what inductor generates for them and for one encoder block (its fused
 kernels, read from the generated code), which is what the fused layer-norm / GELU question was decided on.
 
-    python benchmarks/kernels_cpu.py [--rows 304] [--rounds 7] [--threads 1]
+    python -m benchmarks.kernels_cpu [--rows 304] [--rounds 7] [--threads 1]
       -> benchmarks/results/kernels_cpu.json
 
 - `sampler_eager`: electra.sample_tokens on (rows, V) fp32 logits, gumbel-max (V random numbers per row) against
@@ -27,14 +27,13 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import torch  # noqa: E402
+import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import alternate, command_line, paired_ratio, run_main, summarize, write_result  # noqa: E402
+from benchmarks.common import alternate, command_line, paired_ratio, run_main, summarize, write_result
 
-from tinyelectra.config import load_recipe  # noqa: E402
-from tinyelectra.electra import sample_tokens  # noqa: E402
-from tinyelectra.model import Block  # noqa: E402
+from tinyelectra.config import load_recipe
+from tinyelectra.electra import sample_tokens
+from tinyelectra.model import Block
 
 CPU = torch.device("cpu")
 
@@ -111,7 +110,7 @@ def main(argv: list[str] | None = None) -> dict:
                "sampler_inductor": compiled,
                "block_inductor": {"shape": "4 x 128 tokens, hidden 256, 4 heads, FFN 1024, dropout 0.1, one row padded",
                                   **block_inv}}
-    path = write_result("kernels_cpu", payload, CPU, out_dir=args.out_dir, command=command_line("benchmarks/kernels_cpu.py", argv))
+    path = write_result("kernels_cpu", payload, CPU, out_dir=args.out_dir, command=command_line("benchmarks.kernels_cpu", argv))
     print(f"-> {path}")
     return payload
 

@@ -2,7 +2,7 @@
 one GPU) compute what the eager step computes? Fail-fast: exit 0 and a JSON when it does, exit 1 and one line on
 stderr when it does not (the JSON is written either way), exit 2 on bad input.
 
-    python benchmarks/loss_check.py --device cuda --recipe electra-small --batch 128 --seq-len 128 --precision bf16 \
+    python -m benchmarks.loss_check --device cuda --recipe electra-small --batch 128 --seq-len 128 --precision bf16 \
         --compile auto --steps 20            -> benchmarks/results/loss_check_<device>_<precision>_<mode>.json (or --name)
 
 Sides, each `benchmarks/throughput.py`'s `TrainerStep` (the trainer's own Engine, mask_step and train_step) from the
@@ -42,18 +42,16 @@ import math
 import os
 import sys
 import time
-from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import torch  # noqa: E402
+import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import add_step_arguments, command_line, run_main, step_setup, synchronize, write_result  # noqa: E402
-from throughput import Batches, TrainerStep  # noqa: E402
+from benchmarks.common import add_step_arguments, command_line, run_main, step_setup, synchronize, write_result
+from benchmarks.throughput import Batches, TrainerStep
 
-from tinyelectra import runtime  # noqa: E402
-from tinyelectra.config import load_recipe  # noqa: E402
+from tinyelectra import runtime
+from tinyelectra.config import load_recipe
 
 FLOOR = 1e-4  # relative; see the module docstring
 REFERENCE_FACTOR = 2.0
@@ -169,7 +167,7 @@ def main(argv: list[str] | None = None) -> dict:
         "first_step_abs_difference": abs(losses["eager"][0] - losses["compiled"][0]),
         "tolerance": f"limit = {REFERENCE_FACTOR:g} x (max relative difference of the eager fp32 reference) + {FLOOR:g}",
     }
-    path = write_result(name, payload, device, out_dir=args.out_dir, command=command_line("benchmarks/loss_check.py", argv))
+    path = write_result(name, payload, device, out_dir=args.out_dir, command=command_line(__spec__.name, argv))
     if not v["ok"]:
         print(f"loss check failed: {v['line']} ({path})", file=sys.stderr)
         sys.exit(1)

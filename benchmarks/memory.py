@@ -1,7 +1,8 @@
 """Issue 6, item 2: peak memory of ELECTRA Small / Base / Large training steps under each memory lever, and which
 consumer cards (8, 12, 16, 24 GiB) each configuration fits.
 
-    python benchmarks/memory.py [--device cpu|cuda] [--sizes small,base,large]  -> benchmarks/results/memory_<device>.json
+    python -m benchmarks.memory [--device cpu|cuda] [--sizes small,base,large]
+      -> benchmarks/results/memory_<device>.json
 
 What is measured, per size, precision (fp32, bf16; fp16 too on CUDA) and gradient checkpointing (off, on): every
 tensor storage one full training step (masking, generator, sampling, discriminator, backward, clip, paper Adam
@@ -28,23 +29,21 @@ import os
 import sys
 import time
 import weakref
-from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see step_cpu.py: the CPU is shared with other jobs
 
-import torch  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-from torch.utils._pytree import tree_leaves  # noqa: E402
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import command_line, synthetic_batches, write_result  # noqa: E402
+from benchmarks.common import command_line, synthetic_batches, write_result
 
-from tinyelectra import runtime  # noqa: E402
-from tinyelectra.config import ModelConfig, ObjectiveConfig, OptimConfig, load_recipe  # noqa: E402
-from tinyelectra.electra import SpecialIds, combine, loss_terms, mask_batch  # noqa: E402
-from tinyelectra.model import Electra, count_parameters  # noqa: E402
-from tinyelectra.optim import build_optimizer  # noqa: E402
-from tinyelectra.optim import apply_update  # noqa: E402
+from tinyelectra import runtime
+from tinyelectra.config import ModelConfig, ObjectiveConfig, OptimConfig, load_recipe
+from tinyelectra.electra import SpecialIds, combine, loss_terms, mask_batch
+from tinyelectra.model import Electra, count_parameters
+from tinyelectra.optim import build_optimizer
+from tinyelectra.optim import apply_update
 
 GIB = 2**30
 CARDS_GIB = (8, 12, 16, 24)
@@ -308,7 +307,7 @@ def main(argv: list[str] | None = None) -> dict:
                              "adamw8bit rows unless bitsandbytes ran on this CUDA device",
                              f"card fit: peak + {args.reserve_gib} GiB reserve <= card"]}
     name = args.name or f"memory_{device.type}"
-    path = write_result(name, payload, device, out_dir=args.out_dir, command=command_line("benchmarks/memory.py", argv))
+    path = write_result(name, payload, device, out_dir=args.out_dir, command=command_line("benchmarks.memory", argv))
     print(f"-> {path}")
     return payload
 

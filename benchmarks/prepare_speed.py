@@ -12,7 +12,7 @@
 
 Writes benchmarks/results/prepare_enwiki.json.
 
-    python benchmarks/prepare_speed.py [--corpus ../shared/data/enwiki] [--out /work/data/enwiki-30522]
+    python -m benchmarks.prepare_speed [--corpus ../shared/data/enwiki] [--out /work/data/enwiki-30522]
 """
 
 from __future__ import annotations
@@ -29,8 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import alternate, paired_ratio, summarize, write_result  # noqa: E402
+from benchmarks.common import alternate, paired_ratio, summarize, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CORPUS = Path(os.environ.get("TINYELECTRA_SHARED_DATA", ROOT.parent / "shared" / "data")) / "enwiki"

@@ -3,7 +3,7 @@ discriminator, backward, clip, optimizer) at batch 16 x 128 in fp32 on this CPU,
 ElectraForMaskedLM + ElectraForPreTraining wired the common way (benchmarks/common.py, `HFStep`), alternating in
 one process after warm-up. Target: >= 1.8x tokens/s.
 
-    /tmp/venv/bin/python benchmarks/step_cpu.py [--rounds 20] [--allocator tuned|default]
+    /tmp/venv/bin/python -m benchmarks.step_cpu [--rounds 20] [--allocator tuned|default]
       -> benchmarks/results/step_cpu.json
 
 Both sides run in the same process under the same allocator settings: `--allocator tuned` (default) applies
@@ -16,19 +16,17 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 
 # Other jobs share this machine's cores: spinning OpenMP workers then wait for descheduled peers (a 2-thread step
 # measured 3.5x slower at load 9). Sleeping waits cost little when the machine is idle. Read at torch's import.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import torch  # noqa: E402
+import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import StepSetup, command_line, compare_steps, synthetic_batches, write_result  # noqa: E402
+from benchmarks.common import StepSetup, command_line, compare_steps, synthetic_batches, write_result
 
-from tinyelectra.config import load_recipe  # noqa: E402
-from tinyelectra.runtime import tune_cpu  # noqa: E402
+from tinyelectra.config import load_recipe
+from tinyelectra.runtime import tune_cpu
 
 TARGET_SPEEDUP = 1.8
 
@@ -58,7 +56,7 @@ def main(argv: list[str] | None = None) -> dict:
     payload = {"recipe": args.recipe, "device": "cpu", "precision": "fp32", "allocator": allocator_note,
                "data": "synthetic batches (8 distinct, cycled; same sequence for both sides)",
                "target_speedup": TARGET_SPEEDUP, "meets_target": speedup >= TARGET_SPEEDUP, **res}
-    path = write_result(args.name, payload, device, out_dir=args.out_dir, command=command_line("benchmarks/step_cpu.py", argv))
+    path = write_result(args.name, payload, device, out_dir=args.out_dir, command=command_line(__spec__.name, argv))
     te, hf = res["tinyelectra"], res["transformers"]
     print(f"tinyelectra {te['tokens_per_s']:.0f} tok/s (median {te['median_s'] * 1000:.0f} ms), transformers "
           f"{hf['tokens_per_s']:.0f} tok/s (median {hf['median_s'] * 1000:.0f} ms): {speedup:.2f}x "

@@ -2,9 +2,9 @@
 ElectraForMaskedLM + ElectraForPreTraining wired the common way, on the CPU or a CUDA GPU, in one process after
 warm-up. Reports medians, the paired speed-up, peak memory, and on a GPU the hardware MFU.
 
-    python benchmarks/throughput.py                                   # CPU, fp32, 16 x 128, synthetic batches
-    python benchmarks/throughput.py --data /path/to/prepared          # batches from `tinyelectra prepare` output
-    python benchmarks/throughput.py --device cuda --precision bf16 --batch 128 --compile auto [--sides tinyelectra]
+    python -m benchmarks.throughput                                   # CPU, fp32, 16 x 128, synthetic batches
+    python -m benchmarks.throughput --data /path/to/prepared          # batches from `tinyelectra prepare` output
+    python -m benchmarks.throughput --device cuda --precision bf16 --batch 128 --compile auto [--sides tinyelectra]
       -> benchmarks/results/throughput_<device>_<precision>[_compile|_cudagraphs].json  (or --name)
 
 tinyelectra's side is the body of `tinyelectra.train.train`'s loop, the trainer's own functions: the next
@@ -55,11 +55,11 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see step_cpu.py: the CPU is shared with other jobs
 
-import torch  # noqa: E402
-from torch.autograd import DeviceType  # noqa: E402
+import torch
+from torch.autograd import DeviceType
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (  # noqa: E402
+from benchmarks import child_env
+from benchmarks.common import (
     HeldMemory,
     HFStep,
     StepSetup,
@@ -75,10 +75,10 @@ from common import (  # noqa: E402
     write_result,
 )
 
-from tinyelectra import flops, runtime  # noqa: E402
-from tinyelectra.config import load_recipe  # noqa: E402
-from tinyelectra.electra import SpecialIds  # noqa: E402
-from tinyelectra.errors import UserError  # noqa: E402
+from tinyelectra import flops, runtime
+from tinyelectra.config import load_recipe
+from tinyelectra.electra import SpecialIds
+from tinyelectra.errors import UserError
 
 # Targets (issue 10; benchmarks, not tests). CPU: issue 6's. CUDA: ELECTRA-Small 128 x 128 in bf16 on an H100.
 TARGETS = {"cpu": {"speedup": 2.0},
@@ -236,7 +236,7 @@ def build(side: str, args, recipe, device: torch.device, precision: str):
 
 def memory_probe(args, recipe, device: torch.device, precision: str) -> dict:
     """(Child process) peak RSS of building one side and running 3 steps."""
-    from common import _rss_now_bytes, _rss_peak_bytes  # noqa: PLC0415
+    from benchmarks.common import _rss_now_bytes, _rss_peak_bytes  # noqa: PLC0415
 
     rss_start = _rss_now_bytes()
     step = build(args.memory_probe, args, recipe, device, precision)
@@ -247,7 +247,8 @@ def memory_probe(args, recipe, device: torch.device, precision: str) -> dict:
 
 
 def cpu_memory(argv: list[str], side: str) -> dict:
-    out = subprocess.run([sys.executable, __file__, *argv, "--memory-probe", side], capture_output=True, text=True)
+    probe = [sys.executable, "-m", __spec__.name, *argv, "--memory-probe", side]
+    out = subprocess.run(probe, capture_output=True, text=True, env=child_env())
     if out.returncode != 0:
         return {"error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"}
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -425,7 +426,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     from tinyelectra.model import attention_kernel  # noqa: PLC0415
 
     def save() -> Path:  # after every part, so a stage cut short by its time limit keeps what it measured
-        return write_result(name, payload, device, out_dir=args.out_dir, command=command_line("benchmarks/throughput.py", argv))
+        return write_result(name, payload, device, out_dir=args.out_dir, command=command_line(__spec__.name, argv))
 
     skips = CudagraphSkips() if mode == "reduce-overhead" else None
     steps = {}

@@ -2,19 +2,18 @@
 eligible on a GPU (electra.Masked.full). From a prepared data directory: the share of full rows, of filled token
 slots, and per batch size the share of shuffled batches (the trainer's BatchLoader order) without a padded row.
 
-    python benchmarks/unpadded_batches.py DATA_DIR [--batches 8,16,32,64,128] -> benchmarks/results/unpadded_batches.json
+    python -m benchmarks.unpadded_batches DATA_DIR [--batches 8,16,32,64,128] [--name NAME]
+      -> benchmarks/results/NAME.json
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import command_line, run_main, write_result  # noqa: E402
+from benchmarks.common import command_line, run_main, write_result
 
 
 def unpadded_share(full_rows: np.ndarray, batch: int, epochs: int = 50, seed: int = 0) -> float:
@@ -48,7 +47,7 @@ def main(argv: list[str] | None = None) -> dict:
                "full_rows": float(full.mean()), "filled_slots": float(lengths.sum() / (rows * data.seq_len)),
                "batches_without_padding": {b: unpadded_share(full, b) for b in map(int, args.batches.split(","))},
                "independent_rows_estimate": {b: float(full.mean() ** b) for b in map(int, args.batches.split(","))}}
-    path = write_result(args.name, payload, out_dir=args.out_dir, command=command_line("benchmarks/unpadded_batches.py", argv))
+    path = write_result(args.name, payload, out_dir=args.out_dir, command=command_line(__spec__.name, argv))
     print(f"{rows:,} rows, {payload['full_rows']:.1%} full; batches without padding: "
           + ", ".join(f"{b}: {s:.2%}" for b, s in payload["batches_without_padding"].items()) + f" -> {path}")
     return payload

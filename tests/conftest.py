@@ -1,10 +1,46 @@
-"""Fixtures shared by the test modules that run the command line."""
+"""Fixtures shared by the test modules that run the command line, and the fast tier's guard.
+
+The guard keeps the fast tier (`pytest -m "not slow and not cli"`) the loop of a few minutes it is measured to be
+(tinyelectra/docs/CONTRIBUTING.md), and the `slow` marker honest in the full suite: a test not marked `slow` fails
+when its call took more than `slow_guard_cpu_s` seconds (pyproject.toml: 5) both of CPU and of wall time, or more
+than ten times that of wall time alone. Both, because each alone misjudges: wall time grows with the machine's load
+(CI has seen load 10 on 2 cores, where a 1 s test takes 5 s), CPU time with threads (two torch threads spend 2 s of
+CPU in 1 s). The CPU counted is this process's and that of the child processes it waited for (os.times), so a test
+that runs the command line in a subprocess is judged by the work it caused. Under load CPU time moves only by what
+spinning OpenMP threads burn, and the slow tests were marked at well under the limit. Wall time alone catches a test
+that waits (a sleep, a child's timer) instead of computing: ten times the limit is twice what load 10 makes of a
+test at the limit. Fixtures are not counted (a module's shared set-up would fall on whichever test comes first)."""
 
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
+
+pytest_plugins = ["pytester"]  # tests/test_fast_tier.py runs the guard on tests of its own
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini("slow_guard_cpu_s", "a test not marked slow fails past this many seconds of CPU and of wall time "
+                  "(0: no guard)", default="5")
+
+
+def _cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    limit = float(item.config.getini("slow_guard_cpu_s"))
+    cpu0, wall0 = _cpu_seconds(), time.monotonic()
+    result = yield  # a failing test's exception passes through unchanged
+    cpu, wall = _cpu_seconds() - cpu0, time.monotonic() - wall0
+    if limit > 0 and (min(cpu, wall) > limit or wall > 10 * limit) and item.get_closest_marker("slow") is None:
+        pytest.fail(f"slow but not marked: {cpu:.1f} s of CPU and {wall:.1f} s of wall time, over the fast tier's "
+                    f"{limit:g} s (slow_guard_cpu_s); mark it @pytest.mark.slow or make it faster", pytrace=False)
+    return result
 
 
 @pytest.fixture(scope="session")

@@ -144,6 +144,8 @@ DAMAGED_STATE = {  # case: (damage(run), what the error names)
 
 
 @pytest.mark.parametrize("case", list(DAMAGED_STATE))
+@pytest.mark.cli
+@pytest.mark.slow
 def test_damaged_resume_state(case, resumable, cli_env, monkeypatch, capsys):
     damage, needles = DAMAGED_STATE[case]
     damage(resumable)
@@ -153,6 +155,7 @@ def test_damaged_resume_state(case, resumable, cli_env, monkeypatch, capsys):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["model.safetensors truncated", "optimizer.pt corrupt", "optimizer.pt truncated"])
+@pytest.mark.cli
 def test_damaged_resume_state_without_checksums(case, resumable, cli_env):
     """A state written before checksums existed (no sha256.json): the loaders' own errors are one line too, and the
     optimizer state's does not repeat torch's advice to load with weights_only=False."""
@@ -166,6 +169,7 @@ def test_damaged_resume_state_without_checksums(case, resumable, cli_env):
 # damaged checkpoints, export, glue
 
 
+@pytest.mark.cli
 def test_flipped_byte_in_a_checkpoint_is_named(done_run, tmp_path, cli_env, monkeypatch, capsys):
     ckpt = tmp_path / "ckpt-10000"
     shutil.copytree(done_run / "ckpt-10000", ckpt)
@@ -179,6 +183,7 @@ def test_flipped_byte_in_a_checkpoint_is_named(done_run, tmp_path, cli_env, monk
     assert_one_line(code, err, "discriminator.safetensors", "sha256")
 
 
+@pytest.mark.cli
 def test_truncated_checkpoint_without_checksums(done_run, tmp_path, cli_env, monkeypatch, capsys):
     """A checkpoint written before checksums existed: a warning naming it, and the loader's own checks still hold."""
     ckpt = tmp_path / "ckpt-10000"
@@ -191,6 +196,7 @@ def test_truncated_checkpoint_without_checksums(done_run, tmp_path, cli_env, mon
 
 
 @pytest.mark.parametrize("listing", ["entry removed", "emptied"])
+@pytest.mark.cli
 def test_a_sha256_json_that_leaves_a_file_out_is_refused(listing, done_run, tmp_path, cli_env, monkeypatch, capsys):
     """A flipped byte in the discriminator, whose entry is then removed from sha256.json (or the listing emptied):
     before, export checked only what was listed and wrote the damaged weights (exit 0)."""
@@ -208,6 +214,7 @@ def test_a_sha256_json_that_leaves_a_file_out_is_refused(listing, done_run, tmp_
 
 
 @pytest.mark.parametrize("command", ["export", "glue"])
+@pytest.mark.cli
 def test_checkpoint_without_its_sha256_json_is_refused(command, done_run, tmp_path, cli_env, monkeypatch, capsys):
     """Every checkpoint this version writes has a sha256.json (its config.json says so): deleting it from a damaged
     checkpoint does not make the damage pass unchecked."""
@@ -223,6 +230,7 @@ def test_checkpoint_without_its_sha256_json_is_refused(command, done_run, tmp_pa
     assert not (tmp_path / "hf").exists()
 
 
+@pytest.mark.cli
 def test_export_without_a_tokenizer(done_run, tmp_path, cli_env, monkeypatch, capsys):
     ckpt = tmp_path / "ckpt-10000"
     shutil.copytree(done_run / "ckpt-10000", ckpt)
@@ -283,6 +291,7 @@ DAMAGED_REPORT = {  # case: (damage(run), what the error names)
 
 
 @pytest.mark.parametrize("case", list(DAMAGED_REPORT))
+@pytest.mark.cli
 def test_damaged_report_input(case, done_run, tmp_path, cli_env, monkeypatch, capsys):
     run = tmp_path / "run"
     shutil.copytree(done_run, run)
@@ -293,6 +302,7 @@ def test_damaged_report_input(case, done_run, tmp_path, cli_env, monkeypatch, ca
     assert not (run / "report.md").exists() and not (run / "report.json").exists()
 
 
+@pytest.mark.cli
 def test_report_on_a_file_says_it_is_a_file(done_run, cli_env, monkeypatch, capsys):
     code, err = in_process(["report", str(done_run / "summary.json")], cli_env, monkeypatch, capsys)
     line = assert_one_line(code, err, "summary.json", "a file, not a run directory")
@@ -320,6 +330,7 @@ def unwritable_cases(run: Path, tmp: Path) -> dict[str, list[str]]:
 
 
 @pytest.mark.parametrize("command", ["prepare", "train", "export", "report", "glue"])
+@pytest.mark.cli
 def test_unwritable_output(command, done_run, tmp_path, cli_env, monkeypatch, capsys):
     args = unwritable_cases(done_run, tmp_path)[command]
     code, err = in_process(args, cli_env, monkeypatch, capsys)
@@ -330,6 +341,7 @@ def test_unwritable_output(command, done_run, tmp_path, cli_env, monkeypatch, ca
 
 @pytest.mark.slow
 @pytest.mark.parametrize("command", ["prepare", "train", "export", "report"])
+@pytest.mark.cli
 def test_full_output_location(command, done_run, tmp_path, cli_env):
     """Every file write past 200 kB (train, export) or 2 kB (prepare, report) fails, as on a full disk."""
     out = tmp_path / "out"
@@ -349,6 +361,7 @@ def test_full_output_location(command, done_run, tmp_path, cli_env):
     no_temporary_files(tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("what,target", [("checkpoint", "ckpt-0625"), ("resume state", "step-000000000")])
 def test_full_disk_names_the_path_and_what_was_written(what, target, tmp_path, cli_env, monkeypatch, capsys):
     """A write that fails as on a full disk (ENOSPC from write(), which names no file): the one line says which
@@ -401,6 +414,7 @@ def test_full_disk_while_appending_to_the_metrics_log_leaves_no_torn_line(tmp_pa
     assert log.read_text() == '{"step": 1}\n'
 
 
+@pytest.mark.cli
 def test_export_is_readable_by_others(done_run, tmp_path, cli_env, monkeypatch, capsys):
     """safetensors (like mkstemp) creates its files 0600; an export is meant to be shared: 0644 under umask 022, as
     every other file tinyelectra writes (the run's own files: 0666 minus the umask it was written under)."""
@@ -430,6 +444,7 @@ def test_budget_that_is_not_a_finite_number(budget, tmp_path, cli_env, monkeypat
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.cli
 def test_bad_budget_is_refused_before_torch_is_imported(tmp_path):
     script = ("import sys\nfrom tinyelectra.cli import main\nsys.argv = ['tinyelectra', 'train', '--budget', '4x']\n"
               "try:\n    main()\nexcept SystemExit as e:\n    print(e.code, 'torch' in sys.modules)\n")
@@ -458,6 +473,7 @@ def test_device_cuda_without_a_gpu_names_device(tmp_path, cli_env, monkeypatch, 
     assert "--gpu" not in line
 
 
+@pytest.mark.cli
 def test_resume_with_another_recipe_names_both(done_run, tmp_path, cli_env, monkeypatch, capsys):
     run = tmp_path / "run"
     shutil.copytree(done_run, run)
@@ -466,6 +482,7 @@ def test_resume_with_another_recipe_names_both(done_run, tmp_path, cli_env, monk
     assert_one_line(code, err, "'tiny'", "'electra-small'")
 
 
+@pytest.mark.cli
 def test_damaged_data_shard_stops_the_set_up(done_run, tmp_path, cli_env, monkeypatch, capsys):
     """A truncated shard in --data (the issue's "data file that crashes the loader"): one line naming it, before the
     run directory is created, so the run can be started again once the data is prepared again."""
@@ -479,6 +496,7 @@ def test_damaged_data_shard_stops_the_set_up(done_run, tmp_path, cli_env, monkey
     assert not out.exists()
 
 
+@pytest.mark.cli
 def test_shard_with_token_ids_beyond_the_vocabulary_stops_the_set_up(done_run, tmp_path, cli_env, monkeypatch, capsys):
     """A shard with one token id past the tokenizer's 8,192 entries in one row (damaged by hand, headers intact): one
     line naming the shard, the id and the vocabulary size, before the run directory is created. Before the check the
@@ -499,6 +517,7 @@ def test_shard_with_token_ids_beyond_the_vocabulary_stops_the_set_up(done_run, t
     assert not out.exists()
 
 
+@pytest.mark.cli
 def test_bad_input_after_the_run_directory_check_leaves_no_out(done_run, tmp_path, cli_env, monkeypatch, capsys):
     """--data of 128-token rows for a recipe set to 64 is found only after --out was checked: no empty --out is left."""
     data = next(Path(cli_env["TINYELECTRA_CACHE"]).glob("builtin-v8192-*"))
@@ -571,6 +590,7 @@ def test_a_corpus_that_is_not_a_regular_file_says_what_it_is(kind, tmp_path, cli
     assert "no such file" not in line
 
 
+@pytest.mark.cli
 def test_export_into_an_empty_file_says_it_is_not_a_directory(done_run, tmp_path, cli_env, monkeypatch, capsys):
     target = tmp_path / "model"
     target.write_bytes(b"")
@@ -651,6 +671,7 @@ def test_flops_option_out_of_range_names_the_option(option, cli_env, monkeypatch
 # whatever the kernel's overcommit policy: these tests never take memory.
 
 
+@pytest.mark.slow
 def test_a_model_too_large_for_memory_is_one_line(tmp_path, cli_env, monkeypatch, capsys):
     out = tmp_path / "run"
     code, err = in_process([*TRAIN, "--set", f"model.hidden_size={2**50}", "--out", str(out)], cli_env, monkeypatch,
@@ -660,6 +681,7 @@ def test_a_model_too_large_for_memory_is_one_line(tmp_path, cli_env, monkeypatch
     assert not out.exists()  # during start-up: no --out
 
 
+@pytest.mark.slow
 def test_a_training_step_out_of_memory_is_one_line(tmp_path, cli_env, monkeypatch, capsys):
     import tinyelectra.train as train
 

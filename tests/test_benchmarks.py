@@ -12,13 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCH))
-
-import common  # noqa: E402
-
-from tinyelectra.config import ModelConfig, load_recipe  # noqa: E402
-from tinyelectra.model import Electra, count_parameters  # noqa: E402
+from benchmarks import common
+from tinyelectra.config import ModelConfig, load_recipe
+from tinyelectra.model import Electra, count_parameters
 
 TINY_ARGS = ["--recipe", "tiny", "--batch", "4", "--seq-len", "32", "--rounds", "2", "--warmup", "1"]
 
@@ -58,6 +54,7 @@ def test_hf_baseline_wiring_matches_tinyelectra_parameters():
     assert sum(p.numel() for p in hf.params) == hf_count  # the optimizer sees every parameter once
 
 
+@pytest.mark.slow
 def test_hf_baseline_step_trains():
     recipe = load_recipe("tiny")
     cfg = ModelConfig(**{**recipe.model.__dict__, "dropout": 0.0, "attention_dropout": 0.0})
@@ -69,15 +66,16 @@ def test_hf_baseline_step_trains():
     assert not torch.equal(before, hf.disc.electra.embeddings.word_embeddings.weight)
 
 
+@pytest.mark.slow
 def test_step_cpu_writes_a_complete_result(tmp_path):
-    import step_cpu
+    from benchmarks import step_cpu
 
     out = step_cpu.main([*TINY_ARGS, "--out-dir", str(tmp_path), "--name", "t"])
     doc = json.loads((tmp_path / "t.json").read_text())
     assert doc["precision"] == "fp32" and doc["device"] == "cpu"
     assert doc["machine"]["cores"] >= 1 and doc["machine"]["torch"] == torch.__version__
     assert len(doc["git_commit"]) >= 40
-    assert doc["command"] == "python benchmarks/step_cpu.py " + " ".join([*TINY_ARGS, "--out-dir", str(tmp_path), "--name", "t"])
+    assert doc["command"] == "python -m benchmarks.step_cpu " + " ".join([*TINY_ARGS, "--out-dir", str(tmp_path), "--name", "t"])
     te, hf = doc["tinyelectra"], doc["transformers"]
     assert te["tokens_per_s"] == pytest.approx(4 * 32 / te["median_s"])
     assert doc["speedup"]["ratio_of_medians"] == pytest.approx(hf["median_s"] / te["median_s"])
@@ -87,7 +85,7 @@ def test_step_cpu_writes_a_complete_result(tmp_path):
 
 @pytest.mark.slow
 def test_throughput_cpu_path(tmp_path):
-    import throughput
+    from benchmarks import throughput
 
     doc = throughput.main([*TINY_ARGS, "--device", "cpu", "--no-memory", "--out-dir", str(tmp_path), "--name", "t"])
     assert doc["device"] == "cpu" and doc["precision"] == "fp32"
@@ -103,7 +101,7 @@ def test_throughput_cpu_path(tmp_path):
 
 
 def test_throughput_rejects_a_directory_that_is_not_prepared_data(tmp_path):
-    import throughput
+    from benchmarks import throughput
 
     from tinyelectra.errors import UserError
 
@@ -112,7 +110,7 @@ def test_throughput_rejects_a_directory_that_is_not_prepared_data(tmp_path):
 
 
 def test_tensor_memory_counts_live_storages_by_hand():
-    import memory
+    from benchmarks import memory
 
     base = torch.zeros(1000)  # 4,000 bytes of "weights"
     with memory.TensorMemory([base]) as tm:
@@ -128,7 +126,7 @@ def test_tensor_memory_counts_live_storages_by_hand():
 
 
 def test_card_table_by_hand():
-    import memory
+    from benchmarks import memory
 
     gib = memory.GIB
     points = [(1.0 * gib, 0.5 * gib), (2.0 * gib, 0.0)]  # peak(m) = max(1 + 0.5 m, 2) GiB
@@ -141,7 +139,7 @@ def test_card_table_by_hand():
 
 
 def test_affine_envelope_by_hand():
-    import memory
+    from benchmarks import memory
 
     # micro-batch 1: weights 100 B, an activation of 10 B, a temporary of 5 B; the activation is freed last
     a = {"micro_batch": 1, "events": [("+", 0, 100), ("+", 1, 10), ("+", 2, 5), ("-", 2, 0), ("-", 1, 0)]}
@@ -157,7 +155,7 @@ def test_affine_envelope_by_hand():
 @pytest.mark.slow
 def test_memory_cpu_path_on_tiny(tmp_path):
     """The affine model of two measured micro-batches predicts a third, measured one."""
-    import memory
+    from benchmarks import memory
 
     doc = memory.main(["--sizes", "tiny", "--precisions", "fp32", "--out-dir", str(tmp_path), "--name", "m"])
     rows = doc["sizes"]["tiny"]["configurations"]
@@ -207,11 +205,13 @@ def restore_threads():
     torch.set_num_threads(threads)
 
 
+@pytest.mark.cli
+@pytest.mark.slow
 def test_checkpoint_eval_scores_what_the_trainer_scored(toy_data, tmp_path, restore_threads):
-    """benchmarks/checkpoint_eval.py loads each saved checkpoint and scores the same held-out rows: its numbers equal
+    """benchmarks/lab/checkpoint_eval.py loads each saved checkpoint and scores the same held-out rows: its numbers equal
     the ones the trainer recorded in meta.json while the weights were live (fixed masks and samples), and it adds
     the context AUC, which older runs lack."""
-    import checkpoint_eval
+    from benchmarks.lab import checkpoint_eval
 
     from tinyelectra.data import PretrainData
 
@@ -232,11 +232,12 @@ def test_checkpoint_eval_scores_what_the_trainer_scored(toy_data, tmp_path, rest
     assert md.count("\n| ckpt-") == 5 and "context AUC" in md
 
 
+@pytest.mark.slow
 def test_disc_context_trains_both_implementations_on_the_same_rows(toy_data, tmp_path):
-    """benchmarks/disc_context.py on a toy corpus: tinyelectra's discriminator and transformers' ElectraForPreTraining
+    """benchmarks/lab/disc_context.py on a toy corpus: tinyelectra's discriminator and transformers' ElectraForPreTraining
     each train in their own process and are scored on the same corrupted held-out rows (same token count, same
     all-original prior at every evaluation); the result names both and the ratio of their AUC gains, by hand."""
-    import disc_context
+    from benchmarks.lab import disc_context
 
     disc_context.main(["--data", str(toy_data), "--recipe", "tiny", "--set", "model.num_layers=1",
                        "--set", "model.vocab_size=256", "--steps", "2", "--eval-every", "1", "--batch-size", "4",
@@ -249,7 +250,7 @@ def test_disc_context_trains_both_implementations_on_the_same_rows(toy_data, tmp
         assert 0.0 <= a["auc"] <= 1.0 and 0.0 <= b["auc"] <= 1.0 and 0.0 <= a["auc_matched"] <= 1.0
     assert r["final_auc_difference_tinyelectra_minus_transformers"] == pytest.approx(te[-1]["auc"] - hf[-1]["auc"], abs=1e-4)
     assert disc_context.auc_gain_ratio(0.6, 0.7) == pytest.approx(0.5) and disc_context.auc_gain_ratio(0.6, 0.505) is None
-    assert r["machine"]["cpu"] and r["command"].startswith("python benchmarks/disc_context.py")
+    assert r["machine"]["cpu"] and r["command"].startswith("python -m benchmarks.lab.disc_context")
     table = [line for line in (tmp_path / "dc.md").read_text().splitlines() if line.startswith("| 2 |")]
     assert table == [f"| 2 | {te[2]['auc_matched']:.4f} | {hf[2]['auc_matched']:.4f} | {te[2]['auc']:.4f} | {hf[2]['auc']:.4f} | "
                      f"{te[2]['acc_minus_prior']:+.4f} | {hf[2]['acc_minus_prior']:+.4f} |"]
@@ -261,7 +262,7 @@ def test_disc_context_trains_both_implementations_on_the_same_rows(toy_data, tmp
 
 
 def test_loss_check_verdict_by_hand():
-    import loss_check
+    from benchmarks import loss_check
 
     eager = [40.0, 36.0, 30.0]
     same = loss_check.verdict(eager, [40.0, 36.0, 30.0], None)
@@ -289,7 +290,7 @@ def test_loss_check_passes_the_real_step_and_fails_a_lost_update(tmp_path, monke
     side must match to float rounding): the trainer's compiled step passes (exit 0, JSON); the same with every
     second update of the compiled side lost (as a graph replaying stale memory would) fails with exit code 1 and
     one line naming the difference and the limit."""
-    import loss_check
+    from benchmarks import loss_check
 
     from tinyelectra import optim
 
@@ -337,7 +338,7 @@ def test_synthetic_batches_padding_modes():
 
 
 def test_throughput_batches_carry_their_full_rows():
-    import throughput
+    from benchmarks import throughput
 
     b = throughput.Batches(None, 2000, 8, 32, torch.device("cpu"), padding="alternate")
     first, second = b.batch(), b.batch()
@@ -347,8 +348,9 @@ def test_throughput_batches_carry_their_full_rows():
     assert ids.shape == (8, 32) and mask.dtype == torch.bool
 
 
+@pytest.mark.gpu_check
 def test_step_checks_fit_the_deadline_by_hand():
-    import step_checks
+    from benchmarks.gpu_check import step_checks
 
     assert step_checks.plan(540, 0, 300) == 300
     assert step_checks.plan(540, 400, 300) == 140  # cut to what is left
@@ -357,7 +359,7 @@ def test_step_checks_fit_the_deadline_by_hand():
 
 
 def test_unpadded_share_by_hand():
-    import unpadded_batches
+    from benchmarks import unpadded_batches
 
     full = np.array([True] * 6 + [False] * 2)  # 8 rows, 2 padded
     assert unpadded_batches.unpadded_share(full, 8) == 0.0

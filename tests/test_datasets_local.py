@@ -29,6 +29,7 @@ def offline_env(tmp_path: Path) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.cli
 def test_hf_corpus_from_a_local_dataset_folder(tmp_path):
     """`hf:DIR`: the train split of a local dataset (train.jsonl), streamed as the hub's would be; one record is one
     document, its lines the sentences."""
@@ -77,6 +78,7 @@ main()
 
 
 @pytest.mark.slow
+@pytest.mark.cli
 def test_glue_hf_from_a_local_copy_of_the_hub_repository(tmp_path):
     """`glue --hf` end to end on a local copy of nyu-mll/glue's RTE: every split read through `datasets`, labels
     mapped by name, fine-tuned and scored, test predictions written; datasets draws no progress bars in the log."""

@@ -131,7 +131,7 @@ def test_mlm_checkpoint_is_judged_by_its_predictions(data, monkeypatch):
     assert not ev["learned"] and "unigram" in ev["verdict"]
 
 
-# Held-out numbers shaped like measured ones (benchmarks/results/short_runs_cpu.md, the synthetic-grammar test)
+# Held-out numbers shaped like measured ones (benchmarks/lab/results/short_runs_cpu.md, the synthetic-grammar test)
 SHIPPED_1E4 = {"rows": 328, "disc_acc": 0.8748, "baseline_acc": 0.8516, "disc_auc": 0.828, "disc_auc_matched": 0.51,
                "disc_auc_context_matched": 0.50, "gen_acc": 0.053, "unigram_acc": 0.053}  # a weak generator's odd words
 RATE_2E3 = {**SHIPPED_1E4, "disc_acc": 0.8516, "disc_auc": 0.51, "gen_acc": 0.124}  # context through the generator

@@ -54,6 +54,8 @@ def diverged(cli_env, tmp_path_factory) -> tuple[Path, subprocess.CompletedProce
     return run, tinyelectra([*DIVERGING, "--out", str(run)], cli_env)
 
 
+@pytest.mark.cli
+@pytest.mark.slow
 def test_a_diverging_pretraining_run_stops_with_one_line_and_keeps_only_finite_weights(diverged):
     run, p = diverged
     line = the_error_line(p)
@@ -72,6 +74,7 @@ def test_a_diverging_pretraining_run_stops_with_one_line_and_keeps_only_finite_w
     assert records[-1]["event"] == "diverged" and records[-1]["message"] == line.removeprefix("error: ")
 
 
+@pytest.mark.cli
 def test_the_suggested_command_continues_with_half_the_learning_rate(diverged):
     """From the last resume state (tests/test_resume_changes.py runs it)."""
     run, p = diverged
@@ -83,6 +86,8 @@ def test_the_suggested_command_continues_with_half_the_learning_rate(diverged):
     assert [s for s in sets if s.startswith("optim.lr")] == ["optim.lr=5e+07"]  # the old one replaced, not repeated
 
 
+@pytest.mark.cli
+@pytest.mark.slow
 def test_a_diverging_fine_tuning_run_stops_with_one_line(diverged, tmp_path, cli_env):
     """Fine-tuning the run's first checkpoint (finite weights, kept) at learning rate 1e8: one line naming the task,
     seed and the --set to type; no glue.json for the diverged seed."""

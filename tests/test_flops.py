@@ -263,6 +263,7 @@ def test_cli_mlm_baseline():
         (["--recipe", "tiny", "--seq-len", "4"], "seq_len"),
     ],
 )
+@pytest.mark.cli
 def test_cli_bad_input_is_one_line_exit_2(args, needle):
     proc = subprocess.run([sys.executable, "-m", "tinyelectra", "flops", *args], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2

@@ -308,6 +308,7 @@ def test_hf_load_errors_are_user_errors(monkeypatch):
         load_hf_split("rte", "train")
 
 
+@pytest.mark.cli
 def test_hf_offline_mode_gives_one_line():
     pytest.importorskip("datasets")
     code = (

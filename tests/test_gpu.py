@@ -31,7 +31,6 @@ import torch
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (this machine has none)")]
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 EAGER_RUN_S = 120  # one subprocess run of the tiny recipe without compilation (estimated 20-30 s on an H100)
 COMPILED_RUN_S = 240  # one compiled run (estimated 60-120 s with a cold inductor cache)
 SMALL = ["--set", "model.num_layers=2", "--set", "train.batch_size=8", "--set", "train.eval_rows=32",
@@ -55,6 +54,7 @@ def step_losses(run: Path) -> dict[int, tuple[float, float]]:
 
 
 @pytest.mark.parametrize("precision,compile_setting", [("bf16", "auto"), ("fp16", "off"), ("fp32", "off")])
+@pytest.mark.cli
 def test_twenty_steps_per_precision(env, tmp_path, precision, compile_setting):
     """20 steps on the GPU: finite losses every step, the precision and device recorded, the compiled run labelled
     compiled (not a silent fallback), and the attention kernel named."""
@@ -97,6 +97,7 @@ main()
 """
 
 
+@pytest.mark.cli
 def test_cuda_resume_is_exact_with_deterministic_mode(env, tmp_path):
     """train.deterministic=true on the GPU (cuBLAS's fixed workspace set before any GPU work, deterministic
     kernels): a run killed with SIGKILL mid-way (inside its 13th update, where it waits however fast the card) and
@@ -127,6 +128,7 @@ def test_cuda_resume_is_exact_with_deterministic_mode(env, tmp_path):
             assert all(torch.equal(a[k], b[k]) for k in a), f"{name}/{part} differs"
 
 
+@pytest.mark.cli
 def test_cuda_graphs_mode_trains_like_the_compiled_mode(env, tmp_path):
     """train.compile=reduce-overhead (CUDA graphs, graph-safe update) against train.compile=on over 10 steps from
     the same seed: the same losses up to the update's float rounding (a direct paper-Adam formula instead of the
@@ -155,8 +157,7 @@ def test_no_host_sync_inside_a_training_step(compile_setting):
     synchronises only on log steps)."""
     if not torch.cuda.is_bf16_supported():
         pytest.skip("this GPU has no bf16")
-    sys.path.insert(0, str(BENCH))
-    from throughput import Batches, TrainerStep
+    from benchmarks.throughput import Batches, TrainerStep
 
     from tinyelectra.config import load_recipe
 
@@ -202,6 +203,7 @@ def test_cudnn_attention_probe_leaves_finite_masked_gradients():
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="DDP placement needs two GPUs")
+@pytest.mark.cli
 def test_ddp_puts_each_process_on_its_own_gpu(env, tmp_path):
     """torchrun --nproc_per_node 2 without --gpu (the README's form): NCCL refuses two processes on one GPU, so a
     run that finishes used cuda:0 and cuda:1; its losses match one process accumulating the same global batch."""

@@ -16,7 +16,6 @@ import json
 import math
 import os
 import random
-import sys
 from pathlib import Path
 
 import pytest
@@ -29,7 +28,6 @@ from tinyelectra.budget import parse_budget
 from tinyelectra.config import load_recipe
 from tinyelectra.errors import UserError
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 # a toy model on toy data: 1 layer, 4 rows of 32 tokens, a 256-entry vocabulary
 TOY = ["model.vocab_size=256", "train.seq_len=32", "model.max_positions=32", "model.num_layers=1",
@@ -192,6 +190,7 @@ def losses(run: Path) -> dict:
 
 
 @pytest.mark.parametrize("where", ["backward", "forward"])
+@pytest.mark.slow
 def test_compile_failure_falls_back_to_eager_and_every_label_says_so(monkeypatch, toy_data, tmp_path, capsys, where):
     """A backend that fails in the backward (before the fix: the exception ended the run) or in the forward: the run
     trains eagerly, with exactly the losses of a compile=off run (the compile check on dummy rows changes nothing),
@@ -209,6 +208,7 @@ def test_compile_failure_falls_back_to_eager_and_every_label_says_so(monkeypatch
     assert losses(tmp_path / "fallback") == losses(tmp_path / "eager") and eager["steps"] == summary["steps"] == 3
 
 
+@pytest.mark.slow
 def test_a_compiled_step_that_works_is_labelled_compiled(monkeypatch, toy_data, tmp_path):
     """The same path with a backend that works (aot_eager, as the CPU smoke run uses: no C++ compiler needed), in
     both compile modes: labelled compiled, with the backend named; the same losses as eager (aot_eager runs the
@@ -224,11 +224,11 @@ def test_a_compiled_step_that_works_is_labelled_compiled(monkeypatch, toy_data, 
     assert eager["runtime"]["attention"].startswith("attention on the CPU: tinyelectra's CPU attention")
 
 
+@pytest.mark.slow
 def test_throughput_benchmark_reports_the_fallback(monkeypatch, tmp_path):
     """benchmarks/throughput.py with both sides compiled and a backend failing in the backward: it measures (before
     the fix: the first step raised) and its JSON says which side fell back, instead of "torch.compile (inductor)"."""
-    sys.path.insert(0, str(BENCH))
-    import throughput
+    from benchmarks import throughput
 
     patch_compile(monkeypatch, "backward")
     doc = throughput.main(["--device", "cpu", "--recipe", "tiny", "--batch", "2", "--seq-len", "16", "--rounds", "2",

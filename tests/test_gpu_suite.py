@@ -2,7 +2,7 @@
 judging) checked on the CPU: its labels read from recorded H100 profiles and logs (tests/fixtures/gpu/, sources cited
 there), each kernel counted once, MFU both ways; the plans' arithmetic (stage budgets, pretrain's budget, the GLUE
 full-set plan from the task sizes in ../shared/data/README.md), the layout picked from measured rates, the GLUE plan
-fitted to its time on its critical path (benchmarks/glue_fit.py, against hand-computed numbers from the H100 lease's
+fitted to its time on its critical path (benchmarks/gpu_check/glue_fit.py, against hand-computed numbers from the H100 lease's
 glue.log), the median and spread table and its verdict, the discriminator along the run (on the first H200 run's own metrics.jsonl), passes over
 the pack; pretrain on the paper's schedule stopped at its 6.25% point or where its time ends; every GPU stage's command accepted by the program it runs, pretrain compiling what the speed stage compiled,
 the stages importing the installed copy, the pack's round trip; then the command itself: `--finish` refusing a
@@ -12,6 +12,7 @@ GPU machine. benchmarks/ scripts are imported as modules."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -24,16 +25,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks import throughput
+from benchmarks.gpu_check import glue_fit, suite
+from tinyelectra import flops
+from tinyelectra.budget import parse_stop
+from tinyelectra.errors import UserError
+
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCH))
-
-import glue_fit  # noqa: E402
-import suite  # noqa: E402
-import throughput  # noqa: E402
-
-from tinyelectra import flops  # noqa: E402
-from tinyelectra.budget import parse_stop  # noqa: E402
-from tinyelectra.errors import UserError  # noqa: E402
 
 FIX = Path(__file__).parent / "fixtures" / "gpu"
 PROFILES = json.loads((FIX / "h100_profiles.json").read_text())
@@ -41,6 +39,7 @@ SHARED = Path(os.environ.get("TINYELECTRA_SHARED_DATA", Path(__file__).resolve()
 SUITE = BENCH / "gpu_suite.sh"
 H200 = BENCH / "results" / "h200-2026-11-26"
 RUN_STAGES, FINISH_STAGES = list(suite.PLANS["run"]["stages"]), list(suite.PLANS["finish"]["stages"])
+pytestmark = pytest.mark.gpu_check  # the GPU-check harness: pytest -m gpu_check when touching it
 
 
 def kernel_names(case: str) -> list[str]:
@@ -624,8 +623,9 @@ def accepted(argv: list[str]) -> None:
         if argv[3] == "glue":
             FinetuneConfig.from_overrides([b for a, b in zip(argv, argv[1:]) if a == "--set"])
         return
-    module = __import__(Path(argv[1]).stem)
-    module.parser().parse_args(argv[2:])
+    assert argv[1] == "-m" and argv[2].startswith("benchmarks."), argv
+    module = importlib.import_module(argv[2])
+    module.parser().parse_args(argv[3:])
 
 
 ALL = ["ckpt-0625", "ckpt-1250", "ckpt-2500", "ckpt-5000", "ckpt-10000"]
@@ -737,16 +737,18 @@ def test_pretrain_runs_eager_when_a_cold_compile_would_outlast_its_training(tmp_
 
 
 @pytest.mark.slow
+@pytest.mark.cli
 def test_every_stage_script_runs_with_help():
     """Each program the GPU run starts imports and answers --help (each a process: torch is imported)."""
-    for script in ("suite.py", "pack.py", "device_checks.py", "throughput.py", "loss_check.py"):
-        p = subprocess.run([sys.executable, str(BENCH / script), "--help"], capture_output=True, text=True, timeout=300,
-                           env=dict(os.environ, PYTHONPATH=str(BENCH.parent)))
-        assert p.returncode == 0 and p.stdout.startswith("usage:"), (script, p.stderr[-2000:])
+    for module in ("gpu_check.suite", "gpu_check.pack", "gpu_check.device_checks", "throughput", "loss_check"):
+        p = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", "--help"], capture_output=True, text=True,
+                           timeout=300, cwd=BENCH.parent)
+        assert p.returncode == 0 and p.stdout.startswith("usage:"), (module, p.stderr[-2000:])
     p = subprocess.run(["bash", str(SUITE), "--help"], capture_output=True, text=True)
     assert p.returncode == 0 and "--cpu-smoke" in p.stdout and "--pack" in p.stdout and "--finish" in p.stdout
 
 
+@pytest.mark.cli
 def test_stages_import_the_package_as_installed_on_a_machine_where_nothing_is(tmp_path):
     """A bare GPU machine has no tinyelectra installed: with the checkout alone on the path a recipe loads from the
     checkout's recipes/ folder (tests/test_packaging.py); the stages' path puts the suite's installed copy first, and
@@ -809,7 +811,7 @@ def test_pretrain_compiles_the_graph_the_speed_stage_left_in_the_cache(tmp_path,
     from tinyelectra.train import train_command
 
     run = gpu_run(tmp_path)
-    stage = throughput.parser().parse_args(suite.STAGES["speed"](run)[2:])
+    stage = throughput.parser().parse_args(suite.STAGES["speed"](run)[3:])
     pretrain = suite.STAGES["pretrain"](run)
     run.log.close()
     recipe = load_recipe(pretrain[pretrain.index("--recipe") + 1], [b for a, b in zip(pretrain, pretrain[1:]) if a == "--set"])
@@ -867,7 +869,7 @@ def test_pretrain_compiles_the_graph_the_speed_stage_left_in_the_cache(tmp_path,
 def smoke_pack(tmp_path_factory) -> Path:
     if not (SHARED / "enwiki").is_dir() or not (SHARED / "glue").is_dir():
         pytest.skip(f"{SHARED} (enwiki/ and glue/) is absent: the smoke pack is built from it")
-    import pack
+    from benchmarks.gpu_check import pack
 
     out = tmp_path_factory.mktemp("lease") / "pack"
     pack.build(out, SHARED, 1, smoke=True)
@@ -875,7 +877,7 @@ def smoke_pack(tmp_path_factory) -> Path:
 
 
 def test_pack_unpacks_what_it_describes_and_refuses_a_damaged_one(smoke_pack, tmp_path):
-    import pack
+    from benchmarks.gpu_check import pack
 
     doc = pack.unpack(smoke_pack, tmp_path / "w")
     assert sorted(p.name for p in smoke_pack.iterdir()) == ["glue.tar.xz", "pack.json", "pretrain.tar.xz"]
@@ -899,7 +901,7 @@ def test_pack_unpacks_what_it_describes_and_refuses_a_damaged_one(smoke_pack, tm
 @pytest.mark.slow
 def test_pack_over_its_limit_is_refused_and_the_old_one_kept(smoke_pack, tmp_path, monkeypatch):
     """Over the pack's own limit, or (the checkout measured) over what a GPU command carries with the checkout."""
-    import pack
+    from benchmarks.gpu_check import pack
 
     out = tmp_path / "lease"
     shutil.copytree(smoke_pack, out)
@@ -960,6 +962,7 @@ def suite_output(out: Path, command: str = "run") -> tuple[dict, list[str]]:
     return summary, names
 
 
+@pytest.mark.cli
 def test_finish_refuses_a_missing_run_in_one_line(tmp_path):
     """--finish on a machine where the first command has not run (or another kind of run): one line, exit 2, nothing
     written; and it takes no --lease (it reads the pack the first command unpacked)."""
@@ -975,6 +978,7 @@ def test_finish_refuses_a_missing_run_in_one_line(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.cli
 def test_a_read_only_out_is_one_line_and_an_explicit_out_wins(tmp_path):
     """OUT=<a read-only folder> ended in a traceback (PermissionError opening suite.log); now one line, exit 2. An
     OUT in the environment used to win silently over --out; now --out wins, and the first line says so."""
@@ -996,6 +1000,7 @@ def test_a_read_only_out_is_one_line_and_an_explicit_out_wins(tmp_path):
     assert (tmp_path / "mine" / "summary.json").is_file() and not (tmp_path / "env").exists()
 
 
+@pytest.mark.cli
 def test_the_work_folder_is_emptied_only_when_the_suite_made_it(tmp_path):
     (tmp_path / "w").mkdir()
     (tmp_path / "w" / "thesis.tex").write_text("mine")
@@ -1004,6 +1009,7 @@ def test_the_work_folder_is_emptied_only_when_the_suite_made_it(tmp_path):
     assert (tmp_path / "w" / "thesis.tex").read_text() == "mine"
 
 
+@pytest.mark.cli
 def test_gpu_suite_records_a_timed_out_stage_and_the_stages_not_run(smoke_pack, tmp_path):
     """SUITE_BUDGET_ENV=0: the env stage is stopped at once (no Python process finishes between its start and the
     suite's first look) and recorded as timed out, exit code 124; the stages not selected are recorded as skipped;
@@ -1021,6 +1027,7 @@ def test_gpu_suite_records_a_timed_out_stage_and_the_stages_not_run(smoke_pack, 
     assert "timed_out" in (tmp_path / "o" / "suite.log").read_text()
 
 
+@pytest.mark.cli
 def test_gpu_suite_keeps_its_results_when_interrupted(smoke_pack, tmp_path):
     """SIGTERM while a stage runs (as a command that reaches its time limit gets): the stage's process group is
     stopped, and the archive, summary and log are written all the same; exit code 130."""
@@ -1041,6 +1048,7 @@ def test_gpu_suite_keeps_its_results_when_interrupted(smoke_pack, tmp_path):
     assert len(list((tmp_path / "o").iterdir())) == 3 and "INTERRUPTED (SIGTERM)" in out
 
 
+@pytest.mark.cli
 def test_gpu_suite_rejects_bad_arguments(tmp_path):
     (tmp_path / "toy").mkdir()
     (tmp_path / "toy" / "pack.json").write_text(json.dumps({"format": "tinyelectra-gpu-pack", "kind": "smoke"}))
@@ -1074,6 +1082,7 @@ def bare_python(where: Path) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.cli
 def test_gpu_suite_cpu_smoke_runs_both_commands(tmp_path):
     """`bash benchmarks/gpu_suite.sh --cpu-smoke`, then `... --cpu-smoke --finish`, as documented: the first builds
     its toy pack and runs its stages at toy size under the smoke run's own limits (a loaded 2-core CPU's, not a GPU's),

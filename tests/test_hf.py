@@ -441,6 +441,7 @@ def test_tied_weights_between_different_sizes_rejected(tmp_path):
         hf.electra_from_hf(tmp_path / "hf" / "disc", tmp_path / "hf" / "gen")
 
 
+@pytest.mark.cli
 def test_cli_export_bad_input_exits_2(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     r = subprocess.run([sys.executable, "-m", "tinyelectra", "export", str(tmp_path), "--out", str(tmp_path / "o")],

@@ -147,6 +147,7 @@ def continue_command(stderr: str) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("point", ["sigterm-startup", "after-plan", "first-state", "state-after-ckpt-0625",
                                    "ckpt-2500", "double-ctrl-c"])
+@pytest.mark.cli
 def test_killed_run_continues_with_the_documented_command(point, reference, cli_env, tmp_path):
     run = tmp_path / "run"
     killed = tinyelectra([*ARGS, "--out", str(run)], cli_env, kill_at=point)
@@ -187,6 +188,7 @@ def test_killed_run_continues_with_the_documented_command(point, reference, cli_
 
 
 @pytest.mark.slow
+@pytest.mark.cli
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
 def test_a_stop_between_log_steps_resumes_to_the_same_metrics_lines(sig, reference, cli_env, tmp_path):
     """SIGTERM (or one Ctrl-C) after step 4, between the log steps 3 and 6 (issue 35, finding 9): the run stops
@@ -204,6 +206,7 @@ def test_a_stop_between_log_steps_resumes_to_the_same_metrics_lines(sig, referen
 
 
 @pytest.mark.slow
+@pytest.mark.cli
 def test_stranded_checkpoint_without_any_resume_state_is_kept(reference, cli_env, tmp_path):
     """A run directory as older versions left it: a complete ckpt-0625, plan.json and recipe.json, no resume state
     at all. `--resume` starts it again from step 0 and keeps the checkpoint (the new run writes the same model)."""
@@ -218,6 +221,7 @@ def test_stranded_checkpoint_without_any_resume_state_is_kept(reference, cli_env
 
 
 @pytest.mark.slow
+@pytest.mark.cli
 def test_full_disk_during_start_up_is_one_line_and_the_run_can_start_again(reference, cli_env, tmp_path):
     """Files larger than 1 MB cannot be written (the limit makes the first resume state fail, as a full disk does):
     one line, exit 2, no temporary files; with room again the same command starts the run and completes it."""
@@ -232,6 +236,7 @@ def test_full_disk_during_start_up_is_one_line_and_the_run_can_start_again(refer
 
 
 @pytest.mark.slow
+@pytest.mark.cli
 def test_run_directory_states(reference, cli_env, tmp_path):
     """The quick start's line twice: the second does nothing and says so (exit 0). An unfinished run is refused
     without --resume (it says how to continue or start over); --force starts over, saying what it deleted; --resume

@@ -38,9 +38,10 @@ def run_cli(args: list[str], env: dict) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.cli
 def test_short_run_learns_context_through_the_generator(tmp_path):
     """tiny as shipped, 600 steps of 16 x 128 on ten enwiki shards (vocabulary 8,192, 328 held-out rows), measured on a
-    2-core CPU for seeds 0 (the default, this test), 1 and 2 (benchmarks/results/short_runs_seeds_cpu.md): generator
+    2-core CPU for seeds 0 (the default, this test), 1 and 2 (benchmarks/lab/results/short_runs_seeds_cpu.md): generator
     accuracy 0.148, 0.141, 0.137 against the unigram answer's 0.053 (2.79x, 2.66x, 2.59x), loss 6.35, 6.38, 6.41 nats
     (uniform: 9.01). The discriminator: AUCs matched by token id 0.49-0.51 on its generator's fakes and on unigram
     draws (no context), accuracy exactly its all-original prior (+0.0000): it answers "original" everywhere once the
@@ -88,6 +89,7 @@ def grammar_corpus(path: Path, documents: int = 4000, sentences: int = 10, seed:
 
 
 @pytest.mark.slow
+@pytest.mark.cli
 def test_generator_learns_a_grammars_context(tmp_path):
     """The whole trainer learns context, in minutes: a corpus generated here (above), prepared and trained through
     the command line with the tiny recipe as shipped, only the data-derived settings changed (32-token rows, the

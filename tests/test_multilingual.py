@@ -163,6 +163,7 @@ def test_fill_ratio_is_reported_and_packing_fills_short_paragraphs(texts, tmp_pa
         assert (np.load(tmp_path / "again" / f"{split}-00000.ids.npy") == np.load(tmp_path / "one-worker" / f"{split}-00000.ids.npy")).all()
 
 
+@pytest.mark.slow
 def test_chinese_alphabet_scales_with_vocabulary(texts):
     """BERT's fixed 1,000-character alphabet left half of Chinese's ideographs out (a whole word became [UNK]);
     the alphabet now covers 99.99% of character occurrences when the vocabulary has room."""
@@ -194,6 +195,7 @@ def sentencepiece_data(texts, tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.cli
 def test_prepare_trains_a_sentencepiece_model_with_bert_special_pieces(texts, sentencepiece_data):
     m = json.loads((sentencepiece_data / "manifest.json").read_text(encoding="utf-8"))
     assert m["tokenizer"]["kind"] == "sentencepiece" and m["tokenizer"]["vocab_size"] == 6000
@@ -214,6 +216,7 @@ def test_prepare_trains_a_sentencepiece_model_with_bert_special_pieces(texts, se
     assert (b.input_ids[:, 0] == tok.cls_id).all() and m["fill_ratio"]["train"] > 0.5
 
 
+@pytest.mark.slow
 def test_sentencepiece_bpe_and_its_transformers_copy_agree_on_real_text(texts):
     """The tokenizers copy written for transformers encodes exactly as SentencePiece (unigram and BPE)."""
     sample = [line for lang in LOCALES for line in texts[lang][:1500]]
@@ -257,6 +260,7 @@ def expectations(tok: Tokenizer, texts: dict[str, list[str]], max_positions: int
 
 
 @pytest.mark.slow
+@pytest.mark.cli
 def test_sentencepiece_export_works_in_transformers(texts, sentencepiece_data, tmp_path):
     """What a user of the export relies on, checked by transformers alone (tests/check_export.py): pairs get
     [CLS] A [SEP] B [SEP] and token types, byte-fallback pieces decode to text (never "<0xEC>"), decode(encode(x))
@@ -314,6 +318,7 @@ def fine_tune_classifier(model_dir: Path, texts: dict[str, list[str]]) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.cli
 def test_wordpiece_export_of_korean_works_in_transformers(texts, tmp_path):
     """The default path's export (a cased WordPiece on Korean): the same checks; decode equals the input up to the
     spaces WordPiece puts around punctuation."""
@@ -335,6 +340,7 @@ def test_wordpiece_export_of_korean_works_in_transformers(texts, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.cli
 def test_export_loads_in_other_transformers_versions(texts, sentencepiece_data, tmp_path):
     """The same checks under other interpreters with other transformers versions (4.x): set
     TINYELECTRA_TRANSFORMERS_PYTHONS to their paths, separated by ':' (each needs torch and transformers)."""

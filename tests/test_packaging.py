@@ -73,6 +73,7 @@ def run(args: list, cwd: Path, timeout: float = 600) -> subprocess.CompletedProc
 
 
 @pytest.mark.slow
+@pytest.mark.cli
 def test_wheel_in_a_fresh_venv_finds_every_recipe_and_exports_for_transformers(tmp_path):
     from pydoc_data.topics import topics
 
@@ -123,8 +124,9 @@ def test_wheel_in_a_fresh_venv_finds_every_recipe_and_exports_for_transformers(t
     assert json.loads(facts.strip().splitlines()[-1])["model_max_length"] == 64
 
 
+@pytest.mark.cli
 def test_a_plain_checkout_that_is_not_installed_finds_its_recipes(tmp_path):
-    """`PYTHONPATH=. python benchmarks/...` and `python -m tinyelectra` in a checkout that was never installed: no
+    """`PYTHONPATH=. python -m benchmarks...` and `python -m tinyelectra` in a checkout that was never installed: no
     `tinyelectra.recipes` package exists there, and the recipes come from the checkout's recipes/ folder. Run with
     `python -S` (no .pth files, so no editable install) and the dependencies' site-packages on PYTHONPATH; the copy
     of the checkout must be what is imported (checked), and a recipe edited in the copy is the one read."""
@@ -143,3 +145,18 @@ def test_a_plain_checkout_that_is_not_installed_finds_its_recipes(tmp_path):
     flops = subprocess.run([sys.executable, "-S", "-m", "tinyelectra", "flops", "--recipe", "electra-small"], cwd=checkout,
                            env=env, capture_output=True, text=True, timeout=300)
     assert flops.returncode == 0 and "electra-small" in flops.stdout, flops.stderr
+
+
+def test_python_dash_m_tinyelectra_is_the_console_script(monkeypatch, capsys):
+    """`python -m tinyelectra` (tinyelectra/__main__.py, what torchrun starts) runs the console script's command line:
+    `--version` prints the installed distribution's version and exits 0 (in this process, as runpy runs the module)."""
+    import runpy
+    from importlib.metadata import version
+
+    monkeypatch.setattr(sys, "argv", ["tinyelectra", "--version"])
+    for name in ("OMP_WAIT_POLICY", "TINYELECTRA_SET_OMP_WAIT_POLICY"):  # main() may set them: restored afterwards
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    with pytest.raises(SystemExit) as done:
+        runpy.run_module("tinyelectra", run_name="__main__")
+    assert done.value.code in (0, None) and version("tinyelectra") in capsys.readouterr().out

@@ -149,6 +149,7 @@ def test_hf_source_without_datasets_package(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.cli
 def test_hf_source_with_the_hub_unreachable(tmp_path):
     pytest.importorskip("datasets")
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
@@ -159,6 +160,7 @@ def test_hf_source_with_the_hub_unreachable(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.cli
 def test_builtin_corpus_through_the_real_command(tmp_path):
     """The quickstart's data step: offline, the tiny recipe's settings, then a cache hit."""
     cmd = [sys.executable, "-m", "tinyelectra", "prepare", "--corpus", "builtin", "--out", str(tmp_path / "data"),
@@ -174,6 +176,7 @@ def test_builtin_corpus_through_the_real_command(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.cli
 def test_killed_run_leaves_nothing_that_looks_complete(tmp_path):
     """SIGKILL in the middle of writing: no OUT, only OUT.tmp-PID, which the next run removes."""
     import signal
@@ -198,6 +201,8 @@ def test_killed_run_leaves_nothing_that_looks_complete(tmp_path):
     assert (out / "manifest.json").is_file() and not list(tmp_path.glob("out.tmp-*"))
 
 
+@pytest.mark.cli
+@pytest.mark.slow
 def test_help_shows_whole_option_names_at_80_columns_and_version():
     """`-h` works; option names are never cut ("--validation-fract…" was), even at 80 columns; --version prints it."""
     from tinyelectra import __version__
@@ -268,6 +273,7 @@ def test_a_local_hf_folder_is_identified_by_its_files(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.cli
 def test_a_changed_local_hf_folder_is_not_reused(tmp_path, monkeypatch, capsys):
     """Prepared from hf:DIR (`datasets`, offline), then a record added: the same command does not reuse the dataset
     (before: "already holds this dataset: reusing it")."""

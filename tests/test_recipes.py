@@ -91,3 +91,16 @@ def test_time_budgets_in_several_units(text, seconds):
 def test_time_budgets_that_are_not_understood_or_not_positive(text):
     with pytest.raises(UserError, match=f"budget '{text}'"):
         parse_budget(text)
+
+
+def test_a_recipe_saved_with_the_deleted_disc_lr_scale_still_loads_at_the_papers_one_rate():
+    """Runs and checkpoints written while optim.disc_lr_scale existed (commits 540b8d6 to 0f79abe) saved it in their
+    recipe.json, at 1 unless a run asked otherwise: 1 reads as today's recipe (one rate for the whole model); any
+    other value is a run this code cannot reproduce, one clear error."""
+    from tinyelectra.config import recipe_from_dict
+
+    saved = load_recipe("tiny").to_dict()
+    old = {**saved, "optim": {**saved["optim"], "disc_lr_scale": 1.0}}
+    assert recipe_from_dict(old) == recipe_from_dict(saved)
+    with pytest.raises(UserError, match="disc_lr_scale: unknown key"):
+        recipe_from_dict({**saved, "optim": {**saved["optim"], "disc_lr_scale": 0.1}})

@@ -109,6 +109,7 @@ def _md_table(md: str, first_header: str) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+@pytest.mark.slow
 def test_report_files_exist_and_plots_are_pngs(run_dir):
     for name in ("report.md", "report.json", "glue_vs_compute.png", "pretraining_curves.png"):
         assert (run_dir / name).is_file(), name
@@ -230,6 +231,7 @@ def test_report_needs_a_run_or_results(tmp_path):
         build_report(tmp_path / "a.json")
 
 
+@pytest.mark.slow
 def test_damaged_metrics_lines_are_a_stated_warning(run_dir, tmp_path, capsys):
     """Two damaged lines amid good ones: the report is written, says how many were skipped and where (report.md's
     notes, report.json's and stderr), and the curves keep every good line."""
@@ -247,6 +249,7 @@ def test_damaged_metrics_lines_are_a_stated_warning(run_dir, tmp_path, capsys):
     assert rep["pretraining"]["log_records"] == 160 - 2  # the fixture's 160 log lines, less the two damaged
 
 
+@pytest.mark.slow
 def test_steps_logged_twice_and_wrong_typed_summary_fields_are_named(run_dir, tmp_path, capsys):
     """Two runs that wrote one folder at once leave every step twice, interleaved; a summary.json changed by hand
     holds a number where text belongs and text where a list belongs. Before, the report took both without a word
@@ -277,6 +280,7 @@ def test_steps_logged_twice_and_wrong_typed_summary_fields_are_named(run_dir, tm
     assert "NOT THE RECIPE'S RUN" not in md
 
 
+@pytest.mark.slow
 def test_end_to_end_after_tinyelectra_glue(tmp_path):
     """A run with two checkpoints fine-tuned by `tinyelectra glue` (synthetic SST-2-format task), then reported."""
     import torch

@@ -94,6 +94,7 @@ def resumed(diverged, cli_env, tmp_path_factory) -> tuple[Path, subprocess.Compl
 
 
 @pytest.mark.slow
+@pytest.mark.cli
 def test_a_diverged_run_continues_from_its_resume_state_with_a_lower_learning_rate(resumed, cli_env, tmp_path):
     run, p = resumed
     assert "resumed from step 1" in p.stderr and "optim.lr 1e+08 -> 0.001 at step 1" in p.stderr
@@ -120,6 +121,7 @@ def test_a_diverged_run_continues_from_its_resume_state_with_a_lower_learning_ra
 
 
 @pytest.mark.slow
+@pytest.mark.cli
 def test_the_clipping_norm_may_change_on_resume_too(diverged, resumed, cli_env, tmp_path):
     """Recorded beside the learning rate, and in effect: the weights differ from the run resumed with the learning
     rate alone (clip 1.0)."""
@@ -146,6 +148,7 @@ MAY_CHANGE = ("may change only optim.lr and optim.clip_norm, and how the steps a
 
 
 @pytest.mark.parametrize("setting", list(REFUSED))
+@pytest.mark.cli
 def test_any_other_change_on_resume_is_refused(setting, diverged, cli_env, tmp_path, monkeypatch, capsys):
     """One line naming the setting and those that may change; the run directory is left exactly as it was. A runtime
     change in the same command lets nothing else through."""
@@ -165,6 +168,7 @@ def test_any_other_change_on_resume_is_refused(setting, diverged, cli_env, tmp_p
     assert {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
 
 
+@pytest.mark.cli
 def test_a_changed_learning_rate_without_resume_is_refused(diverged, cli_env, tmp_path, monkeypatch, capsys):
     from tinyelectra import cli
 
@@ -178,6 +182,7 @@ def test_a_changed_learning_rate_without_resume_is_refused(diverged, cli_env, tm
     assert exc.value.code == 2 and len(err) == 1 and "optim.lr: 100000000.0 there, 0.001 now" in err[0], err
 
 
+@pytest.mark.cli
 def test_a_finished_run_is_not_resumed_with_changes(resumed, cli_env, tmp_path, monkeypatch, capsys):
     """Nothing is left to continue: a changed learning rate on a finished run is another run's (refused)."""
     from tinyelectra import cli
@@ -246,6 +251,7 @@ def logged(run: Path) -> dict[int, dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.cli
 def test_out_of_memory_continues_from_the_resume_state_with_half_the_micro_batch(out_of_memory, unchanged, cli_env,
                                                                                   tmp_path):
     original, line = out_of_memory
@@ -285,6 +291,7 @@ def test_out_of_memory_continues_from_the_resume_state_with_half_the_micro_batch
 
 
 @pytest.mark.slow
+@pytest.mark.cli
 def test_runtime_changes_that_keep_the_draws_continue_bit_identical(out_of_memory, unchanged, cli_env, tmp_path):
     """Gradient checkpointing (the out-of-memory line's other way on), compile off, kernels not forced deterministic
     and a longer interval between resume states: every logged loss and every checkpoint's weights are the unchanged

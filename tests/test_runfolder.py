@@ -54,6 +54,7 @@ def lock_record(folder: Path) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.cli
 def test_a_second_train_on_a_live_run_is_refused_and_a_killed_runs_lock_is_taken_over(tmp_path, cli_env):
     """A: a new run, killed with SIGKILL once its first resume state exists; B: A's command with --resume (the way
     on after a kill), which takes over the lock A left, held while B trains (B is paused with SIGSTOP: a stopped
@@ -219,6 +220,7 @@ def test_an_out_of_ones_own_files_or_a_dataset_is_refused(datasets, tmp_path, cl
     assert sorted(p.name for p in data.iterdir()) == before
 
 
+@pytest.mark.slow
 def test_force_keeps_what_tinyelectra_did_not_write(tmp_path, cli_env, monkeypatch, capsys):
     run = tmp_path / "run"
     code, err = in_process([*TRAIN, "--out", str(run)], cli_env, monkeypatch, capsys)
@@ -265,6 +267,7 @@ def two_datasets(tmp_path: Path) -> tuple[Path, Path]:
     return out[0], out[1]
 
 
+@pytest.mark.slow
 def test_resume_with_other_data_of_the_same_size_is_refused(datasets, tmp_path, cli_env, monkeypatch, capsys):
     a, b = datasets
     ma, mb = (json.loads((d / "manifest.json").read_text()) for d in (a, b))

@@ -153,6 +153,8 @@ print(faults() - before)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mallopt tuning is Linux-only")
+@pytest.mark.cli
+@pytest.mark.slow
 def test_tune_cpu_stops_page_faults_on_reallocation():
     """With glibc defaults each 40 MiB temporary is a fresh mmap: 10,240 page faults (4 KiB pages) each, 3 per
     step. After tune_cpu() freed blocks stay in the heap and, after a few warm-up steps, are reused: here none of the

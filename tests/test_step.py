@@ -219,6 +219,7 @@ def captured_update_graph(monkeypatch, grad_norm: str):
     return n_params, stacks, ops
 
 
+@pytest.mark.slow
 def test_one_op_norm_takes_the_per_tensor_stack_out_of_the_compiled_graph(monkeypatch):
     """"stack" (the default) hands the compiler a torch.stack of one norm per parameter; on CUDA inductor copies each
     input with a kernel of its own (ELECTRA-Small's 306 parameters: the H200 profile's 286 + 20 launches of
@@ -337,6 +338,7 @@ def test_prepared_batches_flag_their_full_rows(tmp_path):
     assert b.all_full(slice(first_full, first_full + 1)) and not b.all_full()
 
 
+@pytest.mark.slow
 def test_both_graphs_are_compiled_at_start_up(monkeypatch):
     """verify_compile compiles the step with and without an attention mask (and the update) before training, so the
     first batch of either kind compiles nothing (here with dynamo's aot_eager backend on the CPU): 3 graphs after the

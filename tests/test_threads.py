@@ -38,12 +38,16 @@ NO_GPU = ["-m", "tinyelectra", "train", "--recipe", "tiny", "--budget", "1steps"
 
 @pytest.mark.parametrize(("user", "spins"), [({}, "0"), ({"OMP_WAIT_POLICY": "ACTIVE"}, "30000000000"),
                                              ({"GOMP_SPINCOUNT": "1234"}, "1234")])
+@pytest.mark.cli
+@pytest.mark.slow
 def test_tinyelectra_waits_passively_unless_the_user_chose(cli_env, tmp_path, user, spins):
     p, gomp = libgomp_settings([*NO_GPU, "--out", str(tmp_path / "r")], clean_env(cli_env, **user))
     assert p.returncode == 2 and p.stderr.strip().splitlines()[-1].startswith("error:"), p.stderr
     assert gomp["GOMP_SPINCOUNT"] == spins
 
 
+@pytest.mark.cli
+@pytest.mark.slow
 def test_without_tinyelectra_libgomp_spins(cli_env):
     """The control: the same environment without tinyelectra's command line leaves libgomp's default spinning."""
     _, gomp = libgomp_settings(["-c", "import torch"], clean_env(cli_env))
@@ -70,6 +74,7 @@ def test_the_note_says_who_chose_the_wait_policy(monkeypatch, env, set_by, says)
 
 
 @pytest.mark.slow
+@pytest.mark.cli
 def test_a_run_logs_and_records_the_wait_policy(cli_env, tmp_path):
     run = tmp_path / "run"
     p = subprocess.run([sys.executable, "-m", "tinyelectra", "train", "--recipe", "tiny", "--budget", "2steps", "--device",

@@ -230,6 +230,7 @@ def simulated_train(run, budget: str, speeds: list[list[float]], env: dict) -> t
 
 
 @pytest.mark.slow
+@pytest.mark.cli
 def test_time_budget_run_whose_speed_drops_mid_run(tmp_path, cli_env):
     """`train --budget 24s` where the first 24 steps take 0.25 s and every later one 1 s of (simulated) training
     time: five fraction checkpoints on five distinct steps, plan.json equal to what happened (its checkpoint steps
@@ -247,6 +248,7 @@ def test_time_budget_run_whose_speed_drops_mid_run(tmp_path, cli_env):
 
 
 @pytest.mark.slow
+@pytest.mark.cli
 def test_a_run_too_short_for_its_fractions_says_so_and_the_report_marks_them(tmp_path, cli_env):
     """`train --budget 2s` at 0.25 s per step (simulated): planned at step 3 for about 9 steps, so the "6.25%"
     checkpoint holds a third of the steps. summary.json names the checkpoints off their fraction and why, plan.json's

@@ -49,6 +49,8 @@ def tiny_run(cli_env, tmp_path_factory) -> Path:
     return run_tiny(tmp_path_factory.mktemp("tiny") / "run", cli_env)
 
 
+@pytest.mark.cli
+@pytest.mark.slow
 def test_losses_match_the_golden_file(tiny_run):
     golden = json.loads(GOLDEN.read_text())
     got = step_losses(tiny_run)
@@ -58,6 +60,7 @@ def test_losses_match_the_golden_file(tiny_run):
             assert have[key] == pytest.approx(want[key], rel=REL), (want["step"], key, have[key], want[key])
 
 
+@pytest.mark.cli
 def test_summary_seconds_add_up_to_at_most_the_wall_time(tiny_run):
     """The defect of issue 13: start-up used to include every checkpoint write and evaluation after it, so start-up
     + training + checkpoints exceeded the process's wall time. No speed is asserted."""

@@ -79,6 +79,7 @@ def test_vocab_size_too_small_is_a_user_error():
         Tokenizer.train(["abc"], vocab_size=50, lowercase=True)
 
 
+@pytest.mark.cli
 def test_training_is_deterministic_across_processes(tmp_path):
     """tokenizers' trainer orders "##c" tokens by hash-map iteration; two processes must still agree."""
     corpus = tmp_path / "corpus.txt"

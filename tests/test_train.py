@@ -188,6 +188,8 @@ def test_micro_batch_fitting_finds_the_largest_divisor_that_fits():
 # real runs (time budgets: tests/test_time_budget.py; kills and restarts at exact points: tests/test_interruptions.py)
 
 
+@pytest.mark.cli
+@pytest.mark.slow
 def test_tensorboard_holds_checkpoint_evaluations_or_its_absence_is_said_once(env, tmp_path):
     """With TensorBoard: the losses and, at each fraction checkpoint's step, its held-out evaluation. Without it
     (a stand-in package that fails to import): one line says so, and the run goes on."""
@@ -235,6 +237,7 @@ main()
 
 
 @pytest.mark.slow
+@pytest.mark.cli
 def test_sigkill_and_resume_is_exact(env, tmp_path):
     """A run killed with SIGKILL mid-way and resumed gives the same per-step losses and bit-identical weights."""
     args = ["train", "--recipe", "tiny", "--budget", "24steps", "--device", "cpu", *SMALL,
@@ -259,6 +262,7 @@ def test_sigkill_and_resume_is_exact(env, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.cli
 def test_sigint_saves_and_exits_cleanly(env, tmp_path):
     run = tmp_path / "run"
     args = ["train", "--recipe", "tiny", "--budget", "400steps", "--device", "cpu", *SMALL, "--out", str(run)]
@@ -279,6 +283,7 @@ def test_sigint_saves_and_exits_cleanly(env, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.cli
 def test_ddp_two_processes_match_one(env, tmp_path):
     """torchrun, 2 CPU processes (gloo) vs 1 process accumulating the same global batch in two halves."""
     common = ["--recipe", "tiny", "--budget", "6steps", "--device", "cpu", *SMALL,
@@ -297,6 +302,8 @@ def test_ddp_two_processes_match_one(env, tmp_path):
 
 
 @pytest.mark.parametrize("offload", [False, True], ids=["zero2", "zero2-offload"])
+@pytest.mark.cli
+@pytest.mark.slow
 def test_deepspeed_runs_a_few_steps_or_skips(env, tmp_path, offload):
     """DeepSpeed ZeRO-2 on one CPU process, with and without the optimizer state offloaded, follows the same
     mathematics as the plain loop (same losses; the optimizer stays ours, DeepSpeed only shards and places its state).
@@ -314,6 +321,8 @@ def test_deepspeed_runs_a_few_steps_or_skips(env, tmp_path, offload):
         assert a[s] == pytest.approx(b[s], abs=1e-4), (s, a[s], b[s])
 
 
+@pytest.mark.cli
+@pytest.mark.slow
 def test_adamw8bit_runs_and_is_labelled_off_recipe_or_skips(env, tmp_path):
     """The opt-in 8-bit AdamW (bitsandbytes, which also runs on the CPU): it trains, and says it is off-recipe."""
     pytest.importorskip("bitsandbytes", reason="bitsandbytes is not installed (pip install 'tinyelectra[bnb]')")
@@ -366,6 +375,8 @@ def test_cli_missing_gpu(env, tmp_path, capsys, monkeypatch):
     assert_one_line_error(p, "--gpu 3", "--device cpu")
 
 
+@pytest.mark.cli
+@pytest.mark.slow
 def test_cli_vocabulary_from_the_data_and_tokens_seen_without_padding(env, tmp_path, capsys, monkeypatch):
     from tinyelectra.data import BatchLoader, PretrainData
 
@@ -391,6 +402,8 @@ def test_cli_vocabulary_from_the_data_and_tokens_seen_without_padding(env, tmp_p
     assert_one_line_error(p, "8192", "30522")
 
 
+@pytest.mark.cli
+@pytest.mark.slow
 def test_cli_resume_without_state_and_with_another_recipe(env, tmp_path, capsys, monkeypatch):
     p = cli_error(["train", "--recipe", "tiny", "--budget", "1steps", "--device", "cpu", "--out", str(tmp_path / "none"),
                    "--resume"], env, capsys, monkeypatch)
@@ -443,6 +456,8 @@ def test_cli_recipe_with_unknown_key_or_wrong_type(env, tmp_path, capsys, monkey
     assert_one_line_error(p, "nope")
 
 
+@pytest.mark.cli
+@pytest.mark.slow
 def test_no_held_out_rows_is_said_once_at_start_up(tmp_path, env):
     """Data prepared with no held-out rows (--validation-fraction 0): train says so once, at start-up, and each
     checkpoint's line only says it was written; before, "no held-out rows to evaluate" came at every checkpoint and

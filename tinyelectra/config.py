@@ -116,9 +116,6 @@ class OptimConfig:
     eps: float = 1e-6
     weight_decay: float = 0.01  # decoupled; never on LayerNorm weights or biases
     clip_norm: float = 1.0  # global gradient norm; 0 disables
-    disc_lr_scale: float = 1.0  # the discriminator's encoder and head train at lr x this (1: the paper; the generator
-    # and the shared embeddings always at lr). Measured (benchmarks/results/plateau_cpu.md): at 0.1 of 3e-3 the
-    # discriminator alone leaves its prior with 32 rows a step, not with 16 or 8, and full mini runs did not change
     warmup_steps: int = 10_000  # of the full schedule; not scaled with the budget: a shorter run keeps it, capped at
     # 10% of the run and, with the paper's Adam, raised to min(1 / (1 - beta2), half the run) steps (budget.warmup_for)
 
@@ -129,7 +126,6 @@ class OptimConfig:
         _check(self.eps > 0, "optim.eps", "must be > 0")
         for name in ("weight_decay", "clip_norm", "warmup_steps"):
             _check(getattr(self, name) >= 0, f"optim.{name}", "must be >= 0")
-        _check(0 < self.disc_lr_scale <= 1, "optim.disc_lr_scale", f"must be in (0, 1], not {self.disc_lr_scale}")
 
 
 @dataclass(frozen=True)
@@ -312,6 +308,11 @@ def recipe_from_dict(raw: dict[str, Any], where: str = "recipe") -> Recipe:
         # recipes and checkpoints written before data.casing existed said data.lowercase = true | false
         raw = {**raw, "data": {**{k: v for k, v in data.items() if k != "lowercase"},
                                "casing": "uncased" if data["lowercase"] else "cased"}}
+    optim = raw.get("optim")
+    if isinstance(optim, dict) and optim.get("disc_lr_scale") == 1.0:
+        # recipes and checkpoints written while optim.disc_lr_scale existed say 1 (the paper's one rate; the knob was
+        # deleted when it measured no help); any other value stays an unknown key: that run cannot be reproduced
+        raw = {**raw, "optim": {k: v for k, v in optim.items() if k != "disc_lr_scale"}}
     known_top = {"name", "description", "deviations", "finetune", *SECTIONS}  # [finetune]: `tinyelectra glue --config`
     for key in (k for k in raw if k not in known_top):
         raise UserError(f"{where}: unknown key {key!r} (known: {', '.join(sorted(known_top))})")

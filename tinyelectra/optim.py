@@ -34,22 +34,16 @@ def no_decay(name: str, param: nn.Parameter) -> bool:
     return param.ndim < 2 or name.endswith("bias") or ".norm" in name or name.startswith("norm")
 
 
-DISCRIMINATOR = ("discriminator.", "disc_head.")  # an Electra's discriminator encoder and head (not the embeddings)
-
-
-def param_groups(model: nn.Module, weight_decay: float, disc_lr_scale: float = 1.0) -> list[dict]:
-    """Decay / no-decay groups; with `disc_lr_scale` != 1 (optim.disc_lr_scale), the discriminator's encoder and head
-    in groups of their own that carry it as `lr_scale` (set_lr multiplies it in)."""
-    groups: dict[tuple[bool, bool], list[nn.Parameter]] = {}
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Two groups: the parameters with weight decay, then those without (no_decay); a shared parameter once."""
+    groups: dict[bool, list[nn.Parameter]] = {False: [], True: []}
     seen: set[int] = set()
     for name, p in model.named_parameters():
         if not p.requires_grad or id(p) in seen:
             continue
         seen.add(id(p))
-        groups.setdefault((disc_lr_scale != 1.0 and name.startswith(DISCRIMINATOR), no_decay(name, p)), []).append(p)
-    return [{"params": groups.get((disc, skip), []), "weight_decay": 0.0 if skip else weight_decay}
-            | ({"lr_scale": disc_lr_scale} if disc else {})
-            for disc in ((False, True) if disc_lr_scale != 1.0 else (False,)) for skip in (False, True)]
+        groups[no_decay(name, p)].append(p)
+    return [{"params": groups[skip], "weight_decay": 0.0 if skip else weight_decay} for skip in (False, True)]
 
 
 class PaperAdam(torch.optim.AdamW):
@@ -330,7 +324,7 @@ class TorchAdamW(torch.optim.AdamW):
 
 def build_optimizer(model_or_groups: nn.Module | list[dict], cfg: OptimConfig, device_type: str) -> torch.optim.Optimizer:
     """The recipe's optimizer over `model`'s parameters (or given groups, e.g. layer-wise LR groups)."""
-    groups = param_groups(model_or_groups, cfg.weight_decay, cfg.disc_lr_scale) if isinstance(model_or_groups, nn.Module) \
+    groups = param_groups(model_or_groups, cfg.weight_decay) if isinstance(model_or_groups, nn.Module) \
         else model_or_groups
     kw = {"lr": cfg.lr, "betas": (cfg.beta1, cfg.beta2), "eps": cfg.eps, "weight_decay": cfg.weight_decay}
     fused = device_type in ("cuda", "cpu")  # torch has fused AdamW kernels for both

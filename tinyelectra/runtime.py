@@ -113,7 +113,7 @@ def pick_precision(requested: str, device: torch.device) -> tuple[str, str]:
     if device.type != "cuda":
         if requested == "fp16":
             raise UserError("precision fp16 is for CUDA GPUs; on the CPU use fp32 (auto) or bf16")
-        if requested == "bf16":  # opt-in: ~1.8x faster fine-tuning steps with bf16 units (benchmarks/glue_cpu.py)
+        if requested == "bf16":  # opt-in: bf16 units ran fine-tuning ~1.8x faster (retired glue_cpu benchmark, 0f79abe)
             if torch.ops.mkldnn._is_mkldnn_bf16_supported():
                 return "bf16", "bf16 autocast on the CPU, as requested (not the paper's fp32; weights and optimizer stay fp32)"
             return "bf16", ("bf16 autocast on the CPU, as requested, but this CPU has no bf16 units (AVX512-BF16 or AMX): "

@@ -10,14 +10,16 @@ fool them), the raw AUCs and discriminator accuracy beside its all-"original" pr
 - `lrX`: peak learning rate X, warm-up by today's rule (budget.warmup_for: the paper's Adam warms up for at least
   min(1 / (1 - beta2), half the run) steps);
 - `lrX-warmupN`: peak X, warm-up N% of the run's steps instead (budget.warmup_for replaced for that arm);
-- any of these with `-discS`: the discriminator's encoder and head at S times the rate (optim.disc_lr_scale = S);
 - any of these with `-seedN`: the same with train.seed = N (the recipe's is 0).
+
+The `-discS` arms of plateau_mini_cpu.md and plateau_tiny_grammar_cpu.md (the discriminator's encoder and head at S
+times the rate) ran at commit 0f79abe through optim.disc_lr_scale, deleted since: they did not help.
 
 Threads are pinned (`--threads`, default 1, also exported as OMP_NUM_THREADS): unpinned beside other work a trainer
 ran at 200-350 tokens/s on the 2-core machine these were measured on instead of 2,000-3,800.
 
-    python benchmarks/short_runs.py --data data/enwiki10-v8k --steps 600 --arms lr1e-3,lr2e-3,lr2e-3-warmup10
-      -> benchmarks/results/short_runs_cpu.json and .md; runs in runs/short-runs/<name>/<recipe>-<steps>/<arm>/,
+    python -m benchmarks.lab.short_runs --data data/enwiki10-v8k --steps 600 --arms lr1e-3,lr2e-3,lr2e-3-warmup10
+      -> benchmarks/lab/results/short_runs_cpu.json and .md; runs in runs/short-runs/<name>/<recipe>-<steps>/<arm>/,
          a finished arm reused, an interrupted one resumed; the results are rewritten after every arm
 """
 
@@ -33,17 +35,16 @@ import sys
 import time
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH))
+import torch
 
-import torch  # noqa: E402
-from common import RESULTS, ROOT, command_line, run_main, write_result  # noqa: E402
+from benchmarks import ROOT
+from benchmarks.common import command_line, run_main, write_result
+from benchmarks.lab import RESULTS
 
-from tinyelectra import budget  # noqa: E402
-from tinyelectra.errors import UserError  # noqa: E402
+from tinyelectra import budget
+from tinyelectra.errors import UserError
 
-ARM = re.compile(r"(recipe|lr(?P<lr>\d+(\.\d+)?e-\d+)(-warmup(?P<percent>\d+))?)(-disc(?P<disc>\d+(\.\d+)?))?"
-                 r"(-seed(?P<seed>\d+))?")
+ARM = re.compile(r"(recipe|lr(?P<lr>\d+(\.\d+)?e-\d+)(-warmup(?P<percent>\d+))?)(-seed(?P<seed>\d+))?")
 EVAL_KEYS = ("gen_acc", "unigram_acc", "gen_loss", "disc_auc_matched", "disc_auc_context_matched", "disc_auc",
              "disc_auc_context", "disc_acc", "baseline_acc", "disc_recall", "learned")
 
@@ -53,9 +54,8 @@ def arm_settings(name: str) -> tuple[list[str], float | None]:
     m = ARM.fullmatch(name)
     if m is None:
         raise UserError(f"arm {name!r}: expected recipe, lrX (e.g. lr2e-3) or lrX-warmupN (N% of the run), "
-                        "each optionally followed by -discS (optim.disc_lr_scale) and -seedN")
-    overrides = ([f"optim.lr={m['lr']}"] if m["lr"] else []) + ([f"train.seed={m['seed']}"] if m["seed"] else []) \
-        + ([f"optim.disc_lr_scale={m['disc']}"] if m["disc"] else [])
+                        "each optionally followed by -seedN")
+    overrides = ([f"optim.lr={m['lr']}"] if m["lr"] else []) + ([f"train.seed={m['seed']}"] if m["seed"] else [])
     return overrides, (int(m["percent"]) / 100 if m["percent"] is not None else None)
 
 
@@ -86,7 +86,7 @@ def run_arm(name: str, args, work: Path) -> Path:
             train_command(budget=f"{args.steps}steps", data_dir=Path(args.data), corpus=None, recipe_name=args.recipe,
                           gpu=None, device="cpu", out_dir=run_dir, resume=resume,
                           overrides=[*overrides, f"train.eval_rows={args.eval_rows}", *args.set],
-                          command=f"(benchmarks/short_runs.py arm {name})")
+                          command=f"(python -m benchmarks.lab.short_runs: arm {name})")
     finally:
         for s, h in handlers.items():
             signal.signal(s, h)
@@ -104,8 +104,7 @@ def arm_facts(run_dir: Path) -> dict:
             e = rec["eval"]
             checkpoints.append({"name": rec["name"], "step": rec["step"], "gen_over_unigram": e["gen_acc"] / e["unigram_acc"],
                                 "disc_gain": e["disc_acc"] - e["baseline_acc"], **{k: e.get(k) for k in EVAL_KEYS}})
-    return {"lr": recipe["optim"]["lr"], "disc_lr_scale": recipe["optim"].get("disc_lr_scale", 1.0),
-            "optimizer": recipe["optim"]["name"], "steps": summary["steps"],
+    return {"lr": recipe["optim"]["lr"], "optimizer": recipe["optim"]["name"], "steps": summary["steps"],
             "warmup_steps": plan["warmup_steps"], "seed": recipe["train"]["seed"], "train_seconds": summary["train_seconds"],
             "tokens_per_second": summary["tokens_seen"] / summary["train_seconds"], "checkpoints": checkpoints}
 
@@ -118,12 +117,12 @@ def render(doc: dict) -> str:
              "Generator: held-out accuracy at the masked slots, and its ratio to always answering the most frequent "
              "word. Matched AUCs: replaced vs original occurrences of the same token id (0.5 = no context), on the "
              "generator's fakes and on unigram draws. Raw AUCs and accuracy over the prior: word frequency counts.", "",
-             "| arm | peak lr | disc. lr scale | warm-up | seed | step | gen. acc (unigram) | gen / unigram | matched AUC | matched context AUC "
+             "| arm | peak lr | warm-up | seed | step | gen. acc (unigram) | gen / unigram | matched AUC | matched context AUC "
              "| raw AUC | raw context AUC | disc. acc − prior | tokens/s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, a in doc["arms"].items():
         for c in a["checkpoints"]:
-            lines.append(f"| {name} | {a['lr']:g} | {a.get('disc_lr_scale', 1.0):g} | {a['warmup_steps']} | {a['seed']} | {c['step']} | {c['gen_acc']:.3f} "
+            lines.append(f"| {name} | {a['lr']:g} | {a['warmup_steps']} | {a['seed']} | {c['step']} | {c['gen_acc']:.3f} "
                          f"({c['unigram_acc']:.3f}) | {c['gen_over_unigram']:.2f} | {c['disc_auc_matched']:.3f} | "
                          f"{c['disc_auc_context_matched']:.3f} | {c['disc_auc']:.3f} | {c['disc_auc_context']:.3f} | "
                          f"{c['disc_gain']:+.4f} | {a['tokens_per_second']:,.0f} |")
@@ -151,7 +150,7 @@ def main(argv: list[str] | None = None) -> dict:
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     torch.set_num_threads(args.threads)
     work = Path(args.work_dir) / args.name / f"{args.recipe}-{args.steps}"
-    command = command_line("benchmarks/short_runs.py", argv)
+    command = command_line("benchmarks.lab.short_runs", argv)
     started = time.perf_counter()
 
     def save() -> Path:

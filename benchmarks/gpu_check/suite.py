@@ -1,9 +1,9 @@
 """The GPU suite behind benchmarks/gpu_suite.sh: the paper's first point in one lease, as two prepared commands run
 back to back on the same warm machine, each under its own deadline and each leaving three files.
 
-    python benchmarks/suite.py run [--cpu-smoke] [--lease DIR] [--out DIR] [--work DIR]            # the first command
-    python benchmarks/suite.py run --finish [--cpu-smoke] [--out DIR] [--work DIR]                # the second command
-    python benchmarks/suite.py summary DIR                                      # the table again, from an archive
+    python -m benchmarks.gpu_check.suite run [--cpu-smoke] [--lease DIR] [--out DIR] [--work DIR]            # the first command
+    python -m benchmarks.gpu_check.suite run --finish [--cpu-smoke] [--out DIR] [--work DIR]                # the second command
+    python -m benchmarks.gpu_check.suite summary DIR                                      # the table again, from an archive
 
 The first (RUN, 560 s): unpack (the pack from --lease), env (machine, measured ceilings), checks (a training step,
 SDPA gradients per backend), parity (fail fast: eager vs CUDA-graph training losses, benchmarks/loss_check.py, on a
@@ -20,7 +20,7 @@ The second (--finish, 280 s) finds that run (or says in one line that it is not 
 training sets of CoLA, SST-2, MRPC, STS-B and RTE, the paper's protocol, 3 seeds, the last checkpoint and `ckpt-0000`
 side by side in one process; CoLA again at the released code's learning rate when the whole plan fits with it) with
 all the time the deadline leaves. Before it starts, its plan is checked against that
-time on its critical path (benchmarks/glue_fit.py: the jobs round-robin in one process, at the steps/s measured on the
+time on its critical path (benchmarks/gpu_check/glue_fit.py: the jobs round-robin in one process, at the steps/s measured on the
 H100 for each number of jobs in flight), the cap on jobs in flight set to the one the model finds fastest, and when
 it does not fit it is trimmed in a stated order (the longest task's seeds first, a task dropped last), said in one
 line and in finish.json (glue_fit). Its layout is the default (DEFAULT_LAYOUT: the fastest the H100 measured), so no
@@ -55,10 +55,9 @@ import tarfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-BENCH = ROOT / "benchmarks"
-sys.path.insert(0, str(BENCH))
-import glue_fit  # noqa: E402 - benchmarks/glue_fit.py: the GLUE plan against its time
+from benchmarks import ROOT, child_env
+from benchmarks.gpu_check import glue_fit  # the GLUE plan against its time
+
 WORK_DEFAULT = ROOT / ".lease-run"  # git-ignored, never carried: the first command's run waits here for the second
 WORK_MARK = ".tinyelectra-suite"  # a work folder the suite made (and may empty for a new run)
 
@@ -261,8 +260,9 @@ SIZES = {
 }
 
 
-def _script(name: str) -> str:
-    return str(BENCH / name)
+def _module(name: str) -> list[str]:
+    """`-m benchmarks.NAME`: a stage runs a benchmark as a module (the checkout is on its PYTHONPATH: Run.env)."""
+    return ["-m", f"benchmarks.{name}"]
 
 
 def _step(run: "Run", *extra: str, precision: str = "bf16") -> list[str]:
@@ -273,7 +273,7 @@ def _step(run: "Run", *extra: str, precision: str = "bf16") -> list[str]:
 
 def _throughput(run: "Run", name: str, compile_mode: str, sides: str, profile: bool = False, **step) -> list[str]:
     z = SIZES[run.mode]
-    return [run.python, _script("throughput.py"), *_step(run, "--compile", compile_mode, "--sides", sides, *z["timing"],
+    return [run.python, *_module("throughput"), *_step(run, "--compile", compile_mode, "--sides", sides, *z["timing"],
                                                           *(z["profile"] if profile else []), **step), "--name", name]
 
 
@@ -296,7 +296,7 @@ def compile_mode(run: "Run") -> str:
 
 def stage_parity(run: "Run") -> list[str]:
     z = SIZES[run.mode]
-    return [run.python, _script("loss_check.py"), *_step(run, "--compile", "reduce-overhead", *z["parity"]), "--name", "parity"]
+    return [run.python, *_module("loss_check"), *_step(run, "--compile", "reduce-overhead", *z["parity"]), "--name", "parity"]
 
 
 def stage_speed(run: "Run") -> list[str]:
@@ -474,14 +474,14 @@ def stage_glue_speed(run: "Run") -> list[str] | str:
     init = initial_checkpoint(run)
     if not (init / "config.json").is_file():
         return "no ckpt-0000 to measure with (pretrain did not write its initial weights)"
-    return [run.python, _script("device_checks.py"), "finetune", "--checkpoint", str(init), *SIZES[run.mode]["glue_speed"],
+    return [run.python, *_module("gpu_check.device_checks"), "finetune", "--checkpoint", str(init), *SIZES[run.mode]["glue_speed"],
             "--layouts", GLUE_LAYOUTS[run.mode], "--out-dir", str(run.stage_dir), "--name", "glue_speed"]
 
 
 STAGES = {  # stage -> its command(s) (or why it cannot run), built when the stage starts
-    "unpack": lambda r: [r.python, _script("pack.py"), "unpack", str(r.lease), str(r.pack)],
-    "env": lambda r: [r.python, _script("device_checks.py"), "env", "--mode", r.mode, "--out-dir", str(r.stage_dir)],
-    "checks": lambda r: [r.python, _script("device_checks.py"), "checks", *_step(r)],
+    "unpack": lambda r: [r.python, *_module("gpu_check.pack"), "unpack", str(r.lease), str(r.pack)],
+    "env": lambda r: [r.python, *_module("gpu_check.device_checks"), "env", "--mode", r.mode, "--out-dir", str(r.stage_dir)],
+    "checks": lambda r: [r.python, *_module("gpu_check.device_checks"), "checks", *_step(r)],
     "parity": stage_parity,
     "speed": stage_speed,
     "pretrain": stage_pretrain,
@@ -531,8 +531,8 @@ class Run:
         (self.stage_dir / "logs").mkdir(parents=True, exist_ok=True)
         self.log = open(out_dir / self.files[0], "w", encoding="utf-8")  # noqa: SIM115 - open for the whole run
         site = installed_copy(work)  # first on the stages' path: the package as users install it
-        self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
-                    "PYTHONUNBUFFERED": "1", "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor-cache")}
+        self.env = child_env({**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
+                              "PYTHONUNBUFFERED": "1", "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor-cache")})
         if mode == "smoke":  # one thread per process; inductor's aot_eager backend (no C++ compile on a busy CPU)
             self.env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TINYELECTRA_COMPILE_BACKEND="aot_eager")
 
@@ -734,13 +734,13 @@ def _prepare_work(work: Path, fresh: bool) -> None:
             _fail(f"--work {work}: holds files the suite did not write; choose another folder")
         shutil.rmtree(work)
     work.mkdir(parents=True, exist_ok=True)
-    (work / WORK_MARK).write_text("a work folder of benchmarks/suite.py: emptied at the start of every first command\n")
+    (work / WORK_MARK).write_text("a work folder of benchmarks/gpu_check/suite.py: emptied at the start of every first command\n")
 
 
 def _out_dir(args, mode: str) -> tuple[Path, str]:
     """--out, else $OUT, else benchmarks/results/<mode>-<stamp>/; checked writable (one line and exit 2 if not)."""
     env_out = os.environ.get("OUT")
-    chosen = args.out or env_out or str(BENCH / "results" / f"{mode}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
+    chosen = args.out or env_out or str(ROOT / "benchmarks" / "results" / f"{mode}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
     why = "--out" if args.out else "$OUT" if env_out else "default"
     if args.out and env_out and Path(args.out).resolve() != Path(env_out).resolve():
         why = f"--out (it wins over $OUT={env_out})"
@@ -789,7 +789,7 @@ def run_suite(args) -> int:
             f"{out_dir} ({out_why})")
     if mode == "smoke" and command == "run" and lease is None:  # the toy pack (seconds), before the stages
         with open(run.stage_dir / "logs" / "smoke_pack.log", "w", encoding="utf-8") as f:
-            built = subprocess.run([run.python, _script("pack.py"), "build", str(run.lease), "--smoke"], stdout=f,
+            built = subprocess.run([run.python, *_module("gpu_check.pack"), "build", str(run.lease), "--smoke"], stdout=f,
                                    stderr=subprocess.STDOUT, cwd=ROOT, env=run.env)
         if built.returncode != 0:
             run.say("[suite] could not build the smoke pack (it needs ../shared/data): see logs/smoke_pack.log")

@@ -8,7 +8,7 @@ equal to the original counts as "original" (more often for frequent words), so a
 0.5 on every real token. The matched AUC (replaced vs original occurrences of the same token id, specials left out:
 diagnostics.py) is the context number; the raw one is shown beside it. (In a full ELECTRA run the early generator writes *unlikely* words, which a
 discriminator spots by identity alone; once the generator improves, only context is left: see
-benchmarks/results/mini_electra_checkpoints_cpu.md, where the AUC falls from 0.80 to 0.55 as the generator learns.)
+benchmarks/lab/results/mini_electra_checkpoints_cpu.md, where the AUC falls from 0.80 to 0.55 as the generator learns.)
 
 Two implementations of the same discriminator (a recipe's model, `mini` by default) train side by side, each in its
 own process with one thread, on the same batches and the same corruptions: tinyelectra's `Electra` (embeddings,
@@ -17,8 +17,8 @@ own initialisation). Both use torch's AdamW (bias-corrected, weight decay 0.01 o
 linear warm-up then a constant rate, clipping at 1.0, dropout on. Every `--eval-every` steps: held-out AUC and
 accuracy minus the all-original prior on the same corrupted validation rows.
 
-    python benchmarks/disc_context.py --data data/enwiki-v8k --steps 800 [--lr 5e-4] [--recipe mini]
-      -> benchmarks/results/disc_context_cpu.json
+    python -m benchmarks.lab.disc_context --data data/enwiki-v8k --steps 800 [--lr 5e-4] [--recipe mini]
+      -> benchmarks/lab/results/disc_context_cpu.json
 """
 
 from __future__ import annotations
@@ -30,22 +30,22 @@ import sys
 import time
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH))
+import numpy as np
+import torch
+import torch.nn.functional as F
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from common import command_line, run_main, write_result  # noqa: E402
+from benchmarks import child_env
+from benchmarks.common import command_line, run_main, write_result
+from benchmarks.lab import RESULTS
 
-from tinyelectra import hf  # noqa: E402
-from tinyelectra.config import load_recipe  # noqa: E402
-from tinyelectra.data import PretrainData  # noqa: E402
-from tinyelectra.diagnostics import unigram_distribution  # noqa: E402
-from tinyelectra.electra import SpecialIds, mask_batch  # noqa: E402
-from tinyelectra.errors import UserError  # noqa: E402
-from tinyelectra.metrics import roc_auc  # noqa: E402
-from tinyelectra.model import Electra  # noqa: E402
+from tinyelectra import hf
+from tinyelectra.config import load_recipe
+from tinyelectra.data import PretrainData
+from tinyelectra.diagnostics import unigram_distribution
+from tinyelectra.electra import SpecialIds, mask_batch
+from tinyelectra.errors import UserError
+from tinyelectra.metrics import roc_auc
+from tinyelectra.model import Electra
 
 ARMS = ("tinyelectra", "transformers")
 WARMUP_STEPS = 100
@@ -180,14 +180,15 @@ def main(argv: list[str] | None = None) -> dict | None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1, help="torch threads per implementation (each runs in its own process)")
     ap.add_argument("--name", default="disc_context_cpu")
-    ap.add_argument("--out-dir", type=Path, default=None, help="where NAME.json goes (default benchmarks/results)")
+    ap.add_argument("--out-dir", type=Path, default=None, help="where NAME.json goes (default benchmarks/lab/results)")
     ap.add_argument("--arm-only", choices=ARMS, help=argparse.SUPPRESS)  # internal: one implementation, JSON on stdout
     args = ap.parse_args(argv)
     if args.arm_only:
         print(json.dumps(train_arm(args)))
         return None
     argv = sys.argv[1:] if argv is None else argv
-    procs = {arm: subprocess.Popen([sys.executable, __file__, *argv, "--arm-only", arm], stdout=subprocess.PIPE, text=True)
+    procs = {arm: subprocess.Popen([sys.executable, "-m", __spec__.name, *argv, "--arm-only", arm], stdout=subprocess.PIPE,
+                                  text=True, env=child_env())
              for arm in ARMS}
     evals = {}
     for arm, p in procs.items():
@@ -208,7 +209,7 @@ def main(argv: list[str] | None = None) -> dict | None:
         "final_auc_difference_tinyelectra_minus_transformers": round(last["tinyelectra"]["auc"] - last["transformers"]["auc"], 4),
         "final_auc_gain_ratio_tinyelectra_over_transformers": auc_gain_ratio(last["tinyelectra"]["auc"], last["transformers"]["auc"]),
     }
-    path = write_result(args.name, payload, out_dir=args.out_dir, command=command_line("benchmarks/disc_context.py", argv))
+    path = write_result(args.name, payload, out_dir=args.out_dir or RESULTS, command=command_line(__spec__.name, argv))
     write_markdown(path)
     print(f"{path}: final AUC tinyelectra {last['tinyelectra']['auc']}, transformers {last['transformers']['auc']}")
     return payload

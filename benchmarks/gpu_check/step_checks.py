@@ -2,7 +2,7 @@
 decide the step's defaults, each check with its own time limit, skipped once the deadline is near. ELECTRA-Small,
 128 x 128, on the card's precision (bf16 where it has bf16).
 
-    python benchmarks/step_checks.py [--deadline 540] [--out-dir benchmarks/results/step-checks] [--only parity,both]
+    python -m benchmarks.gpu_check.step_checks [--deadline 540] [--out-dir benchmarks/results/step-checks] [--only parity,both]
 
   parity     loss_check.py --compile auto: the CUDA-graph step computes the eager step (exit 1 stops everything)
   both       throughput.py --compile auto --sides both --profile 2: tinyelectra and transformers each at its best
@@ -28,18 +28,19 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+from benchmarks import ROOT, child_env
+
 SHAPE = ["--device", "cuda", "--recipe", "electra-small", "--batch", "128", "--seq-len", "128"]
 TIMING = ["--rounds", "6", "--warmup", "2", "--calls-per-round", "20", "--profile", "2"]
-# (name, script, arguments, limit in seconds): the cold compile with CUDA graphs took 112 s on an H200 (one graph;
+# (name, module of benchmarks/, arguments, limit in seconds): the cold compile with CUDA graphs took 112 s on an H200 (one graph;
 # the step now has two, with and without an attention mask); the later checks find most of it in the cache
 CHECKS = [
-    ("parity", "loss_check.py", [*SHAPE, "--compile", "auto", "--steps", "20"], 300),
-    ("both", "throughput.py", [*SHAPE, "--compile", "auto", "--sides", "both", *TIMING], 300),
-    ("grad_norm", "throughput.py", [*SHAPE, "--compile", "auto", "--sides", "tinyelectra", "--grad-norm", "one-op", *TIMING], 180),
-    ("no_padding", "throughput.py", [*SHAPE, "--compile", "auto", "--sides", "tinyelectra", "--padding", "none", *TIMING], 180),
-    ("fp16_parity", "loss_check.py", [*SHAPE, "--precision", "fp16", "--compile", "auto", "--steps", "20"], 300),
-    ("fp16", "throughput.py", [*SHAPE, "--precision", "fp16", "--compile", "auto", "--sides", "tinyelectra", *TIMING], 240),
+    ("parity", "loss_check", [*SHAPE, "--compile", "auto", "--steps", "20"], 300),
+    ("both", "throughput", [*SHAPE, "--compile", "auto", "--sides", "both", *TIMING], 300),
+    ("grad_norm", "throughput", [*SHAPE, "--compile", "auto", "--sides", "tinyelectra", "--grad-norm", "one-op", *TIMING], 180),
+    ("no_padding", "throughput", [*SHAPE, "--compile", "auto", "--sides", "tinyelectra", "--padding", "none", *TIMING], 180),
+    ("fp16_parity", "loss_check", [*SHAPE, "--precision", "fp16", "--compile", "auto", "--steps", "20"], 300),
+    ("fp16", "throughput", [*SHAPE, "--precision", "fp16", "--compile", "auto", "--sides", "tinyelectra", *TIMING], 240),
 ]
 
 
@@ -52,24 +53,24 @@ def plan(deadline_s: float, elapsed_s: float, limit_s: float) -> float | None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--deadline", type=float, default=540.0, help="seconds for all checks together")
-    ap.add_argument("--out-dir", default=str(HERE / "results" / "step-checks"))
+    ap.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results" / "step-checks"))
     ap.add_argument("--only", default="", help="comma-separated check names (default: all, in order)")
     args = ap.parse_args(argv)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = child_env(dict(os.environ, PYTHONUNBUFFERED="1"))
     env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(out / "inductor-cache"))
     wanted = [n for n in args.only.split(",") if n] or [c[0] for c in CHECKS]
     record: dict = {"deadline_s": args.deadline, "checks": {}}
     t0 = time.monotonic()
-    for name, script, arguments, limit in CHECKS:
+    for name, module, arguments, limit in CHECKS:
         if name not in wanted:
             continue
         allowed = plan(args.deadline, time.monotonic() - t0, limit)
         if allowed is None:
             record["checks"][name] = {"status": "skipped: deadline"}
             continue
-        command = [sys.executable, str(HERE / script), *arguments, "--out-dir", str(out), "--name", name]
+        command = [sys.executable, "-m", f"benchmarks.{module}", *arguments, "--out-dir", str(out), "--name", name]
         started = time.monotonic()
         with open(out / f"{name}.log", "w") as log:
             try:

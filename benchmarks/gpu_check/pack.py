@@ -1,9 +1,9 @@
 """The data the GPU run needs that git does not hold, packed to travel beside the working tree, and unpacked there.
 
-    python benchmarks/pack.py build [DIR] [--shared ../shared/data] [--shards 400]   # -> DIR (default .lease/)
-    python benchmarks/pack.py build DIR --smoke                                      # a toy pack for --cpu-smoke
-    python benchmarks/pack.py unpack DIR WORK                  # -> WORK/pretrain (prepared data), WORK/glue (tasks)
-    python benchmarks/pack.py measure [--shards 20]            # tokens per MiB: this packing against alternatives
+    python -m benchmarks.gpu_check.pack build [DIR] [--shared ../shared/data] [--shards 400]   # -> DIR (default .lease/)
+    python -m benchmarks.gpu_check.pack build DIR --smoke                                      # a toy pack for --cpu-smoke
+    python -m benchmarks.gpu_check.pack unpack DIR WORK                  # -> WORK/pretrain (prepared data), WORK/glue (tasks)
+    python -m benchmarks.gpu_check.pack measure [--shards 20]            # tokens per MiB: this packing against alternatives
 
 A pack is three files:
 - pretrain.tar.xz: `tinyelectra prepare` of the first --shards enwiki files at the electra-small recipe's
@@ -36,12 +36,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-ROOT = Path(__file__).resolve().parents[1]
-import suite  # noqa: E402  (no torch: unpacking is the GPU run's first stage, on a cold machine)
+from benchmarks import ROOT
+from benchmarks.gpu_check import suite  # no torch: unpacking is the GPU run's first stage, on a cold machine
 
-from tinyelectra.errors import UserError  # noqa: E402
-from tinyelectra.files import sha256_of  # noqa: E402
+from tinyelectra.errors import UserError
+from tinyelectra.files import sha256_of
 
 TASKS = ("cola", "sst2", "stsb", "mrpc", "rte")  # by value: CoLA shows pre-training first; RTE and MRPC last
 LIMIT_BYTES = 60 * 2**20  # the carry's 64 MiB less the smallest checkout and the margin: the travel check decides
@@ -87,7 +86,7 @@ def build(out_dir: Path, shared: Path, shards: int, smoke: bool) -> dict:
     shard_files = sorted(enwiki.glob("*.gz")) if enwiki.is_dir() else []
     if not shard_files or not glue.is_dir():
         raise UserError(f"--shared {shared}: expected enwiki/*.gz and glue/ (the project's data folder, ../shared/data)")
-    from common import git_commit  # noqa: PLC0415
+    from benchmarks.common import git_commit  # noqa: PLC0415
 
     from tinyelectra.config import load_recipe  # noqa: PLC0415
     from tinyelectra.glue_data import get_task  # noqa: PLC0415
@@ -328,7 +327,7 @@ def measure(shared: Path, shards: int, work: Path) -> dict:
         v["tokens_per_mib_vs_current"] = round(v["tokens_per_mib"] / current, 4)
     payload = {"shards": [f.name for f in files], "tokens": manifest["tokens"], "examples": manifest["examples"],
                "text_bytes": manifest.get("text_bytes"), "threads": 1, "alternatives": out}
-    write_result("pack_formats", payload, command=f"python benchmarks/pack.py measure --shards {shards}")
+    write_result("pack_formats", payload, command=f"python -m benchmarks.gpu_check.pack measure --shards {shards}")
     return payload
 
 

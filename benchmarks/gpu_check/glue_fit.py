@@ -1,5 +1,5 @@
 """Does the GLUE plan fit the time the --finish command has, and what runs if it does not: the arithmetic the suite's
-glue stage does before it starts (benchmarks/suite.py), kept here so that tests check it against hand-computed numbers.
+glue stage does before it starts (benchmarks/gpu_check/suite.py), kept here so that tests check it against hand-computed numbers.
 
 `tinyelectra glue` runs its jobs (checkpoint x task x seed) round-robin in one process, one step of each job in flight
 per round, longest first, at most `concurrent` in flight (finetune.run_jobs): every job in flight advances at the same

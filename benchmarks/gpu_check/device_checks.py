@@ -1,8 +1,8 @@
 """What the machine is and whether the GPU path works: the GPU suite's `env`, `checks` and `glue_speed` stages.
 
-    python benchmarks/device_checks.py env [--mode gpu|smoke] [--out-dir D] [--name env]
-    python benchmarks/device_checks.py checks [--device cuda --recipe electra-small --batch 128 ...] [--out-dir D]
-    python benchmarks/device_checks.py finetune --checkpoint CKPT [--device cuda] [--layouts eager:1,graphs:8,3xgraphs:10]
+    python -m benchmarks.gpu_check.device_checks env [--mode gpu|smoke] [--out-dir D] [--name env]
+    python -m benchmarks.gpu_check.device_checks checks [--device cuda --recipe electra-small --batch 128 ...] [--out-dir D]
+    python -m benchmarks.gpu_check.device_checks finetune --checkpoint CKPT [--device cuda] [--layouts eager:1,graphs:8,3xgraphs:10]
 
 env: Python, packages, GPU, driver, C compiler, the inductor cache at the start; and the two ceilings the suite
 reads MFU against beside the datasheet's peak: a bf16 8192 x 8192 x 8192 matrix product (2 n^3 FLOPs) and a 1 GiB
@@ -42,15 +42,15 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import torch  # noqa: E402
+import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from attention import gradient_safety  # noqa: E402
-from common import add_step_arguments, command_line, run_main, step_setup, synchronize, write_result  # noqa: E402
+from benchmarks import child_env
+from benchmarks.attention import gradient_safety
+from benchmarks.common import add_step_arguments, command_line, run_main, step_setup, synchronize, write_result
 
-from tinyelectra import flops, runtime  # noqa: E402
-from tinyelectra.config import load_recipe  # noqa: E402
-from tinyelectra.errors import UserError  # noqa: E402
+from tinyelectra import flops, runtime
+from tinyelectra.config import load_recipe
+from tinyelectra.errors import UserError
 
 CEILING_SIZES = {"gpu": {"gemm_n": 8192, "copy_bytes": 2**30}, "smoke": {"gemm_n": 256, "copy_bytes": 2**22}}
 PACKAGES = ("torch", "triton", "transformers", "tokenizers", "safetensors", "sentencepiece", "numpy", "rich", "typer",
@@ -118,7 +118,7 @@ def env(args, argv: list[str]) -> dict:
     device = torch.device("cuda" if mode == "gpu" and info["cuda_available"] else "cpu")
 
     def save() -> Path:
-        return write_result(args.name, info, device, out_dir=args.out_dir, command=command_line("benchmarks/device_checks.py", argv))
+        return write_result(args.name, info, device, out_dir=args.out_dir, command=command_line("benchmarks.gpu_check.device_checks", argv))
 
     if mode == "gpu" and not info["cuda_available"]:
         save()
@@ -146,7 +146,7 @@ def env(args, argv: list[str]) -> dict:
 
 
 def checks(args, argv: list[str]) -> dict:
-    from throughput import Batches, TrainerStep  # noqa: PLC0415
+    from benchmarks.throughput import Batches, TrainerStep  # noqa: PLC0415
 
     device, precision, _, batch = step_setup(args)
     runtime.configure_matmul(precision, device)
@@ -167,7 +167,7 @@ def checks(args, argv: list[str]) -> dict:
                               "what": "the trainer's step (TrainerStep), eager, synthetic batches; the first includes warm-up"},
                "sdpa_gradients": safety}
     path = write_result(args.name or "checks", payload, device, out_dir=args.out_dir,
-                        command=command_line("benchmarks/device_checks.py", argv))
+                        command=command_line("benchmarks.gpu_check.device_checks", argv))
     print(f"training step: losses {', '.join(f'{x:.4f}' for x in losses)} in {', '.join(f'{s:.2f}' for s in seconds)} s; "
           f"SDPA gradients safe: {', '.join(safety['safe']) or 'none'}; unsafe: {', '.join(safety['unsafe']) or 'none'} -> {path}")
     if not payload["train_step"]["finite"]:
@@ -294,7 +294,7 @@ def finetune_speed(args, argv: list[str]) -> dict:
                    "what": "aggregate fine-tuning steps/s of ELECTRA fine-tuning jobs (batch 32 x width) per layout: "
                            "[processes x] step mode : jobs in flight per process"}
         write_result(args.name, payload, device, out_dir=args.out_dir,
-                     command=command_line("benchmarks/device_checks.py", argv))
+                     command=command_line("benchmarks.gpu_check.device_checks", argv))
     print(f"fastest: {payload.get('best')} -> {args.out_dir or 'benchmarks/results'}/{args.name}.json")
     return payload
 
@@ -304,11 +304,12 @@ def _measure_processes(layout: dict, args, folder: Path) -> dict:
     window from the first start to the last end."""
     import json  # noqa: PLC0415
 
-    base = [sys.executable, str(Path(__file__).resolve()), "finetune", "--checkpoint", str(args.checkpoint),
+    base = [sys.executable, "-m", __spec__.name, "finetune", "--checkpoint", str(args.checkpoint),
             "--device", args.device or "cuda", "--precision", args.precision, "--width", str(args.width),
             "--seconds", str(args.seconds), "--layouts", f"{layout['mode']}:{layout['concurrent']}",
             "--worker", str(folder), "--workers", str(layout["processes"]), "--threads", str(args.threads or 0)]
-    procs = [subprocess.Popen([*base, "--worker-index", str(i)], stdout=subprocess.DEVNULL) for i in range(layout["processes"])]
+    procs = [subprocess.Popen([*base, "--worker-index", str(i)], stdout=subprocess.DEVNULL, env=child_env())
+             for i in range(layout["processes"])]
     codes = [p.wait() for p in procs]
     if any(codes):
         raise SystemExit(f"a worker of layout {layout['layout']} failed (exit codes {codes})")

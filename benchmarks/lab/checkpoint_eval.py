@@ -6,7 +6,7 @@ masked slots, both also matched by token id (the numbers word frequency cannot f
 the unigram answer. Useful for runs written before a metric existed, and to score more rows than the run did.
 Threads are pinned (--threads, default 1): this was measured on a shared 2-core machine.
 
-    python benchmarks/checkpoint_eval.py --run runs/quality-cpu/electra --data data/enwiki-v8k --rows 1024 \
+    python -m benchmarks.lab.checkpoint_eval --run runs/quality-cpu/electra --data data/enwiki-v8k --rows 1024 \
         --name mini_electra_checkpoints_cpu   -> benchmarks/results/NAME.json and NAME.md
 """
 
@@ -15,20 +15,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import sys
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH))
+import torch
 
-import torch  # noqa: E402
-from common import RESULTS, run_main, write_result  # noqa: E402
+from benchmarks.common import run_main, write_result
+from benchmarks.lab import RESULTS
 
-from tinyelectra.checkpoint import checkpoint_dirs, load_checkpoint  # noqa: E402
-from tinyelectra.data import PretrainData  # noqa: E402
-from tinyelectra.diagnostics import evaluate, unigram_distribution  # noqa: E402
-from tinyelectra.electra import SpecialIds  # noqa: E402
-from tinyelectra.errors import UserError  # noqa: E402
+from tinyelectra.checkpoint import checkpoint_dirs, load_checkpoint
+from tinyelectra.data import PretrainData
+from tinyelectra.diagnostics import evaluate, unigram_distribution
+from tinyelectra.electra import SpecialIds
+from tinyelectra.errors import UserError
 
 
 def score_run(run_dir: Path, data: PretrainData, rows: int, micro: int = 64) -> list[dict]:
@@ -68,7 +66,7 @@ def main() -> None:
     if not checkpoint_dirs(args.run):
         raise UserError(f"{args.run}: no checkpoints to score")
     rows = score_run(args.run, PretrainData(args.data), args.rows)
-    path = write_result(args.name, {"run": str(args.run), "data": str(args.data), "checkpoints": rows})
+    path = write_result(args.name, {"run": str(args.run), "data": str(args.data), "checkpoints": rows}, out_dir=RESULTS)
     (RESULTS / f"{args.name}.md").write_text(markdown(f"Checkpoints of {args.run.name}, scored again", rows))
     print(path)
 

@@ -19,19 +19,19 @@ tinyelectra's `Electra` and transformers' `ElectraForPreTraining`, forward and e
 end to the other one switch at a time (singly and cumulatively) and back, then through the learning rate and the
 CPU recipes' optimizer.
 
-    python benchmarks/plateau.py run --data grammar0,grammar1,grammar2 --steps 2000 --arms electra,plain,...
-    python benchmarks/plateau.py run --data enwiki --steps 2000 --arms ...   # data/enwiki10-v8k (benchmarks/README.md)
-    python benchmarks/plateau.py check     # -> plateau_check_cpu.json: the equivalences, gradient RMS per layer
-    python benchmarks/plateau.py analyse   # -> plateau_attention_cpu.json: what trained weights attend to
-    python benchmarks/plateau.py report    # -> plateau_cpu.json and .md: the tables and every run's curve
-    python benchmarks/plateau.py corpus --data grammar0 --out grammar0.txt   # the grammar as text, for full runs
-    python benchmarks/plateau.py tiny --data grammar0 --steps 2500 --set optim.lr=3e-4   # tests/test_plateau.py's run
-    python benchmarks/plateau.py prior --data RUN,RUN --out NAME   # full runs: when the discriminator left its prior
+    python -m benchmarks.lab.plateau run --data grammar0,grammar1,grammar2 --steps 2000 --arms electra,plain,...
+    python -m benchmarks.lab.plateau run --data enwiki --steps 2000 --arms ...   # data/enwiki10-v8k (benchmarks/README.md)
+    python -m benchmarks.lab.plateau check     # -> plateau_check_cpu.json: the equivalences, gradient RMS per layer
+    python -m benchmarks.lab.plateau analyse   # -> plateau_attention_cpu.json: what trained weights attend to
+    python -m benchmarks.lab.plateau report    # -> plateau_cpu.json and .md: the tables and every run's curve
+    python -m benchmarks.lab.plateau corpus --data grammar0 --out grammar0.txt   # the grammar as text, for full runs
+    python -m benchmarks.lab.plateau tiny --data grammar0 --steps 2500 --set optim.lr=3e-4   # tests/test_plateau.py's run
+    python -m benchmarks.lab.plateau prior --data RUN,RUN --out NAME   # full runs: when the discriminator left its prior
 
 Each (data, arm) run is one process with one torch thread, at most `--parallel` (default 2) at a time, 32 rows a
 step (`--batch-size`; another size or row length is a data key of its own, e.g. grammar0-b8t32), AdamW after a
 100-step linear warm-up then constant (`Spec`), clipping at 1.0, dropout 0.1. It rewrites its curve in
-benchmarks/results/plateau_cpu/ and its state in runs/plateau/ after every evaluation: run again, an interrupted run
+benchmarks/lab/results/plateau_cpu/ and its state in runs/plateau/ after every evaluation: run again, an interrupted run
 resumes and a finished one extends to more steps on the same curve.
 """
 
@@ -48,25 +48,24 @@ import sys
 import time
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH))
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from common import command_line, git_commit, machine, run_main, write_result  # noqa: E402
-from torch import Tensor, nn  # noqa: E402
+from benchmarks import ROOT, child_env
+from benchmarks.common import command_line, git_commit, machine, run_main, write_result
+from benchmarks.lab import RESULTS
 
-from tinyelectra.config import ModelConfig, ObjectiveConfig  # noqa: E402
-from tinyelectra.electra import SpecialIds, mask_batch  # noqa: E402
-from tinyelectra.errors import UserError  # noqa: E402
-from tinyelectra.files import write_json  # noqa: E402
-from tinyelectra.metrics import roc_auc  # noqa: E402
-from tinyelectra.optim import TorchAdamW  # noqa: E402
+from tinyelectra.config import ModelConfig, ObjectiveConfig
+from tinyelectra.electra import SpecialIds, mask_batch
+from tinyelectra.errors import UserError
+from tinyelectra.files import write_json
+from tinyelectra.metrics import roc_auc
+from tinyelectra.optim import TorchAdamW
 
-RESULTS = BENCH / "results"
 RUNS = RESULTS / "plateau_cpu"  # one file per (data, arm)
-WEIGHTS = BENCH.parent / "runs" / "plateau"  # trained weights for the analysis (git-ignored)
+WEIGHTS = ROOT / "runs" / "plateau"  # trained weights for the analysis (git-ignored)
 SPECIAL = SpecialIds(pad=0, cls=1, sep=2, mask=3)  # the grammar's ids (enwiki's come from its tokenizer)
 OBJECTIVE = ObjectiveConfig()  # 15% of positions, as disc_context.py
 
@@ -591,8 +590,8 @@ def run_all(args) -> None:
                 continue
             jobs.append((arm, data))
     running: list[tuple[subprocess.Popen, str, str]] = []
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    base = [sys.executable, __file__, "one", "--steps", str(args.steps), "--batch-size", str(args.batch_size),
+    env = child_env(dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1"))
+    base = [sys.executable, "-m", __spec__.name, "one", "--steps", str(args.steps), "--batch-size", str(args.batch_size),
             *(["--seq-len", str(args.seq_len)] if args.seq_len else []), "--eval-every", str(args.eval_every), "--eval-rows", str(args.eval_rows),
             "--seed", str(args.seed), "--enwiki", str(args.enwiki), "--command", args.command,
             "--save-at", ",".join(map(str, args.save_at))]
@@ -876,7 +875,7 @@ STEPS_SHOWN = [200, 400, 600, 1000, 1500, 2000]
 
 
 def report(args) -> Path:
-    """benchmarks/results/plateau_cpu.json and .md from every run file: the tables, then every run's curve."""
+    """benchmarks/lab/results/plateau_cpu.json and .md from every run file: the tables, then every run's curve."""
     runs = [json.loads(p.read_text()) for p in sorted(RUNS.glob("*.json"))]
     for r in runs:
         r.setdefault("key", r["data"])
@@ -891,13 +890,13 @@ def report(args) -> Path:
                "arms": {a: {"what": w, "spec": dataclasses.asdict(sp)} for a, (w, sp) in arms().items()
                         if any(r["arm"] == a for r in runs)},
                "runs": runs, **extra}
-    path = write_result("plateau_cpu", payload, command=args.command)
+    path = write_result("plateau_cpu", payload, out_dir=RESULTS, command=args.command)
     groups = {}  # table name -> data keys
     for k in sorted({r["key"] for r in runs}):
         name = re.sub(r"^grammar\d+", "grammar", k)  # the grammar's seeds in one table
         groups.setdefault(name, []).append(k)
     lines = ["# Why ELECTRA's discriminator sits at its prior: one choice at a time", "",
-             FINDINGS, "",
+             findings(path.with_suffix(".md"), payload["what"]), "",
              payload["what"] + f". Cells: held-out AUC matched by token id (0.5 = no context), the mean over the runs "
              f"that reached the step (their number in brackets when not all); \"left at\": each run's first evaluated "
              f"step from which it stays >= {LEFT_AT} (\"-\": never within the run). Machine, commit and command of each "
@@ -944,55 +943,15 @@ def report(args) -> Path:
     return md
 
 
-FINDINGS = """## Findings
-
-Numbers: matched AUC on grammar0 with 32 rows of 32 tokens a step, torch AdamW 1e-3 after a 100-step warm-up, unless
-said; "left at" is the first evaluated step from which the run stays >= 0.6 (tables below).
-
-1. **Not a defect.** tinyelectra's `Electra` and transformers' `ElectraForPreTraining` compute the same logits and
-   the same gradients on identical weights (max relative gradient difference 5e-7 over 71 tensors,
-   plateau_check_cpu.json), and both sit at the prior (0.535 and 0.516 at best over 2,000 steps), as does this file's
-   ELECTRA end (0.508 at best over 2,000 steps). The plain end equals `torch.nn.TransformerEncoder` (0.0 apart) and
-   leaves the prior at step 200 (0.883 at 600).
-2. **No single choice of ELECTRA's makes the plateau; three together do, and reverting any one of those three ends
-   it.** Each of ELECTRA's seven choices added alone to the plain encoder leaves it learning by step 200-300 (0.87-0.92
-   at 600). From ELECTRA's side, PyTorch's initialisation instead of N(0, 0.02) leaves at 900, pre-LN instead of
-   post-LN at 800, ReLU instead of GELU at 600 (0.89-0.92 at 2,000); reverting the two-layer head, the factorised
-   embedding, the embedding LayerNorm, the token types or dropout does not (0.50-0.53 at best over 2,000). At
-   initialisation ELECTRA's layers get 6-30x smaller gradients than the plain encoder's (attention RMS 1.0e-4 against
-   1.6e-3, feed-forward 8e-5 against 2.2e-3, plateau_check_cpu.json): Adam takes steps of the learning rate's size
-   whatever the gradient, so in a small batch those steps mostly follow noise (a reading, not a measurement).
-3. **The learning rate decides whether the plateau ends.** ELECTRA leaves it at AdamW 1e-4 (step 1,800) and 3e-4
-   (1,000), not at 1e-3 (0.508 at best over 2,000), and not at tiny's optimizer (the paper's Adam, eps 1e-6, peak 3e-3:
-   0.522). At tiny's optimizer not one of the reverts above helps (PyTorch's init, ReLU, pre-LN, init + ReLU, ReLU +
-   pre-LN: 0.53-0.59 at best over 2,000), and ELECTRA's initialisation alone or post-LN alone stops the plain encoder
-   (0.518, 0.519 at best over 1,000), which itself still leaves the prior at step 200 there. The paper's Adam at 3e-4
-   leaves at 1,000, 1,300 and 1,000 on grammar0, 1 and 2 (0.87-0.92 at 2,000), tinyelectra's `Electra` (another
-   initial draw, tests/test_plateau.py's configuration) at 1,600 on grammar0 (plateau_test_config_cpu.json). The CPU
-   recipes' 3e-3 (six times the paper's 5e-4, chosen for the generator) sits deep in the regime where it never ends.
-   At 1e-3, neither a warm-up of 0 or 1,000 steps, nor weight decay 0, nor an initial scale of 0.05 or 0.1, nor the
-   paper's Adam had left it by step 600 (0.49-0.52 at best).
-4. **Smaller batches need still lower rates, and the plateau is long even at the best one.** With tiny's 16 rows a
-   step, the paper's Adam at 3e-4 leaves the prior at step 1,700 (grammar0) and 2,400 (grammar2; tinyelectra's
-   `Electra` on grammar0 also 2,400, plateau_test_config_cpu.json), not within 2,500 on grammar1 (0.513 at best); at 5e-4 not within 2,000 (0.531
-   at best); with 2 layers instead of 4 at 1,300. The discriminator's body at a tenth of 3e-3 with the embeddings at
-   3e-3 (`optim.disc_lr_scale = 0.1`) leaves at 1,200 with 32 rows, not with 16 or 8 (0.541, 0.519 at best over
-   2,000). None of rows of 16 tokens (2,000 steps), a grammar of 4 x 4 or 8 x 8 words (1,000, 700) or ReLU at 3e-4
-   (1,000) had left it when stopped. The plain encoder needs about 6,400 rows; ELECTRA's discriminator at its best
-   rate 27,000-51,000 (and more than 40,000 on grammar1 with 16 rows a step).
-5. **enwiki, and full ELECTRA runs at CPU compute.** On enwiki rows (32 x 64) even the plain encoder reaches only
-   0.583 at best over 2,000 steps (ELECTRA 0.540 over 1,900). In full runs of the mini recipe on enwiki (2,000 steps of
-   32 x 128, plateau_mini_cpu.md) the discriminator stays at its prior with every setting tried: the recipe (3e-3),
-   the body at a tenth (disc_lr_scale 0.1) and the whole model at 3e-4 end with matched AUCs of 0.509, 0.513, 0.504
-   (on unigram draws 0.500, 0.491, 0.490) and a training loss of 1.000, 0.991, 0.975 of the all-original loss, never
-   under 0.95 (plateau_mini_prior_cpu.json); their generators reach 3.82x, 3.84x and 1.99x the unigram answer.
-
-**The cause:** ELECTRA's N(0, 0.02) initialisation, post-LN and GELU together give its discriminator a long plateau
-at the all-"original" prior, and with Adam at a learning rate above about 3e-4 in batches of 16-32 rows it does not
-end at all within 2,000 steps; the CPU recipes' 3e-3 is far above. A choice of the paper's (both implementations
-share it), not a bug. At the paper's own rate and batch (5e-4, 128 x 128, real enwiki) an H100 run of electra-small
-left it at step 2,300 (benchmarks/results/h100-2026-11-26/summary.json).
-"""
+def findings(md: Path, next_paragraph: str) -> str:
+    """The "## Findings" section written by hand into the report (what the tables show), up to `next_paragraph`, the
+    first one this writes after it: kept when the tables are written again; a placeholder in a new report."""
+    text = md.read_text(encoding="utf-8") if md.exists() else ""
+    start = text.find("## Findings")
+    end = text.find(next_paragraph, start)
+    if start < 0 or end < 0:
+        return "## Findings\n\n(to be written from the tables below)"
+    return text[start:end].rstrip()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -1015,13 +974,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="tiny: a recipe override")
     ap.add_argument("--command", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    args.command = args.command or command_line("benchmarks/plateau.py", sys.argv[1:] if argv is None else argv)
+    args.command = args.command or command_line("benchmarks.lab.plateau", sys.argv[1:] if argv is None else argv)
     if args.mode == "one":
         train_one(args, args.arm, args.data)
     elif args.mode == "analyse":
         print(write_result("plateau_attention_cpu", {"what": "trained weights (runs/plateau/weights) on grammar0's "
                            "held-out rows: attention per layer, and the matched AUC with every position vector "
-                           "replaced by their mean", "models": analyse(args)}, command=args.command))
+                           "replaced by their mean", "models": analyse(args)}, out_dir=RESULTS, command=args.command))
     elif args.mode == "tiny":  # the tiny recipe itself, as tests/test_plateau.py runs it: one curve per --data
         path = RESULTS / "plateau_test_config_cpu.json"
         runs = json.loads(path.read_text())["runs"] if path.exists() else []
@@ -1033,9 +992,10 @@ def main(argv: list[str] | None = None) -> None:
                          "seconds": round(time.perf_counter() - t0, 1), "command": args.command, "curve": curve})
             write_result("plateau_test_config_cpu", {"what": "the tiny recipe's discriminator alone (tinyelectra's "
                          "Electra, the recipe's optimizer with the overrides), rows of 32 tokens of the grammar, held-out "
-                         "AUC matched by token id every 100 steps until it reaches 0.7", "runs": runs}, command=args.command)
+                         "AUC matched by token id every 100 steps until it reaches 0.7", "runs": runs}, out_dir=RESULTS,
+                         command=args.command)
     elif args.mode == "prior":  # full runs' discriminator loss against its all-original loss, as the GPU suite reads it
-        import suite  # noqa: PLC0415
+        from benchmarks.gpu_check import suite  # noqa: PLC0415
 
         out = {}
         for d in args.data.split(","):
@@ -1043,11 +1003,11 @@ def main(argv: list[str] | None = None) -> None:
             out[d] = suite.along_the_run([r for r in records if "disc_loss" in r], {})
         print(write_result(args.out.stem if args.out else "plateau_prior_cpu", {"what": "each run's training "
                            "discriminator loss over its all-original loss (suite.along_the_run)", "runs": out},
-                           command=args.command))
+                           out_dir=RESULTS, command=args.command))
     elif args.mode == "corpus":
         print(write_corpus(args.data, args.out))
     elif args.mode == "check":
-        doc = write_result("plateau_check_cpu", check(args), command=args.command)
+        doc = write_result("plateau_check_cpu", check(args), out_dir=RESULTS, command=args.command)
         print(doc.read_text())
     elif args.mode == "report":
         print(report(args))

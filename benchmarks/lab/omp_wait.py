@@ -2,10 +2,10 @@
 of `tinyelectra.train.train`'s loop) under libgomp's wait policies and thread counts, on a quiet CPU and with one
 core busy with another program.
 
-    python benchmarks/omp_wait.py --recipe tiny --condition quiet            # waits for a load average < 0.3
-    python benchmarks/omp_wait.py --recipe tiny --condition busy
-    python benchmarks/omp_wait.py --recipe electra-small --condition busy --rounds 3 --warmup 1 --steps 3
-      -> benchmarks/results/omp_wait_cpu.json: one section per recipe and condition, rewritten after every round;
+    python -m benchmarks.lab.omp_wait --recipe tiny --condition quiet            # waits for a load average < 0.3
+    python -m benchmarks.lab.omp_wait --recipe tiny --condition busy
+    python -m benchmarks.lab.omp_wait --recipe electra-small --condition busy --rounds 3 --warmup 1 --steps 3
+      -> benchmarks/lab/results/omp_wait_cpu.json: one section per recipe and condition, rewritten after every round;
          an interrupted run continues with the rounds it still needs
 
 libgomp reads OMP_WAIT_POLICY, GOMP_SPINCOUNT and OMP_NUM_THREADS once, when torch loads it, so every measurement
@@ -36,7 +36,9 @@ import sys
 import time
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
+from benchmarks import child_env
+from benchmarks.lab import RESULTS
+
 VARIANTS = {  # name -> the environment libgomp sees (on top of one without any OpenMP variable)
     "default": {},
     "passive": {"OMP_WAIT_POLICY": "PASSIVE"},
@@ -106,8 +108,7 @@ def child(args) -> None:
     """Time --steps trainer steps after --warmup; print one JSON line."""
     import torch  # first: libgomp reads the environment the parent chose when torch loads it
 
-    sys.path.insert(0, str(BENCH))
-    from throughput import Batches, TrainerStep  # noqa: PLC0415
+    from benchmarks.throughput import Batches, TrainerStep  # noqa: PLC0415
 
     from tinyelectra import runtime  # noqa: PLC0415
     from tinyelectra.config import load_recipe  # noqa: PLC0415
@@ -137,10 +138,10 @@ def measure(args, variant: str) -> dict:
     """One child process under `variant`'s environment; its result with the load around it."""
     env = {k: v for k, v in os.environ.items() if k not in OPENMP_VARIABLES}
     env.update(VARIANTS[variant], OMP_DISPLAY_ENV="VERBOSE")
-    cmd = [sys.executable, __file__, "--child", "--recipe", args.recipe, "--batch", str(args.batch), "--seq-len",
+    cmd = [sys.executable, "-m", __spec__.name, "--child", "--recipe", args.recipe, "--batch", str(args.batch), "--seq-len",
            str(args.seq_len), "--warmup", str(args.warmup), "--steps", str(args.steps), *(["--data", args.data] if args.data else [])]
     load_before, t0 = load_1min(), time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    proc = subprocess.run(cmd, env=child_env(env), capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"error: {variant}: the measuring process failed:\n{proc.stderr[-3000:]}")
     shown = dict(line.strip().split(" = ", 1) for line in proc.stderr.splitlines() if " = " in line and line.startswith("  "))
@@ -191,8 +192,7 @@ def summarize(rounds: list[dict]) -> dict:
 
 
 def run(args) -> None:
-    sys.path.insert(0, str(BENCH))
-    from common import RESULTS, command_line, write_result  # noqa: PLC0415
+    from benchmarks.common import command_line, write_result  # noqa: PLC0415 (torch: not in the parent until here)
 
     path = Path(args.out_dir or RESULTS) / f"{args.name}.json"
     doc = json.loads(path.read_text()) if path.exists() else {}
@@ -220,7 +220,7 @@ def run(args) -> None:
             f"{m['variant']} {m['tokens_per_s']:.0f} tok/s (others {m['others_demand']:.2f}, load {m['load_1min_before']})"
             for m in measurements), flush=True)
         write_result(args.name, {"what": __doc__.split("\n\n")[0], "variants": VARIANTS, "sections": sections},
-                     out_dir=args.out_dir, command="python benchmarks/omp_wait.py (per section: `command`)")
+                     out_dir=args.out_dir or RESULTS, command="python -m benchmarks.lab.omp_wait (per section: `command`)")
 
 
 def main() -> None:
