@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import glob
 import hashlib
 import io
 import json
@@ -57,7 +58,7 @@ from tinyelectra.glue_data import (
     read_split, resolve_tasks, with_swapped_pairs, write_submission,
 )
 from tinyelectra.metrics import METRIC_TITLES, average_score, score_task
-from tinyelectra.runfolder import holding
+from tinyelectra.runfolder import Written, holding
 from tinyelectra.tokenizer import Tokenizer
 
 FORMAT = "tinyelectra-glue"
@@ -628,7 +629,11 @@ def glue_command(checkpoint: Path, glue_dir: Path | None, use_hf: bool, tasks: s
     cache: dict = {}
     runs: list[CheckpointRun] = []
     written = []
-    with holding(Path(out_dir), "--out"):  # one writer per --out (runfolder.py)
+    # one writer per --out (runfolder.py); on its record before the first byte, what glue writes there per checkpoint
+    with holding(Path(out_dir), "--out", reserves=[glob.escape(ref.name) for ref in refs]):
+        Written(Path(out_dir), "glue").add(*(f"{glob.escape(ref.name)}/{w}" for ref in refs
+                                             for w in ("glue.json", ".glue.json.*.tmp", "partial/*", "submission/*")), kind="glob")
+        Written(Path(out_dir), "glue").add(*(f"{ref.name}{w}" for ref in refs for w in ("", "/partial", "/submission")), kind="dir")
         try:
             for ref in refs:
                 runs.append(CheckpointRun(ref, data, fc, seed_list, Path(out_dir), dev, precision, reason,

@@ -25,8 +25,10 @@ import dataclasses
 import errno
 import json
 import math
+import glob
+import os
 import re
-import shutil
+import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +49,7 @@ from tinyelectra.files import os_error_line, write_json
 from tinyelectra.logs import Log, Progress, median_tokens_per_second
 from tinyelectra.model import Electra, count_parameters
 from tinyelectra.optim import lr_at
-from tinyelectra.runfolder import data_record, record_data
+from tinyelectra.runfolder import DATASET_FILE, Written, data_record, delete_temporaries, record_data
 from tinyelectra.runtime import device_name
 from tinyelectra.step import Dist, Engine, new_sums
 
@@ -126,6 +128,7 @@ class RunState:
         self.command = command  # as given: the lines that say how to continue quote it
         self.clock = clock  # measures training time (tests pass a simulated one)
         self.log = Log(run_dir, dist.main)
+        self.written = Written(run_dir, "train")  # the record of what it writes there (runfolder.py); rank 0 only
         self.startup_t0 = clock()  # train()'s entry: start-up and this process's wall time count from here
         self.process_seconds = ProcessSeconds()
         self.continue_with = _rerun_command(command, run_dir, ["--resume"])  # the command that continues this run
@@ -143,8 +146,7 @@ class RunState:
         self.parts, self.resumed = parts, resume
         recipe, run_dir, dist, log, bud = self.recipe, self.run_dir, self.dist, self.log, self.bud
         if dist.main:  # what an interrupted write left behind (never renamed into place, so never loadable)
-            for stale in [*run_dir.glob("*.tmp-*"), *(run_dir / "state").glob("*.tmp-*")]:
-                shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
+            delete_temporaries(run_dir, "train")
         self.sums = new_sums(self.device)  # the current log window's metric sums
         self.window_step = 0  # the step the current log window started after
         if resume:
@@ -164,6 +166,8 @@ class RunState:
             for k, v in window["sums"].items():  # the log window the interruption cut: its first steps' sums
                 self.sums[k].fill_(v)
             self.state_saved = (self.step, state_dir)
+            if dist.main:
+                self.record_run_files()
             log.truncate_after(self.step)
             log.once(f"resumed from step {self.step} ({self.train_seconds:.1f} s of training time spent)")
             found = [{"step": self.step, "key": key, "old": old, "new": new} for key, old, new in differences(
@@ -189,6 +193,7 @@ class RunState:
             changes, runtime_changes = [], []
             if dist.main:  # the run directory appears only now, when the set-up has accepted everything
                 run_dir.mkdir(parents=True, exist_ok=True)
+                self.record_run_files()
                 log.truncate_after(0)  # a run that stopped during start-up and starts again
                 saved = recipe.to_dict()
                 saved["deviations"] = saved["deviations"] + list(overridden or [])
@@ -207,6 +212,15 @@ class RunState:
         if (changes or runtime_changes) and dist.main:
             plan.save(run_dir / "plan.json")
         log.plan(plan, recipe, parts.model, parts.precision, self.device, self.command)
+
+    def record_run_files(self) -> None:
+        """On record before any is written: the run's files and folders that are not checkpoints or resume states
+        (those are recorded file by file as they are written: checkpoint.py), TensorBoard's event files by this
+        process's pattern (their names are known only once written)."""
+        run_dir, written = self.run_dir, self.written
+        written.add(*(run_dir / n for n in ("recipe.json", "plan.json", "summary.json", "metrics.jsonl", DATASET_FILE)))
+        written.add(run_dir / "tensorboard", kind="dir")
+        written.add(f"tensorboard/events.out.tfevents.*.{glob.escape(socket.gethostname())}.{os.getpid()}.*", kind="glob")
 
     def tokens_seen(self) -> int:
         return self.tokens_base + int(self.real_tokens.item())  # host sync: log steps, checkpoints, states
@@ -356,7 +370,7 @@ class RunState:
                 "train_seconds": self.train_seconds, "eval": ev, "precision": parts.precision,
                 "device": device_name(self.device), "budget": plan.budget, "recipe": recipe.name}
         if self.dist.main:
-            save_checkpoint(self.run_dir / name, parts.model, recipe, meta, parts.data.path / "tokenizer")
+            save_checkpoint(self.run_dir / name, parts.model, recipe, meta, parts.data.path / "tokenizer", self.written)
         self.log.metrics({"event": "checkpoint", **meta})
         self.progress.note(checkpoint_line(name, ev))
         self.done_ckpts.add(name)
@@ -374,9 +388,10 @@ class RunState:
             sums = {k: v.item() for k, v in self.sums.items()}  # host sync: state writes only
             window = {"step": self.window_step, "sums": sums}
             self.state_saved = (self.step, save_resume_state(
-                self.run_dir, parts.model, parts.optimizer, parts.scaler, parts.loader, step=self.step,
+                self.run_dir, parts.model, parts.optimizer, parts.scaler, parts.loader, self.written, step=self.step,
                 tokens_seen=self.tokens_seen(), train_seconds=self.train_seconds, other_seconds=self.other_seconds,
-                checkpoints=sorted(self.done_ckpts), plan=self.plan.to_dict(), window=window, recipe=self.recipe))
+                checkpoints=sorted(self.done_ckpts), plan=self.plan.to_dict(), window=window, recipe=self.recipe,
+                data=data_record(parts.data)))
 
     # --- the finish ---------------------------------------------------------------------------------------------------
     def finish(self) -> dict:
