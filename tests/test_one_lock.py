@@ -32,7 +32,7 @@ from test_runfolder import SMALL, lock_record, two_datasets, wait_for
 
 LOCK_NAME, RECORD_NAME = ".tinyelectra.lock", ".tinyelectra.written"
 PAUSE = "TINYELECTRA_PAUSE_AFTER_LOCK"
-TRAIN = ["train", "--recipe", "tiny", "--budget", "4steps", "--device", "cpu", *SMALL]
+TRAIN = ["train", "--recipe", "tiny", "--budget", "4steps", "--device", "cpu", *SMALL, "--set", "train.log_every_steps=1"]
 GLUE = ["--tasks", "sst2", "--seeds", "1", "--device", "cpu", "--set", "epochs=1"]
 
 
@@ -257,8 +257,8 @@ def test_force_deletes_only_what_the_records_list_and_says_what(done_run, datase
     # the new run writes ckpt-10000 again: a file of one's own in it is not deleted, and nothing else is either
     before = tree(run)
     force = [*TRAIN, "--data", str(datasets[0]), "--out", str(run), "--force"]
-    refused(force, cli_env, monkeypatch, capsys, f"--force: {run / 'ckpt-10000'} holds ckpt-10000/NOTES.txt, which "
-            "tinyelectra did not write, and the new run writes ckpt-10000 again: move it away first (nothing was deleted)")
+    refused(force, cli_env, monkeypatch, capsys, f"--force: {run / 'ckpt-10000'} holds ckpt-10000/NOTES.txt, which the "
+            "run's record does not list, and the new run writes ckpt-10000 again: move it away first (nothing was deleted)")
     assert tree(run) == before
     (run / "ckpt-10000" / "NOTES.txt").rename(tmp_path / "NOTES.txt")
     del mine["ckpt-10000/NOTES.txt"]

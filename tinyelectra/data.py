@@ -55,6 +55,26 @@ def files_present(out_dir: Path, manifest: dict) -> bool:
     return all((out_dir / n).is_file() for n in names) and (out_dir / "tokenizer").is_dir()
 
 
+def _sha256_and_max(path: Path, array: np.ndarray, block_bytes: int = 1 << 24) -> tuple[str, int]:
+    """One read of a .npy file whose data `array` memory-maps: the sha256 of the whole file (as sha256sum gives it)
+    and the largest value of the array (-1 when empty), block by block."""
+    digest = hashlib.sha256()
+    flat = array.reshape(-1)
+    offset = getattr(array, "offset", None)
+    if offset is None or not flat.flags.c_contiguous:  # not memory-mapped as a whole: the file, then the array
+        return sha256_of(path), int(flat.max()) if flat.size else -1
+    top, per_block = -1, max(1, block_bytes // max(flat.itemsize, 1))
+    with open(path, "rb") as f:
+        digest.update(f.read(offset))  # the header
+        for start in range(0, flat.size, per_block):
+            block = flat[start:start + per_block]
+            digest.update(memoryview(block).cast("B"))
+            top = max(top, int(block.max()))
+        f.seek(offset + flat.nbytes)
+        digest.update(f.read())  # nothing, for a file np.save wrote
+    return digest.hexdigest(), top
+
+
 # ---------------------------------------------------------------------------------------------------- loading
 @dataclass
 class Batch:
@@ -163,28 +183,28 @@ class PretrainData:
                             "prepare the data again") from None
 
     def check_files(self) -> dict[str, dict]:
-        """Every shard file read whole, once per process: its size and sha256 (a shard whose sha256 is not the one
-        `prepare` recorded in manifest.json was damaged or replaced since: a UserError naming it) and its token ids
-        against the vocabulary, so a damaged file stops the set-up, not step 1. Returns {file name: {"bytes",
-        "sha256"}}, what a run records of its data (runfolder.data_record) and --resume checks again."""
+        """Every shard file read whole, once per process, in one pass: its token ids against the vocabulary (a damaged
+        file stops the set-up, not step 1) and its size and sha256 (a shard whose sha256 is not the one `prepare`
+        recorded in manifest.json was damaged or replaced since: a UserError naming it). Returns {file name:
+        {"bytes", "sha256"}}, what a run records of its data (runfolder.data_record) and --resume checks again."""
         if self._files is None:
             files = {}
             for split, info in self.manifest["splits"].items():
-                for (ids, _), s in zip(self._open(split), info["shards"]):
-                    for key in ("ids", "meta"):
+                for arrays, s in zip(self._open(split), info["shards"]):
+                    for key, array in zip(("ids", "meta"), arrays):
                         path = self.path / s[key]
-                        digest, want = sha256_of(path), s.get(f"{key}_sha256")
-                        if want and digest != want:
+                        digest, top = _sha256_and_max(path, array)
+                        if key == "ids" and top >= self.vocab_size:
+                            row, position = divmod(int(np.argmax(array >= self.vocab_size)), self.seq_len)  # the first
+                            raise UserError(f"{path}: token id {int(array[row, position])} (row {row}, position "
+                                            f"{position}) is outside the vocabulary of {self.vocab_size} entries that "
+                                            "manifest.json names; the shard is damaged or was written with another "
+                                            "tokenizer: prepare the data again")
+                        if (want := s.get(f"{key}_sha256")) and digest != want:
                             raise UserError(f"{path}: its sha256 ({digest[:12]}) is not the one recorded when the data "
                                             f"was prepared ({str(want)[:12]}): the file was damaged or replaced since; "
                                             "prepare the data again")
                         files[s[key]] = {"bytes": path.stat().st_size, "sha256": digest}
-                    if ids.size and int(ids.max()) >= self.vocab_size:
-                        row, position = divmod(int(np.argmax(ids >= self.vocab_size)), self.seq_len)  # the first one
-                        raise UserError(f"{self.path / s['ids']}: token id {int(ids[row, position])} (row {row}, "
-                                        f"position {position}) is outside the vocabulary of {self.vocab_size} entries "
-                                        "that manifest.json names; the shard is damaged or was written with another "
-                                        "tokenizer: prepare the data again")
             self._files = files
         return self._files
 

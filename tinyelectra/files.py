@@ -141,9 +141,9 @@ def replace_dir(tmp: Path, final: Path, written=None) -> None:
         if final.exists() or final.is_symlink():
             if others := written.foreign(final):
                 raise UserError(f"{final}: holds {others[0].relative_to(final.parent)}"
-                                f"{f' and {len(others) - 1} more' if len(others) > 1 else ''}, which tinyelectra did not "
-                                f"write; {final.name} is written again, which would replace it: move it away, then run "
-                                "the command again")
+                                f"{f' and {len(others) - 1} more' if len(others) > 1 else ''}, which no record of "
+                                f"tinyelectra's lists; {final.name} is written again, which would replace it: move it "
+                                "away, then run the command again")
             written.delete(under=final)
         written.add(*(final / p.relative_to(tmp) for p in sorted(tmp.rglob("*")) if not p.is_dir()))
         written.add(*(final / p.relative_to(tmp) for p in sorted(tmp.rglob("*")) if p.is_dir()), kind="dir")

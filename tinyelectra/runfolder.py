@@ -389,7 +389,7 @@ def foreign(folder: Path, under: Path, by: Iterable[str] | None = None) -> list[
     """What lies under `under` (inside FOLDER) that FOLDER's record does not list (by `by`): files, links, anything
     but folders; FOLDER's own lock and record are not counted."""
     ours, _ = covered(folder, by, under)
-    found, _ = _tree(Path(under)) if Path(under).is_dir() and not Path(under).is_symlink() else ({Path(under)}, set())
+    found, _ = _tree(Path(under)) if Path(under).is_dir() else ({Path(under)}, set())  # (a link given as --out: its folder)
     own = {Path(folder) / n for n in BOOKKEEPING}
     return sorted(p for p in found if p not in ours and p not in own and (p.exists() or p.is_symlink()))
 

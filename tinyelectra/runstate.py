@@ -415,7 +415,8 @@ class RunState:
                                  "checkpoints_eval_state": round(self.other_seconds, 3)},  # the whole run's, resumes included
             "process_seconds": {k: None if v is None else round(v, 3)  # this process's, from train()'s entry
                                 for k, v in dataclasses.asdict(process_seconds).items()},
-            "data": data_record(parts.data),  # the prepared data trained on: its path and fingerprint (runfolder.py)
+            # the prepared data trained on: its path, fingerprint and files (runfolder.py; rank 0 read them)
+            "data": data_record(parts.data) if dist.main else None,
             "precision": parts.precision, "device": device_name(device), "parameters": count_parameters(parts.model),
             "checkpoints": list(fractions_of_steps), "checkpoint_steps": {n: plan.checkpoint_steps[n] for n in fractions_of_steps},
             "checkpoint_fractions_of_steps": fractions_of_steps,

@@ -157,8 +157,8 @@ def open_run_dir(run_dir: Path, resume: bool, force: bool, recipe: Recipe, bud: 
         others = [p for p in items if p.name not in ours and not (p.is_dir() and set(os.listdir(p)) & set(BOOKKEEPING))]
     else:  # written before records existed: by the names and kinds train writes
         others = [p for p in items if not _written_by_train(p)]
-    taken = [p.name for p in others if p.name in (*RUN_FILES, *DERIVED, "state", "data", DATASET_FILE)
-             or CKPT_NAME.match(p.name)]  # a name the run writes, holding something else: never replaced unasked
+    # a name the run writes, holding something else: never replaced unasked
+    taken = [p.name for p in others if p.name in TRAIN_WRITES or CKPT_NAME.match(p.name)]
     if taken:
         raise UserError(f"--out {run_dir}: {taken[0]} is not what tinyelectra writes under that name, and the run would "
                         "replace it; move it away, or choose another --out")
@@ -175,8 +175,8 @@ def open_run_dir(run_dir: Path, resume: bool, force: bool, recipe: Recipe, bud: 
         for name in (budgeting.checkpoint_name(f) for f in budgeting.FRACTIONS):  # what the new run writes again
             if mine := foreign(run_dir, run_dir / name, ("train",)) if (run_dir / name).is_dir() else []:
                 raise UserError(f"--force: {run_dir / name} holds {mine[0].relative_to(run_dir)}"
-                                f"{f' and {len(mine) - 1} more' if len(mine) > 1 else ''}, which tinyelectra did not "
-                                f"write, and the new run writes {name} again: move it away first (nothing was deleted)")
+                                f"{f' and {len(mine) - 1} more' if len(mine) > 1 else ''}, which the run's record does "
+                                f"not list, and the new run writes {name} again: move it away first (nothing was deleted)")
         deleted, kept = delete_run(run_dir)  # --corpus data (prepare's) is checked, not deleted
         kept_text = f"; kept everything else: {', '.join(kept[:12])}{f' and {len(kept) - 12} more' if len(kept) > 12 else ''}" if kept else ""
         say(f"--force: deleted the earlier run in {run_dir} ({', '.join(deleted)}){kept_text}")
