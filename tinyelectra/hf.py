@@ -29,7 +29,7 @@ from tinyelectra.config import ModelConfig
 from tinyelectra.errors import UserError
 from tinyelectra.files import check_writable, first_line, staged_dir
 from tinyelectra.model import Electra
-from tinyelectra.runfolder import Written, delete_temporaries, holding
+from tinyelectra.runfolder import Written, delete_recorded, delete_temporaries, holding
 from tinyelectra.tokenizer import PROFILE_FILE, Tokenizer
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "tokenizer.model")
@@ -426,7 +426,11 @@ def export(model, recipe, meta: dict[str, Any], tokenizer_dir: Path | None, out_
                             "new directory")
         delete_temporaries(out_dir, "export")  # what an export killed mid-way left: its staging folders
         check_writable(out_dir, "--out")
-        return _export(model, recipe, meta, tokenizer_dir, out_dir, languages, license_id, written)
+        try:
+            return _export(model, recipe, meta, tokenizer_dir, out_dir, languages, license_id, written)
+        except BaseException:  # all or nothing: a part already in place goes too (--out held nothing else of export's)
+            delete_recorded(out_dir, ("export",))
+            raise
 
 
 def _export(model, recipe, meta: dict[str, Any], tokenizer_dir: Path | None, out_dir: Path,

@@ -89,7 +89,7 @@ class NotALockFile(Exception):
 def _open_no_follow(path: Path, flags: int) -> int:
     """`path` opened as a regular file, never through a link (O_NOFOLLOW) and never waiting on a pipe (O_NONBLOCK)."""
     try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)  # less the umask, as open()
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise NotALockFile("is a symbolic link") from None
