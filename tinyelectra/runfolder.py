@@ -82,8 +82,8 @@ def _read_record(fd: int) -> dict:
         return {}
 
 
-class NotALockFile(Exception):
-    """Something other than a regular file at FOLDER/.tinyelectra.lock (a link, a folder, a pipe)."""
+class NotAPlainFile(Exception):
+    """Something other than a regular file at FOLDER/.tinyelectra.lock or .tinyelectra.written (a link, a folder)."""
 
 
 def _open_no_follow(path: Path, flags: int) -> int:
@@ -92,13 +92,13 @@ def _open_no_follow(path: Path, flags: int) -> int:
         fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)  # less the umask, as open()
     except OSError as e:
         if e.errno == errno.ELOOP:
-            raise NotALockFile("is a symbolic link") from None
+            raise NotAPlainFile("is a symbolic link") from None
         if e.errno == errno.EISDIR:
-            raise NotALockFile("is a folder") from None
+            raise NotAPlainFile("is a folder") from None
         raise
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise NotALockFile("is not a regular file")
+        raise NotAPlainFile("is not a regular file")
     return fd
 
 
@@ -107,7 +107,7 @@ def _held_by_other(folder: Path) -> dict | None:
     process does (or it cannot be read: then it is no lock of tinyelectra's)."""
     try:
         fd = _open_no_follow(Path(folder) / LOCK_NAME, os.O_RDONLY)
-    except (OSError, NotALockFile):
+    except (OSError, NotAPlainFile):
         return None
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
@@ -140,7 +140,7 @@ class OutputLock:
                 self.created.append(d)
             self._take(flag, command, list(reserves))
             self._check_enclosing(flag)
-        except NotALockFile as e:
+        except NotAPlainFile as e:
             self.release()
             raise UserError(f"{flag} {directory}: {self.lock_file} {e}, not tinyelectra's lock file (it is never "
                             f"followed or written through): delete it, or choose another {flag}") from None
@@ -262,9 +262,12 @@ def _relative(folder: Path, path: Path | str) -> str:
 
 
 def _append(path: Path, text: str) -> None:
-    fd = _open_no_follow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    """`text` added to the end of `path` and fsynced; after a line a crash cut short, on a line of its own."""
+    fd = _open_no_follow(path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
     try:
-        os.write(fd, text.encode("utf-8"))
+        size = os.fstat(fd).st_size
+        torn = size > 0 and os.pread(fd, 1, size - 1) != b"\n"
+        os.write(fd, (("\n" if torn else "") + text).encode("utf-8"))
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -283,7 +286,7 @@ class Written:
             lines = (json.dumps({"by": self.by, kind: _relative(self.folder, p)}, ensure_ascii=False) for p in paths)
             try:
                 _append(self.folder / RECORD_NAME, "".join(line + "\n" for line in lines))
-            except NotALockFile as e:
+            except NotAPlainFile as e:
                 raise UserError(f"{self.folder / RECORD_NAME} {e}, not tinyelectra's record (it is never followed): "
                                 "delete it") from None
 
@@ -302,7 +305,7 @@ def read_record(folder: Path) -> list[dict]:
     that is not such an entry (a torn last line, one naming a path outside FOLDER) is left out."""
     try:
         fd = _open_no_follow(Path(folder) / RECORD_NAME, os.O_RDONLY)
-    except (OSError, NotALockFile):
+    except (OSError, NotAPlainFile):
         return []
     with os.fdopen(fd, "rb") as f:
         raw = f.read().decode("utf-8", errors="replace")
@@ -312,11 +315,11 @@ def read_record(folder: Path) -> list[dict]:
             e = json.loads(line)
         except ValueError:
             continue
-        kinds = [k for k in ("file", "dir", "glob") if isinstance(e, dict) and isinstance(e.get(k), str)] if isinstance(e, dict) else []
+        kinds = [k for k in ("file", "dir", "glob") if isinstance(e.get(k), str)] if isinstance(e, dict) else []
         if len(kinds) != 1 or not isinstance(e.get("by"), str):
             continue
         rel = e[kinds[0]]
-        if not rel or Path(rel).is_absolute() or ".." in Path(rel).parts:
+        if rel in ("", ".") or Path(rel).is_absolute() or ".." in Path(rel).parts:
             continue
         key = (e["by"], kinds[0], rel)
         if key not in seen:
