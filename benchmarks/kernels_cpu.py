@@ -23,7 +23,6 @@ import argparse
 import os
 import re
 import sys
-from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 

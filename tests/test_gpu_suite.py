@@ -1010,6 +1010,28 @@ def test_the_work_folder_is_emptied_only_when_the_suite_made_it(tmp_path):
 
 
 @pytest.mark.cli
+def test_an_out_inside_the_work_folder_is_refused(tmp_path):
+    """OUT inside the suite's own work folder: the next first command emptied the work folder, the results with it
+    (issue 35). Now one line, exit 2, before anything is written; the work folder stays as it was. The work folder
+    and the results folder are held by the suite (runfolder.holding) while it runs."""
+    work = tmp_path / "w"
+    (work / "results").mkdir(parents=True)
+    (work / suite.WORK_MARK).write_text("made by the suite\n")
+    (work / "results" / "summary.json").write_text('{"an earlier run": true}')
+    before = sorted((p.relative_to(work).as_posix(), p.read_bytes() if p.is_file() else None) for p in work.rglob("*"))
+    env = {**os.environ, "PYTHON": sys.executable, "SUITE_WORK": str(work), "SUITE_ONLY": "none",
+           "TINYELECTRA_SHARED_DATA": str(tmp_path / "nothing")}
+    for given, args, out in (("$OUT", [], work / "results"), ("--out", ["--out", str(work / "new")], work / "new"),
+                             ("--out", ["--out", str(work)], work)):
+        p = subprocess.run(["bash", str(SUITE), "--cpu-smoke", *args], env={**env, "OUT": str(work / "results")},
+                           capture_output=True, text=True, timeout=600)
+        assert p.returncode == 2 and p.stderr.strip() == (f"error: {given} {out}: inside the work folder {work}, which "
+                                                          "every first command empties; choose a folder outside it"), p.stderr
+        assert sorted((q.relative_to(work).as_posix(), q.read_bytes() if q.is_file() else None)
+                      for q in work.rglob("*")) == before
+
+
+@pytest.mark.cli
 def test_gpu_suite_records_a_timed_out_stage_and_the_stages_not_run(smoke_pack, tmp_path):
     """SUITE_BUDGET_ENV=0: the env stage is stopped at once (no Python process finishes between its start and the
     suite's first look) and recorded as timed out, exit code 124; the stages not selected are recorded as skipped;

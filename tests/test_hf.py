@@ -297,19 +297,22 @@ def test_model_card_metadata_keeps_license_and_language_as_given(tmp_path):
     assert plain is None and "license: apache-2.0\n" in (tmp_path / "export2" / "generator" / "README.md").read_text()
 
 
-def test_an_export_killed_midway_leaves_nothing_after_the_next(tmp_path):
-    """A killed export leaves its staging folder (OUT.tmp-PID) and its lock beside --out: the next export of that
-    --out takes the lock over, removes the folder and writes the export; nothing else is left beside it."""
+def test_an_export_killed_midway_leaves_nothing_after_the_next(tmp_path, capsys):
+    """A killed export leaves, inside --out, its lock, its record and a staging folder (PART.tmp-PID): the next export
+    of that --out takes the lock over, removes the folder (on record as the export's) and writes the export; nothing
+    is left beside --out."""
     tok = make_tokenizer(tmp_path)
     ck = save_checkpoint(tmp_path / "ckpt-10000", tiny_model(), recipe_for(TINY), META, tok)
     out = tmp_path / "models" / "export"
-    staged = out.with_name("export.tmp-99999999")
-    (staged / "discriminator").mkdir(parents=True)
-    (staged / "discriminator" / "model.safetensors").write_bytes(b"half")
-    (out.parent / ".export.tinyelectra.lock").write_text('{"command": "tinyelectra export", "pid": 99999999}')
+    staged = out / "discriminator.tmp-99999999"
+    staged.mkdir(parents=True)
+    (staged / "model.safetensors").write_bytes(b"half")
+    (out / ".tinyelectra.lock").write_text('{"command": "tinyelectra export", "pid": 99999999}')
+    (out / ".tinyelectra.written").write_text('{"by": "export", "dir": "discriminator"}\n')
     hf.export_command(ck, out)
+    assert "taking over the lock left by tinyelectra export (pid 99999999" in capsys.readouterr().err
     assert sorted(p.name for p in out.parent.iterdir()) == ["export"]
-    assert sorted(p.name for p in out.iterdir()) == ["discriminator", "generator"]
+    assert sorted(p.name for p in out.iterdir()) == [".tinyelectra.written", "discriminator", "generator"]
 
 
 def test_export_mlm_checkpoint(tmp_path):
@@ -318,7 +321,8 @@ def test_export_mlm_checkpoint(tmp_path):
     ck = save_checkpoint(tmp_path / "ckpt-10000", m, recipe_for(cfg, "mlm"), META, None)
     assert not (ck / "discriminator.safetensors").exists()
     written = hf.export(*load_checkpoint(ck), None, tmp_path / "export")
-    assert [p.name for p in written] == ["generator"] and sorted(os.listdir(tmp_path / "export")) == ["generator"]
+    assert [p.name for p in written] == ["generator"]
+    assert sorted(os.listdir(tmp_path / "export")) == [".tinyelectra.written", "generator"]  # and its record
     gen = ElectraForMaskedLM.from_pretrained(tmp_path / "export" / "generator").eval()
     ids, types, mask = batch(cfg.vocab_size, 3, 20, seed=4)
     assert max_diff_generator(m, gen, ids, types, mask) <= TOL

@@ -253,7 +253,8 @@ def test_run_directory_states(reference, cli_env, tmp_path):
     assert p.returncode == 2 and "holds an unfinished run (resume state at step 2 of 8)" in p.stderr
     assert "--resume" in p.stderr and "--force" in p.stderr
     p = ok(tinyelectra([*ARGS, "--out", str(unfinished), "--force"], cli_env))
-    assert re.search(r"--force: deleted the earlier run in .*\(ckpt-0625, ckpt-1250, .*state", p.stderr), p.stderr[-2000:]
+    assert re.search(r"--force: deleted the earlier run in .*\(ckpt-0625/ \(\d+ files\), ckpt-1250/ \(\d+ files\), .*state/",
+                     p.stderr), p.stderr[-2000:]
     assert_same_run(unfinished, reference)
 
     missing = tmp_path / "missing" / "run"

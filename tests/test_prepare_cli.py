@@ -178,7 +178,8 @@ def test_builtin_corpus_through_the_real_command(tmp_path):
 @pytest.mark.slow
 @pytest.mark.cli
 def test_killed_run_leaves_nothing_that_looks_complete(tmp_path):
-    """SIGKILL in the middle of writing: no OUT, only OUT.tmp-PID, which the next run removes."""
+    """SIGKILL in the middle of writing: OUT holds no manifest.json (never taken for a dataset), only the staging folder
+    OUT/.staging.tmp-PID beside the lock and record the killed process left, which the next run removes."""
     import signal
     import time
 
@@ -190,15 +191,18 @@ def test_killed_run_leaves_nothing_that_looks_complete(tmp_path):
     cmd = [sys.executable, "-m", "tinyelectra", "prepare", "--corpus", str(corpus), "--out", str(out),
            "--vocab-size", "2000", "--workers", "1"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    while not list(tmp_path.glob("out.tmp-*/tokenizer/vocab.txt")) and proc.poll() is None:  # mid-way: tokenizer written
+    while not list(out.glob(".staging.tmp-*/tokenizer/vocab.txt")) and proc.poll() is None:  # mid-way: tokenizer written
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert not out.exists()
-    assert [p.name for p in tmp_path.glob("out.tmp-*")] == [f"out.tmp-{proc.pid}"]
+    assert not (out / "manifest.json").exists()
+    assert [p.name for p in out.glob(".staging.tmp-*")] == [f".staging.tmp-{proc.pid}"]
+    with pytest.raises(D.UserError, match="no manifest.json"):
+        D.PretrainData(out)
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr
-    assert (out / "manifest.json").is_file() and not list(tmp_path.glob("out.tmp-*"))
+    assert (out / "manifest.json").is_file() and not list(out.glob(".staging.tmp-*")) and not (out / ".tinyelectra.lock").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.txt", "out"]
 
 
 @pytest.mark.cli
@@ -329,8 +333,8 @@ def test_a_corpus_without_held_out_rows_is_warned_about(tmp_path, monkeypatch, c
 
 
 def test_an_unwritable_out_is_named_as_given(tmp_path, monkeypatch, capsys):
-    """prepare writes beside --out and renames: the folder it could not write is its parent, but the line names the
-    --out given first (before: "--out PARENT: cannot write there", PARENT not what was typed)."""
+    """The line names the --out given (once, prepare wrote beside --out and named its parent, not what was typed; it
+    now writes inside --out), and nothing is left there."""
     import tempfile
 
     def refused(*args, **kwargs):
@@ -341,4 +345,5 @@ def test_an_unwritable_out_is_named_as_given(tmp_path, monkeypatch, capsys):
     (tmp_path / "ro").mkdir()
     code, _, err = run_cli(["prepare", "--corpus", str(text_file(tmp_path)), "--out", str(out), "--vocab-size", "300"],
                            monkeypatch, capsys)
-    assert_clean_failure(code, err, f"--out {out}: cannot write there ({tmp_path / 'ro'}: Permission denied)")
+    assert_clean_failure(code, err, f"--out {out}: cannot write there (Permission denied)")
+    nothing_left(tmp_path / "ro", "data")

@@ -106,10 +106,10 @@ HOLD = """
 import json, sys, time
 from pathlib import Path
 from tinyelectra.runfolder import holding
-folder, lock_file, host = Path(sys.argv[1]), sys.argv[2] or None, sys.argv[3]
-with holding(folder, "--out", lock_file=lock_file):
+folder, host = Path(sys.argv[1]), sys.argv[2]
+with holding(folder, "--out"):
     if host:  # a holder on another machine (NFS): its record names that machine
-        path = Path(lock_file or folder / ".tinyelectra.lock")
+        path = folder / ".tinyelectra.lock"
         record = json.loads(path.read_text())
         path.write_text(json.dumps({**record, "host": host}))
     print("held", flush=True)
@@ -120,8 +120,8 @@ with holding(folder, "--out", lock_file=lock_file):
 class Holder:
     """A second real process holding an output folder's lock until closed."""
 
-    def __init__(self, folder: Path, env: dict, lock_file: Path | None = None, host: str = "") -> None:
-        self.p = subprocess.Popen([sys.executable, "-c", HOLD, str(folder), str(lock_file or ""), host], env=env,
+    def __init__(self, folder: Path, env: dict, host: str = "") -> None:
+        self.p = subprocess.Popen([sys.executable, "-c", HOLD, str(folder), host], env=env,
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert self.p.stdout.readline().strip() == "held"
 
@@ -154,17 +154,19 @@ def test_glue_and_export_refuse_an_out_another_process_holds(ckpt, tmp_path, cli
     assert not out.exists()  # the holder made it for its lock only, and removed it
 
     export = tmp_path / "hf"
-    holder = Holder(export, cli_env, lock_file=tmp_path / f".hf{LOCK_NAME}", host="gpu-node-7")
+    holder = Holder(export, cli_env, host="gpu-node-7")
     try:
         code, err = in_process(["export", str(ckpt), "--out", str(export)], cli_env, monkeypatch, capsys)
         assert_one_line(code, err, f"--out {export}: in use by", "on machine gpu-node-7",
-                        "cannot be checked from this machine", f"delete {tmp_path / f'.hf{LOCK_NAME}'}")
-        assert not export.exists()
+                        "cannot be checked from this machine", f"delete {export / LOCK_NAME}")
+        assert [p.name for p in export.iterdir()] == [LOCK_NAME]  # the holder's, and nothing of the export's
     finally:
         holder.close()
+    assert not export.exists()
     code, err = in_process(["export", str(ckpt), "--out", str(export)], cli_env, monkeypatch, capsys)
     assert code == 0, err
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith((".hf", "hf"))) == ["hf"]
+    assert sorted(p.name for p in export.iterdir()) == [".tinyelectra.written", "discriminator", "generator"]
 
 
 def test_a_file_system_without_locks_is_said_and_the_command_goes_on(tmp_path, monkeypatch, capsys):
@@ -229,13 +231,13 @@ def test_force_keeps_what_tinyelectra_did_not_write(tmp_path, cli_env, monkeypat
     (run / "ckpt-0625.old").mkdir()  # a folder of one's own beside the checkpoints
     code, err = in_process([*TRAIN, "--out", str(run), "--force"], cli_env, monkeypatch, capsys)
     assert code == 0, err
-    assert "kept what it did not write: ckpt-0625.old, notes.txt" in err
+    assert "kept everything else: ckpt-0625.old, notes.txt" in err
     assert (run / "notes.txt").read_text() == "what I tried" and (run / "ckpt-0625.old").is_dir()
     # RUN/glue while a `tinyelectra glue` (a real second process) holds it: --force does not pull it away
     holder = Holder(run / "glue", cli_env)
     try:
         code, err = in_process([*TRAIN, "--out", str(run), "--force"], cli_env, monkeypatch, capsys)
-        assert_one_line(code, err, f"--force: {run / 'glue'} is in use by", f"pid {holder.p.pid}")
+        assert_one_line(code, err, f"--force: {run / 'glue'}: in use by", f"pid {holder.p.pid}")
         assert (run / "summary.json").is_file()
     finally:
         holder.close()
@@ -288,9 +290,25 @@ def test_resume_with_other_data_of_the_same_size_is_refused(datasets, tmp_path, 
     assert code == 0, err
 
     # a run written before runs recorded their data: continued, said once, recorded from then on
-    (run / "dataset.json").unlink()
     (run / "summary.json").unlink()
+    as_written_before_data_records(run)
     code, err = in_process([*TRAIN, "--data", str(b), "--out", str(run), "--resume"], cli_env, monkeypatch, capsys)
     assert code == 0, err
     assert "was started before runs recorded their data" in err and "recording it in dataset.json" in err
     assert json.loads((run / "dataset.json").read_text())["path"] == str(b.resolve())
+
+
+def as_written_before_data_records(run: Path) -> None:
+    """What a run folder of a tinyelectra before runs recorded their data looks like: no dataset.json, no record of
+    its files, a resume state without the data (its sha256.json written again, as that version wrote it)."""
+    from tinyelectra.checkpoint import latest_state
+    from tinyelectra.files import write_sha256
+
+    (run / "dataset.json").unlink()
+    (run / ".tinyelectra.written").unlink()
+    state = latest_state(run)
+    info = json.loads((state / "trainer.json").read_text())
+    del info["data"]
+    (state / "trainer.json").write_text(json.dumps(info))
+    (state / "sha256.json").unlink()
+    write_sha256(state)

@@ -89,12 +89,15 @@ def _save_tensors(tensors: dict[str, Tensor], path: Path, metadata: dict[str, st
     path.write_bytes(data)
 
 
-def save_checkpoint(directory: Path, model, recipe: Recipe, meta: dict[str, Any], tokenizer_dir: Path | None) -> Path:
-    """Write `model` (an `Electra`) with its recipe, run metadata and tokenizer files, atomically. Returns the path."""
+def save_checkpoint(directory: Path, model, recipe: Recipe, meta: dict[str, Any], tokenizer_dir: Path | None,
+                    written=None) -> Path:
+    """Write `model` (an `Electra`) with its recipe, run metadata and tokenizer files, atomically. Returns the path.
+    `written`: the record of the run folder (runfolder.Written), which lists the files and alone lets an older
+    checkpoint of that name be replaced (files.replace_dir)."""
     directory = Path(directory)
     if model.objective != recipe.objective.kind:
         raise ValueError(f"model objective {model.objective!r} differs from the recipe's {recipe.objective.kind!r}")
-    with staged_dir(directory, "checkpoint") as tmp:
+    with staged_dir(directory, "checkpoint", written) as tmp:
         if model.discriminator is not None:
             _save_tensors(model.discriminator_state_dict(), tmp / "discriminator.safetensors", {"format": "pt"})
         _save_tensors(model.generator_state_dict(), tmp / "generator.safetensors", {"format": "pt"})
@@ -240,14 +243,19 @@ def load_checkpoint(directory: Path):
 RESUME_FORMAT = 1
 
 
-def save_resume_state(run_dir: Path, model, optimizer, scaler, loader, **info) -> Path:
+def save_resume_state(run_dir: Path, model, optimizer, scaler, loader, written=None, **info) -> Path:
     """Write state/step-N/ completely (with its sha256.json), then point state/LATEST at it (atomic rename), then drop
-    older states. An error or interrupt part-way leaves the previous state as it was. Returns the state's directory."""
+    older states: with the run folder's record `written` (runfolder.Written), what it lists of them, each file on
+    record before it is written; without, the older states whole. An error or interrupt part-way leaves the previous
+    state as it was. Returns the state's directory."""
     import torch
 
     root = run_dir / "state"
     name = f"step-{info['step']:09d}"
-    with staged_dir(root / name, "resume state") as tmp:
+    if written is not None:
+        written.add(root, kind="dir")
+        written.add(root / "LATEST")
+    with staged_dir(root / name, "resume state", written) as tmp:
         _save_tensors(model.state_dict(), tmp / "model.safetensors")
         buffer = io.BytesIO()  # through memory, as `_save_tensors`
         torch.save({"optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
@@ -259,7 +267,10 @@ def save_resume_state(run_dir: Path, model, optimizer, scaler, loader, **info) -
     write_atomic(root / "LATEST", name + "\n", "resume state pointer")
     for old in root.iterdir():
         if old.name not in (name, "LATEST"):
-            shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
+            if written is not None:
+                written.delete(under=old)
+            else:
+                shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
     return root / name
 
 

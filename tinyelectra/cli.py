@@ -89,7 +89,8 @@ def prepare(
         "where one padded example per document would be mostly padding; prepare reports the fill ratio)."
     ),
     workers: int = typer.Option(0, "--workers", metavar="N", help="Tokenization processes (0 = one per CPU core)."),
-    force: bool = typer.Option(False, "--force", help="Replace an output directory that holds a different dataset."),
+    force: bool = typer.Option(False, "--force", help="Replace the dataset in an output directory that holds a "
+                               "different one (its own files only: anything else there stays, and is listed)."),
     seed: int = typer.Option(0, "--seed", metavar="N", help="Seed of the example builder's random choices."),
     validation_fraction: float = typer.Option(0.01, "--validation-fraction", metavar="SHARE", help="Share of documents held out for validation."),
     tokenizer_sample_mb: float = typer.Option(
@@ -143,8 +144,10 @@ def train(
         "start-up, before its first resume state). A finished run is left as it is."),
     force: bool = typer.Option(
         False, "--force", help="Start over: delete the run already in --out first (its resume state, fraction "
-        "checkpoints, plan, metrics, summary, and the GLUE results and report made from them), listing what it "
-        "deleted. Nothing is ever deleted without it, and never a file tinyelectra did not write."),
+        "checkpoints, plan, metrics, summary, and the GLUE results, report and exports made from them: what the run "
+        "folder's records say tinyelectra wrote), listing what it deleted and what it kept. Nothing is ever deleted "
+        "without it, and never a file no record lists, at any depth; a run folder of an older tinyelectra (no "
+        "record) is refused."),
     init: Optional[Path] = typer.Option(
         None, "--init", metavar="DIR", help="Start from these weights (continued pre-training): a tinyelectra checkpoint, a "
         "`tinyelectra export` directory, or a transformers ELECTRA discriminator directory. Shapes must match the recipe."

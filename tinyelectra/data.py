@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tinyelectra.errors import UserError
+from tinyelectra.files import sha256_of
+from tinyelectra.runfolder import user_of
 from tinyelectra.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -53,6 +55,26 @@ def files_present(out_dir: Path, manifest: dict) -> bool:
     return all((out_dir / n).is_file() for n in names) and (out_dir / "tokenizer").is_dir()
 
 
+def _sha256_and_max(path: Path, array: np.ndarray, block_bytes: int = 1 << 24) -> tuple[str, int]:
+    """One read of a .npy file whose data `array` memory-maps: the sha256 of the whole file (as sha256sum gives it)
+    and the largest value of the array (-1 when empty), block by block."""
+    digest = hashlib.sha256()
+    flat = array.reshape(-1)
+    offset = getattr(array, "offset", None)
+    if offset is None or not flat.flags.c_contiguous:  # not memory-mapped as a whole: the file, then the array
+        return sha256_of(path), int(flat.max()) if flat.size else -1
+    top, per_block = -1, max(1, block_bytes // max(flat.itemsize, 1))
+    with open(path, "rb") as f:
+        digest.update(f.read(offset))  # the header
+        for start in range(0, flat.size, per_block):
+            block = flat[start:start + per_block]
+            digest.update(memoryview(block).cast("B"))
+            top = max(top, int(block.max()))
+        f.seek(offset + flat.nbytes)
+        digest.update(f.read())  # nothing, for a file np.save wrote
+    return digest.hexdigest(), top
+
+
 # ---------------------------------------------------------------------------------------------------- loading
 @dataclass
 class Batch:
@@ -81,6 +103,8 @@ class PretrainData:
 
     def __init__(self, data_dir) -> None:
         self.path = Path(data_dir)
+        if holder := user_of(self.path):
+            raise UserError(f"{self.path}: being written by {holder}; wait for it to finish")
         manifest_path = self.path / "manifest.json"
         if not manifest_path.is_file():
             raise UserError(f"{self.path}: not a prepared data directory (no manifest.json); "
@@ -99,6 +123,7 @@ class PretrainData:
         self.vocab_size: int = int(self.manifest["tokenizer"]["vocab_size"])
         self._shards: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
         self._starts: dict[str, np.ndarray] = {}
+        self._files: dict[str, dict] | None = None  # check_files's answer
 
     def fingerprint(self) -> dict:
         """What identifies this dataset for a run (runfolder.check_data): a sha256 over its vocabulary (the
@@ -157,16 +182,31 @@ class PretrainData:
             raise UserError(f"{self.path / name}: damaged ({str(e).splitlines()[0][:120] if str(e) else type(e).__name__}); "
                             "prepare the data again") from None
 
-    def verify(self, split: str) -> None:
-        """Open the split's shards now (headers and sizes checked) and check their token ids against the vocabulary
-        (a max over each memory-mapped shard: one read of it), so a damaged file stops the set-up, not step 1."""
-        for (ids, _), s in zip(self._open(split), self.manifest["splits"][split]["shards"]):
-            if ids.size and int(ids.max()) >= self.vocab_size:
-                row, position = divmod(int(np.argmax(ids >= self.vocab_size)), self.seq_len)  # the first one
-                raise UserError(f"{self.path / s['ids']}: token id {int(ids[row, position])} (row {row}, position "
-                                f"{position}) is outside the vocabulary of {self.vocab_size} entries that "
-                                "manifest.json names; the shard is damaged or was written with another tokenizer: "
-                                "prepare the data again")
+    def check_files(self) -> dict[str, dict]:
+        """Every shard file read whole, once per process, in one pass: its token ids against the vocabulary (a damaged
+        file stops the set-up, not step 1) and its size and sha256 (a shard whose sha256 is not the one `prepare`
+        recorded in manifest.json was damaged or replaced since: a UserError naming it). Returns {file name:
+        {"bytes", "sha256"}}, what a run records of its data (runfolder.data_record) and --resume checks again."""
+        if self._files is None:
+            files = {}
+            for split, info in self.manifest["splits"].items():
+                for arrays, s in zip(self._open(split), info["shards"]):
+                    for key, array in zip(("ids", "meta"), arrays):
+                        path = self.path / s[key]
+                        digest, top = _sha256_and_max(path, array)
+                        if key == "ids" and top >= self.vocab_size:
+                            row, position = divmod(int(np.argmax(array >= self.vocab_size)), self.seq_len)  # the first
+                            raise UserError(f"{path}: token id {int(array[row, position])} (row {row}, position "
+                                            f"{position}) is outside the vocabulary of {self.vocab_size} entries that "
+                                            "manifest.json names; the shard is damaged or was written with another "
+                                            "tokenizer: prepare the data again")
+                        if (want := s.get(f"{key}_sha256")) and digest != want:
+                            raise UserError(f"{path}: its sha256 ({digest[:12]}) is not the one recorded when the data "
+                                            f"was prepared ({str(want)[:12]}): the file was damaged or replaced since; "
+                                            "prepare the data again")
+                        files[s[key]] = {"bytes": path.stat().st_size, "sha256": digest}
+            self._files = files
+        return self._files
 
     def rows(self, split: str, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Token rows (B, T) and their [boundary, length] (B, 2) for global row indices, in the order given."""

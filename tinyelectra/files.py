@@ -11,9 +11,9 @@
 - `check_writable`: proves an output location can be written before any long work, and leaves nothing behind.
 - `os_error_line`: the one-line text for an OSError of the place written to (a full disk, a read-only location):
   the path meant and, for a `WriteError`, what was being written ("... while writing the checkpoint").
-- `replace_dir`: a finished temporary directory renamed onto its final name (a prepared dataset, an export), an
-  older one renamed away first, then deleted; `staged_dir`: a temporary directory to write into, its files fsynced,
-  given an ordinary file's permissions (safetensors, like mkstemp, creates 0600 files) and put in place by
+- `replace_dir`: a finished temporary directory renamed onto its final name, replacing an older one only where the
+  folder's record (runfolder.Written) lists all it holds; `staged_dir`: a temporary directory to write into, its files
+  fsynced, given an ordinary file's permissions (safetensors, like mkstemp, creates 0600 files) and put in place by
   `replace_dir` on success, removed on any error (checkpoints, resume states, exports).
 - `append_line`: one line added to a log; a failed write takes back what it wrote.
 - `path_part`: a name read from a file (a task's, a recipe's) checked before it becomes part of a path.
@@ -130,11 +130,24 @@ def append_line(path: Path, line: str, what: str) -> None:
             raise _write_error(e, path, what) from None
 
 
-def replace_dir(tmp: Path, final: Path) -> None:
-    """Move a finished temporary directory onto `final`, replacing an older one (rename, never copy)."""
+def replace_dir(tmp: Path, final: Path, written=None) -> None:
+    """Move a finished temporary directory onto `final` (rename, never copy). An existing `final` is replaced only
+    when `written` (the record of the folder it is in: runfolder.Written) lists everything it holds, what it lists
+    deleted first; one holding anything else is a UserError naming it, and stays as it was. Without a record (library
+    use, outside a command) an existing `final` is replaced whole."""
     fsync_dir(tmp)
     old = None
-    if final.exists():
+    if written is not None:
+        if final.exists() or final.is_symlink():
+            if others := written.foreign(final):
+                raise UserError(f"{final}: holds {others[0].relative_to(final.parent)}"
+                                f"{f' and {len(others) - 1} more' if len(others) > 1 else ''}, which no record of "
+                                f"tinyelectra's lists; {final.name} is written again, which would replace it: move it "
+                                "away, then run the command again")
+            written.delete(under=final)
+        written.add(*(final / p.relative_to(tmp) for p in sorted(tmp.rglob("*")) if not p.is_dir()))
+        written.add(*(final / p.relative_to(tmp) for p in sorted(tmp.rglob("*")) if p.is_dir()), kind="dir")
+    elif final.exists():
         old = final.with_name(f"{final.name}.old-{os.getpid()}")
         os.replace(final, old)
     os.replace(tmp, final)
@@ -144,14 +157,17 @@ def replace_dir(tmp: Path, final: Path) -> None:
 
 
 @contextlib.contextmanager
-def staged_dir(directory: Path, what: str) -> Iterator[Path]:
+def staged_dir(directory: Path, what: str, written=None) -> Iterator[Path]:
     """A fresh `NAME.tmp-<pid>` beside `directory` to write into: on success its files get an ordinary file's
-    permissions (0644 under the usual umask), are fsynced and it replaces `directory`; on any error or interrupt it is
-    removed, leaving `directory` as it was, and an OSError of the place written to names `directory` and `what`
+    permissions (0644 under the usual umask), are fsynced and it replaces `directory` (`replace_dir`: with the record
+    `written`, only what that record lists, and the files put in place are recorded first); on any error or interrupt
+    it is removed, leaving `directory` as it was, and an OSError of the place written to names `directory` and `what`
     (e.g. "checkpoint") was being written."""
     tmp = directory.with_name(f"{directory.name}.tmp-{os.getpid()}")
     try:
         directory.parent.mkdir(parents=True, exist_ok=True)
+        if written is not None:
+            written.add(directory, kind="dir")  # before the first byte: its temporary folder is then on record too
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         yield tmp
@@ -160,7 +176,7 @@ def staged_dir(directory: Path, what: str) -> Iterator[Path]:
             if p.is_file():
                 os.chmod(p, mode)
                 fsync_file(p)
-        replace_dir(tmp, directory)
+        replace_dir(tmp, directory, written)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         elsewhere = e.filename is not None and not str(e.filename).startswith(str(tmp))  # e.g. a file being read

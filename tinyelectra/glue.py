@@ -30,10 +30,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import glob
 import hashlib
 import io
+import os
 import json
 import platform
+import socket
 import statistics
 import time
 from collections import Counter
@@ -59,7 +62,7 @@ from tinyelectra.glue_data import (
 )
 from tinyelectra.hf import load_backbone, read_hf_config
 from tinyelectra.metrics import METRIC_TITLES, average_score, score_task
-from tinyelectra.runfolder import holding
+from tinyelectra.runfolder import Written, holding
 from tinyelectra.runtime import configure_matmul, device_name, guard_cudnn_sdpa, pick_device, pick_precision
 from tinyelectra.tokenizer import Tokenizer
 
@@ -578,6 +581,9 @@ class CheckpointRun:
         try:
             with holding(run_dir, "the run folder"):
                 check_writable(run_dir / "tensorboard", "the run folder", given=run_dir)
+                # on RUN's record (train --force deletes them with the run): TensorBoard names its files by host and pid
+                Written(run_dir, "glue").add(f"tensorboard/events.out.tfevents.*.{glob.escape(socket.gethostname())}."
+                                             f"{os.getpid()}.*", kind="glob")
                 with SummaryWriter(str(run_dir / "tensorboard")) as writer:
                     writer.add_scalar(tag, value, step)
         except UserError as e:
@@ -811,7 +817,14 @@ def glue_command(settings: GlueSettings) -> list[Path]:
                   + (f"; again with the released code's lr {RELEASED['lr']:g} and weight decay {RELEASED['weight_decay']:g}: "
                      f"{', '.join(released)}" if released else ""))
     runs: list[CheckpointRun] = []
-    with holding(s.out_dir, "--out"):  # one writer per --out (runfolder.py)
+    # one writer per --out (runfolder.py); on its record before the first byte, what glue writes there per checkpoint
+    # (and per arm: OUT/<checkpoint>/released-lr for --released-lr)
+    folders = [glob.escape(ref.name) + (f"/{session.arm}" if session.arm else "") for session in sessions for ref in refs]
+    with holding(s.out_dir, "--out", reserves=[glob.escape(ref.name) for ref in refs]):
+        record = Written(s.out_dir, "glue")
+        record.add(*(f"{f}/{w}" for f in folders for w in ("glue.json", ".glue.json.*.tmp", "partial/*", "submission/*")),
+                   kind="glob")
+        record.add(*(f"{f}{w}" for f in folders for w in ("", "/partial", "/submission")), kind="dir")
         try:
             runs = [CheckpointRun(ref, session) for session in sessions for ref in refs]
             fine_tuning = Scheduler(runs).run()

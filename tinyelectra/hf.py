@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import glob
 import json
 import pickle
 import re
-import shutil
 from pathlib import Path
 from typing import Any, Iterator, NamedTuple
 
@@ -31,7 +29,7 @@ from tinyelectra.config import ModelConfig
 from tinyelectra.errors import UserError
 from tinyelectra.files import check_writable, first_line, staged_dir
 from tinyelectra.model import Electra
-from tinyelectra.runfolder import LOCK_NAME, holding
+from tinyelectra.runfolder import Written, delete_recorded, delete_temporaries, holding
 from tinyelectra.tokenizer import PROFILE_FILE, Tokenizer
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "tokenizer.model")
@@ -413,29 +411,30 @@ def _write_hf_dir(hf_model, out: Path, tokenizer, card: str, max_positions: int)
 def export(model, recipe, meta: dict[str, Any], tokenizer_dir: Path | None, out_dir: Path,
            languages: list[str] | None = None, license_id: str | None = None) -> list[Path]:
     """Write `model` as transformers directories under `out_dir` (new or empty, and writable: checked before any
-    work), atomically; returns the directories written. The model card's languages are `languages`, else those
+    work), each atomically; returns the directories written. The model card's languages are `languages`, else those
     `prepare` recorded beside the tokenizer."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"--out {out_dir}: exists and is not a directory; choose a new directory")
-    # one export writes an --out at a time; its lock lives beside --out, as its staging folder does: --out itself
-    # appears only complete (staged_dir), and holds only the export
-    with holding(out_dir, "--out", lock_file=out_dir.with_name(f".{out_dir.name}{LOCK_NAME}")):
-        if out_dir.exists() and any(out_dir.iterdir()):
-            raise UserError(f"--out {out_dir}: already exists and is not empty; choose a new directory")
-        # what an export killed mid-way left (we hold the lock: no other export of this --out is running): its
-        # staging folder, and the empty --out it had moved aside
-        for stale in out_dir.parent.glob(f"{glob.escape(out_dir.name)}.tmp-*"):
-            shutil.rmtree(stale, ignore_errors=True)
-        for stale in out_dir.parent.glob(f"{glob.escape(out_dir.name)}.old-*"):
-            with contextlib.suppress(OSError):
-                stale.rmdir()
+    # one command writes a folder at a time: export holds --out's lock (inside it, through a link to a folder) from
+    # before its first byte to its end; each part appears only complete (staged_dir inside --out)
+    with holding(out_dir, "--out", reserves=("discriminator", "generator")):
+        written = Written(out_dir, "export")
+        held = [*written.foreign(out_dir), *(p for p in (out_dir / "discriminator", out_dir / "generator") if p.exists())]
+        for what in sorted(held)[:1]:
+            raise UserError(f"--out {out_dir}: already exists and is not empty ({what.relative_to(out_dir)}); choose a "
+                            "new directory")
+        delete_temporaries(out_dir, "export")  # what an export killed mid-way left: its staging folders
         check_writable(out_dir, "--out")
-        return _export(model, recipe, meta, tokenizer_dir, out_dir, languages, license_id)
+        try:
+            return _export(model, recipe, meta, tokenizer_dir, out_dir, languages, license_id, written)
+        except BaseException:  # all or nothing: a part already in place goes too (--out held nothing else of export's)
+            delete_recorded(out_dir, ("export",))
+            raise
 
 
 def _export(model, recipe, meta: dict[str, Any], tokenizer_dir: Path | None, out_dir: Path,
-            languages: list[str] | None, license_id: str | None) -> list[Path]:
+            languages: list[str] | None, license_id: str | None, written: Written) -> list[Path]:
     tokenizer, pad_id, source = None, 0, "given at export"
     if tokenizer_dir is not None:
         tokenizer = Tokenizer.load(tokenizer_dir)
@@ -448,10 +447,10 @@ def _export(model, recipe, meta: dict[str, Any], tokenizer_dir: Path | None, out
     if model.discriminator is not None:
         parts.append(("discriminator", "ElectraForPreTraining", to_hf_discriminator(model, pad_id)))
     parts.append(("generator", "ElectraForMaskedLM", to_hf_generator(model, pad_id)))
-    with staged_dir(out_dir, "export") as tmp:
-        for kind, cls_name, hf_model in parts:
+    for kind, cls_name, hf_model in parts:
+        with staged_dir(out_dir / kind, "export", written) as tmp:
             card = _model_card(kind, cls_name, recipe, meta, languages, license_id, source)
-            _write_hf_dir(hf_model, tmp / kind, tokenizer, card, recipe.model.max_positions)
+            _write_hf_dir(hf_model, tmp, tokenizer, card, recipe.model.max_positions)
     return [out_dir / kind for kind, _, _ in parts]
 
 

@@ -2,8 +2,10 @@
 
 The path:  corpus.py reads documents (lists of sentence lines)  ->  fixed-size chunks of documents are tokenized and
 built into examples in worker processes (each chunk's random choices seeded from (seed, chunk index), so the output
-is byte-identical for any --workers)  ->  rows are written as .npy shards in `OUT.tmp-<pid>`, manifest.json last,
-then the directory is renamed into place. Reading it back (`PretrainData`, `BatchLoader`) is data.py's.
+is byte-identical for any --workers)  ->  rows are written as .npy shards in `OUT/.staging.tmp-<pid>`, then moved
+into OUT, manifest.json last (a folder without it is never taken as a dataset), all under OUT's lock and on its
+record (runfolder.py): an earlier dataset there is replaced file by file, whatever else OUT holds stays. Reading it
+back (`PretrainData`, `BatchLoader`) is data.py's.
 
 Example builder: google-research/electra build_pretraining_dataset.py, ported decision by decision:
 lines accumulate until their length reaches the target (never across documents); 10% of examples have one segment;
@@ -12,11 +14,13 @@ after each example the next target is random in [5, T] with probability 0.05; [C
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import platform
 import random
+import re
 import shutil
 import signal
 import time
@@ -36,7 +40,9 @@ from tinyelectra.console import make_console
 from tinyelectra.corpus import CorpusReader, Document, resolve_inputs
 from tinyelectra.data import FORMAT_VERSION, SPLITS, files_present, heldout_warning
 from tinyelectra.errors import UserError
-from tinyelectra.files import check_writable, os_error_line, pid_alive, replace_dir, sha256_of, write_json
+from tinyelectra.files import check_writable, fsync_dir, os_error_line, sha256_of, write_json
+from tinyelectra.runfolder import (RECORD_NAME, Written, covered, delete_temporaries, foreign, holding,
+                                   tidy_record)
 from tinyelectra.tokenizer import (CASINGS, CHARACTER_COVERAGE, MAX_VOCAB_SIZE, MIN_VOCAB_SIZE, PROFILE_FILE,
                                    SPECIAL_ROLES, TOKENIZER_TYPES, Tokenizer, choose_casing, text_profile)
 
@@ -51,6 +57,7 @@ TOKENIZER_SAMPLE_MB = 32.0  # default: train the WordPiece on the first 32 MB of
 SINGLE_SEGMENT_TARGET = 100_000  # the official code's "unlimited" first-segment target
 LOW_FILL_RATIO = 0.5  # prepare warns when less than this share of the training examples' token slots holds text
 PROFILE_SAMPLE_MB = 4.0  # with a given tokenizer: MB of text read to describe it (scripts, casing warnings)
+STAGING = ".staging"  # the dataset is written into OUT/.staging.tmp-<pid>, then moved into place (_put_in_place)
 
 
 # ---------------------------------------------------------------------------------------------------- builder
@@ -276,159 +283,161 @@ def prepare(
         "chunk_chars": chunk_chars, "rows_per_shard": rows_per_shard,
         **({"pack_documents": True} if pack_documents else {}),  # absent when off: older requests still match
     }
-    cached = _check_out_dir(out_dir, request, force)
-    if cached is not None:
-        say(f"{out_dir} already holds this dataset (same sources and settings): reusing it")
-        return cached
+    with holding(out_dir, "--out", reserves=("*",)):  # one writer, from before its first byte to its end
+        written = Written(out_dir, "prepare")
+        cached = _check_out_dir(out_dir, request, force)
+        if cached is not None:
+            say(f"{out_dir} already holds this dataset (same sources and settings): reusing it")
+            return cached
 
-    check_writable(out_dir.parent, "--out", given=out_dir)  # written beside it, then renamed: before any work
-    tmp = out_dir.parent / f"{out_dir.name}.tmp-{os.getpid()}"
-    _remove_stale_tmp_dirs(out_dir)
-    writers: dict[str, _ShardWriter] = {}
-    try:
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir()
-        reader = CorpusReader(inputs)
-        warn = lambda msg: say(f"warning: {msg}")  # noqa: E731
+        check_writable(out_dir, "--out")  # before any work
+        delete_temporaries(out_dir, "prepare")  # what a killed prepare left
+        tmp = out_dir / f"{STAGING}.tmp-{os.getpid()}"  # written inside --out, then moved into place
+        writers: dict[str, _ShardWriter] = {}
+        try:
+            written.add(out_dir / STAGING, kind="dir")  # on record before its first byte: a temporary of it
+            tmp.mkdir()
+            reader = CorpusReader(inputs)
+            warn = lambda msg: say(f"warning: {msg}")  # noqa: E731
 
-        # 1. tokenizer: a sample of the text decides the casing (and trains the tokenizer)
-        t0 = time.perf_counter()
-        sample_mb = tokenizer_sample_mb if tokenizer is None else min(tokenizer_sample_mb or PROFILE_SAMPLE_MB, PROFILE_SAMPLE_MB)
-        sample = _sample_lines(reader, sample_mb)
-        sample_chars = sum(map(len, sample))
-        if not any(line.strip() for line in sample):  # before a tokenizer is trained on nothing
-            gone = reader.stats.skipped
-            skipped = f"; {len(gone)} skipped, the first {gone[0]['path']}: {gone[0]['reason']}" if gone else ""
-            raise UserError(f"--corpus: no text to prepare ({len(inputs)} input(s), no characters other than white "
-                            f"space{skipped}); is it empty?")
-        profile = text_profile(sample)
-        what = f"the first {tokenizer_sample_mb:g} MB" if tokenizer_sample_mb > 0 else "all"
-        if tokenizer is not None:
-            lowercase = tokenizer.lowercase
-            reason = f"from the given tokenizer ({'uncased' if lowercase else 'cased'})"
-            warning = choose_casing("uncased", profile)[2] if lowercase else None
-        elif tokenizer_type == "sentencepiece":
-            lowercase, reason, warning = False, "SentencePiece keeps the text as written (cased, normalization identity)", None
-            say(f"training a {vocab_size}-entry SentencePiece {sentencepiece_model} model on {what} of the text "
-                f"(character coverage {character_coverage:g}, byte fallback {'on' if byte_fallback else 'off'})")
-            tokenizer = Tokenizer.train_sentencepiece(sample, vocab_size, sentencepiece_model, character_coverage,
-                                                      byte_fallback, threads=workers or len(os.sched_getaffinity(0)))
-        else:
-            lowercase, reason, warning = choose_casing(casing, profile)
-            say(f"training a {vocab_size}-entry WordPiece on {what} of the text, "
-                f"{'uncased' if lowercase else 'cased'} ({reason})")
-            tokenizer = Tokenizer.train(sample, vocab_size, lowercase, character_coverage)
-            alphabet = tokenizer.alphabet
-            if alphabet["coverage"] < character_coverage and alphabet["characters"] == alphabet["limit_from_vocab_size"]:
-                warn(f"the {vocab_size}-entry vocabulary has room for {alphabet['characters']:,} of the text's "
-                     f"{alphabet['distinct_characters']:,} characters (covering {100 * alphabet['coverage']:.2f}% of "
-                     f"their occurrences; the rest become [UNK]); a larger --vocab-size covers more")
-        if warning:
-            warn(warning)
-        del sample
-        tokenizer_seconds = time.perf_counter() - t0
-        tokenizer.save(tmp / "tokenizer")
-        casing_record = {"lowercase": lowercase, "requested": casing if tokenizer_path is None else None, "reason": reason}
-        write_json(tmp / "tokenizer" / PROFILE_FILE, {"casing": casing_record, "languages": profile["languages"],
-                                                        "scripts": profile["scripts"]})
-        dtype = "uint16" if tokenizer.vocab_size <= 2**16 else "uint32"
+            # 1. tokenizer: a sample of the text decides the casing (and trains the tokenizer)
+            t0 = time.perf_counter()
+            sample_mb = tokenizer_sample_mb if tokenizer is None else min(tokenizer_sample_mb or PROFILE_SAMPLE_MB, PROFILE_SAMPLE_MB)
+            sample = _sample_lines(reader, sample_mb)
+            sample_chars = sum(map(len, sample))
+            if not any(line.strip() for line in sample):  # before a tokenizer is trained on nothing
+                gone = reader.stats.skipped
+                skipped = f"; {len(gone)} skipped, the first {gone[0]['path']}: {gone[0]['reason']}" if gone else ""
+                raise UserError(f"--corpus: no text to prepare ({len(inputs)} input(s), no characters other than white "
+                                f"space{skipped}); is it empty?")
+            profile = text_profile(sample)
+            what = f"the first {tokenizer_sample_mb:g} MB" if tokenizer_sample_mb > 0 else "all"
+            if tokenizer is not None:
+                lowercase = tokenizer.lowercase
+                reason = f"from the given tokenizer ({'uncased' if lowercase else 'cased'})"
+                warning = choose_casing("uncased", profile)[2] if lowercase else None
+            elif tokenizer_type == "sentencepiece":
+                lowercase, reason, warning = False, "SentencePiece keeps the text as written (cased, normalization identity)", None
+                say(f"training a {vocab_size}-entry SentencePiece {sentencepiece_model} model on {what} of the text "
+                    f"(character coverage {character_coverage:g}, byte fallback {'on' if byte_fallback else 'off'})")
+                tokenizer = Tokenizer.train_sentencepiece(sample, vocab_size, sentencepiece_model, character_coverage,
+                                                          byte_fallback, threads=workers or len(os.sched_getaffinity(0)))
+            else:
+                lowercase, reason, warning = choose_casing(casing, profile)
+                say(f"training a {vocab_size}-entry WordPiece on {what} of the text, "
+                    f"{'uncased' if lowercase else 'cased'} ({reason})")
+                tokenizer = Tokenizer.train(sample, vocab_size, lowercase, character_coverage)
+                alphabet = tokenizer.alphabet
+                if alphabet["coverage"] < character_coverage and alphabet["characters"] == alphabet["limit_from_vocab_size"]:
+                    warn(f"the {vocab_size}-entry vocabulary has room for {alphabet['characters']:,} of the text's "
+                         f"{alphabet['distinct_characters']:,} characters (covering {100 * alphabet['coverage']:.2f}% of "
+                         f"their occurrences; the rest become [UNK]); a larger --vocab-size covers more")
+            if warning:
+                warn(warning)
+            del sample
+            tokenizer_seconds = time.perf_counter() - t0
+            tokenizer.save(tmp / "tokenizer")
+            casing_record = {"lowercase": lowercase, "requested": casing if tokenizer_path is None else None, "reason": reason}
+            write_json(tmp / "tokenizer" / PROFILE_FILE, {"casing": casing_record, "languages": profile["languages"],
+                                                            "scripts": profile["scripts"]})
+            dtype = "uint16" if tokenizer.vocab_size <= 2**16 else "uint32"
 
-        # 2. examples
-        t1 = time.perf_counter()
-        writers = {s: _ShardWriter(tmp, s, rows_per_shard) for s in SPLITS}
-        totals = {"documents": [0, 0], "lines": 0, "line_tokens": 0, "examples": [0, 0], "single_segment_rows": [0, 0],
-                  "single_segment_draws": 0, "random_target_draws": 0, "filled": [0, 0]}  # filled: real tokens
-        settings = {"seq_len": seq_len, "seed": seed, "validation_fraction": validation_fraction, "dtype": dtype,
-                    "pack_documents": pack_documents}
-        known_total = sum(i.size_bytes for i in inputs) if all(i.kind == "file" for i in inputs) else None
-        n_workers = workers or len(os.sched_getaffinity(0))
-        if workers == 0 and (all(i.kind == "builtin" for i in inputs) or (known_total or 1e18) < 4 * chunk_chars):
-            n_workers = 1  # a small corpus: starting worker processes would cost more than the work
-        with _progress(console, known_total) as progress:
-            for result in _run_chunks(_chunks(reader.documents(warn), chunk_chars), tokenizer, settings, n_workers):
-                for split in SPLITS:
-                    writers[split].add(*result[split])
-                for key, total in totals.items():
-                    add = result[key]
-                    totals[key] = [a + b for a, b in zip(total, add)] if isinstance(total, list) else total + add
+            # 2. examples
+            t1 = time.perf_counter()
+            writers = {s: _ShardWriter(tmp, s, rows_per_shard) for s in SPLITS}
+            totals = {"documents": [0, 0], "lines": 0, "line_tokens": 0, "examples": [0, 0], "single_segment_rows": [0, 0],
+                      "single_segment_draws": 0, "random_target_draws": 0, "filled": [0, 0]}  # filled: real tokens
+            settings = {"seq_len": seq_len, "seed": seed, "validation_fraction": validation_fraction, "dtype": dtype,
+                        "pack_documents": pack_documents}
+            known_total = sum(i.size_bytes for i in inputs) if all(i.kind == "file" for i in inputs) else None
+            n_workers = workers or len(os.sched_getaffinity(0))
+            if workers == 0 and (all(i.kind == "builtin" for i in inputs) or (known_total or 1e18) < 4 * chunk_chars):
+                n_workers = 1  # a small corpus: starting worker processes would cost more than the work
+            with _progress(console, known_total) as progress:
+                for result in _run_chunks(_chunks(reader.documents(warn), chunk_chars), tokenizer, settings, n_workers):
+                    for split in SPLITS:
+                        writers[split].add(*result[split])
+                    for key, total in totals.items():
+                        add = result[key]
+                        totals[key] = [a + b for a, b in zip(total, add)] if isinstance(total, list) else total + add
+                    progress(reader.stats.input_bytes_done, reader.stats.text_bytes)
+                for w in writers.values():
+                    w.close()
                 progress(reader.stats.input_bytes_done, reader.stats.text_bytes)
-            for w in writers.values():
-                w.close()
-            progress(reader.stats.input_bytes_done, reader.stats.text_bytes)
-        build_seconds = time.perf_counter() - t1
-        if totals["examples"][0] == 0:
-            skipped = f"; {len(reader.stats.skipped)} input(s) skipped" if reader.stats.skipped else ""
-            raise UserError(f"--corpus: the text yielded no training examples ({sum(totals['documents'])} documents"
-                            f"{skipped}); is it empty?")
+            build_seconds = time.perf_counter() - t1
+            if totals["examples"][0] == 0:
+                skipped = f"; {len(reader.stats.skipped)} input(s) skipped" if reader.stats.skipped else ""
+                raise UserError(f"--corpus: the text yielded no training examples ({sum(totals['documents'])} documents"
+                                f"{skipped}); is it empty?")
 
-        seconds = time.perf_counter() - started
-        fill = [filled / max(examples * seq_len, 1) for filled, examples in zip(totals["filled"], totals["examples"])]
-        # text tokens: the real ones less [CLS] and one [SEP] per example, and a second [SEP] per two-segment example
-        tokens = [f - 3 * e + s for f, e, s in zip(totals["filled"], totals["examples"], totals["single_segment_rows"])]
-        manifest = {
-            "format_version": FORMAT_VERSION, "created_by": f"tinyelectra {__version__}", "request": request,
-            "command": command, "sources": _summarize_sources(inputs), "skipped_inputs": reader.stats.skipped,
-            "invalid_utf8_replaced": reader.stats.replaced_invalid_bytes,
-            "documents_cut": reader.stats.documents_cut,  # longer than corpus.MAX_DOCUMENT_CHARS: continued as new ones
-            "text_bytes": reader.stats.text_bytes, "documents": dict(zip(SPLITS, totals["documents"])),
-            "lines": totals["lines"], "examples": dict(zip(SPLITS, totals["examples"])),
-            "tokens": dict(zip(SPLITS, tokens)),  # text tokens stored in examples (no specials, no padding)
-            # all tokens of all lines: the official builder cuts each example's segments to fit T, so a corpus of long
-            # lines (paragraphs) keeps only part of its tokens
-            "line_tokens": totals["line_tokens"],
-            "single_segment_rows": dict(zip(SPLITS, totals["single_segment_rows"])),
-            # real tokens ([CLS], [SEP] and text) per token slot of the examples; the rest is padding
-            "fill_ratio": dict(zip(SPLITS, (round(f, 4) for f in fill))),
-            "pack_documents": pack_documents,
-            "builder_draws": {"single_segment": totals["single_segment_draws"], "random_target": totals["random_target_draws"]},
-            "seq_len": seq_len, "dtype": dtype, "seed": seed, "validation_fraction": validation_fraction,
-            "tokenizer": {
-                "kind": tokenizer.kind, "fingerprint": tokenizer.fingerprint(), "vocab_size": tokenizer.vocab_size,
-                "lowercase": tokenizer.lowercase, "path": "tokenizer", "source": tokenizer_path or "trained",
-                "special_ids": {r: getattr(tokenizer, f"{r}_id") for r in SPECIAL_ROLES},
-                "training_sample_chars": sample_chars if tokenizer_path is None else 0,
-                "vocab_padding": tokenizer.vocab_padding, "casing": casing_record, "text": profile,
-                **({"alphabet": tokenizer.alphabet} if tokenizer.alphabet else {}),
-                **({"sentencepiece": {"model": sentencepiece_model, "byte_fallback": byte_fallback,
-                                      "character_coverage": character_coverage}}
-                   if tokenizer_path is None and tokenizer_type == "sentencepiece" else {}),
-            },
-            "splits": {s: {"rows": sum(x["rows"] for x in w.shards), "shards": w.shards} for s, w in writers.items()},
-            "seconds": {"tokenizer": round(tokenizer_seconds, 3), "examples": round(build_seconds, 3), "total": round(seconds, 3)},
-            "text_mb_per_second": round(reader.stats.text_bytes / 1e6 / seconds, 3), "workers": n_workers,
-            "python": platform.python_version(),
-        }
-        write_json(tmp / "manifest.json", manifest)  # last: a directory without it is never taken as complete
-        replace_dir(tmp, out_dir)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-            written = sum(w.bytes_written for w in writers.values()) / 1e6
-            raise UserError(f"{(e.strerror or 'write failed').lower()} while writing {out_dir} ({written:.0f} MB of shards were written, "
-                            f"now removed); free some space or choose another --out") from None
-        raise UserError(f"--out {out_dir}: {os_error_line(e)} (nothing was left behind)") from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    ex, kept = manifest["examples"], sum(tokens)
-    say(
-        f"{sum(manifest['documents'].values()):,} documents, {kept:,} tokens "
-        f"({100 * kept / max(manifest['line_tokens'], 1):.0f}% of the text's; the builder cuts long lines) -> "
-        f"{ex['train']:,} train + {ex['validation']:,} validation examples of {seq_len}, "
-        f"{100 * fill[0]:.0f}% of their token slots filled, in {seconds:.1f} s "
-        f"({manifest['text_mb_per_second']:.2f} MB/s of text) -> {out_dir}"
-    )
-    if heldout := heldout_warning(ex["validation"], validation_fraction):
-        say(f"warning: {heldout}")
-    if fill[0] < LOW_FILL_RATIO:
-        per_doc = kept / max(sum(totals["documents"]), 1)
-        advice = ("add --pack-documents so that short documents share examples" if not pack_documents else
-                  "the text itself is short; a smaller --seq-len fits it better")
-        say(f"warning: only {100 * fill[0]:.0f}% of the token slots hold text, {100 * (1 - fill[0]):.0f}% are padding: "
-            f"documents average {per_doc:.0f} tokens for examples of {seq_len} (a blank line ends a document); {advice}")
-    return manifest
+            seconds = time.perf_counter() - started
+            fill = [filled / max(examples * seq_len, 1) for filled, examples in zip(totals["filled"], totals["examples"])]
+            # text tokens: the real ones less [CLS] and one [SEP] per example, and a second [SEP] per two-segment example
+            tokens = [f - 3 * e + s for f, e, s in zip(totals["filled"], totals["examples"], totals["single_segment_rows"])]
+            manifest = {
+                "format_version": FORMAT_VERSION, "created_by": f"tinyelectra {__version__}", "request": request,
+                "command": command, "sources": _summarize_sources(inputs), "skipped_inputs": reader.stats.skipped,
+                "invalid_utf8_replaced": reader.stats.replaced_invalid_bytes,
+                "documents_cut": reader.stats.documents_cut,  # longer than corpus.MAX_DOCUMENT_CHARS: continued as new ones
+                "text_bytes": reader.stats.text_bytes, "documents": dict(zip(SPLITS, totals["documents"])),
+                "lines": totals["lines"], "examples": dict(zip(SPLITS, totals["examples"])),
+                "tokens": dict(zip(SPLITS, tokens)),  # text tokens stored in examples (no specials, no padding)
+                # all tokens of all lines: the official builder cuts each example's segments to fit T, so a corpus of long
+                # lines (paragraphs) keeps only part of its tokens
+                "line_tokens": totals["line_tokens"],
+                "single_segment_rows": dict(zip(SPLITS, totals["single_segment_rows"])),
+                # real tokens ([CLS], [SEP] and text) per token slot of the examples; the rest is padding
+                "fill_ratio": dict(zip(SPLITS, (round(f, 4) for f in fill))),
+                "pack_documents": pack_documents,
+                "builder_draws": {"single_segment": totals["single_segment_draws"], "random_target": totals["random_target_draws"]},
+                "seq_len": seq_len, "dtype": dtype, "seed": seed, "validation_fraction": validation_fraction,
+                "tokenizer": {
+                    "kind": tokenizer.kind, "fingerprint": tokenizer.fingerprint(), "vocab_size": tokenizer.vocab_size,
+                    "lowercase": tokenizer.lowercase, "path": "tokenizer", "source": tokenizer_path or "trained",
+                    "special_ids": {r: getattr(tokenizer, f"{r}_id") for r in SPECIAL_ROLES},
+                    "training_sample_chars": sample_chars if tokenizer_path is None else 0,
+                    "vocab_padding": tokenizer.vocab_padding, "casing": casing_record, "text": profile,
+                    **({"alphabet": tokenizer.alphabet} if tokenizer.alphabet else {}),
+                    **({"sentencepiece": {"model": sentencepiece_model, "byte_fallback": byte_fallback,
+                                          "character_coverage": character_coverage}}
+                       if tokenizer_path is None and tokenizer_type == "sentencepiece" else {}),
+                },
+                "splits": {s: {"rows": sum(x["rows"] for x in w.shards), "shards": w.shards} for s, w in writers.items()},
+                "seconds": {"tokenizer": round(tokenizer_seconds, 3), "examples": round(build_seconds, 3), "total": round(seconds, 3)},
+                "text_mb_per_second": round(reader.stats.text_bytes / 1e6 / seconds, 3), "workers": n_workers,
+                "python": platform.python_version(),
+            }
+            write_json(tmp / "manifest.json", manifest)  # last: a directory without it is never taken as complete
+            _put_in_place(tmp, out_dir, written, say)
+        except OSError as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                written = sum(w.bytes_written for w in writers.values()) / 1e6
+                raise UserError(f"{(e.strerror or 'write failed').lower()} while writing {out_dir} ({written:.0f} MB of shards were written, "
+                                f"now removed); free some space or choose another --out") from None
+            raise UserError(f"--out {out_dir}: {os_error_line(e)} (nothing was left behind)") from None
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        finally:
+            tidy_record(out_dir, out_dir / STAGING)  # its record entry, gone with it (no record when nothing was written)
+        ex, kept = manifest["examples"], sum(tokens)
+        say(
+            f"{sum(manifest['documents'].values()):,} documents, {kept:,} tokens "
+            f"({100 * kept / max(manifest['line_tokens'], 1):.0f}% of the text's; the builder cuts long lines) -> "
+            f"{ex['train']:,} train + {ex['validation']:,} validation examples of {seq_len}, "
+            f"{100 * fill[0]:.0f}% of their token slots filled, in {seconds:.1f} s "
+            f"({manifest['text_mb_per_second']:.2f} MB/s of text) -> {out_dir}"
+        )
+        if heldout := heldout_warning(ex["validation"], validation_fraction):
+            say(f"warning: {heldout}")
+        if fill[0] < LOW_FILL_RATIO:
+            per_doc = kept / max(sum(totals["documents"]), 1)
+            advice = ("add --pack-documents so that short documents share examples" if not pack_documents else
+                      "the text itself is short; a smaller --seq-len fits it better")
+            say(f"warning: only {100 * fill[0]:.0f}% of the token slots hold text, {100 * (1 - fill[0]):.0f}% are padding: "
+                f"documents average {per_doc:.0f} tokens for examples of {seq_len} (a blank line ends a document); {advice}")
+        return manifest
 
 
 def _sample_lines(reader: CorpusReader, sample_mb: float) -> list[str]:
@@ -497,38 +506,96 @@ def _progress(console, total_bytes: int | None):
         yield update
 
 
+def _dataset_files(out_dir: Path) -> set[Path]:
+    """The files of the dataset in `out_dir` as they are now: what its record says prepare wrote; for a dataset
+    prepared before records existed, manifest.json, the shards it lists and the files in tokenizer/."""
+    if (out_dir / RECORD_NAME).is_file():
+        return covered(out_dir, ("prepare",))[0]
+    try:
+        manifest = json.loads((out_dir / "manifest.json").read_text(encoding="utf-8"))
+        names = [f for s in manifest["splits"].values() for sh in s["shards"] for f in (sh["ids"], sh["meta"])]
+    except (OSError, ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
+        return set()
+    tokenizer = out_dir / "tokenizer"
+    listed = [out_dir / "manifest.json", *(out_dir / n for n in names if "/" not in n and n not in (".", ".."))]
+    return {p for p in listed if p.is_file() and not p.is_symlink()} | \
+        ({p for p in tokenizer.rglob("*") if p.is_file() and not p.is_symlink()} if tokenizer.is_dir() and not tokenizer.is_symlink() else set())
+
+
 def _check_out_dir(out_dir: Path, request: dict, force: bool) -> dict | None:
-    """The cached manifest if `out_dir` holds exactly this request; None to build; UserError if we must not touch it."""
+    """The cached manifest if `out_dir` holds exactly this request; None to build; UserError if we must not touch it
+    (it holds another dataset and no --force, or files of one's own where the dataset goes)."""
     if not out_dir.exists():
         return None
     if not out_dir.is_dir():
         raise UserError(f"--out {out_dir}: exists and is not a directory")
+    ours = _dataset_files(out_dir)
+    others = [p for p in foreign(out_dir, out_dir, ("prepare",)) if p not in ours]
     manifest_path = out_dir / "manifest.json"
-    if not manifest_path.is_file():
-        if any(out_dir.iterdir()):
+    if manifest_path not in ours:
+        if others:
             raise UserError(f"--out {out_dir}: a non-empty directory that is not a tinyelectra dataset; "
                             f"choose a new or empty directory")
-        return None
+        return None  # new, or what a killed prepare left
     try:
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError):
         manifest = {}
-    if manifest.get("request") == request:  # ours; with files missing, rebuild it in place
-        return manifest if files_present(out_dir, manifest) else None
-    if not force:
+    if manifest.get("request") == request and files_present(out_dir, manifest):  # ours, complete: reused
+        return manifest
+    if manifest.get("request") != request and not force:
         saved = manifest.get("request")
         why = difference_text(differences(saved, request)[0]) if isinstance(saved, dict) else "no request recorded"
         raise UserError(f"--out {out_dir} already holds a different dataset (other sources or settings, or prepared by "
                         f"an earlier tinyelectra: {why}); add --force to replace it, or choose another --out")
+    for p in others:  # a file of one's own where the new dataset's go: never replaced
+        name = p.relative_to(out_dir).as_posix()
+        if name in ("manifest.json", "tokenizer") or re.fullmatch(r"(train|validation)-\d{5}\.(ids|meta)\.npy", name):
+            raise UserError(f"--out {out_dir}: {p.relative_to(out_dir)} is not what tinyelectra wrote there, and the new "
+                            "dataset would replace it; move it away, or choose another --out")
     return None
 
 
-def _remove_stale_tmp_dirs(out_dir: Path) -> None:
-    """Remove `OUT.tmp-<pid>` directories left by prepare runs that were killed (their process is gone)."""
-    for p in out_dir.parent.glob(f"{out_dir.name}.tmp-*"):
-        pid = p.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
-            shutil.rmtree(p, ignore_errors=True)
+def _put_in_place(tmp: Path, out_dir: Path, written: Written, say) -> None:
+    """The finished dataset in `tmp` (inside `out_dir`) becomes `out_dir`'s: the dataset there before is deleted
+    (manifest.json first, so that the folder is never taken for a dataset part-way; only its own files: what else
+    the folder holds stays, and is named), then the new files are recorded and moved in, manifest.json last."""
+    old = sorted(_dataset_files(out_dir) - {p for p in _dataset_files(out_dir) if tmp in p.parents})
+    if old:
+        (out_dir / "manifest.json").unlink(missing_ok=True)
+        for p in old:
+            p.unlink(missing_ok=True)
+        for d in sorted({q for p in old for q in p.parents if out_dir in q.parents}, key=lambda q: len(q.parts), reverse=True):
+            with contextlib.suppress(OSError):
+                d.rmdir()  # tokenizer/, when that was all it held
+        tidy_record(out_dir)
+        kept = [p.relative_to(out_dir).as_posix() for p in foreign(out_dir, out_dir, ("prepare",)) if tmp not in p.parents]
+        say(f"replaced the dataset in {out_dir}: deleted its {len(old)} files (manifest.json, the shards, tokenizer/)"
+            + (f"; kept everything else: {', '.join(kept[:8])}{f' and {len(kept) - 8} more' if len(kept) > 8 else ''}"
+               if kept else ""))
+    new = sorted(tmp.rglob("*"))
+    for p in new:  # a file of one's own where one of the dataset's goes (tokenizer/vocab.txt): never replaced
+        if not p.is_dir() and (target := out_dir / p.relative_to(tmp)).exists() and target not in _dataset_files(out_dir):
+            raise UserError(f"--out {out_dir}: {target.relative_to(out_dir)} is not what tinyelectra wrote there, and "
+                            "the new dataset would replace it; move it away, or choose another --out")
+    written.add(*(out_dir / p.relative_to(tmp) for p in new if not p.is_dir()))
+    written.add(*(out_dir / p.relative_to(tmp) for p in new if p.is_dir()), kind="dir")
+    _move_into(tmp, out_dir)
+    tmp.rmdir()
+    fsync_dir(out_dir)
+
+
+def _move_into(source: Path, target: Path) -> None:
+    """Every entry of `source` renamed into `target`, manifest.json last; a folder that exists there already
+    (tokenizer/ holding files of one's own) is filled file by file, keeping what it holds."""
+    for p in sorted(source.iterdir(), key=lambda p: p.name == "manifest.json"):
+        there = target / p.name
+        if p.is_dir() and there.is_dir() and not there.is_symlink():
+            _move_into(p, there)
+            p.rmdir()
+        else:
+            os.replace(p, there)
+    fsync_dir(target)
 
 
 def _summarize_sources(inputs) -> list[dict]:

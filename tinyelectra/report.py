@@ -24,6 +24,7 @@ from tinyelectra.budget import changes_text, fractions_off_text
 from tinyelectra.checkpoint import train_seconds_of
 from tinyelectra.errors import UserError
 from tinyelectra.files import check_writable, first_line, write_atomic
+from tinyelectra.runfolder import Written, holding
 from tinyelectra.glue_data import GLUE_TASK_NAMES, PAPER_TASK_NAMES, get_task, task_title
 from tinyelectra.metrics import score_range, verdict_against_anchors
 from tinyelectra.plots import fmt_fraction, plot_curves, plot_glue
@@ -545,19 +546,28 @@ def report_command(run_dir: Path, out_dir: Path | None) -> dict[str, Any]:
     run_dir = Path(run_dir)
     rep = build_report(run_dir)
     out = Path(out_dir) if out_dir is not None else run_dir
-    check_writable(out, "--out")
-    out.mkdir(parents=True, exist_ok=True)
-    if plot_glue(rep, out / "glue_vs_compute.png"):
-        rep["plots"].append("glue_vs_compute.png")
-    records, events, _, _ = read_metrics(run_dir / "metrics.jsonl")
-    for warning in rep["input_warnings"]:
-        print(f"warning: {warning}", file=sys.stderr)
-    if plot_curves(records, events, rep, out / "pretraining_curves.png"):
-        rep["plots"].append("pretraining_curves.png")
-    write_atomic(out / "report.json", json.dumps(_finite(rep), indent=2) + "\n", "report")
-    write_atomic(out / "report.md", render_markdown(rep), "report")
+    with holding(out, "--out", reserves=REPORT_FILES):  # one writer per folder: not a run's while it trains
+        check_writable(out, "--out")
+        written = Written(out, "report")
+        for name in REPORT_FILES:  # replaces only what an earlier report wrote
+            if (out / name).exists() and out / name not in written.covered():
+                raise UserError(f"--out {out}: {name} is not what tinyelectra's report wrote there, and the report "
+                                "would replace it; move it away, or choose another --out")
+        written.add(*(out / name for name in REPORT_FILES))
+        if plot_glue(rep, out / "glue_vs_compute.png"):
+            rep["plots"].append("glue_vs_compute.png")
+        records, events, _, _ = read_metrics(run_dir / "metrics.jsonl")
+        for warning in rep["input_warnings"]:
+            print(f"warning: {warning}", file=sys.stderr)
+        if plot_curves(records, events, rep, out / "pretraining_curves.png"):
+            rep["plots"].append("pretraining_curves.png")
+        write_atomic(out / "report.json", json.dumps(_finite(rep), indent=2) + "\n", "report")
+        write_atomic(out / "report.md", render_markdown(rep), "report")
     print(f"wrote {out / 'report.md'}, {out / 'report.json'}" + "".join(f", {out / p}" for p in rep["plots"]))
     return rep
+
+
+REPORT_FILES = ("report.json", "report.md", "glue_vs_compute.png", "pretraining_curves.png")
 
 
 def _finite(obj: Any) -> Any:

@@ -30,8 +30,10 @@ import dataclasses
 import errno
 import json
 import math
+import glob
+import os
 import re
-import shutil
+import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,7 +55,7 @@ from tinyelectra.files import os_error_line, write_json
 from tinyelectra.logs import Log, Progress, median_tokens_per_second
 from tinyelectra.model import Electra, count_parameters
 from tinyelectra.optim import lr_at
-from tinyelectra.runfolder import data_record, record_data
+from tinyelectra.runfolder import DATASET_FILE, Written, data_record, delete_temporaries, record_data
 from tinyelectra.runtime import device_name
 from tinyelectra.step import Dist, Engine, new_sums
 
@@ -107,9 +109,19 @@ class Launch:
         self.command = command  # as given: the lines that say how to continue quote it
         self.clock = clock  # measures training time (tests pass a simulated one)
         self.log = Log(run_dir, dist.main)
+        self.written = Written(run_dir, "train")  # the record of what it writes there (runfolder.py); rank 0 only
         self.startup_t0 = clock()  # train()'s entry: start-up, this process's wall time and time stops count from here
         self.continue_with = _rerun_command(command, run_dir, ["--resume"])  # the command that continues this run
         self.micro: int | None = None  # sequences per micro-batch, once set_up knows (what a failed allocation was for)
+
+    def record_run_files(self) -> None:
+        """On record before any is written: the run's files and folders that are not checkpoints or resume states
+        (those are recorded file by file as they are written: checkpoint.py), TensorBoard's event files by this
+        process's pattern (their names are known only once written)."""
+        run_dir, written = self.run_dir, self.written
+        written.add(*(run_dir / n for n in ("recipe.json", "plan.json", "summary.json", "metrics.jsonl", DATASET_FILE)))
+        written.add(run_dir / "tensorboard", kind="dir")
+        written.add(f"tensorboard/events.out.tfevents.*.{glob.escape(socket.gethostname())}.{os.getpid()}.*", kind="glob")
 
     @contextlib.contextmanager
     def failures_during_startup(self, resume: bool) -> Iterator[None]:
@@ -153,6 +165,7 @@ def new_start(launch: Launch, overridden: list[str] | None) -> Start:
     plan = make_plan(launch.bud, launch.recipe)
     if launch.dist.main:  # the run directory appears only now, when the set-up has accepted everything
         launch.run_dir.mkdir(parents=True, exist_ok=True)
+        launch.record_run_files()
         launch.log.truncate_after(0)  # a run that stopped during start-up and starts again
         saved = launch.recipe.to_dict()
         saved["deviations"] = saved["deviations"] + list(overridden or [])
@@ -175,6 +188,8 @@ def resumed_start(launch: Launch, parts: Parts) -> Start:
     if plan.budget != launch.bud.text:
         raise UserError(f"--resume: {run_dir} was planned for --budget {plan.budget}, not {launch.bud.text}")
     step = state["step"]
+    if launch.dist.main:
+        launch.record_run_files()
     log.truncate_after(step)
     log.once(f"resumed from step {step} ({state['train_seconds']:.1f} s of training time spent)")
     found = [{"step": step, "key": key, "old": old, "new": new} for key, old, new in differences(
@@ -211,8 +226,7 @@ class RunState:
         data record, ckpt-0000 when asked (`initial_checkpoint`, at step 0), a resume state (a resumed run only
         when its settings changed), the plan table."""
         if launch.dist.main:  # what an interrupted write left behind (never renamed into place, so never loadable)
-            for stale in [*launch.run_dir.glob("*.tmp-*"), *(launch.run_dir / "state").glob("*.tmp-*")]:
-                shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
+            delete_temporaries(launch.run_dir, "train")
         start = resumed_start(launch, parts) if resume else new_start(launch, overridden)
         return cls(launch, parts, start, initial_checkpoint)
 
@@ -221,6 +235,7 @@ class RunState:
         self.device, self.dist, self.command, self.clock, self.log = (launch.device, launch.dist, launch.command,
                                                                       launch.clock, launch.log)
         self.startup_t0, self.continue_with = launch.startup_t0, launch.continue_with
+        self.written = launch.written  # the record of what this run writes in its folder (rank 0)
         self.parts, self.resumed = parts, start.state_dir is not None
         self.process_seconds = ProcessSeconds()
         self.plan = start.plan  # a time budget's re-plans replace it (`replan`)
@@ -438,7 +453,7 @@ class RunState:
                 "train_seconds": self.train_seconds, "eval": ev, "precision": parts.precision,
                 "device": device_name(self.device), "budget": plan.budget, "recipe": recipe.name, **more}
         if self.dist.main:
-            save_checkpoint(self.run_dir / name, parts.model, recipe, meta, parts.data.path / "tokenizer")
+            save_checkpoint(self.run_dir / name, parts.model, recipe, meta, parts.data.path / "tokenizer", self.written)
         self.log.metrics({"event": "checkpoint", **meta})
         self.process_seconds.checkpoints += timed * (clock() - write_t0)
         return ev
@@ -484,9 +499,10 @@ class RunState:
             sums = {k: v.item() for k, v in self.sums.items()}  # host sync: state writes only
             window = {"step": self.window_step, "sums": sums}
             self.state_saved = (self.step, save_resume_state(
-                self.run_dir, parts.model, parts.optimizer, parts.scaler, parts.loader, step=self.step,
+                self.run_dir, parts.model, parts.optimizer, parts.scaler, parts.loader, self.written, step=self.step,
                 tokens_seen=self.tokens_seen(), train_seconds=self.train_seconds, other_seconds=self.other_seconds,
-                checkpoints=sorted(self.done_ckpts), plan=self.plan.to_dict(), window=window, recipe=self.recipe))
+                checkpoints=sorted(self.done_ckpts), plan=self.plan.to_dict(), window=window, recipe=self.recipe,
+                data=data_record(parts.data)))
 
     # --- the finish ---------------------------------------------------------------------------------------------------
     def finish(self, stopped_by: str = "") -> dict:
@@ -521,7 +537,8 @@ class RunState:
                                  "checkpoints_eval_state": round(self.other_seconds, 3)},  # the whole run's, resumes included
             "process_seconds": {k: None if v is None else round(v, 3)  # this process's, from train()'s entry
                                 for k, v in dataclasses.asdict(process_seconds).items()},
-            "data": data_record(parts.data),  # the prepared data trained on: its path and fingerprint (runfolder.py)
+            # the prepared data trained on: its path, fingerprint and files (runfolder.py; rank 0 read them)
+            "data": data_record(parts.data) if dist.main else None,
             # how often the data repeats: passes over the training rows, and the unique text tokens they hold
             "data_repetition": {"train_rows": rows, "unique_tokens": (parts.data.manifest.get("tokens") or {}).get("train"),
                                 "passes": step * recipe.train.batch_size / rows},

@@ -22,7 +22,6 @@ import dataclasses
 import json
 import os
 import re
-import shutil
 import signal
 import sys
 import time
@@ -43,7 +42,7 @@ from tinyelectra.files import check_writable, path_part
 from tinyelectra.logs import make_console
 from tinyelectra.model import Electra, attention_kernel
 from tinyelectra.optim import build_optimizer
-from tinyelectra.runfolder import DATASET_FILE, LOCK_NAME, check_data, holding, user_of
+from tinyelectra.runfolder import BOOKKEEPING, DATASET_FILE, DERIVED_BY, RECORD_NAME, check_data, covered, delete_run, foreign, holding
 from tinyelectra.runstate import Launch, Parts, RunState, comparable_settings
 from tinyelectra.step import Dist, Engine, PretrainStep, fit_micro_batch, global_counts, mask_step, probe_step, train_step
 
@@ -79,8 +78,12 @@ def train_command(
         torch.distributed.init_process_group("nccl" if dev.type == "cuda" else "gloo")
     # one writer per run folder: rank 0 (the only one that writes) holds its lock until the command ends; a --resume
     # of a folder that does not exist takes none (open_run_dir refuses it, creating nothing)
-    with holding(run_dir, "--out", enabled=dist.main and (run_dir.exists() or not resume)):
+    # (all of it under --force, until the earlier run is deleted: no other command starts in it meanwhile)
+    with holding(run_dir, "--out", enabled=dist.main and (run_dir.exists() or not resume),
+                 reserves=("*",) if force else TRAIN_WRITES) as lock:
         mode = open_run_dir(run_dir, resume, force, recipe, bud, make_console()) if dist.main else None
+        if lock is not None:
+            lock.reserve(TRAIN_WRITES)
         if dist.enabled and torch.distributed.is_initialized():  # every process does what rank 0 decided
             shared = [mode]
             torch.distributed.broadcast_object_list(shared, 0)
@@ -95,8 +98,6 @@ def train_command(
         data_path = resolve_data(data_dir, corpus, recipe, run_dir, dist, force=force)
         if corpus and not notes and mode != "resume":  # --corpus with the recipe's data.tokenizer: its vocabulary decides too
             recipe = adopt_data_vocab(recipe, data_path, overrides, notes)
-        if dist.main and mode == "resume" and (unchecked := check_data(run_dir, PretrainData(data_path))):
-            print(f"· {unchecked}", file=sys.stderr)  # else the data the run trained on, or one line naming both
         if dist.main:
             for note in notes:
                 print(f"· {note}", file=sys.stderr)
@@ -160,6 +161,8 @@ def _lookup(recipe: Recipe, assignment: str):
 
 RUN_FILES = ("plan.json", "recipe.json", "summary.json", "metrics.jsonl")  # written by train (with state/, ckpt-*)
 DERIVED = ("glue", "tensorboard", "report.md", "report.json", "glue_vs_compute.png", "pretraining_curves.png")
+# the names train writes in its folder: no other command may take one as its own folder while train holds the run's
+TRAIN_WRITES = (*RUN_FILES, DATASET_FILE, "state", "data", "tensorboard", "ckpt-*")
 # what `--resume --set` may change (a diverged run continued at a lower learning rate): the peak learning rate (the
 # schedule's shape and steps stay the plan's) and the clipping norm, both read afresh at every step and held in no
 # saved state. Recorded: plan.json's and summary.json's `resumed_with_changes`, metrics.jsonl, the report. The
@@ -172,18 +175,25 @@ def open_run_dir(run_dir: Path, resume: bool, force: bool, recipe: Recipe, bud: 
     """What to do with --out: "start" (a new run), "resume" (continue from its resume state), or "done" (the same
     finished run: nothing to do). A run that stopped before its first resume state starts again from step 0, with or
     without --resume, keeping the checkpoints it wrote until the new run writes them again. --force deletes the earlier
-    run first; nothing else here deletes anything. Raises UserError when --out holds another run or cannot be written."""
+    run first (what the run folder's records list: runfolder.delete_run); nothing else here deletes anything. Raises
+    UserError when --out holds another run or cannot be written."""
     say = lambda text: console.print(f"[dim]·[/dim] {text}", highlight=False)  # noqa: E731
     if resume and not run_dir.exists():
         raise UserError(f"--resume: {run_dir} does not exist (nothing to continue; drop --resume to start a new run)")
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"--out {run_dir}: exists and is not a directory")
-    items = sorted(p for p in run_dir.iterdir() if p.name != LOCK_NAME) if run_dir.is_dir() else []
+    items = sorted(p for p in run_dir.iterdir() if p.name not in BOOKKEEPING) if run_dir.is_dir() else []
     ckpts = sorted((p.name for p in items if p.is_dir() and CKPT_NAME.match(p.name)), key=lambda n: int(n[5:]))
     has_run = any((run_dir / n).exists() for n in (*RUN_FILES, "state")) or bool(ckpts)
-    others = [p for p in items if not _written_by_train(p)]
-    taken = [p.name for p in others if p.name in (*RUN_FILES, *DERIVED, "state", "data", DATASET_FILE)
-             or CKPT_NAME.match(p.name)]  # a name the run writes, holding something else: never replaced unasked
+    recorded = (run_dir / RECORD_NAME).is_file()  # written by this version, which records what it writes
+    if recorded:  # what the record lists, and folders other tinyelectra commands write (a record or lock of their own)
+        files, dirs = covered(run_dir, DERIVED_BY)
+        ours = {p.relative_to(run_dir).parts[0] for p in (*files, *(d for d in dirs if not any(d.iterdir())))}
+        others = [p for p in items if p.name not in ours and not (p.is_dir() and set(os.listdir(p)) & set(BOOKKEEPING))]
+    else:  # written before records existed: by the names and kinds train writes
+        others = [p for p in items if not _written_by_train(p)]
+    # a name the run writes, holding something else: never replaced unasked
+    taken = [p.name for p in others if p.name in TRAIN_WRITES or CKPT_NAME.match(p.name)]
     if taken:
         raise UserError(f"--out {run_dir}: {taken[0]} is not what tinyelectra writes under that name, and the run would "
                         "replace it; move it away, or choose another --out")
@@ -193,14 +203,18 @@ def open_run_dir(run_dir: Path, resume: bool, force: bool, recipe: Recipe, bud: 
                 f"{f' and {len(others) - 3} more' if len(others) > 3 else ''})")
         raise UserError(f"--out {run_dir}: holds {what}; a run goes into a new or empty folder, or its own")
     if force and has_run:
-        removed = [p for p in items if p not in others and p.name != "data"]  # --corpus data is checked, not deleted
-        for p in removed:  # RUN/glue while `tinyelectra glue` writes it
-            if p.is_dir() and (user := user_of(p)):
-                raise UserError(f"--force: {p} is in use by {user}; wait for it, or stop it, before starting over")
-        for p in removed:
-            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
-        kept = f"; kept what it did not write: {', '.join(p.name for p in others)}" if others else ""
-        say(f"--force: deleted the earlier run in {run_dir} ({', '.join(p.name for p in removed)}){kept}")
+        if not recorded:
+            raise UserError(f"--force: {run_dir} was written by an earlier tinyelectra, which kept no record of the "
+                            f"files it wrote ({RECORD_NAME}), and --force deletes only what a record lists: delete the "
+                            "earlier run yourself, or choose another --out")
+        for name in (budgeting.checkpoint_name(f) for f in budgeting.FRACTIONS):  # what the new run writes again
+            if mine := foreign(run_dir, run_dir / name, ("train",)) if (run_dir / name).is_dir() else []:
+                raise UserError(f"--force: {run_dir / name} holds {mine[0].relative_to(run_dir)}"
+                                f"{f' and {len(mine) - 1} more' if len(mine) > 1 else ''}, which the run's record does "
+                                f"not list, and the new run writes {name} again: move it away first (nothing was deleted)")
+        deleted, kept = delete_run(run_dir)  # --corpus data (prepare's) is checked, not deleted
+        kept_text = f"; kept everything else: {', '.join(kept[:12])}{f' and {len(kept) - 12} more' if len(kept) > 12 else ''}" if kept else ""
+        say(f"--force: deleted the earlier run in {run_dir} ({', '.join(deleted)}){kept_text}")
         has_run, ckpts = False, []
     check_writable(run_dir, "--out")
     if not has_run:
@@ -248,6 +262,9 @@ def open_run_dir(run_dir: Path, resume: bool, force: bool, recipe: Recipe, bud: 
         raise UserError(f"{run_dir} holds an unfinished run (resume state at step {info['step']:,}"
                         f"{f' of {total:,}' if total else ''}): continue it with --resume, or start over with --force "
                         f"(deletes it)")
+    if not recorded:
+        say(f"{run_dir} was written by an earlier tinyelectra, which kept no record of its files: the checkpoints and "
+            "resume state it wrote stay until you delete them (this run records what it writes from now on)")
     return "resume"
 
 
@@ -392,7 +409,10 @@ def set_up(launch: Launch, data_dir: Path, init: Path | None, resume: bool) -> P
     cpu_threads_line, cpu_threads = runtime.openmp_note()
     log.once(cpu_threads_line if device.type == "cpu" else "")
     data = PretrainData(data_dir)
-    _check_data(data, recipe, data_dir)
+    _check_data(data, recipe, data_dir, dist.main)
+    if resume and dist.main:  # the data the run trained on, file by file, or one line naming both
+        state_dir = latest_state(launch.run_dir)
+        log.once(check_data(launch.run_dir, data, read_state_info(state_dir) if state_dir is not None else None))
     log.once(f"warning: {data_dir}: {heldout}" if (heldout := heldout_warning(data.num_rows("validation"), None)) else "")
     special = SpecialIds.from_tokenizer(data.tokenizer)
     precision, precision_reason = runtime.pick_precision(tr.precision, device)
@@ -456,7 +476,7 @@ def initial_weights(path: Path, recipe: Recipe) -> Electra:
     return model
 
 
-def _check_data(data, recipe: Recipe, data_dir: Path) -> None:
+def _check_data(data, recipe: Recipe, data_dir: Path, main: bool) -> None:
     if data.vocab_size != recipe.model.vocab_size:
         raise UserError(
             f"{data_dir} was prepared with a {data.vocab_size}-entry tokenizer but recipe {recipe.name} has "
@@ -468,8 +488,8 @@ def _check_data(data, recipe: Recipe, data_dir: Path) -> None:
             f"{recipe.train.seq_len}; prepare again with --seq-len {recipe.train.seq_len} or --set train.seq_len={data.seq_len}")
     if data.num_rows("train") < recipe.train.batch_size:
         raise UserError(f"{data_dir} has {data.num_rows('train')} training examples, fewer than one batch of {recipe.train.batch_size}")
-    for split in data.manifest["splits"]:  # a damaged shard stops the set-up, not step 1 or the first checkpoint
-        data.verify(split)
+    if main:  # every shard's bytes read now: a damaged one stops the set-up, not step 1 or the first checkpoint
+        data.check_files()
 
 
 # ----------------------------------------------------------------------------------------------------------------

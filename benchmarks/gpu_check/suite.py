@@ -726,25 +726,34 @@ def close(run: Run, interrupted: str | None) -> int:
 
 
 def _prepare_work(work: Path, fresh: bool) -> None:
-    """The work folder: for the first command emptied (when the suite made it) or made; the second reads it."""
+    """The work folder: for the first command emptied (when the suite made it; its lock, held, stays) or made; the
+    second reads it."""
+    from tinyelectra.runfolder import LOCK_NAME  # noqa: PLC0415
+
     if not fresh:
         return
-    if work.exists() and any(work.iterdir()):
+    if work.exists() and any(p.name != LOCK_NAME for p in work.iterdir()):
         if not (work / WORK_MARK).is_file():
             _fail(f"--work {work}: holds files the suite did not write; choose another folder")
-        shutil.rmtree(work)
+        for p in work.iterdir():
+            if p.name != LOCK_NAME:
+                shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
     work.mkdir(parents=True, exist_ok=True)
     (work / WORK_MARK).write_text("a work folder of benchmarks/gpu_check/suite.py: emptied at the start of every first command\n")
 
 
-def _out_dir(args, mode: str) -> tuple[Path, str]:
-    """--out, else $OUT, else benchmarks/results/<mode>-<stamp>/; checked writable (one line and exit 2 if not)."""
+def _out_dir(args, mode: str, work: Path) -> tuple[Path, str]:
+    """--out, else $OUT, else benchmarks/results/<mode>-<stamp>/; checked writable and outside the work folder `work`
+    (one line and exit 2 if not)."""
     env_out = os.environ.get("OUT")
     chosen = args.out or env_out or str(ROOT / "benchmarks" / "results" / f"{mode}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
     why = "--out" if args.out else "$OUT" if env_out else "default"
     if args.out and env_out and Path(args.out).resolve() != Path(env_out).resolve():
         why = f"--out (it wins over $OUT={env_out})"
     out = Path(chosen)
+    if out.resolve() == work or work in out.resolve().parents:  # the next first command would empty it, results and all
+        _fail(f"{'--out' if args.out else '$OUT' if env_out else 'the results folder'} {out}: inside the work folder "
+              f"{work}, which every first command empties; choose a folder outside it")
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / f".write-test-{os.getpid()}"
@@ -777,7 +786,18 @@ def run_suite(args) -> int:
         if (kind := (_load(info) or {}).get("kind")) != "gpu":
             _fail(f"{info}: a {kind or 'unknown'} pack, not the GPU run's (its rows would not fit electra-small): build it "
                   "with bash benchmarks/gpu_suite.sh --pack")
-    out_dir, out_why = _out_dir(args, mode)
+    out_dir, out_why = _out_dir(args, mode, work)
+    from tinyelectra.errors import UserError  # noqa: PLC0415
+    from tinyelectra.runfolder import holding  # noqa: PLC0415
+
+    try:  # one command writes a folder at a time: the work folder and the results folder held to the end
+        with holding(work, "--work"), holding(out_dir, "--out"):
+            return _run_suite(mode, command, work, lease, out_dir, out_why)
+    except UserError as e:
+        _fail(str(e))
+
+
+def _run_suite(mode: str, command: str, work: Path, lease: Path | None, out_dir: Path, out_why: str) -> int:
     try:
         _prepare_work(work, fresh=command == "run")
     except OSError as e:
