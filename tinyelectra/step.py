@@ -386,20 +386,30 @@ class CapturedStep:
         capture the step for batches of this kind."""
         e, static = self.engine, self.inputs[full]
         saved = self.update.snapshot()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
+        with self._side_stream():
             for _ in range(2):
                 self._body(static)
                 e.optimizer.zero_grad(set_to_none=True)
-        torch.cuda.current_stream().wait_stream(side)
         self.update.restore(saved)
+        self.graphs[full], self.outputs[full] = self._record(lambda: self._body(static))
+        e.optimizer.zero_grad(set_to_none=True)
+
+    @contextlib.contextmanager
+    def _side_stream(self):
+        """torch.cuda.graph's warm-up: on a side stream, joined back after."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            yield
+        torch.cuda.current_stream().wait_stream(side)
+
+    def _record(self, body) -> tuple:
+        """(graph, its output tensors): `body` captured into a CUDA graph sharing this step's memory pool."""
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            outputs = self._body(static)
+            outputs = body()
         self.pool = graph.pool()
-        e.optimizer.zero_grad(set_to_none=True)
-        self.graphs[full], self.outputs[full] = graph, outputs
+        return graph, outputs
 
     def prepare(self, special: SpecialIds) -> None:
         """Start-up: capture both kinds on dummy rows (probe_masked), nothing training computes changed."""
