@@ -340,7 +340,6 @@ def test_flat_update_resumes_bit_identically_and_shares_todays_state_format():
     tensors, and a state today's update wrote loads into the flat buffers."""
     import io
 
-    from tinyelectra.optim import FlatUpdate
 
     def stepped(n: int, models, opts, scalers, flat):
         drive(models, opts, scalers, flat, n, 1.0)

@@ -322,3 +322,23 @@ def test_the_out_of_memory_line_says_how_to_go_on(tmp_path):
     assert _out_of_memory_next(command, run, checkpointing, 1, resumable=True) == (
         "; a smaller model is another run: start over with --force (or choose another --out)")
     assert _out_of_memory_next(command, run, checkpointing, None, resumable=False) == ""
+
+
+@pytest.mark.slow
+def test_the_flat_update_continues_a_per_tensor_run_from_its_resume_state(out_of_memory, unchanged, cli_env, tmp_path):
+    """train.update=flat (optim.FlatUpdate) is a runtime setting: a run whose resume state the per-tensor update wrote
+    continues with the flat buffers (the state's format is the same, copied into them), the same rows and draws; the
+    steps before the resume state are the unchanged run's bit for bit, the ones after it equal to float rounding (the
+    two updates round differently: tests/test_optim.py bounds it), far inside the 1% a changed micro-batch moves them."""
+    run = tmp_path / "run"
+    words = continue_after_out_of_memory(out_of_memory[1], out_of_memory[0], run)
+    words[words.index("train.micro_batch_size=4")] = "train.update=flat"
+    p = ok(tinyelectra(words, cli_env))
+    assert "update: flat" in p.stderr
+    assert json.loads((run / "summary.json").read_text())["resumed_with_runtime_changes"] == [
+        {"step": 6, "key": "train.update", "old": "per-tensor", "new": "flat"}]
+    a, b = logged(run), logged(unchanged)
+    assert all(a[s] == b[s] for s in range(1, 7)) and sorted(a) == list(range(1, 13))
+    for s in range(7, 13):
+        for loss in ("gen_loss", "disc_loss"):
+            assert a[s][loss] == pytest.approx(b[s][loss], rel=1e-4), (s, loss)
