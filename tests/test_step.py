@@ -437,14 +437,18 @@ def test_regional_and_whole_step_graph_equal_the_eager_step(monkeypatch, setting
     update, the sums) against the eager step with the same flat update, same weights, batches and seeds, on the
     operators compiled code runs (runtime.plain_cpu_paths): identical losses, metric sums and weights over steps
     of both kinds (with and without padding)."""
+    from torch._dynamo.utils import counters
+
     monkeypatch.setenv("TINYELECTRA_COMPILE_BACKEND", "aot_eager")
     torch._dynamo.reset()
+    counters.clear()
     with runtime.plain_cpu_paths():
         eager = flat_engine("off")
         want = run_steps(eager)
         engine = flat_engine(setting)
-        assert engine.compile_now(SPECIAL)["split"]["graphs"] == 7
+        assert engine.compile_now(SPECIAL)["split"]["graphs"] == 7 == counters["stats"]["unique_graphs"]
         got = run_steps(engine)
+    assert counters["stats"]["unique_graphs"] == 7  # all compiled at start-up: nothing while training
     torch._dynamo.reset()
     assert got == want
     assert all(torch.equal(a, b) for a, b in zip(eager.model.parameters(), engine.model.parameters()))

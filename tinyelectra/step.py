@@ -260,7 +260,8 @@ class Engine:
         def trial() -> None:
             for padded in (False, True):
                 probe_step(self.forward, self.model, special, self.recipe, self.micro, self.device, self.precision,
-                           keep_grads=padded, padded=padded)
+                           keep_grads=padded, padded=padded,
+                           autocast=self.captured.autocast if self.captured is not None else None)
             if self.graph_update is not None:
                 self.graph_update.dry_run()
             self.optimizer.zero_grad(set_to_none=True)
@@ -345,8 +346,10 @@ class CapturedStep:
         self.engine, self.update = engine, engine.flat_update
         dev = engine.device
         self.capture = dev.type == "cuda"
-        self.autocast = torch.autocast(dev.type, dtype=runtime.autocast_dtype(engine.precision, dev),
-                                       enabled=engine.precision != "fp32", cache_enabled=False)
+        # mixed precision: autocast without its weight cache (fp32: none at all); the start-up's compile check runs
+        # under the same one (torch.compile guards on autocast's state: another would compile every region again)
+        self.autocast = contextlib.nullcontext() if engine.precision == "fp32" else torch.autocast(
+            dev.type, dtype=runtime.autocast_dtype(engine.precision, dev), cache_enabled=False)
         self.counts = torch.zeros(2, device=dev)
         self.inputs: dict[bool, Masked] = {}  # static inputs, by Masked.full
         self.outputs: dict[bool, list[Tensor]] = {}
@@ -481,12 +484,13 @@ def probe_masked(special, recipe: Recipe, mb: int, device: torch.device, padded:
 
 
 def probe_step(forward, model: Electra, special, recipe: Recipe, mb: int, device: torch.device, precision: str,
-               keep_grads: bool = False, padded: bool = True) -> None:
+               keep_grads: bool = False, padded: bool = True, autocast=None) -> None:
     """One forward + backward at micro-batch `mb` on dummy rows; gradients are discarded (unless `keep_grads`).
     `padded`: the first row ends in two padding tokens, so the attention mask is passed (as for most real batches);
-    else every row is full and no mask is passed (electra.Masked.full)."""
+    else every row is full and no mask is passed (electra.Masked.full). `autocast`: the forward's autocast region
+    (default: the precision's, runtime.autocast_context)."""
     m = probe_masked(special, recipe, mb, device, padded)
-    with runtime.autocast_context(precision, device):
+    with autocast if autocast is not None else runtime.autocast_context(precision, device):
         mlm_sum, disc_sum, _ = forward(m)
     (mlm_sum + disc_sum).backward()
     if not keep_grads:
