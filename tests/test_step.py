@@ -463,7 +463,8 @@ def test_whole_step_graph_capture_and_replay_logic_on_the_cpu(monkeypatch):
     runs no kernels) and, replayed, runs the step again writing into the recorded output tensors. Start-up captures
     both batch kinds and changes nothing training computes (weights, moments, step counts, RNG-driven results);
     then replays give the eager step's losses, sums and weights exactly: the step's seed is set before each replay,
-    its static inputs are refreshed, its outputs read before the next."""
+    its static inputs are refreshed, its outputs read before the next. A capture that fails leaves the same step
+    running uncaptured, said in the compile note."""
     from tinyelectra.step import CapturedStep
 
     class FakeGraph:
@@ -498,9 +499,25 @@ def test_whole_step_graph_capture_and_replay_logic_on_the_cpu(monkeypatch):
         assert len(recorded) == 2 and set(engine.captured.graphs) == {False, True}
         assert all(torch.equal(a, b) for a, b in zip(before, engine.flat_update.snapshot()))
         got = run_steps(engine)
+        # a capture that fails (here: in the middle of the second kind's recording) leaves the step running uncaptured,
+        # said so, with nothing training computes changed
+        def fail_second(self, body):
+            if recorded:
+                raise RuntimeError("operation not permitted when stream is capturing")
+            return record(self, body)
+
+        assert len(recorded) == 2  # nothing captured again while training
+        recorded.clear()
+        monkeypatch.setattr(CapturedStep, "_record", fail_second)
+        failing = flat_engine("regional-graph")
+        failing.captured.capture = True
+        failing.compile_now(SPECIAL)
+        assert not failing.captured.capture and "capture failed (RuntimeError: operation not permitted" in failing.compile_note
+        assert all(torch.equal(a, b) for a, b in zip(before, failing.flat_update.snapshot()))
+        uncaptured = run_steps(failing)
     torch._dynamo.reset()
-    assert len(recorded) == 2  # nothing captured again while training
-    assert got == want
+    assert len(recorded) == 1  # the failing engine's first kind, then nothing more
+    assert got == want == uncaptured
     assert all(torch.equal(a, b) for a, b in zip(eager.model.parameters(), engine.model.parameters()))
     assert engine.optimizer.state_dict()["param_groups"][0]["paper_step"] == 4
 

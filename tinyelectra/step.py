@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 from dataclasses import dataclass
 
@@ -151,8 +152,8 @@ class Engine:
     graph-safe one (optim.GraphSafeUpdate: clip + paper Adam, fp16's loss scaling on the device), else `apply_update`
     (unscale, clip, step, update the loss scale on the host); with train.update=flat, optim.FlatUpdate on every path
     (eager, about ten kernels, between inductor's graphs). train.compile=regional / regional-graph: the repeated
-    blocks compiled one by one (runtime.compile_regions); regional-graph also captures the whole step (`CapturedStep`). DeepSpeed (ZeRO-2, optional CPU offload): its
-    engine does the data parallelism, accumulation boundary, clipping and loss scaling; our loss is already a mean
+    blocks compiled one by one (runtime.compile_regions); regional-graph also captures the whole step
+    (`CapturedStep`). DeepSpeed (ZeRO-2, optional CPU offload): its engine does the data parallelism, accumulation boundary, clipping and loss scaling; our loss is already a mean
     over the whole global batch, so DeepSpeed must not divide it by the accumulation steps again."""
 
     def __init__(self, model: Electra, recipe: Recipe, optimizer, scaler, dist: Dist, device: torch.device,
@@ -289,7 +290,12 @@ class Engine:
         capture_s = None
         if self.captured is not None and self.captured.capture:
             t1 = time.perf_counter()
-            self.captured.prepare(special)
+            try:
+                self.captured.prepare(special)
+            except torch.OutOfMemoryError:
+                raise
+            except Exception as e:  # noqa: BLE001 - a step that cannot be captured still trains, uncaptured
+                self.captured.give_up(e)
             capture_s = time.perf_counter() - t1
             record["seconds"] = round(time.perf_counter() - t0, 1)
         record["split"] = {**runtime.compile_time_split(), "capture_s": None if capture_s is None else round(capture_s, 3)}
@@ -356,12 +362,26 @@ class CapturedStep:
         self.graphs: dict = {}
         self.keys: list[str] = []
         self.pool = None
+        self.failed = ""
+        self.saved: list[Tensor] | None = None  # the update's state while a capture is warming up
 
     @property
     def note(self) -> str:
+        if self.failed:
+            return f"the whole step's CUDA-graph capture failed ({self.failed}): it runs uncaptured"
         if not self.capture:
             return "the whole step as one static function (no CUDA graphs on the CPU)"
         return "the whole step (forward, backward, update) captured as one CUDA graph per batch kind"
+
+    def give_up(self, e: BaseException) -> None:
+        """After a failed capture: run the same static step uncaptured from now on, the state as it was."""
+        self.failed = f"{type(e).__name__}: {runtime._short(e, 160)}"
+        self.capture, self.graphs, self.outputs, self.pool = False, {}, {}, None
+        if self.saved is not None:
+            self.update.restore(self.saved)
+        self.engine.optimizer.zero_grad(set_to_none=True)
+        print(f"the whole step's CUDA-graph capture failed; running it uncaptured. {type(e).__name__}: {str(e)[:4000]}",
+              file=sys.stderr)
 
     def _static(self, m: Masked) -> Masked:
         fields = ("input_ids", "masked_ids", "token_type_ids", "attention_mask", "positions", "targets", "weights")
@@ -388,14 +408,15 @@ class CapturedStep:
         """Warm up (compiles what is left, sets up cuBLAS and cuDNN; everything the update changed put back), then
         capture the step for batches of this kind."""
         e, static = self.engine, self.inputs[full]
-        saved = self.update.snapshot()
+        self.saved = self.update.snapshot()
         with self._side_stream():
             for _ in range(2):
                 self._body(static)
                 e.optimizer.zero_grad(set_to_none=True)
-        self.update.restore(saved)
+        self.update.restore(self.saved)
         self.graphs[full], self.outputs[full] = self._record(lambda: self._body(static))
         e.optimizer.zero_grad(set_to_none=True)
+        self.saved = None
 
     @contextlib.contextmanager
     def _side_stream(self):
