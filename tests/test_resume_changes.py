@@ -5,11 +5,11 @@ metrics.jsonl and the report. `optim.lr` and `optim.clip_norm` are the only sett
 change is refused, leaving the run as it was. (Before, --resume refused every change: the line offered only --force,
 losing the steps done, or --init in a new run directory.)
 
-The runtime settings (config.RUNTIME_SETTINGS: the micro-batch, gradient checkpointing, compile, deterministic
-kernels, how often a resume state is written) change how the steps are computed, not what: a --resume may change them
-at any step, recorded apart (`resumed_with_runtime_changes`), and the report does not call such a run another
-recipe's. A step that runs out of memory says how to continue with half the micro-batch. (Before, --resume refused
-them too: the out-of-memory line offered only --force, losing the steps done.)
+The runtime settings (config.RUNTIME_SETTINGS: the micro-batch, gradient checkpointing, compile, the update,
+deterministic kernels, how often a resume state is written) change how the steps are computed, not what: a --resume
+may change them at any step, recorded apart (`resumed_with_runtime_changes`), and the report does not call such a run
+another recipe's. A step that runs out of memory says how to continue with half the micro-batch. (Before, --resume
+refused them too: the out-of-memory line offered only --force, losing the steps done.)
 
 The runs go through the real command line on the built-in corpus (prepared once per session, conftest.cli_env).
 """
@@ -141,7 +141,7 @@ REFUSED = {  # what a --resume must not change: the model, the objective, the ba
     "train.log_every_steps=5": "train.log_every_steps", "train.eval_rows=16": "train.eval_rows",
 }
 MAY_CHANGE = ("may change only optim.lr and optim.clip_norm, and how the steps are computed: train.micro_batch_size, "
-              "train.grad_checkpointing, train.compile, train.deterministic, train.resume_every_seconds")
+              "train.grad_checkpointing, train.compile, train.update, train.deterministic, train.resume_every_seconds")
 
 
 @pytest.mark.parametrize("setting", list(REFUSED))
