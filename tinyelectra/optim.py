@@ -7,6 +7,10 @@ with no bias correction. torch's AdamW computes lr/bc1 * m / (sqrt(v)/sqrt(bc2) 
 running torch's fused (or multi-tensor) AdamW with, at each step t,
     lr' = lr * bc1 / sqrt(bc2),   eps' = eps / sqrt(bc2),   wd' = wd * sqrt(bc2) / bc1
 (bc1 = 1 - b1^t, bc2 = 1 - b2^t) gives exactly the paper's update, in one fused kernel per step.
+
+How a step is applied: `apply_update` (eager: GradScaler, clip_grad_norm_, PaperAdam), `GraphSafeUpdate` (per-tensor,
+a tensor learning rate: compiled under CUDA graphs) or `FlatUpdate` (train.update = flat: flat buffers, one norm, the
+fused kernel once per parameter group at a step count where its bias corrections are exactly 1).
 """
 
 from __future__ import annotations

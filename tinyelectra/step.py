@@ -2,8 +2,9 @@
 
 What lives here: the processes (`Dist`), the per-micro-batch seeds and masking (`step_seed`, `mask_step`), the global
 counts the paper's loss is a mean over (`global_counts`), model + objective as one module (`PretrainStep`), how a
-micro-batch's gradients become an update (`Engine`: our own loop, DDP or DeepSpeed; torch.compile and CUDA graphs;
-the graph-safe update), `train_step` itself, and the micro-batch that fits (`fit_micro_batch`, `probe_step`).
+micro-batch's gradients become an update (`Engine`: our own loop, DDP or DeepSpeed; torch.compile whole or by region
+and CUDA graphs; the graph-safe and the flat update), the whole step captured as one CUDA graph (`CapturedStep`),
+`train_step` itself, and the micro-batch that fits (`fit_micro_batch`, `probe_step`).
 benchmarks/throughput.py and loss_check.py time and check these same functions.
 
 What does not: the loop (train.py), its clocks, logs, checkpoints and resume states (runstate.py); the objective's
