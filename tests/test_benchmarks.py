@@ -494,5 +494,6 @@ def test_ab_cpu_smoke_runs_every_part(tmp_path):
         assert v["kernels"]["classes"] and v["cold"]["mode"] and "cached" in v
     assert doc["variants"]["default"]["step"]["time_vs_default"] == {"median": 1.0, "min": 1.0, "max": 1.0}
     graph = doc["variants"]["regional-graph"]
-    assert graph["cold"]["split"]["graphs"] == 5 and graph["cached"]["seconds"] > 0  # 2 Block kinds, embeddings, 2 heads
+    # 7 graphs: a Block per width (discriminator, generator) with and without the attention mask, embeddings, 2 heads
+    assert graph["cold"]["split"]["graphs"] == 7 and graph["cached"]["seconds"] > 0
     assert "the whole step as one static function" in graph["note"]
