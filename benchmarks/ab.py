@@ -19,7 +19,8 @@ compilation, caches and graphs its own, as `tinyelectra train` has them.
 
 Parts, in this order, each written to the result as it completes:
   1. build: every child compiles its variant at the same time, each on its own slice of the CPU cores (compile
-     workers and torch threads pinned to it, recorded), each with an empty inductor and Triton cache: the COLD compile
+     workers and torch threads pinned to it, recorded; the eager references, which compile nothing, one core each),
+     each with an empty inductor and Triton cache: the COLD compile
      (Engine.compile_now: seconds and their split into dynamo, AOT autograd, inductor and CUDA-graph capture), then
      the peak memory of build, compile and two steps (CUDA: common.HeldMemory);
   2. losses: the recipe's dropout on, learning rate 0, one batch, --repeats seeds per variant and for the eager step
@@ -132,7 +133,7 @@ class Child:
     """A running child process: its variant, its pipes, its cache folder."""
 
     def __init__(self, name: str, sets: list[str], precision: str, args, cores: list[int], cache: Path) -> None:
-        self.name, self.sets, self.cache = name, sets, cache
+        self.name, self.sets, self.cache, self.cores = name, sets, cache, len(cores)
         env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"), TRITON_CACHE_DIR=str(cache / "triton"),
                    TORCHINDUCTOR_COMPILE_THREADS=str(len(cores)), PYTHONUNBUFFERED="1")
         if args.cpu_smoke:
@@ -169,17 +170,24 @@ class Child:
         self.log.close()
 
 
-def core_slices(n: int) -> list[list[int]]:
-    """n slices of this process's CPU cores, as equal as they divide (a core shared when there are fewer than n)."""
+def core_slices(heavy: int, light: int = 0) -> list[list[int]]:
+    """Slices of this process's CPU cores: one core for each of `light` children (the eager references compile
+    nothing), the rest shared as equally as they divide among `heavy` ones; cores are shared (round robin) where there
+    are too few. Heavy slices first."""
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-    width = max(1, len(cores) // n)
-    return [[cores[(i * width + j) % len(cores)] for j in range(width)] for i in range(n)]
+    spare = cores[light:] if len(cores) > light + heavy else cores
+    width = max(1, len(spare) // heavy)
+    return ([[spare[(i * width + j) % len(spare)] for j in range(width)] for i in range(heavy)]
+            + [[cores[i % len(cores)]] for i in range(light)])
 
 
-def start(variants: dict[str, list[str]], precisions: dict[str, str], args, caches: dict[str, Path]) -> dict[str, Child]:
-    slices = core_slices(len(variants))
-    return {name: Child(name, sets, precisions[name], args, cores, caches[name])
-            for (name, sets), cores in zip(variants.items(), slices)}
+def start(variants: dict[str, list[str]], precisions: dict[str, str], args, caches: dict[str, Path],
+          light: tuple[str, ...] = ()) -> dict[str, Child]:
+    """A child per entry of `variants` (those named in `light` after the others), each on its slice of the cores."""
+    order = [n for n in variants if n not in light] + [n for n in variants if n in light]
+    slices = core_slices(len(order) - len(light), len(light))
+    return {name: Child(name, variants[name], precisions[name], args, cores, caches[name])
+            for name, cores in zip(order, slices)}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -301,14 +309,14 @@ def main(argv: list[str] | None = None) -> dict | None:
         caches = {n: Path(tmp) / n for n in [*variants, *references]}
         for c in caches.values():
             c.mkdir()
-        children = start({**variants, **references}, precisions, args, caches)
+        children = start({**variants, **references}, precisions, args, caches, light=tuple(references))
         try:
             # 1. build: the cold compiles, side by side
             for n, c in children.items():
                 built = c.read()["built"]
                 entry = payload["variants"].setdefault(n, {"sets": references.get(n)})
                 entry.update({"note": built["note"], "cold": built["compile"], "first_call_s": built["first_call_s"],
-                              "memory": built["memory"], "cores": len(core_slices(len(children))[0])})
+                              "memory": built["memory"], "cores": c.cores})
                 print(f"{n}: cold compile {built['compile'].get('seconds')} s; {built['note']}", flush=True)
             save()
             # 2. losses: dropout on, lr 0, one batch, fresh seeds; against the eager step

@@ -471,8 +471,9 @@ def test_ab_plan_rounds_and_ratios_by_hand():
     r = ab.ratios({"default": [2.0, 4.0, 2.0], "x": [1.0, 3.0, 3.0]})
     assert r["default"] == {"median": 1.0, "min": 1.0, "max": 1.0}
     assert r["x"] == {"median": 0.75, "min": 0.5, "max": 1.5}  # per round 0.5, 0.75, 1.5
-    slices = ab.core_slices(3)
-    assert len(slices) == 3 and all(len(s) == len(slices[0]) >= 1 for s in slices)
+    slices = ab.core_slices(3, 2)
+    assert len(slices) == 5 and all(len(s) == len(slices[0]) >= 1 for s in slices[:3])
+    assert all(len(s) == 1 for s in slices[3:])
 
 
 @pytest.mark.slow
