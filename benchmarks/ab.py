@@ -113,8 +113,8 @@ def child(args) -> None:
         cmd = json.loads(line)
         if cmd["cmd"] == "losses":
             say({"losses": dropout_samples(step, cmd["repeats"], first_call=False)})
-            step.lr = schedule
         elif cmd["cmd"] == "round":
+            step.lr = schedule  # training as the recipe schedules it from here on
             runtime.synchronize(device)
             t0 = time.perf_counter()
             for _ in range(cmd["steps"]):
