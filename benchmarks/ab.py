@@ -1,5 +1,7 @@
-"""Issue 33, item 7: every variant of the training step against today's default, on one card, in one command: paired
-timing rounds, each variant's kernel table, its losses against the eager step, its cold and cached compile times.
+"""Issue 33, item 7: every variant of the training step against today's default, on one card, in one command.
+
+Paired timing rounds, each variant's kernel table, its losses against the eager step, its cold and cached compile
+times.
 
     python benchmarks/ab.py --device cuda [--recipe electra-small --batch 128 --seq-len 128 --precision auto]
         [--variants default,flat-update,regional,regional-graph] [--variant NAME=SET[,SET...]] [--budget-s 240]

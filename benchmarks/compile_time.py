@@ -1,5 +1,7 @@
-"""Issue 33, item 1 on the CPU: how the training step's compile time grows with depth, today's whole-step compile
-against regional compilation, cold (a fresh inductor cache) and cached (the same cache again), each in a fresh process.
+"""Issue 33, item 1 on the CPU: how the training step's compile time grows with depth, whole-step vs regional.
+
+Today's whole-step compile against regional compilation, cold (a fresh inductor cache) and cached (the same cache
+again), each in a fresh process.
 
     nice .venv/bin/python benchmarks/compile_time.py [--depths 2 12] [--recipe tiny] [--threads 1]
       -> benchmarks/results/compile_time_cpu.json   (resumable: cells already measured are kept; --fresh to redo)
