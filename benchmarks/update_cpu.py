@@ -1,7 +1,8 @@
 """Issue 33, item 2 on the CPU: one optimizer update, today's per-tensor update against the flat one.
 
-One update of a recipe's model (clip to the global norm, the paper's Adam, zero the gradients), today's per-tensor update (optim.apply_update: clip_grad_norm_ + PaperAdam on torch's fused
-kernel) against the flat one (optim.FlatUpdate), alternating in one process on the same gradients.
+One update of a recipe's model (clip to the global norm, the paper's Adam, zero the gradients), today's per-tensor
+update (optim.apply_update: clip_grad_norm_ + PaperAdam on torch's fused kernel) against the flat one
+(optim.FlatUpdate), alternating in one process on the same gradients.
 
     nice .venv/bin/python benchmarks/update_cpu.py [--recipe electra-small] [--rounds 30] [--threads 1]
       -> benchmarks/results/update_cpu.json
