@@ -174,8 +174,9 @@ def dropout_samples(step: TrainerStep, repeats: int, first_call: bool = True) ->
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_step_arguments(ap)
-    ap.add_argument("--compile", default="on", choices=("auto", "on", "reduce-overhead"),
-                    help="the compiled side's train.compile (auto: as `tinyelectra train` resolves it)")
+    ap.add_argument("--compile", default="on", choices=("auto", "on", "reduce-overhead", "regional", "regional-graph"),
+                    help="the compiled side's train.compile (auto: as `tinyelectra train` resolves it; regional-graph "
+                         "needs --set train.update=flat)")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--lr", type=float, default=None, help="constant learning rate (default: a tenth of the recipe's peak)")
     ap.add_argument("--dropout", default="off", choices=("off", "recipe"),
