@@ -278,6 +278,42 @@ GRAPH_LAUNCH = re.compile(r"^(cudaGraphLaunch|cuGraphLaunch)(_v\d+)?$")
 CUDAGRAPH_SKIP = re.compile(r"skipping cudagraphs due to (.+?)(?:\. Found from :|$)", re.M)  # torch/_inductor/cudagraph_utils.py
 
 
+# The classes of issue 33's kernel table, read from kernel (CUDA) or operator (CPU) names, first match wins, in this
+# order: fused attention kernels before GEMMs (cuDNN's attention kernels are "wgmma"), layer norm and GELU before the
+# sampling and losses, the update's norms after layer norm. Names as an H100 shows them (tests/fixtures/gpu/README.md)
+# and as inductor names its fused kernels after the ops in them (triton_poi_fused_stack_12, ..._native_layer_norm_3).
+KERNEL_CLASSES = (
+    ("attention", re.compile(r"cudnn\w*sdpa|cudnn_attention|pytorch_flash::|flash_attention|fmha_cutlass[FB]|"
+                             r"efficient_attention|scaled_dot_product", re.I)),
+    ("GEMM", re.compile(r"gemm|xmma|nvjet|cutlass|splitk|cublas|triton_tem_|aten::(?:mm|addmm|bmm|baddbmm|matmul)$|"
+                        r"_linear_pointwise", re.I)),
+    ("layer norm + residual + dropout", re.compile(r"layer_?norm|dropout", re.I)),
+    ("GELU", re.compile(r"gelu", re.I)),
+    ("sampling, masking + losses", re.compile(r"log_?softmax|nll_loss|cross_entropy|argmax|binary_cross|gumbel|rand|"
+                                              r"philox|uniform|topk|searchsorted|cumsum", re.I)),
+    ("attention", re.compile(r"softmax", re.I)),  # the unfused (math) attention's softmax
+    ("optimizer: norm, clip, Adam", re.compile(r"adam|foreach|multi_tensor|amp_|non_finite|stack|norm|clamp|lerp|"
+                                               r"addcmul|addcdiv|sqrt", re.I)),
+    ("casts and copies", re.compile(r"to_copy|copy|convert|cast", re.I)),
+)
+SPLIT_K = re.compile(r"splitk", re.I)  # cuBLAS's split-K reduce kernels (issue 33: 100 of the 407 GEMM kernels)
+
+
+def kernel_classes(kernels: list[dict]) -> dict:
+    """Issue 33's table from a kernel table's rows (name, calls_per_step, ms_per_step): kernels and milliseconds per
+    step by class (KERNEL_CLASSES; "other" for the rest), the split-K reduces counted apart inside GEMM."""
+    out: dict = {}
+    for k in kernels:
+        label = next((c for c, pattern in KERNEL_CLASSES if pattern.search(k["name"])), "other")
+        row = out.setdefault(label, {"kernels_per_step": 0.0, "ms_per_step": 0.0})
+        row["kernels_per_step"] += k["calls_per_step"]
+        row["ms_per_step"] += k["ms_per_step"]
+        if label == "GEMM" and SPLIT_K.search(k["name"]):
+            row["split_k_reduce_kernels_per_step"] = row.get("split_k_reduce_kernels_per_step", 0.0) + k["calls_per_step"]
+            row["split_k_reduce_ms_per_step"] = row.get("split_k_reduce_ms_per_step", 0.0) + k["ms_per_step"]
+    return {c: {key: round(v, 4) for key, v in row.items()} for c, row in out.items()}
+
+
 def attention_seen(kernels: list[str]) -> str:
     """The attention kernels a profile's kernel (CUDA) or operator (CPU) names show, in words."""
     seen = [label for label, pattern in ATTENTION_KERNELS if any(pattern.search(k) for k in kernels)]
@@ -360,7 +396,7 @@ def kernel_table(events, steps: int, cuda: bool, top: int = 15) -> dict:
             "kernel_launches_per_step": launches / steps if cuda else None,
             "graph_launches_per_step": graphs / steps if cuda else None,
             "device_kernels_per_step": sum(e.count for e in rows) / steps if cuda else None,
-            "attention_seen": attention_seen([k["name"] for k in kernels]),
+            "attention_seen": attention_seen([k["name"] for k in kernels]), "classes": kernel_classes(kernels),
             "top": [{**k, "share": k["ms_per_step"] * 1000 * steps / total} for k in kernels[:top]], "kernels": kernels}
 
 

@@ -5,6 +5,7 @@ embeddings, tied head, same parameter count as tinyelectra), and result files th
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -280,6 +281,68 @@ def test_loss_check_verdict_by_hand():
     assert not loss_check.verdict(eager, [40.0, float("nan"), 30.0], None)["ok"]
 
 
+def test_dropout_verdict_by_hand():
+    """The statistical check with dropout on (loss_check.dropout_verdict) on drawn samples: equal distributions pass,
+    and fail at most at the rate Z = 4 allows (200 seeded trials of 32 per side: none expected, at most 1 allowed);
+    a compiled side whose losses repeat (a graph replaying frozen random numbers), a shifted mean (dropout unscaled
+    or at another rate) and a tripled spread fail, each with its line; eager losses that do not vary are inconclusive;
+    a NaN fails."""
+    from benchmarks import loss_check
+
+    g = torch.Generator().manual_seed(0)
+
+    def draw(mean=3.0, sd=0.02, k=32):
+        return (mean + sd * torch.randn(k, generator=g, dtype=torch.float64)).tolist()
+
+    false_alarms = sum(not loss_check.dropout_verdict(draw(), draw())["ok"] for _ in range(200))
+    assert false_alarms <= 1, false_alarms
+    eager = draw()
+    ok = loss_check.dropout_verdict(eager, draw())
+    assert ok["ok"] and ok["compiled_distinct_losses"] == 32 and ok["repeats"] == 32
+    assert ok["mean_limit"] == pytest.approx(4 * math.sqrt((ok["eager_sd"] ** 2 + ok["compiled_sd"] ** 2) / 32)
+                                             + loss_check.FLOOR * abs(ok["eager_mean"]))
+    frozen = loss_check.dropout_verdict(eager, [3.01] * 32)
+    assert not frozen["ok"] and "repeat (1 distinct of 32 seeds)" in frozen["line"]
+    shifted = loss_check.dropout_verdict(eager, draw(mean=3.03))
+    assert not shifted["ok"] and "mean loss" in shifted["line"]
+    wide = loss_check.dropout_verdict(eager, draw(sd=0.06))
+    assert not wide["ok"] and "spread differently" in wide["line"]
+    assert loss_check.dropout_verdict([3.0] * 32, draw())["line"].startswith("inconclusive")
+    assert not loss_check.dropout_verdict(eager, [math.nan] + draw(k=31))["ok"]
+    # bf16: the rounding allowance follows the fp32 reference's mean difference from eager
+    ref = [x + 0.001 for x in eager]
+    assert loss_check.dropout_verdict(eager, draw(), ref)["rounding_allowance"] == pytest.approx(
+        2 * 0.001 + loss_check.FLOOR * abs(sum(eager) / 32), rel=1e-6)
+
+
+@pytest.mark.slow
+def test_loss_check_with_dropout_on_passes_and_catches_frozen_random_numbers(tmp_path, monkeypatch, capsys, restore_threads):
+    """--dropout recipe on the CPU (dynamo's aot_eager backend): the compiled step with the recipe's dropout passes the
+    statistical check; the same with the compiled side's random numbers frozen (every step run with one seed, as a
+    CUDA graph replaying the masks it was recorded with would) fails, exit code 1, one line."""
+    from benchmarks import loss_check
+
+    from tinyelectra import step as step_mod
+
+    monkeypatch.setenv("TINYELECTRA_COMPILE_BACKEND", "aot_eager")
+    args = [*LOSS_CHECK[:-2], "--dropout", "recipe", "--repeats", "8", "--out-dir", str(tmp_path)]
+    doc = loss_check.main([*args, "--name", "ok"])
+    assert doc["ok"] and doc["dropout"] == "recipe" and doc["compiled_distinct_losses"] == 8, doc["why"]
+    assert doc["eager_sd"] > 0 and not doc["inductor_fallback_random"]
+    capsys.readouterr()
+    real = step_mod.train_step
+
+    def frozen(engine, masked, seeds, *rest):
+        return real(engine, masked, [0] if engine.compiles else seeds, *rest)
+
+    monkeypatch.setattr(step_mod, "train_step", frozen)
+    with pytest.raises(SystemExit) as e:
+        loss_check.main([*args, "--name", "frozen"])
+    assert e.value.code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "losses repeat (1 distinct of 8 seeds)" in err[0], err
+
+
 LOSS_CHECK = ["--device", "cpu", "--recipe", "tiny", "--set", "model.num_layers=1", "--batch", "4", "--seq-len", "32",
               "--threads", "1", "--compile", "reduce-overhead", "--steps", "6"]
 
@@ -366,3 +429,74 @@ def test_unpadded_share_by_hand():
     assert unpadded_batches.unpadded_share(np.ones(8, dtype=bool), 4) == 1.0
     # batches of 2 from a shuffle: P(both full) = 6/8 * 5/7 = 15/28, over 50 epochs of 4 batches each
     assert abs(unpadded_batches.unpadded_share(full, 2) - 15 / 28) < 0.08
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# ab.py (issue 33's A/B command) and the kernel classes of throughput.py
+
+
+def test_kernel_classes_read_the_issues_table_from_kernel_names():
+    """The names issue 33's H100 table cites (and names as cuBLAS, cuDNN and inductor print them) land in its classes;
+    the split-K reduces are counted apart inside GEMM; an unknown name is "other"."""
+    from benchmarks import throughput
+
+    rows = [("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", 3, 1.0, "GEMM"),
+            ("void cublasLt::splitKreduce_kernel<32, 16, int, float>", 2, 0.5, "GEMM"),
+            ("triton_per_fused_add_native_dropout_native_layer_norm_3", 4, 0.4, "layer norm + residual + dropout"),
+            ("triton_poi_fused_gelu_backward_sum_5", 1, 0.3, "GELU"),
+            ("triton_red_fused__log_softmax_argmax_rand_7", 1, 0.6, "sampling, masking + losses"),
+            ("triton_poi_fused_stack_12", 286, 0.3, "optimizer: norm, clip, Adam"),
+            ("triton_poi_fused__to_copy_4", 307, 0.46, "casts and copies"),
+            ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x128_4x1x1_cga1x1x1_kernel0_0", 1, 0.2,
+             "attention"),
+            ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>", 5, 0.1, "other")]
+    classes = throughput.kernel_classes([{"name": n, "calls_per_step": c, "ms_per_step": ms} for n, c, ms, _ in rows])
+    for name, _, _, label in rows:
+        assert list(throughput.kernel_classes([{"name": name, "calls_per_step": 1, "ms_per_step": 1.0}])) == [label], name
+    assert classes["GEMM"] == {"kernels_per_step": 5, "ms_per_step": 1.5, "split_k_reduce_kernels_per_step": 2,
+                               "split_k_reduce_ms_per_step": 0.5}
+    assert classes["optimizer: norm, clip, Adam"]["kernels_per_step"] == 286 and classes["other"]["kernels_per_step"] == 5
+
+
+def test_ab_plan_rounds_and_ratios_by_hand():
+    from benchmarks import ab
+
+    from tinyelectra.errors import UserError
+
+    args = ab.parser().parse_args(["--variants", "regional", "--variant", "fused=model.dropout=0.0,train.update=flat"])
+    assert ab.plan(args) == {"default": [], "regional": ab.VARIANTS["regional"], "fused": ["model.dropout=0.0", "train.update=flat"]}
+    with pytest.raises(UserError, match="unknown variant 'nope'"):
+        ab.plan(ab.parser().parse_args(["--variants", "nope"]))
+    with pytest.raises(UserError, match="write NAME=SET"):
+        ab.plan(ab.parser().parse_args(["--variant", "bare"]))
+    assert [ab.rotated(["a", "b", "c"], r) for r in range(4)] == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+    r = ab.ratios({"default": [2.0, 4.0, 2.0], "x": [1.0, 3.0, 3.0]})
+    assert r["default"] == {"median": 1.0, "min": 1.0, "max": 1.0}
+    assert r["x"] == {"median": 0.75, "min": 0.5, "max": 1.5}  # per round 0.5, 0.75, 1.5
+    slices = ab.core_slices(3, 2)
+    assert len(slices) == 5 and all(len(s) == len(slices[0]) >= 1 for s in slices[:3])
+    assert all(len(s) == 1 for s in slices[3:])
+
+
+@pytest.mark.slow
+def test_ab_cpu_smoke_runs_every_part(tmp_path):
+    """`benchmarks/ab.py --cpu-smoke` (toy size, dynamo's aot_eager backend), the default against the whole-step
+    graph's variant (regional compile, the flat update, the static step): every part measured for both (cold and
+    cached compile, losses against the eager step, paired timing, kernel table), the default's time ratio to itself
+    exactly 1, one JSON naming the device, commit and command."""
+    from benchmarks import ab
+
+    doc = ab.main(["--cpu-smoke", "--variants", "default,regional-graph", "--out-dir", str(tmp_path), "--name", "t"])
+    assert doc["complete"] and not doc["skipped"] and doc["device"] == "cpu"
+    saved = json.loads((tmp_path / "t.json").read_text())
+    assert saved["command"].startswith("python -m benchmarks.ab --cpu-smoke") and saved["machine"]["cores"] >= 1
+    for name in ("default", "regional-graph"):
+        v = doc["variants"][name]
+        assert v["losses"]["ok"] and len(v["losses"]["samples"]) == ab.SMOKE["repeats"], v["losses"]
+        assert v["step"]["rounds"] == ab.SMOKE["rounds"] and v["step"]["ms_median"] > 0
+        assert v["kernels"]["classes"] and v["cold"]["mode"] and "cached" in v
+    assert doc["variants"]["default"]["step"]["time_vs_default"] == {"median": 1.0, "min": 1.0, "max": 1.0}
+    graph = doc["variants"]["regional-graph"]
+    # 7 graphs: a Block per width (discriminator, generator) with and without the attention mask, embeddings, 2 heads
+    assert graph["cold"]["split"]["graphs"] == 7 and graph["cached"]["seconds"] > 0
+    assert "the whole step as one static function" in graph["note"]

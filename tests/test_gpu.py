@@ -179,6 +179,45 @@ def test_no_host_sync_inside_a_training_step(compile_setting):
     assert math.isfinite(float(step.last_loss))
 
 
+def test_the_whole_step_graph_trains_like_the_same_step_uncaptured():
+    """train.compile=regional-graph (tinyelectra's own capture of the whole step, forward, backward and the flat update,
+    as one CUDA graph per batch kind: step.CapturedStep) against train.compile=regional (the same regional compile
+    and flat update, run step by step), 10 steps of batches with and without padding from the same weights and
+    per-step seeds, bf16: both kinds captured once, the same losses to bf16 rounding (the replays draw their random
+    numbers from the step's seed as the uncaptured step does), and no host synchronisation inside a replayed step."""
+    if not torch.cuda.is_bf16_supported():
+        pytest.skip("this GPU has no bf16")
+    from benchmarks.throughput import Batches, TrainerStep
+
+    from tinyelectra.config import load_recipe
+
+    device, losses, steps = torch.device("cuda", 0), {}, {}
+    for mode in ("regional", "regional-graph"):
+        recipe = load_recipe("tiny", ["model.num_layers=2", "train.batch_size=8", f"train.compile={mode}",
+                                      "train.update=flat", "train.precision=bf16"])
+        step = steps[mode] = TrainerStep(recipe, device, "bf16", Batches(None, recipe.model.vocab_size, 8, 128, device,
+                                                                          padding="alternate"))
+        step.first_call()
+        losses[mode] = [float(step.last_loss)]
+        for _ in range(9):
+            step()
+            losses[mode].append(float(step.last_loss))
+        assert "failed" not in step.compile_note, step.compile_note
+    captured = steps["regional-graph"].engine.captured
+    assert captured is not None and set(captured.graphs) == {False, True}
+    a, b = losses["regional"], losses["regional-graph"]
+    assert a[0] == pytest.approx(b[0], rel=1e-3)
+    assert all(x == pytest.approx(y, rel=2e-2) for x, y in zip(a, b)), (a, b)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            steps["regional-graph"]()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert math.isfinite(float(steps["regional-graph"].last_loss)) and len(captured.graphs) == 2
+
+
 def test_cudnn_attention_probe_leaves_finite_masked_gradients():
     """Fine-tuning's set-up runs runtime.guard_cudnn_sdpa once: after it, whatever it decided, a padding-masked bf16
     forward + backward of SDPA at length 192 (length mod 128 = 64: the lengths of torch 2.11's cuDNN regression on

@@ -5,11 +5,11 @@ metrics.jsonl and the report. `optim.lr` and `optim.clip_norm` are the only sett
 change is refused, leaving the run as it was. (Before, --resume refused every change: the line offered only --force,
 losing the steps done, or --init in a new run directory.)
 
-The runtime settings (config.RUNTIME_SETTINGS: the micro-batch, gradient checkpointing, compile, deterministic
-kernels, how often a resume state is written) change how the steps are computed, not what: a --resume may change them
-at any step, recorded apart (`resumed_with_runtime_changes`), and the report does not call such a run another
-recipe's. A step that runs out of memory says how to continue with half the micro-batch. (Before, --resume refused
-them too: the out-of-memory line offered only --force, losing the steps done.)
+The runtime settings (config.RUNTIME_SETTINGS: the micro-batch, gradient checkpointing, compile, the update,
+deterministic kernels, how often a resume state is written) change how the steps are computed, not what: a --resume
+may change them at any step, recorded apart (`resumed_with_runtime_changes`), and the report does not call such a run
+another recipe's. A step that runs out of memory says how to continue with half the micro-batch. (Before, --resume
+refused them too: the out-of-memory line offered only --force, losing the steps done.)
 
 The runs go through the real command line on the built-in corpus (prepared once per session, conftest.cli_env).
 """
@@ -143,8 +143,8 @@ REFUSED = {  # what a --resume must not change: the model, the objective, the ba
     "train.log_every_steps=5": "train.log_every_steps", "train.eval_rows=16": "train.eval_rows",
 }
 MAY_CHANGE = ("may change only optim.lr and optim.clip_norm, and how the steps are computed: train.micro_batch_size, "
-              "train.grad_checkpointing, train.compile, train.deterministic, train.resume_every_seconds, train.sampler, "
-              "train.attention")
+              "train.grad_checkpointing, train.compile, train.update, train.deterministic, train.resume_every_seconds, "
+              "train.sampler, train.attention")
 
 
 @pytest.mark.parametrize("setting", list(REFUSED))
@@ -330,3 +330,23 @@ def test_the_out_of_memory_line_says_how_to_go_on(tmp_path):
     assert _out_of_memory_next(command, run, checkpointing, 1, resumable=True) == (
         "; a smaller model is another run: start over with --force (or choose another --out)")
     assert _out_of_memory_next(command, run, checkpointing, None, resumable=False) == ""
+
+
+@pytest.mark.slow
+def test_the_flat_update_continues_a_per_tensor_run_from_its_resume_state(out_of_memory, unchanged, cli_env, tmp_path):
+    """train.update=flat (optim.FlatUpdate) is a runtime setting: a run whose resume state the per-tensor update wrote
+    continues with the flat buffers (the state's format is the same, copied into them), the same rows and draws; the
+    steps before the resume state are the unchanged run's bit for bit, the ones after it equal to float rounding (the
+    two updates round differently: tests/test_optim.py bounds it), far inside the 1% a changed micro-batch moves them."""
+    run = tmp_path / "run"
+    words = continue_after_out_of_memory(out_of_memory[1], out_of_memory[0], run)
+    words[words.index("train.micro_batch_size=4")] = "train.update=flat"
+    p = ok(tinyelectra(words, cli_env))
+    assert "update: flat" in p.stderr
+    assert json.loads((run / "summary.json").read_text())["resumed_with_runtime_changes"] == [
+        {"step": 6, "key": "train.update", "old": "per-tensor", "new": "flat"}]
+    a, b = logged(run), logged(unchanged)
+    assert all(a[s] == b[s] for s in range(1, 7)) and sorted(a) == list(range(1, 13))
+    for s in range(7, 13):
+        for loss in ("gen_loss", "disc_loss"):
+            assert a[s][loss] == pytest.approx(b[s][loss], rel=1e-4), (s, loss)

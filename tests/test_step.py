@@ -51,6 +51,11 @@ def fake_cuda(monkeypatch) -> None:
     ("off", GPU, 1, 1, "ddp", "off", "as requested"),
     ("reduce-overhead", GPU, 1, 1, "ddp", "reduce-overhead", "as requested"),
     ("reduce-overhead", CPU, 1, 1, "ddp", "reduce-overhead", "no CUDA graphs on the CPU"),
+    ("regional", GPU, 4, 2, "ddp", "regional", "as requested"),
+    ("regional", CPU, 1, 1, "ddp", "regional", "as requested"),
+    ("regional-graph", GPU, 1, 1, "ddp", "regional-graph", "as requested"),
+    ("regional-graph", CPU, 1, 1, "ddp", "regional-graph", "no CUDA graphs on the CPU"),
+    ("regional", GPU, 1, 1, "deepspeed", "off", "DeepSpeed's engine runs the step"),
 ])
 def test_auto_picks_cuda_graphs_exactly_where_they_apply(setting, device, micro_batches, processes, strategy, mode, why):
     choice = runtime.choose_compile(setting, device, micro_batches, processes, strategy)
@@ -65,6 +70,10 @@ def test_explicit_cuda_graphs_where_they_cannot_apply_is_one_clear_error():
         runtime.choose_compile("reduce-overhead", GPU, processes=2)
     with pytest.raises(UserError, match="compile 'fast'"):
         runtime.choose_compile("fast", GPU)
+    with pytest.raises(UserError, match="regional-graph .CUDA graphs. needs one micro-batch per step"):
+        runtime.choose_compile("regional-graph", GPU, micro_batches=2)
+    with pytest.raises(UserError, match="regional-graph captures the flat update: add --set train.update=flat"):
+        load_recipe("tiny", ["train.compile=regional-graph"])
 
 
 def toy_engine(device: torch.device, precision: str, accum: int = 1, compile_setting: str = "auto") -> Engine:
@@ -360,3 +369,198 @@ def test_both_graphs_are_compiled_at_start_up(monkeypatch):
         train_step(engine, masked, seeds, global_counts(masked, engine.dist), contextlib.nullcontext(), sums)
     assert counters["stats"]["unique_graphs"] == 3 and (engine.unpadded_micro_batches, engine.micro_batches) == (2, 4)
     torch._dynamo.reset()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# regional compilation and the whole step as one graph (train.compile = regional / regional-graph)
+
+
+def flat_engine(compile_setting: str, layers: int = 2, update: str = "flat") -> Engine:
+    recipe = load_recipe("tiny", [*TOY[:3], f"model.num_layers={layers}", TOY[4], f"train.compile={compile_setting}",
+                                  f"train.update={update}"])
+    torch.manual_seed(0)
+    model = Electra(recipe.model)
+    opt = build_optimizer(model, recipe.optim, "cpu")
+    return Engine(model, recipe, opt, torch.amp.GradScaler("cpu", enabled=False), Dist(), CPU, "fp32", 4, 1)
+
+
+def run_steps(engine: Engine, steps: int = 4) -> tuple[list[float], dict[str, float]]:
+    """`steps` training steps on batches alternately without and with padding (both compiled kinds), lr 1e-3."""
+    from tinyelectra.step import global_counts, new_sums, train_step
+
+    sums, losses = new_sums(CPU), []
+    for step in range(steps):
+        masked, seeds = mask_step(toy_batch(None if step % 2 == 0 else 1, seed=step), engine.recipe, SPECIAL, step, 0, 4, 1)
+        engine.optimizer.set_lr(1e-3)
+        loss = train_step(engine, masked, seeds, global_counts(masked, engine.dist), contextlib.nullcontext(), sums)
+        losses.append(float(loss))
+    return losses, {k: float(v) for k, v in sums.items()}
+
+
+def counting_backend(nodes: list[int]) -> str:
+    """A dynamo backend that runs the captured graph eagerly and adds up its operator nodes in `nodes`."""
+    def backend(gm, example_inputs):
+        nodes.append(sum(n.op == "call_function" for n in gm.graph.nodes))
+        return gm.forward
+
+    name = f"tinyelectra_count_{id(nodes)}"
+    torch._dynamo.register_backend(backend, name=name)
+    return name
+
+
+@pytest.mark.slow
+def test_regional_compilation_traces_the_same_graphs_whatever_the_depth(monkeypatch):
+    """Regional compilation compiles each kind of block once per shape and mask kind and reuses it for every layer:
+    the graphs handed to the compiler (counted by operator nodes) are the same for 1 and 3 layers. Today's whole-step
+    compilation (train.compile=on) hands it graphs that grow with every layer: the control, and why its compile time
+    grew 2.8x from 2 to 12 layers (benchmarks/results/compile_time_cpu.json measures both on inductor)."""
+    seen = {}
+    for setting, update in (("regional", "flat"), ("on", "per-tensor")):
+        for layers in (1, 3):
+            nodes: list[int] = []
+            monkeypatch.setenv("TINYELECTRA_COMPILE_BACKEND", counting_backend(nodes))
+            torch._dynamo.reset()
+            engine = flat_engine(setting, layers, update)
+            engine.verify_compile(SPECIAL)
+            assert "failed" not in engine.compile_note, engine.compile_note
+            seen[setting, layers] = sorted(nodes)
+    torch._dynamo.reset()
+    assert seen["regional", 1] == seen["regional", 3] and len(seen["regional", 1]) == 7, seen  # 4 Block graphs, 3 others
+    block = max(seen["regional", 1])  # a Block's graph, the largest region
+    # both whole-step graphs (with and without the attention mask) grow by the 4 blocks that 2 more layers add
+    assert all(deep - shallow >= 4 * block for shallow, deep in zip(seen["on", 1], seen["on", 3])), seen
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("setting", ["regional", "regional-graph"])
+def test_regional_and_whole_step_graph_equal_the_eager_step(monkeypatch, setting):
+    """The regional step (its blocks compiled, dynamo's aot_eager backend: the same aten graph inductor lowers) and the
+    whole-step graph's static step (uncaptured on the CPU: copies into static inputs, the per-step seed, the flat
+    update, the sums) against the eager step with the same flat update, same weights, batches and seeds, on the
+    operators compiled code runs (runtime.plain_cpu_paths): identical losses, metric sums and weights over steps
+    of both kinds (with and without padding)."""
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setenv("TINYELECTRA_COMPILE_BACKEND", "aot_eager")
+    torch._dynamo.reset()
+    counters.clear()
+    with runtime.plain_cpu_paths():
+        eager = flat_engine("off")
+        want = run_steps(eager)
+        engine = flat_engine(setting)
+        assert engine.compile_now(SPECIAL)["split"]["graphs"] == 7 == counters["stats"]["unique_graphs"]
+        got = run_steps(engine)
+    assert counters["stats"]["unique_graphs"] == 7  # all compiled at start-up: nothing while training
+    torch._dynamo.reset()
+    assert got == want
+    assert all(torch.equal(a, b) for a, b in zip(eager.model.parameters(), engine.model.parameters()))
+    assert (engine.captured is not None) == (setting == "regional-graph")
+    assert "torch.compile per region" in engine.compile_note and "update: flat" in engine.compile_note
+
+
+@pytest.mark.slow
+def test_whole_step_graph_capture_and_replay_logic_on_the_cpu(monkeypatch):
+    """The capture's orchestration with a stand-in for torch.cuda.graph (the CPU has no CUDA graphs): a "graph"
+    that, recorded, leaves every weight and optimizer state as it was (snapshot and restore around a run, as capture
+    runs no kernels) and, replayed, runs the step again writing into the recorded output tensors. Start-up captures
+    both batch kinds and changes nothing training computes (weights, moments, step counts, RNG-driven results);
+    then replays give the eager step's losses, sums and weights exactly: the step's seed is set before each replay,
+    its static inputs are refreshed, its outputs read before the next. A capture that fails leaves the same step
+    running uncaptured, said in the compile note."""
+    from tinyelectra.step import CapturedStep
+
+    class FakeGraph:
+        def __init__(self, body, update):
+            self.body = body
+            saved = update.snapshot()
+            self.outputs = body()
+            update.restore(saved)
+
+        def replay(self):
+            for out, new in zip(self.outputs, self.body()):
+                out.copy_(new)
+
+    recorded = []
+
+    def record(self, body):
+        recorded.append(body)
+        graph = FakeGraph(body, self.update)
+        return graph, graph.outputs
+
+    monkeypatch.setattr(CapturedStep, "_record", record)
+    monkeypatch.setattr(CapturedStep, "_side_stream", lambda self: contextlib.nullcontext())
+    monkeypatch.setenv("TINYELECTRA_COMPILE_BACKEND", "aot_eager")
+    torch._dynamo.reset()
+    with runtime.plain_cpu_paths():
+        eager = flat_engine("off")
+        want = run_steps(eager)
+        engine = flat_engine("regional-graph")
+        engine.captured.capture = True  # as on a CUDA device
+        before = [t.clone() for t in engine.flat_update.snapshot()]
+        engine.compile_now(SPECIAL)
+        assert len(recorded) == 2 and set(engine.captured.graphs) == {False, True}
+        assert all(torch.equal(a, b) for a, b in zip(before, engine.flat_update.snapshot()))
+        got = run_steps(engine)
+        # a capture that fails (here: in the middle of the second kind's recording) leaves the step running uncaptured,
+        # said so, with nothing training computes changed
+        def fail_second(self, body):
+            if recorded:
+                raise RuntimeError("operation not permitted when stream is capturing")
+            return record(self, body)
+
+        assert len(recorded) == 2  # nothing captured again while training
+        recorded.clear()
+        monkeypatch.setattr(CapturedStep, "_record", fail_second)
+        failing = flat_engine("regional-graph")
+        failing.captured.capture = True
+        failing.compile_now(SPECIAL)
+        assert not failing.captured.capture and "capture failed (RuntimeError: operation not permitted" in failing.compile_note
+        assert all(torch.equal(a, b) for a, b in zip(before, failing.flat_update.snapshot()))
+        uncaptured = run_steps(failing)
+    torch._dynamo.reset()
+    assert len(recorded) == 1  # the failing engine's first kind, then nothing more
+    assert got == want == uncaptured
+    assert all(torch.equal(a, b) for a, b in zip(eager.model.parameters(), engine.model.parameters()))
+    assert engine.optimizer.state_dict()["param_groups"][0]["paper_step"] == 4
+
+
+def test_a_region_that_fails_to_compile_falls_back_to_eager(monkeypatch):
+    """A backend failing in the compile check: the note says so and every region's own forward is back."""
+    def broken(gm, example_inputs):
+        raise RuntimeError("no kernels today")
+
+    torch._dynamo.register_backend(broken, name="tinyelectra_broken")
+    monkeypatch.setenv("TINYELECTRA_COMPILE_BACKEND", "tinyelectra_broken")
+    torch._dynamo.reset()
+    engine = flat_engine("regional")
+    engine.verify_compile(SPECIAL)
+    torch._dynamo.reset()
+    assert engine.compile_note.startswith("compile: failed") and "no kernels today" in engine.compile_note
+    assert not any("forward" in m.__dict__ for m in engine.model.modules())
+    run_steps(engine, 2)  # eager, training
+
+
+def test_compile_time_split_from_torchs_records():
+    """By hand on records shaped as torch's CompilationMetrics (a forward frame and its lazy backward), and on a real
+    compilation (dynamo's aot_eager backend: no inductor time)."""
+    from types import SimpleNamespace
+
+    frame = SimpleNamespace(dynamo_cumulative_compile_time_us=10_000_000, aot_autograd_cumulative_compile_time_us=7_000_000,
+                            inductor_cumulative_compile_time_us=5_000_000, backward_cumulative_compile_time_us=None)
+    backward = SimpleNamespace(dynamo_cumulative_compile_time_us=None, inductor_cumulative_compile_time_us=2_000_000,
+                               backward_cumulative_compile_time_us=2_500_000)
+    runtime_record = SimpleNamespace(runtime_cudagraphify_time_us=1_500_000)
+    split = runtime.compile_time_split([frame, backward, runtime_record])
+    assert split == {"available": True, "dynamo_s": 3.0, "aot_s": 2.0, "inductor_s": 7.0, "backward_s": 2.5,
+                     "cudagraphify_s": 1.5, "graphs": 1}
+    assert runtime.compile_split_line({**split, "capture_s": 0.25}) == (
+        "compile time: dynamo 3.0 s, AOT autograd 2.0 s, inductor 7.0 s (backward graphs 2.5 s), inductor's CUDA-graph "
+        "recording 1.5 s, whole-step CUDA-graph capture 0.2 s; 1 graph(s)")
+    torch._dynamo.reset()
+    runtime.clear_compile_times()
+    f = torch.compile(lambda x: (x * 2).sin().sum(), backend="aot_eager")
+    x = torch.ones(3, requires_grad=True)
+    f(x).backward()
+    real = runtime.compile_time_split()
+    torch._dynamo.reset()
+    assert real["available"] and real["graphs"] == 1 and real["dynamo_s"] >= 0 and real["inductor_s"] == 0.0, real

@@ -137,6 +137,10 @@ class TrainConfig:
     grad_checkpointing: bool = False
     precision: str = "auto"  # auto (bf16 if supported, else fp16 on CUDA, fp32 on CPU) | bf16 | fp16 | fp32
     compile: str = "auto"  # auto (CUDA only) | on | off | reduce-overhead (inductor + CUDA graphs, one process, one micro-batch)
+    # | regional (each repeated block compiled once, the rest eager) | regional-graph (regional + the whole step as one
+    # CUDA graph; needs update = flat): opt-in, runtime.choose_compile
+    update: str = "per-tensor"  # per-tensor (torch's fused AdamW per tensor; compiled under CUDA graphs) | flat (flat
+    # buffers, one norm, one fused pass, out of inductor: optim.FlatUpdate). Opt-in; the same mathematics
     strategy: str = "ddp"  # ddp (also single process) | deepspeed (ZeRO-2)
     deepspeed_offload: bool = False  # ZeRO-2 optimizer state on the CPU
     seed: int = 0
@@ -159,7 +163,11 @@ class TrainConfig:
         for name in ("micro_batch_size", "eval_rows", "seed"):
             _check(getattr(self, name) >= 0, f"train.{name}", "must be >= 0")
         _check(self.precision in ("auto", "bf16", "fp16", "fp32"), "train.precision", "must be auto, bf16, fp16 or fp32")
-        _check(self.compile in ("auto", "on", "off", "reduce-overhead"), "train.compile", "must be auto, on, off or reduce-overhead")
+        _check(self.compile in ("auto", "on", "off", "reduce-overhead", "regional", "regional-graph"), "train.compile",
+               "must be auto, on, off, reduce-overhead, regional or regional-graph")
+        _check(self.update in ("per-tensor", "flat"), "train.update", "must be per-tensor or flat")
+        _check(self.compile != "regional-graph" or self.update == "flat", "train.compile",
+               "regional-graph captures the flat update: add --set train.update=flat")
         _check(self.strategy in ("ddp", "deepspeed"), "train.strategy", "must be ddp or deepspeed")
         _check(self.sampler in ("auto", "inverse-cdf", "gumbel-max"), "train.sampler", "must be auto, inverse-cdf or gumbel-max")
         _check(self.attention in ("mask", "varlen"), "train.attention", "must be mask or varlen")
@@ -174,14 +182,15 @@ class TrainConfig:
 # gradients up to float summation order; but each micro-batch's masks, samples and dropout are drawn from its own
 # seed, so a changed micro-batch draws others from there on, as a card that fits another one would: a tiny run's
 # losses moved by up to 0.3%); gradient checkpointing recomputes activations with the same draws; compile and
-# deterministic choose the kernels (compiled dropout draws its masks its own way); sampler draws the generator's
+# deterministic choose the kernels (compiled dropout draws its masks its own way), and so does update (per tensor or
+# flat: the same resume-state format, the same mathematics, float rounding apart); sampler draws the generator's
 # replacements from the same distribution another way; attention gives every real token what the mask gives it;
 # resume_every_seconds how often a resume state is written. Not these: precision (other arithmetic, and fp16's loss
 # scale is in the resume state), strategy and deepspeed_offload (another optimizer-state format, which --resume cannot
 # read), seed (the run's randomness), log_every_steps (metrics.jsonl's loss windows keep one length through a run; DDP
 # re-plans a time budget at log steps) and eval_rows (the checkpoints' held-out scores would no longer compare).
-RUNTIME_SETTINGS = ("train.micro_batch_size", "train.grad_checkpointing", "train.compile", "train.deterministic",
-                    "train.resume_every_seconds", "train.sampler", "train.attention")
+RUNTIME_SETTINGS = ("train.micro_batch_size", "train.grad_checkpointing", "train.compile", "train.update",
+                    "train.deterministic", "train.resume_every_seconds", "train.sampler", "train.attention")
 
 
 @dataclass(frozen=True)

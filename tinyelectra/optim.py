@@ -7,6 +7,10 @@ with no bias correction. torch's AdamW computes lr/bc1 * m / (sqrt(v)/sqrt(bc2) 
 running torch's fused (or multi-tensor) AdamW with, at each step t,
     lr' = lr * bc1 / sqrt(bc2),   eps' = eps / sqrt(bc2),   wd' = wd * sqrt(bc2) / bc1
 (bc1 = 1 - b1^t, bc2 = 1 - b2^t) gives exactly the paper's update, in one fused kernel per step.
+
+How a step is applied: `apply_update` (eager: GradScaler, clip_grad_norm_, PaperAdam), `GraphSafeUpdate` (per-tensor,
+a tensor learning rate: compiled under CUDA graphs) or `FlatUpdate` (train.update = flat: flat buffers, one norm, the
+fused kernel once per parameter group at a step count where its bias corrections are exactly 1).
 """
 
 from __future__ import annotations
@@ -300,6 +304,154 @@ class GraphSafeUpdate:
         saved = [t.clone() for t in state]
         self._run([0.0] * len(self.lrs), lists)
         for t, c in zip(state, saved):
+            t.copy_(c)
+
+
+# bias corrections 1 - beta^t at this step count are exactly 1 in float32 and float64 (beta^(2^40) underflows to 0 for
+# every beta < 1 - 1e-9): torch's fused AdamW kernel run at it computes the paper's Adam, with no per-step constants
+NO_BIAS_CORRECTION_STEP = 2.0**40
+
+
+class FlatUpdate:
+    """The update as one pass (train.update = flat): the weights, Adam's two moments and the step counts in flat fp32
+    buffers, each parameter (and each optimizer state tensor) a view into them, parameter group by parameter group;
+    each step the gradients gathered into a flat buffer of their own (one multi-tensor copy, `torch._foreach_copy_`,
+    into a buffer allocated once: a fresh 57 MB `torch.cat` per step cost 5x the copy on the CPU), the clip's global
+    norm one reduction over it, and the paper's Adam one pass of torch's fused AdamW kernel per parameter group (two
+    for pre-training: decay, no decay) — eager aten kernels, out of inductor, about ten launches per step whatever the
+    number of parameters (the compiled per-tensor update launched 337 on the H100). No host sync: the learning rates
+    are 0-dim device tensors filled before the step, so the step can be captured in a CUDA graph as it is.
+
+    The paper's Adam on torch's fused kernel: run at a step count of 2^40 (NO_BIAS_CORRECTION_STEP) the kernel's bias
+    corrections are exactly 1, so it computes m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p = p (1 - lr wd) -
+    lr m / (sqrt(v) + eps): the paper's formula (optim.py's docstring) with no per-step lr, eps or decay to fold in.
+    The clip's factor min(1, clip / (norm + 1e-6)) reaches the kernel as its `grad_scale` (the gradients are divided
+    by 1 / factor, one rounding more than clip_grad_norm_'s product; a factor of 1 is exact). The same mathematics as
+    `apply_update`; the float rounding differs (the norm's summation order, the clip's division, the kernel's fixed
+    bias corrections): tests/test_optim.py bounds it over many steps.
+
+    fp16 (`scaler`: an enabled GradScaler): GradScaler's own kernels on the flat gradient, on its own scale and
+    growth-tracker tensors: `_amp_foreach_non_finite_check_and_unscale_` (the overflow check and the unscale, one
+    pass), the fused kernel's `found_inf` (an overflowing step leaves weights, moments and step counts as they
+    were) and `_amp_update_scale_`: GradScaler's arithmetic, on the device.
+
+    Resume states: the optimizer's state is PaperAdam's (per-parameter `exp_avg`, `exp_avg_sq`, `step`, views into
+    the buffers), so its state_dict is the same format whichever update wrote it; a loaded state is copied into the
+    buffers (a load_state_dict post-hook). Every parameter must have a gradient at every step (torch's Adam would skip
+    one without; the flat pass cannot): a missing one is an error, not a silent zero."""
+
+    def __init__(self, optimizer: PaperAdam, clip_norm: float, scaler: torch.amp.GradScaler | None = None) -> None:
+        if not isinstance(optimizer, PaperAdam):
+            raise UserError(f"train.update=flat needs the paper's Adam (optim.name = adam), not {type(optimizer).__name__}")
+        self.optimizer, self.clip_norm = optimizer, float(clip_norm)
+        self.params = [p for g in optimizer.param_groups for p in g["params"]]
+        if any(p.dtype != torch.float32 for p in self.params) or len({p.device for p in self.params}) != 1:
+            raise UserError("train.update=flat needs fp32 parameters on one device")
+        dev = self.params[0].device
+        self.spans, self.groups, start = [], [], 0
+        for g in optimizer.param_groups:
+            first = start
+            for p in g["params"]:
+                self.spans.append((start, start + p.numel()))
+                start += p.numel()
+            self.groups.append((first, start, float(g["betas"][0]), float(g["betas"][1]), float(g["paper_eps"]),
+                                float(g["paper_wd"])))
+        self.weights = torch.empty(start, device=dev)
+        self.exp_avg, self.exp_avg_sq = torch.zeros_like(self.weights), torch.zeros_like(self.weights)
+        self.grads = torch.zeros_like(self.weights)  # each step's gradients, gathered
+        self.grad_views = [self.grads[a:b].view_as(p) for p, (a, b) in zip(self.params, self.spans)]
+        self.steps = torch.zeros(len(self.params), device=dev)
+        with torch.no_grad():
+            for p, (a, b) in zip(self.params, self.spans):
+                self.weights[a:b].copy_(p.detach().reshape(-1))
+                p.data = self.weights[a:b].view_as(p)  # the same Parameter object, now a view: the model is unchanged
+        self.lrs = [torch.zeros((), device=dev) for _ in self.groups]
+        self.no_bias_correction = torch.full((), NO_BIAS_CORRECTION_STEP, device=dev)
+        self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
+        if self.scaler is not None:
+            self.scaler.scale(torch.zeros((), device=dev))  # creates its scale and growth tracker on the device
+            self.found_inf = torch.zeros(1, device=dev)
+            self.scaling = (float(self.scaler.get_growth_factor()), float(self.scaler.get_backoff_factor()),
+                            int(self.scaler.get_growth_interval()))
+        self.adopt_state()
+        optimizer.register_load_state_dict_post_hook(lambda _opt: self.adopt_state())
+
+    @property
+    def note(self) -> str:
+        fp16 = " + fp16 loss scaling on the device" if self.scaler is not None else ""
+        return (f"update: flat (weights, gradients and Adam's moments in flat buffers; clip + paper Adam{fp16} in "
+                f"{len(self.groups)} fused pass(es), eager, out of inductor)")
+
+    @torch.no_grad()
+    def adopt_state(self) -> None:
+        """Point the optimizer's per-parameter state at views of the buffers, copying in what it held (a loaded
+        resume state, or steps taken by another update); a parameter without state starts at zero."""
+        for i, (p, (a, b)) in enumerate(zip(self.params, self.spans)):
+            st = self.optimizer.state[p]
+            views = {"step": self.steps[i], "exp_avg": self.exp_avg[a:b].view_as(p), "exp_avg_sq": self.exp_avg_sq[a:b].view_as(p)}
+            for k, view in views.items():
+                if k in st and st[k] is not view:
+                    view.copy_(st[k].reshape(view.shape))
+                elif k not in st:
+                    view.zero_()
+                st[k] = view
+
+    def set_lrs(self) -> None:
+        """The learning rates `optimizer.set_lr` gave, into the device tensors the step reads (no host sync)."""
+        for t, g in zip(self.lrs, self.optimizer.param_groups):
+            t.fill_(g["paper_lr"])
+
+    @torch.no_grad()
+    def device_step(self) -> None:
+        """The step's device work (graph-capturable): gather, (fp16: check and unscale), norm, clip factor, Adam."""
+        missing = [i for i, p in enumerate(self.params) if p.grad is None]
+        if missing:
+            raise RuntimeError(f"train.update=flat: {len(missing)} parameter(s) without a gradient this step")
+        torch._foreach_copy_(self.grad_views, [p.grad for p in self.params])
+        grads = self.grads  # (P,) one flat gradient
+        found_inf = None
+        if self.scaler is not None:
+            found_inf = self.found_inf.zero_()
+            inv_scale = self.scaler._scale.double().reciprocal().float()  # as GradScaler.unscale_
+            torch._amp_foreach_non_finite_check_and_unscale_([grads], found_inf, inv_scale)
+        divide = None
+        if self.clip_norm > 0:  # clip_grad_norm_'s factor, as a divisor for the kernel
+            norm = torch.linalg.vector_norm(grads)
+            divide = (norm + 1e-6).div(self.clip_norm).clamp(min=1.0)  # 1 / min(1, clip / (norm + 1e-6))
+        for (a, b, beta1, beta2, eps, wd), lr in zip(self.groups, self.lrs):
+            if b > a:
+                torch._fused_adamw_([self.weights[a:b]], [grads[a:b]], [self.exp_avg[a:b]], [self.exp_avg_sq[a:b]], [],
+                                    [self.no_bias_correction], lr=lr, beta1=beta1, beta2=beta2, weight_decay=wd,
+                                    eps=eps, amsgrad=False, maximize=False, grad_scale=divide, found_inf=found_inf)
+        if found_inf is None:
+            self.steps.add_(1.0)
+        else:
+            self.steps.add_(1.0 - found_inf)
+            growth, backoff, interval = self.scaling
+            torch._amp_update_scale_(self.scaler._scale, self.scaler._growth_tracker, found_inf, growth, backoff, interval)
+
+    def finish(self) -> None:
+        """The host's part after a step: the groups' step counts (`paper_step`; a step fp16 skipped on the device is
+        taken back where the host reads it: PaperAdam.state_dict) and the gradients released."""
+        for g in self.optimizer.param_groups:
+            g["paper_step"] += 1
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def __call__(self) -> None:
+        """One step with the learning rates `optimizer.set_lr` gave, then zero the gradients."""
+        self.set_lrs()
+        self.device_step()
+        self.finish()
+
+    def snapshot(self) -> list[torch.Tensor]:
+        """Copies of everything a step changes (weights, moments, step counts, fp16's scale): `restore` puts them back."""
+        extra = [self.scaler._scale, self.scaler._growth_tracker] if self.scaler is not None else []
+        return [t.clone() for t in (self.weights, self.exp_avg, self.exp_avg_sq, self.steps, *extra)]
+
+    @torch.no_grad()
+    def restore(self, saved: list[torch.Tensor]) -> None:
+        extra = [self.scaler._scale, self.scaler._growth_tracker] if self.scaler is not None else []
+        for t, c in zip((self.weights, self.exp_avg, self.exp_avg_sq, self.steps, *extra), saved):
             t.copy_(c)
 
 

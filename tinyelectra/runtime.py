@@ -214,20 +214,33 @@ def guard_cudnn_sdpa(device: torch.device, probe=_cudnn_sdpa_gradients_finite) -
             "torch 2.11's cuDNN attention regression on Hopper); the other SDPA kernels run")
 
 
-COMPILE_SETTINGS = ("auto", "on", "off", "reduce-overhead")
+COMPILE_SETTINGS = ("auto", "on", "off", "reduce-overhead", "regional", "regional-graph")
+# the settings whose torch.compile is one call on a function or module (`maybe_compile`); the regional ones compile
+# the model's repeated blocks one by one (`compile_regions`)
+WHOLE_COMPILE_SETTINGS = ("auto", "on", "off", "reduce-overhead")
 
 
 @dataclass(frozen=True)
 class CompileChoice:
-    """What a `compile` setting means for one run: the mode `maybe_compile` gets ("off" | "on" | "reduce-overhead")
-    and why, in words for the log line and summary.json."""
+    """What a `compile` setting means for one run: the mode ("off" | "on" | "reduce-overhead" | "regional" |
+    "regional-graph") and why, in words for the log line and summary.json."""
 
     mode: str
     why: str
 
     @property
     def cuda_graphs(self) -> bool:
+        """inductor's CUDA graphs (mode reduce-overhead on the whole compiled step)."""
         return self.mode == "reduce-overhead"
+
+    @property
+    def regional(self) -> bool:
+        return self.mode in ("regional", "regional-graph")
+
+    @property
+    def whole_step_graph(self) -> bool:
+        """tinyelectra's own capture of the whole step (forward, backward, update) as one CUDA graph."""
+        return self.mode == "regional-graph"
 
 
 def choose_compile(setting: str, device: torch.device, micro_batches: int = 1, processes: int = 1,
@@ -236,14 +249,20 @@ def choose_compile(setting: str, device: torch.device, micro_batches: int = 1, p
     graphs apply: one CUDA device, one process, one micro-batch per step; inductor's default mode where they do not
     (several processes: DDP's gradient hooks would run inside captured graphs; several micro-batches: a graph replays
     fixed memory, so each micro-batch's backward would overwrite the gradients accumulated so far); off on the CPU and
-    under DeepSpeed (its engine runs the step). An explicit "reduce-overhead" where graphs cannot apply is a UserError;
-    "on" and "off" are taken as given. Precision does not matter: bf16, fp16 (loss scaling on the device) and fp32
-    all run under graphs."""
+    under DeepSpeed (its engine runs the step). An explicit "reduce-overhead" or "regional-graph" where graphs cannot
+    apply is a UserError; "on", "off" and "regional" are taken as given. Precision does not matter: bf16, fp16 (loss
+    scaling on the device) and fp32 all run under graphs.
+
+    Opt-in, not measured on a GPU yet (benchmarks/ab.py decides): "regional" compiles the model's repeated blocks
+    (one discriminator layer, one generator layer, the embeddings and the heads: each compiled once and reused by
+    every layer of its shape, so compile time does not grow with depth) and runs the rest eager; "regional-graph"
+    also captures the whole step (forward, backward and the flat update) as one CUDA graph per batch kind
+    (step.CapturedStep); on the CPU, which has no CUDA graphs, the same static step runs uncaptured."""
     if setting not in COMPILE_SETTINGS:
         raise UserError(f"compile {setting!r}: use {', '.join(COMPILE_SETTINGS)}")
     if strategy == "deepspeed":
         return CompileChoice("off", "DeepSpeed's engine runs the step")
-    if setting in ("off", "on"):
+    if setting in ("off", "on", "regional"):
         return CompileChoice(setting, "as requested")
     blocker = ""
     if processes > 1:
@@ -251,15 +270,15 @@ def choose_compile(setting: str, device: torch.device, micro_batches: int = 1, p
     elif micro_batches > 1:
         blocker = (f"{micro_batches} micro-batches per step (a graph replays fixed memory: each micro-batch's backward "
                    "would overwrite the gradients accumulated so far)")
-    if setting == "reduce-overhead":
+    if setting in ("reduce-overhead", "regional-graph"):
         if processes > 1:
-            raise UserError("train.compile=reduce-overhead (CUDA graphs) is for one process; with torchrun use "
+            raise UserError(f"train.compile={setting} (CUDA graphs) is for one process; with torchrun use "
                             "train.compile=on (or auto)")
         if micro_batches > 1:
-            raise UserError(f"train.compile=reduce-overhead (CUDA graphs) needs one micro-batch per step; this run "
+            raise UserError(f"train.compile={setting} (CUDA graphs) needs one micro-batch per step; this run "
                             f"accumulates {micro_batches} micro-batches: use train.compile=on (or auto), or a micro-batch "
                             "as large as the per-process batch")
-        return CompileChoice("reduce-overhead", "as requested" + ("" if device.type == "cuda" else " (no CUDA graphs on the CPU)"))
+        return CompileChoice(setting, "as requested" + ("" if device.type == "cuda" else " (no CUDA graphs on the CPU)"))
     if device.type != "cuda":
         return CompileChoice("off", "auto: off on the CPU (compile time outweighs the gain for short runs)")
     if blocker:
@@ -303,8 +322,8 @@ def maybe_compile(fn_or_module, mode_setting: str, device: torch.device, fullgra
     Compilation is lazy: the forward graph is compiled at the first call, the backward graph (and inductor's kernels)
     at the first backward. The returned object falls back to eager when the first call fails, and when `verify` or
     `verify_compiled` sees a forward + backward fail; its `note` always says what runs."""
-    if mode_setting not in COMPILE_SETTINGS:
-        raise UserError(f"compile {mode_setting!r}: use {', '.join(COMPILE_SETTINGS)}")
+    if mode_setting not in WHOLE_COMPILE_SETTINGS:
+        raise UserError(f"compile {mode_setting!r}: use {', '.join(WHOLE_COMPILE_SETTINGS)}")
     if mode_setting == "off" or (mode_setting == "auto" and device.type != "cuda"):
         why = "off as requested" if mode_setting == "off" else "auto: off on the CPU (compile time outweighs the gain for short runs)"
         return fn_or_module, f"compile: {why}"
@@ -327,6 +346,106 @@ def maybe_compile(fn_or_module, mode_setting: str, device: torch.device, fullgra
     return wrapped, wrapped.note
 
 
+def compile_regions(step, regions: list[nn.Module], device: torch.device):
+    """Regional compilation (train.compile = regional / regional-graph): torch.compile each of `regions` (the
+    model's repeated blocks, its embeddings and heads), `step` (the module that calls them) staying eager around them;
+    returns (obj, note) as `maybe_compile` does, `obj` calling `step` and falling back to eager (every region put
+    back) when compilation is seen to fail.
+
+    One compiled function per class (`forward` of Block, of Embeddings, ...), bound to each instance: dynamo keeps one
+    cache entry per shape and attention-mask kind for the class's code and reuses it for every layer of that shape
+    (the parameters are inputs, not constants), so a 12-layer encoder compiles what a 1-layer one does. `dynamic=False`:
+    the discriminator's and the generator's widths are two static compilations, not one dynamic-shape one; fullgraph:
+    a graph break inside a region is a failure (eager, said so), not a silently slower step. Inductor's default mode
+    (no CUDA graphs of its own: step.CapturedStep captures the whole step where asked)."""
+    import functools
+
+    if sys.platform == "win32" or not hasattr(torch, "compile"):
+        return step, "compile: not available on this platform; running eager"
+    backend = os.environ.get("TINYELECTRA_COMPILE_BACKEND", "inductor")  # tests and the CPU smoke run: aot_eager
+    kwargs: dict = {} if backend == "inductor" else {"backend": backend}
+    compiled: dict[type, object] = {}
+    try:
+        for region in regions:
+            cls = type(region)
+            if cls not in compiled:
+                compiled[cls] = torch.compile(cls.forward, dynamic=False, fullgraph=True, **kwargs)
+            region.forward = functools.partial(compiled[cls], region)  # this instance calls the compiled function
+    except Exception as e:  # noqa: BLE001 - any failure means: run eager
+        _uncompile(regions)
+        return step, f"compile: failed ({type(e).__name__}: {_short(e)}); running eager"
+    kinds = ", ".join(f"{cls.__name__} x{sum(type(r) is cls for r in regions)}" for cls in compiled)
+    what = "inductor" if backend == "inductor" else f"{backend} backend from TINYELECTRA_COMPILE_BACKEND, not inductor"
+    note = (f"compile: torch.compile per region ({what}, regional: {len(regions)} regions of {len(compiled)} kinds "
+            f"({kinds}), each kind compiled once per shape; the rest eager, fullgraph per region)")
+    wrapped = _CompiledWithFallback(step, step, note, undo=lambda: _uncompile(regions))
+    return wrapped, wrapped.note
+
+
+def _uncompile(regions: list[nn.Module]) -> None:
+    for region in regions:
+        region.__dict__.pop("forward", None)  # the class's own forward again
+
+
+def clear_compile_times() -> None:
+    """Forget torch's compilation records so far (`compile_time_split` then reads what follows)."""
+    with contextlib.suppress(ImportError, AttributeError):
+        from torch._dynamo.utils import clear_compilation_metrics  # noqa: PLC0415
+
+        clear_compilation_metrics()
+
+
+def compile_time_split(metrics: list | None = None) -> dict:
+    """Where the compile time since the last `torch._dynamo.utils.clear_compilation_metrics()` went, in seconds, from
+    torch's own per-compilation records (`torch._dynamo.utils.get_compilation_metrics()`, CompilationMetrics; the
+    same fields in torch 2.6 to 2.13, read with getattr so that a missing one is None, not an error):
+      dynamo     tracing the Python code and building guards (each frame's total less its backend compile);
+      aot        AOTAutograd: the joint forward + backward graph, its partition (backend compile less inductor's);
+      inductor   lowering, code generation and the kernels' compilation, forward and backward graphs;
+      backward   the backward graphs' compile, lazy at the first backward (inductor's share of it counted above too);
+      graphs     the frames compiled (forward graphs), and `cudagraphify` inductor's CUDA-graph recording
+                 (mode reduce-overhead; runtime records), None where nothing was recorded.
+    tinyelectra's own CUDA-graph capture (step.CapturedStep) is timed where it runs."""
+    if metrics is None:
+        try:
+            from torch._dynamo.utils import get_compilation_metrics  # noqa: PLC0415
+
+            metrics = list(get_compilation_metrics())
+        except (ImportError, AttributeError):
+            return {"available": False}
+
+    def us(m, field: str) -> float:
+        return (getattr(m, field, None) or 0) / 1e6
+
+    frames = [m for m in metrics if getattr(m, "dynamo_cumulative_compile_time_us", None) is not None]
+    backward = [m for m in metrics if getattr(m, "backward_cumulative_compile_time_us", None) is not None]
+    cudagraphify = sum(us(m, "runtime_cudagraphify_time_us") for m in metrics)
+    return {
+        "available": True,
+        "dynamo_s": round(sum(us(m, "dynamo_cumulative_compile_time_us") - us(m, "aot_autograd_cumulative_compile_time_us")
+                              for m in frames), 3),
+        "aot_s": round(sum(us(m, "aot_autograd_cumulative_compile_time_us") - us(m, "inductor_cumulative_compile_time_us")
+                           for m in frames), 3),
+        "inductor_s": round(sum(us(m, "inductor_cumulative_compile_time_us") for m in frames + backward), 3),
+        "backward_s": round(sum(us(m, "backward_cumulative_compile_time_us") for m in backward), 3),
+        "cudagraphify_s": round(cudagraphify, 3) if cudagraphify else None,
+        "graphs": len(frames),
+    }
+
+
+def compile_split_line(split: dict) -> str:
+    """`compile_time_split`'s record in words, for the log."""
+    if not split.get("available"):
+        return "compile time split: not available in this torch"
+    parts = [f"dynamo {split['dynamo_s']:.1f} s", f"AOT autograd {split['aot_s']:.1f} s",
+             f"inductor {split['inductor_s']:.1f} s (backward graphs {split['backward_s']:.1f} s)"]
+    if split.get("cudagraphify_s"):
+        parts.append(f"inductor's CUDA-graph recording {split['cudagraphify_s']:.1f} s")
+    if split.get("capture_s") is not None:
+        parts.append(f"whole-step CUDA-graph capture {split['capture_s']:.1f} s")
+    return f"compile time: {', '.join(parts)}; {split['graphs']} graph(s)"
+
+
 def _short(e: BaseException, limit: int = 200) -> str:
     text = " ".join(str(e).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -337,8 +456,9 @@ class _CompiledWithFallback:
     first call raising, or `verify`'s forward + backward raising), and says so in `note`. Other attributes are the
     eager object's."""
 
-    def __init__(self, compiled, eager, note: str = "compile: torch.compile (inductor)") -> None:
+    def __init__(self, compiled, eager, note: str = "compile: torch.compile (inductor)", undo=None) -> None:
         self.compiled, self.eager = compiled, eager
+        self.undo = undo  # what makes `eager` eager again when it was compiled in place (compile_regions)
         self.note = note
         self.compiled_ok = True  # False once it fell back
         self.before_call = None  # e.g. torch.compiler.cudagraph_mark_step_begin for a CUDA-graphed training step
@@ -362,6 +482,8 @@ class _CompiledWithFallback:
     def fall_back(self, when: str, e: BaseException) -> None:
         """Run eager from now on; the note says when and why."""
         self.compiled = self.eager
+        if self.undo is not None:
+            self.undo()
         self.compiled_ok = False
         self._checked = True
         self.note = f"compile: failed {when} ({type(e).__name__}: {_short(e)}); running eager"

@@ -2,8 +2,9 @@
 
 What lives here: the processes (`Dist`), the per-micro-batch seeds and masking (`step_seed`, `mask_step`), the global
 counts the paper's loss is a mean over (`global_counts`), model + objective as one module (`PretrainStep`), how a
-micro-batch's gradients become an update (`Engine`: our own loop, DDP or DeepSpeed; torch.compile and CUDA graphs;
-the graph-safe update), `train_step` itself, and the micro-batch that fits (`fit_micro_batch`, `probe_step`).
+micro-batch's gradients become an update (`Engine`: our own loop, DDP or DeepSpeed; torch.compile whole or by region
+and CUDA graphs; the graph-safe and the flat update), the whole step captured as one CUDA graph (`CapturedStep`),
+`train_step` itself, and the micro-batch that fits (`fit_micro_batch`, `probe_step`).
 benchmarks/throughput.py and loss_check.py time and check these same functions.
 
 What does not: the loop (train.py), its clocks, logs, checkpoints and resume states (runstate.py); the objective's
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 from dataclasses import dataclass
 
@@ -24,8 +26,8 @@ from tinyelectra import runtime
 from tinyelectra.config import Recipe
 from tinyelectra.electra import STAT_KEYS, LossTerms, Masked, SpecialIds, combine, loss_terms, mask_batch
 from tinyelectra.errors import UserError
-from tinyelectra.model import Electra
-from tinyelectra.optim import GraphSafeUpdate, PaperAdam, apply_update
+from tinyelectra.model import Block, DiscriminatorHead, Electra, Embeddings, GeneratorHead
+from tinyelectra.optim import FlatUpdate, GraphSafeUpdate, PaperAdam, apply_update
 
 # ----------------------------------------------------------------------------------------------------------------
 # processes
@@ -102,7 +104,10 @@ def train_step(engine: "Engine", masked: list[Masked], seeds: list[int], counts:
                sums: dict[str, Tensor]) -> Tensor:
     """One optimizer update over this process's micro-batches: each seeded, forward under `autocast`, the paper's loss
     over the global batch (`counts`) and its backward; then `Engine.update` (the learning rate was set before). Adds
-    the metric sums to `sums` (on the device, no host sync); returns this process's loss (summed, detached)."""
+    the metric sums to `sums` (on the device, no host sync); returns this process's loss (summed, detached).
+    train.compile=regional-graph: the same step as one captured CUDA graph (`CapturedStep`, one micro-batch)."""
+    if engine.captured is not None:
+        return engine.captured(masked[0], seeds[0], counts, sums)
     world = engine.dist.world
     total = None
     for i, (m, seed) in enumerate(zip(masked, seeds)):
@@ -148,8 +153,10 @@ class Engine:
     Plain / DDP: `torch.compile` as `runtime.choose_compile` decides (with "auto": CUDA graphs on one GPU with one
     micro-batch per step), DDP's `no_sync` on all but the last micro-batch, then the update: under CUDA graphs the
     graph-safe one (optim.GraphSafeUpdate: clip + paper Adam, fp16's loss scaling on the device), else `apply_update`
-    (unscale, clip, step, update the loss scale on the host). DeepSpeed (ZeRO-2, optional CPU offload): its
-    engine does the data parallelism, accumulation boundary, clipping and loss scaling; our loss is already a mean
+    (unscale, clip, step, update the loss scale on the host); with train.update=flat, optim.FlatUpdate on every path
+    (eager, about ten kernels, between inductor's graphs). train.compile=regional / regional-graph: the repeated
+    blocks compiled one by one (runtime.compile_regions); regional-graph also captures the whole step
+    (`CapturedStep`). DeepSpeed (ZeRO-2, optional CPU offload): its engine does the data parallelism, accumulation boundary, clipping and loss scaling; our loss is already a mean
     over the whole global batch, so DeepSpeed must not divide it by the accumulation steps again."""
 
     def __init__(self, model: Electra, recipe: Recipe, optimizer, scaler, dist: Dist, device: torch.device,
@@ -159,13 +166,15 @@ class Engine:
         self.recipe, self.device, self.precision, self.micro = recipe, device, precision, micro
         self.clip_norm = recipe.optim.clip_norm
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.ds, self.graph_update, self._update_note = None, None, ""
+        self.ds, self.graph_update, self.flat_update, self.captured, self._update_note = None, None, None, None, ""
         self.micro_batches = self.unpadded_micro_batches = 0  # counted by train_step (host-side flags, no sync)
         module: nn.Module = PretrainStep(model, recipe)
         # the compile policy (runtime.choose_compile): "auto" = inductor + CUDA graphs where graphs apply (one CUDA
         # device, one process, one micro-batch per step), inductor's default mode or eager elsewhere, saying why
         self.choice = runtime.choose_compile(tr.compile, device, accum, dist.world, tr.strategy)
         if tr.strategy == "deepspeed":
+            if tr.update == "flat":
+                raise UserError("train.update=flat is for train.strategy=ddp (DeepSpeed's engine runs its own update)")
             try:
                 import deepspeed
             except ImportError:
@@ -192,12 +201,17 @@ class Engine:
             self.strategy_note = f"strategy: DeepSpeed ZeRO-2{' with optimizer state offloaded to the CPU' if tr.deepspeed_offload else ''}"
             self._compile_note = "compile: off (DeepSpeed's engine)"
             return
+        if tr.update == "flat":  # before DDP and compilation: the parameters become views of one flat buffer
+            self.flat_update = FlatUpdate(optimizer, self.clip_norm, scaler)
         if dist.enabled:
             module = nn.parallel.DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None)
         self.module = module
-        # fullgraph: a graph break is a failure (eager, and the note says so), not a silently slower step. DDP: its
-        # graph is split at gradient buckets by dynamo's DDP optimizer, so it is compiled without the flag.
-        self.forward, self._compile_note = runtime.maybe_compile(module, self.choice.mode, device, fullgraph=not dist.enabled)
+        if self.choice.regional:
+            self.forward, self._compile_note = runtime.compile_regions(module, compile_regions_of(model), device)
+        else:  # fullgraph: a graph break is a failure (eager, and the note says so), not a silently slower step. DDP:
+            # its graph is split at gradient buckets by dynamo's DDP optimizer, so it is compiled without the flag.
+            self.forward, self._compile_note = runtime.maybe_compile(module, self.choice.mode, device,
+                                                                     fullgraph=not dist.enabled)
         if self.choice.mode == "off" and tr.compile == "auto":
             self._compile_note = f"compile: {self.choice.why}"
         self._why = self.choice.why if tr.compile == "auto" and self.choice.mode != "off" else ""
@@ -206,10 +220,14 @@ class Engine:
                 # each step's forward starts a new generation of CUDA graph memory: the previous step's outputs
                 # (already added to the metric sums) are dead; the gradients feeding the update are not (no marker there)
                 self.forward.before_call = torch.compiler.cudagraph_mark_step_begin
-            if not isinstance(optimizer, PaperAdam):
+            if self.flat_update is not None:
+                pass  # eager between the graphs, no host sync
+            elif not isinstance(optimizer, PaperAdam):
                 self._update_note = f"update: eager ({recipe.optim.name} is not graph-safe)"
             else:  # fp16: the loss scaler's overflow check, skipped step and scale update on the device, captured too
                 self.graph_update = GraphSafeUpdate(optimizer, self.clip_norm, self.choice.mode, device, scaler=scaler)
+        if self.choice.whole_step_graph:
+            self.captured = CapturedStep(self)
         self.strategy_note = f"strategy: {'DDP over ' + str(dist.world) + ' processes' if dist.enabled else 'one process'}"
 
     @property
@@ -222,14 +240,16 @@ class Engine:
         """What runs, as it stands now, and why (for "auto"): a compilation that failed and fell back to eager says so."""
         note = runtime.compile_note(self.forward, self._compile_note)
         note += f"; {self._why}" if self.ds is None and self._why else ""
-        update = self.graph_update.note if self.graph_update is not None else self._update_note
+        update = next((u.note for u in (self.flat_update, self.graph_update) if u is not None), self._update_note)
+        if self.captured is not None:
+            note += f"; {self.captured.note}"
         return f"{note}; {update}" if update else note
 
     @property
     def host_sync_note(self) -> str | None:
         """fp16's per-step host sync where the loss scaler runs on the host (eager update, DeepSpeed); None otherwise:
         the graph-safe update keeps the scaler on the device."""
-        on_device = self.graph_update is not None and self.graph_update.scaler is not None
+        on_device = any(u is not None and u.scaler is not None for u in (self.graph_update, self.flat_update))
         return FP16_HOST_SYNC if self.precision == "fp16" and not on_device else None
 
     def verify_compile(self, special: SpecialIds) -> None:
@@ -244,7 +264,8 @@ class Engine:
         def trial() -> None:
             for padded in (False, True):
                 probe_step(self.forward, self.model, special, self.recipe, self.micro, self.device, self.precision,
-                           keep_grads=padded, padded=padded)
+                           keep_grads=padded, padded=padded,
+                           autocast=self.captured.autocast if self.captured is not None else None)
             if self.graph_update is not None:
                 self.graph_update.dry_run()
             self.optimizer.zero_grad(set_to_none=True)
@@ -256,8 +277,10 @@ class Engine:
         (runtime.compile_cache), then `verify_compile` and time it. Returns summary.json's record (the mode that runs
         and why, the seconds, the cache folder) with its log line under "line" ("" when nothing compiles)."""
         record: dict = {"mode": self.choice.mode if self.ds is None else "off", "why": self.choice.why,
-                        "seconds": None, "cache": None}
+                        "seconds": None, "cache": None, "split": None}
         cache_line = runtime.compile_cache() if self.compiles else ""
+        if self.compiles:
+            runtime.clear_compile_times()
         t0 = time.perf_counter()
         self.verify_compile(special)
         if not self.compiles:
@@ -267,9 +290,22 @@ class Engine:
         if runtime.compile_note(self.forward, "").startswith("compile: failed"):
             record["mode"] = "off"  # fell back to eager: the compile line says why
             return {**record, "line": f"the compile check took {record['seconds']:.1f} s and failed: running eager"}
-        variants = "two graphs per compiled step: batches with padding (attention mask) and without"
+        capture_s = None
+        if self.captured is not None and self.captured.capture:
+            t1 = time.perf_counter()
+            try:
+                self.captured.prepare(special)
+            except torch.OutOfMemoryError:
+                raise
+            except Exception as e:  # noqa: BLE001 - a step that cannot be captured still trains, uncaptured
+                self.captured.give_up(e)
+            capture_s = time.perf_counter() - t1
+            record["seconds"] = round(time.perf_counter() - t0, 1)
+        record["split"] = {**runtime.compile_time_split(), "capture_s": None if capture_s is None else round(capture_s, 3)}
+        variants = ("each region compiled once per shape and mask kind" if self.choice.regional else
+                    "two graphs per compiled step: batches with padding (attention mask) and without")
         return {**record, "line": f"compiling took {record['seconds']:.1f} s (start-up, outside the budget; {variants}); "
-                                  f"{cache_line}"}
+                                  f"{runtime.compile_split_line(record['split'])}; {cache_line}"}
 
     def accumulating(self, last: bool):
         """DDP: reduce gradients only after the last micro-batch of a step."""
@@ -285,10 +321,150 @@ class Engine:
             self.scaler.scale(loss).backward()
 
     def update(self) -> None:
-        if self.graph_update is not None:
+        if self.flat_update is not None:
+            self.flat_update()
+        elif self.graph_update is not None:
             self.graph_update()
         elif self.ds is None:
             apply_update(self.params, self.optimizer, self.scaler, self.clip_norm)
+
+
+def compile_regions_of(model: Electra) -> list[nn.Module]:
+    """What train.compile=regional compiles, each kind once per shape: every encoder Block (discriminator and
+    generator), the Embeddings and the two heads."""
+    return [m for m in model.modules() if isinstance(m, (Block, Embeddings, GeneratorHead, DiscriminatorHead))]
+
+
+class CapturedStep:
+    """train.compile=regional-graph: the whole step — the forward (its regions compiled), the paper's loss over the
+    global batch, the backward and the flat update (optim.FlatUpdate, fp16's loss scaler included) — captured by
+    tinyelectra as one CUDA graph per batch kind (with padding, without), at start-up, and replayed every step: one
+    launch per step where inductor's CUDA graphs (reduce-overhead) launch a graph per compiled region and the update
+    between them.
+
+    Per step, outside the graph: the masked batch copied into the static input tensors of its kind, the global counts
+    and the learning rates into theirs, the step's seed set (CUDA graphs replay with the generator's current seed:
+    dropout and sampling draw fresh numbers each step, from the same per-step seeds as eager), then the replay and the
+    metric sums added. Autocast without its weight cache (it cannot live across replays). The two graphs share one
+    memory pool; each step's outputs are read before the next replay.
+
+    On the CPU there are no CUDA graphs: the same static step runs uncaptured (`capture` False), which is what the CPU
+    tests compare with the eager step."""
+
+    def __init__(self, engine: "Engine") -> None:
+        self.engine, self.update = engine, engine.flat_update
+        dev = engine.device
+        self.capture = dev.type == "cuda"
+        # mixed precision: autocast without its weight cache (fp32: none at all); the start-up's compile check runs
+        # under the same one (torch.compile guards on autocast's state: another would compile every region again)
+        self.autocast = contextlib.nullcontext() if engine.precision == "fp32" else torch.autocast(
+            dev.type, dtype=runtime.autocast_dtype(engine.precision, dev), cache_enabled=False)
+        self.counts = torch.zeros(2, device=dev)
+        self.inputs: dict[bool, Masked] = {}  # static inputs, by Masked.full
+        self.outputs: dict[bool, list[Tensor]] = {}
+        self.graphs: dict = {}
+        self.keys: list[str] = []
+        self.pool = None
+        self.failed = ""
+        self.saved: list[Tensor] | None = None  # the update's state while a capture is warming up
+
+    @property
+    def note(self) -> str:
+        if self.failed:
+            return f"the whole step's CUDA-graph capture failed ({self.failed}): it runs uncaptured"
+        if not self.capture:
+            return "the whole step as one static function (no CUDA graphs on the CPU)"
+        return "the whole step (forward, backward, update) captured as one CUDA graph per batch kind"
+
+    def give_up(self, e: BaseException) -> None:
+        """After a failed capture: run the same static step uncaptured from now on, the state as it was."""
+        self.failed = f"{type(e).__name__}: {runtime._short(e, 160)}"
+        self.capture, self.graphs, self.outputs, self.pool = False, {}, {}, None
+        if self.saved is not None:
+            self.update.restore(self.saved)
+        self.engine.optimizer.zero_grad(set_to_none=True)
+        print(f"the whole step's CUDA-graph capture failed; running it uncaptured. {type(e).__name__}: {str(e)[:4000]}",
+              file=sys.stderr)
+
+    def _static(self, m: Masked) -> Masked:
+        fields = ("input_ids", "masked_ids", "token_type_ids", "attention_mask", "positions", "targets", "weights")
+        static = self.inputs.get(m.full)
+        if static is None:
+            static = self.inputs[m.full] = Masked(*(getattr(m, f).clone() for f in fields), full=m.full)
+        else:
+            for f in fields:
+                getattr(static, f).copy_(getattr(m, f))
+        return static
+
+    def _body(self, m: Masked) -> list[Tensor]:
+        """The step's device work on static tensors: forward, loss, backward, update; its outputs (loss, sums)."""
+        e = self.engine
+        with self.autocast:
+            mlm_sum, disc_sum, stats = e.forward(m)
+        loss = combine(LossTerms(mlm_sum, disc_sum, stats), e.recipe.objective, self.counts[0], self.counts[1])
+        e.scaler.scale(loss).backward()
+        self.update.device_step()
+        self.keys = ["mlm_sum", "disc_sum", *stats]
+        return [loss.detach(), mlm_sum.detach(), disc_sum.detach(), *(v.detach() for v in stats.values())]
+
+    def _capture(self, full: bool) -> None:
+        """Warm up (compiles what is left, sets up cuBLAS and cuDNN; everything the update changed put back), then
+        capture the step for batches of this kind."""
+        e, static = self.engine, self.inputs[full]
+        self.saved = self.update.snapshot()
+        with self._side_stream():
+            for _ in range(2):
+                self._body(static)
+                e.optimizer.zero_grad(set_to_none=True)
+        self.update.restore(self.saved)
+        self.graphs[full], self.outputs[full] = self._record(lambda: self._body(static))
+        e.optimizer.zero_grad(set_to_none=True)
+        self.saved = None
+
+    @contextlib.contextmanager
+    def _side_stream(self):
+        """torch.cuda.graph's warm-up: on a side stream, joined back after."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            yield
+        torch.cuda.current_stream().wait_stream(side)
+
+    def _record(self, body) -> tuple:
+        """(graph, its output tensors): `body` captured into a CUDA graph sharing this step's memory pool."""
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            outputs = body()
+        self.pool = graph.pool()
+        return graph, outputs
+
+    def prepare(self, special: SpecialIds) -> None:
+        """Start-up: capture both kinds on dummy rows (probe_masked), nothing training computes changed."""
+        e = self.engine
+        for padded in (False, True):
+            m = probe_masked(special, e.recipe, e.micro, e.device, padded)
+            self._static(m)
+            self.counts.copy_(torch.stack([m.mlm_count, m.token_count.float()]))
+            self.update.set_lrs()
+            self._capture(m.full)
+
+    def __call__(self, m: Masked, seed: int, counts: Tensor, sums: dict[str, Tensor]) -> Tensor:
+        static = self._static(m)
+        self.counts.copy_(counts)
+        self.update.set_lrs()
+        if self.capture and m.full not in self.graphs:
+            self._capture(m.full)  # prepare() captured both kinds; a safety net, not the plan
+        torch.manual_seed(seed)
+        if self.capture:
+            self.graphs[m.full].replay()
+            outputs = self.outputs[m.full]
+        else:
+            outputs = self._body(static)
+        self.update.finish()
+        torch._foreach_add_([sums[k] for k in self.keys], outputs[1:])
+        self.engine.micro_batches += 1
+        self.engine.unpadded_micro_batches += m.full
+        return outputs[0].clone() if self.capture else outputs[0]
 
 
 # the per-step host sync of fp16 runs, named where their speed is printed and recorded (log, summary.json)
@@ -318,11 +494,8 @@ def fit_micro_batch(requested: int, rank_batch: int, device: torch.device, probe
     raise UserError("not even one sequence per micro-batch fits in GPU memory; try train.grad_checkpointing=true")
 
 
-def probe_step(forward, model: Electra, special, recipe: Recipe, mb: int, device: torch.device, precision: str,
-               keep_grads: bool = False, padded: bool = True) -> None:
-    """One forward + backward at micro-batch `mb` on dummy rows; gradients are discarded (unless `keep_grads`).
-    `padded`: the first row ends in two padding tokens, so the attention mask is passed (as for most real batches);
-    else every row is full and no mask is passed (electra.Masked.full)."""
+def probe_masked(special, recipe: Recipe, mb: int, device: torch.device, padded: bool) -> Masked:
+    """`mb` dummy rows of the recipe's length, masked; `padded`: the first row ends in two padding tokens."""
     T = recipe.train.seq_len
     ids = torch.full((mb, T), special.cls, device=device)
     ids[:, 1:-1] = torch.randint(1000 % recipe.model.vocab_size, recipe.model.vocab_size, (mb, T - 2), device=device)
@@ -330,9 +503,18 @@ def probe_step(forward, model: Electra, special, recipe: Recipe, mb: int, device
     mask = torch.ones_like(ids, dtype=torch.bool)
     if padded and T > 4:
         ids[0, -3], ids[0, -2:], mask[0, -2:] = special.sep, special.pad, False
-    m = mask_batch(ids, torch.zeros_like(ids), mask, recipe.objective, special, recipe.model.vocab_size,
-                   full=not (padded and T > 4))
-    with runtime.autocast_context(precision, device):
+    return mask_batch(ids, torch.zeros_like(ids), mask, recipe.objective, special, recipe.model.vocab_size,
+                      full=not (padded and T > 4))
+
+
+def probe_step(forward, model: Electra, special, recipe: Recipe, mb: int, device: torch.device, precision: str,
+               keep_grads: bool = False, padded: bool = True, autocast=None) -> None:
+    """One forward + backward at micro-batch `mb` on dummy rows; gradients are discarded (unless `keep_grads`).
+    `padded`: the first row ends in two padding tokens, so the attention mask is passed (as for most real batches);
+    else every row is full and no mask is passed (electra.Masked.full). `autocast`: the forward's autocast region
+    (default: the precision's, runtime.autocast_context)."""
+    m = probe_masked(special, recipe, mb, device, padded)
+    with autocast if autocast is not None else runtime.autocast_context(precision, device):
         mlm_sum, disc_sum, _ = forward(m)
     (mlm_sum + disc_sum).backward()
     if not keep_grads:
