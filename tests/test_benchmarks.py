@@ -364,3 +364,20 @@ def test_unpadded_share_by_hand():
     assert unpadded_batches.unpadded_share(np.ones(8, dtype=bool), 4) == 1.0
     # batches of 2 from a shuffle: P(both full) = 6/8 * 5/7 = 15/28, over 50 epochs of 4 batches each
     assert abs(unpadded_batches.unpadded_share(full, 2) - 15 / 28) < 0.08
+
+
+def test_quickstart_benchmark_times_the_readmes_command(tmp_path):
+    """benchmarks/quickstart.py runs the README's quick start as written (read from the README, not a copy that can
+    drift), only its run folder moved."""
+    import re
+    import shlex
+
+    import quickstart
+
+    readme = (BENCH.parent / "README.md").read_text(encoding="utf-8")
+    first_block = re.search(r"```bash\n(.*?)```", readme, flags=re.DOTALL).group(1)
+    args = quickstart.readme_command()
+    assert first_block.strip().endswith(".venv/bin/tinyelectra " + shlex.join(args))
+    moved = quickstart.with_out(args, tmp_path / "r")
+    assert moved[moved.index("--out") + 1] == str(tmp_path / "r")
+    assert [a for a in moved if a != str(tmp_path / "r")] == [a for a in args if a != "runs/quickstart"]
