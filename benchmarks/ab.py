@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> dict | None:
         return None
     import torch  # noqa: PLC0415
 
-    from loss_check import dropout_verdict  # noqa: PLC0415
+    from benchmarks.loss_check import dropout_verdict  # noqa: PLC0415
 
     from tinyelectra import runtime  # noqa: PLC0415
     from tinyelectra.config import load_recipe  # noqa: PLC0415

@@ -500,3 +500,20 @@ def test_ab_cpu_smoke_runs_every_part(tmp_path):
     # 7 graphs: a Block per width (discriminator, generator) with and without the attention mask, embeddings, 2 heads
     assert graph["cold"]["split"]["graphs"] == 7 and graph["cached"]["seconds"] > 0
     assert "the whole step as one static function" in graph["note"]
+
+
+def test_quickstart_benchmark_times_the_readmes_command(tmp_path):
+    """benchmarks/quickstart.py runs the README's quick start as written (read from the README, not a copy that can
+    drift), only its run folder moved."""
+    import re
+    import shlex
+
+    from benchmarks import ROOT, quickstart
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    first_block = re.search(r"```bash\n(.*?)```", readme, flags=re.DOTALL).group(1)
+    args = quickstart.readme_command()
+    assert first_block.strip().endswith(".venv/bin/tinyelectra " + shlex.join(args))
+    moved = quickstart.with_out(args, tmp_path / "r")
+    assert moved[moved.index("--out") + 1] == str(tmp_path / "r")
+    assert [a for a in moved if a != str(tmp_path / "r")] == [a for a in args if a != "runs/quickstart"]

@@ -162,14 +162,14 @@ def test_hf_source_with_the_hub_unreachable(tmp_path):
 @pytest.mark.slow
 @pytest.mark.cli
 def test_builtin_corpus_through_the_real_command(tmp_path):
-    """The quickstart's data step: offline, the tiny recipe's settings, then a cache hit."""
+    """The quickstart's data step: offline, the quickstart recipe's settings, then a cache hit."""
     cmd = [sys.executable, "-m", "tinyelectra", "prepare", "--corpus", "builtin", "--out", str(tmp_path / "data"),
-           "--vocab-size", "8192", "--seq-len", "128"]
+           "--vocab-size", "8192", "--seq-len", "64"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(os.environ, HF_HUB_OFFLINE="1"))
     assert r.returncode == 0, r.stderr
     data = D.PretrainData(tmp_path / "data")
     m = data.manifest
-    assert m["tokenizer"]["vocab_size"] == 8192 and m["seq_len"] == 128 and m["examples"]["train"] > 2000
+    assert m["tokenizer"]["vocab_size"] == 8192 and m["seq_len"] == 64 and m["examples"]["train"] > 4000
     assert m["sources"][0]["kind"] == "builtin" and m["command"].startswith("tinyelectra prepare --corpus builtin")
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0 and "reusing" in again.stderr
