@@ -26,7 +26,7 @@ Parts, in this order, each written to the result as it completes:
      (Engine.compile_now: seconds and their split into dynamo, AOT autograd, inductor and CUDA-graph capture), then
      the peak memory of build, compile and two steps (CUDA: common.HeldMemory);
   2. losses: the recipe's dropout on, learning rate 0, one batch, --repeats seeds per variant and for the eager step
-     (train.compile=off; in bf16/fp16 also an fp32 eager reference): benchmarks/loss_check.dropout_verdict (fresh
+     (train.compile=off; in bf16/fp16 also an fp32 eager reference): benchmarks.loss_check.dropout_verdict (fresh
      random numbers every step, the same mean and spread as eager); every child starts from the recipe's seed's weights;
   3. timing: --rounds rounds; in each, every variant runs --calls-per-round steps back to back with one device
      synchronisation at the end, the variants one after another in an order that rotates every round; per variant
@@ -80,8 +80,8 @@ def child(args) -> None:
     import torch  # noqa: PLC0415
 
     from benchmarks.common import HeldMemory  # noqa: PLC0415
-    from loss_check import dropout_samples  # noqa: PLC0415
-    from throughput import Batches, TrainerStep, profile_steps  # noqa: PLC0415
+    from benchmarks.loss_check import dropout_samples  # noqa: PLC0415
+    from benchmarks.throughput import Batches, TrainerStep, profile_steps  # noqa: PLC0415
 
     from tinyelectra import runtime  # noqa: PLC0415
     from tinyelectra.config import load_recipe  # noqa: PLC0415

@@ -51,7 +51,7 @@ def cell(args) -> dict:
     t_start = time.perf_counter()
     import torch  # noqa: PLC0415
 
-    from throughput import Batches, TrainerStep  # noqa: PLC0415
+    from benchmarks.throughput import Batches, TrainerStep  # noqa: PLC0415
 
     from tinyelectra.config import load_recipe  # noqa: PLC0415
 

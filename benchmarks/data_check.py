@@ -85,6 +85,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from common import run_main  # noqa: E402
+    from benchmarks.common import run_main
 
     run_main(main)

@@ -300,7 +300,7 @@ def measure(shared: Path, shards: int, work: Path) -> dict:
     """Tokens per MiB of each way of packing the first `shards` enwiki shards, prepared as the GPU pack prepares them
     (the electra-small vocabulary, rows of 128): bytes, tokens (the text tokens the rows hold: prepare's count) per
     MiB, the ratio to the current packing (same run), seconds to compress and to read back (one thread)."""
-    from common import write_result  # noqa: PLC0415
+    from benchmarks.common import write_result  # noqa: PLC0415
 
     from tinyelectra.config import load_recipe  # noqa: PLC0415
 
