@@ -211,8 +211,14 @@ def test_train_force_and_export_are_refused_in_a_live_glue_which_finishes(done_r
     assert code == 0, err[-3000:]
     result = json.loads((run / "glue" / "ckpt-10000" / "glue.json").read_text())
     assert "sst2" in result["tasks"]
-    assert {k: v for k, v in tree(run).items() if not k.startswith(("glue/", "tensorboard/"))} == \
-        {k: v for k, v in before.items() if not k.startswith("tensorboard/")}
+    after = tree(run)
+    # RUN's record gains exactly glue's TensorBoard files (written under RUN's lock; train --force deletes them)
+    record = after.pop(RECORD_NAME).decode()
+    assert record.startswith(before[RECORD_NAME].decode())
+    added = [json.loads(line) for line in record[len(before[RECORD_NAME]):].splitlines()]
+    assert added and all(e["by"] == "glue" and e["glob"].startswith("tensorboard/events.out.tfevents.") for e in added)
+    assert {k: v for k, v in after.items() if not k.startswith(("glue/", "tensorboard/"))} == \
+        {k: v for k, v in before.items() if not k.startswith("tensorboard/") and k != RECORD_NAME}
 
 
 @pytest.mark.slow

@@ -381,12 +381,12 @@ def test_cli_vocabulary_from_the_data_and_tokens_seen_without_padding(env, tmp_p
     from tinyelectra.data import BatchLoader, PretrainData
 
     run_cli(["train", "--recipe", "tiny", "--budget", "3steps", "--device", "cpu", *SMALL, "--out", str(tmp_path / "a")], env)
-    cache = Path(env["TINYELECTRA_CACHE"])
-    data = next(cache.glob("builtin-v8192-*"))
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    data = Path(summary["data"]["path"])  # the cache may hold other built-in datasets (the quickstart recipe's rows)
+    assert data.parent == Path(env["TINYELECTRA_CACHE"]) and data.name.startswith("builtin-v8192-t128-")
     # tokens_seen counts real tokens: the attention masks of the three batches the loader gives (not 3 x 8 x 128)
     loader = BatchLoader(PretrainData(data), "train", 8, seed=0, prefetch=0)
     real = sum(int(next(loader).attention_mask.sum()) for _ in range(3))
-    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
     assert summary["tokens_seen"] == real < 3 * 8 * 128
     last = [r for r in metrics(tmp_path / "a") if "event" not in r][-1]
     assert last["tokens_seen"] == real and last["tokens_per_second"] < last["positions_per_second"]
