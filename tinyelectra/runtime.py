@@ -129,8 +129,8 @@ def card_policy(capability: tuple[int, int], name: str = "", memory_gib: float |
       GEMMs      cuBLAS on every card (inductor's ATen matrix products: max_autotune stays off); below 8.0 pinned to
                  cuBLAS even under max_autotune, since Triton dropped its Volta tensor-core path (MMAv1) and
                  supports 8.0+ (triton-lang/triton#5066);
-      wheel      torch's CUDA 12.6 build below Turing (7.5): its CUDA 12.8 and 13.0 builds have no Volta kernels
-                 from torch 2.11 on (pytorch/pytorch#172352, #175253); PyPI's default CUDA build from 7.5 on."""
+      wheel      torch's CUDA 12.6 build below Turing (7.5): from torch 2.11 on it is the only build with Volta
+                 kernels (pytorch/pytorch#172352, #175253; 2.12-2.14: #182849, #187075); PyPI's default from 7.5 on."""
     cap = (int(capability[0]), int(capability[1]))
     ampere = cap >= (8, 0)
     return Card(
