@@ -61,3 +61,26 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """`fake_gpu(name, capability, memory_gib, count)`: torch.cuda answers as a machine with `count` such cards would
+    (availability, count, name, properties, capability, bf16 support), for testing GPU decisions on the CPU. The
+    properties are the ones runtime.card_of reads; bf16 support follows torch's own rule (8.0+)."""
+    import types
+
+    import torch
+
+    def fake(name: str = "NVIDIA H100 80GB HBM3", capability: tuple[int, int] = (9, 0), memory_gib: float = 79.2,
+             count: int = 1) -> None:
+        props = types.SimpleNamespace(name=name, major=capability[0], minor=capability[1],
+                                      total_memory=int(memory_gib * 2**30))
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: name)
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *a, **k: props)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: capability)
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: capability >= (8, 0))
+
+    return fake

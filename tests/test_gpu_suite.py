@@ -799,7 +799,7 @@ def test_a_stage_of_several_processes_fails_when_one_does(tmp_path, monkeypatch)
 
 
 @pytest.mark.slow
-def test_pretrain_compiles_the_graph_the_speed_stage_left_in_the_cache(tmp_path, monkeypatch, one_thread):
+def test_pretrain_compiles_the_graph_the_speed_stage_left_in_the_cache(tmp_path, monkeypatch, fake_gpu, one_thread):
     """pretrain (`tinyelectra train` with train.compile=reduce-overhead) must find what the speed stage compiled in
     their shared inductor cache, or it compiles cold inside its own limit (112.5 s with CUDA graphs on the H200). The
     cache's keys are the graphs and their inputs (shapes, dtypes, strides) besides versions and settings: (1) the two
@@ -816,8 +816,7 @@ def test_pretrain_compiles_the_graph_the_speed_stage_left_in_the_cache(tmp_path,
     run.log.close()
     recipe = load_recipe(pretrain[pretrain.index("--recipe") + 1], [b for a, b in zip(pretrain, pretrain[1:]) if a == "--set"])
     gpu = torch.device("cuda", 0)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "NVIDIA H100 80GB HBM3")
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    fake_gpu("NVIDIA H100 80GB HBM3", (9, 0), 79.2)
     compiled_with = []
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: compiled_with.append(kw) or fn)
     assert (stage.recipe, stage.batch, stage.seq_len) == (recipe.name, recipe.train.batch_size, recipe.train.seq_len)

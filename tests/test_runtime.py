@@ -15,13 +15,6 @@ from tinyelectra import runtime
 from tinyelectra.errors import UserError
 
 
-def fake_cuda(monkeypatch, name: str, bf16: bool, count: int = 1) -> None:
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: name)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
-
-
 def test_pick_device_cpu_and_errors(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
@@ -37,8 +30,8 @@ def test_pick_device_cpu_and_errors(monkeypatch):
         runtime.pick_device(None, "banana")
 
 
-def test_pick_device_gpu_index(monkeypatch):
-    fake_cuda(monkeypatch, "NVIDIA H100 80GB HBM3", True, count=2)
+def test_pick_device_gpu_index(fake_gpu):
+    fake_gpu(count=2)
     assert runtime.pick_device(1, None) == torch.device("cuda", 1)
     assert runtime.pick_device(None, "cuda:1") == torch.device("cuda", 1)
     assert runtime.pick_device(None, None) == torch.device("cuda", 0)
@@ -66,22 +59,22 @@ def test_cpu_bf16_is_one_policy_that_says_whether_it_is_fast(monkeypatch, units)
     assert precision == "bf16" and ("slower than fp32" in reason) is not units
 
 
-@pytest.mark.parametrize("name,bf16,expected", [
-    ("Tesla V100-SXM2-16GB", False, "fp16"),
-    ("Tesla T4", False, "fp16"),
-    ("NVIDIA GeForce RTX 2080 Ti", False, "fp16"),
-    ("NVIDIA A100-SXM4-80GB", True, "bf16"),
-    ("NVIDIA H100 80GB HBM3", True, "bf16"),
+@pytest.mark.parametrize("name,capability,expected", [
+    ("Tesla V100-SXM2-16GB", (7, 0), "fp16"),
+    ("Tesla T4", (7, 5), "fp16"),
+    ("NVIDIA GeForce RTX 2080 Ti", (7, 5), "fp16"),
+    ("NVIDIA A100-SXM4-80GB", (8, 0), "bf16"),
+    ("NVIDIA H100 80GB HBM3", (9, 0), "bf16"),
 ])
-def test_pick_precision_auto_on_gpus(monkeypatch, name, bf16, expected):
-    fake_cuda(monkeypatch, name, bf16)
+def test_pick_precision_auto_on_gpus(fake_gpu, name, capability, expected):
+    fake_gpu(name, capability)
     precision, reason = runtime.pick_precision("auto", torch.device("cuda", 0))
     assert precision == expected
     assert name in reason and "\n" not in reason
 
 
-def test_bf16_refused_on_volta(monkeypatch):
-    fake_cuda(monkeypatch, "Tesla V100-SXM2-16GB", False)
+def test_bf16_refused_on_volta(fake_gpu):
+    fake_gpu("Tesla V100-SXM2-16GB", (7, 0), 16)
     with pytest.raises(UserError, match="bf16"):
         runtime.pick_precision("bf16", torch.device("cuda", 0))
 
@@ -264,3 +257,64 @@ def test_cudnn_attention_is_switched_off_only_when_its_gradients_are_not_finite(
     assert calls == [torch.device("cuda", 0)] and disabled == ([False] if switched_off else [])
     assert ("cuDNN attention off" in note) == switched_off and ("192" in note) == switched_off
     assert runtime.guard_cudnn_sdpa(torch.device("cpu"), probe=probe) == "" and len(calls) == 1
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the card guide: one policy of the compute capability (tinyelectra/docs/gpus.md shows it)
+
+# name, compute capability (NVIDIA's published list, developer.nvidia.com/cuda-gpus), memory in GiB
+CARDS = {
+    "V100 16 GB": ("Tesla V100-SXM2-16GB", (7, 0), 15.8),
+    "V100 32 GB": ("Tesla V100-SXM2-32GB", (7, 0), 31.7),
+    "T4": ("Tesla T4", (7, 5), 14.6),
+    "RTX 3090": ("NVIDIA GeForce RTX 3090", (8, 6), 23.7),
+    "RTX 4090": ("NVIDIA GeForce RTX 4090", (8, 9), 23.6),
+    "A100 40 GB": ("NVIDIA A100-SXM4-40GB", (8, 0), 39.4),
+    "A100 80 GB": ("NVIDIA A100-SXM4-80GB", (8, 0), 79.2),
+    "H100": ("NVIDIA H100 80GB HBM3", (9, 0), 79.2),
+}
+# what --gpu 0 must pick on each: precision, FlashAttention, GEMMs pinned to cuBLAS, the CUDA 12.6 wheel
+EXPECTED = {"V100 16 GB": ("fp16", False, True, True), "V100 32 GB": ("fp16", False, True, True),
+            "T4": ("fp16", False, True, False), "RTX 3090": ("bf16", True, False, False),
+            "RTX 4090": ("bf16", True, False, False), "A100 40 GB": ("bf16", True, False, False),
+            "A100 80 GB": ("bf16", True, False, False), "H100": ("bf16", True, False, False)}
+
+
+@pytest.mark.parametrize("card", list(CARDS))
+def test_the_card_guide_is_what_the_runtime_picks(fake_gpu, card):
+    """Given a card's properties, the runtime's own choices: bf16 from Ampere (8.0) on, fp16 with loss scaling on
+    V100/T4 (no bf16 units); inductor + CUDA graphs on all of them (one process, one micro-batch); FlashAttention
+    (train.attention=varlen) only from 8.0; below 8.0 inductor's GEMMs pinned to cuBLAS (Triton has no tensor-core
+    matmuls there), seen through torch's own test of which GEMM kernels inductor may use; the V100 needs torch's
+    CUDA 12.6 build (the 12.8 and 13.0 builds dropped sm_70)."""
+    import torch._inductor.config as inductor_config
+    from torch._inductor import utils as inductor_utils
+
+    from tinyelectra.model import varlen_blocker
+
+    name, capability, memory = CARDS[card]
+    precision, flash, pinned, cu126 = EXPECTED[card]
+    fake_gpu(name, capability, memory)
+    gpu = torch.device("cuda", 0)
+    policy = runtime.card_of(gpu)
+    assert (policy.precision, policy.flash, policy.pins_gemms, "cu126" in policy.wheel) == EXPECTED[card]
+    assert name in policy.label and f"{capability[0]}.{capability[1]}" in policy.label
+    assert runtime.pick_precision("auto", gpu)[0] == precision
+    if precision == "fp16":
+        with pytest.raises(UserError, match="no bf16"):
+            runtime.pick_precision("bf16", gpu)
+    assert runtime.choose_compile("auto", gpu).mode == "reduce-overhead"  # one process, one micro-batch
+    assert runtime.choose_compile("auto", gpu, micro_batches=2).mode == "on"
+    assert (varlen_blocker(capability, [64, 64]) == "") == flash
+    with inductor_config.patch(max_autotune=True, max_autotune_gemm_backends="ATEN,TRITON,CPP"):  # a user's max_autotune
+        assert (runtime.configure_inductor_gemms(gpu) != "") == pinned
+        assert inductor_utils._use_autotune_backend("TRITON") != pinned
+    assert inductor_config.max_autotune is False and inductor_utils.use_aten_gemm_kernels()  # the default: cuBLAS
+
+
+def test_a_card_older_than_volta_trains_eager(fake_gpu):
+    """Pascal (6.x): inductor's Triton needs 7.0+, so "auto" runs eager instead of failing at the first compile."""
+    fake_gpu("Tesla P100-PCIE-16GB", (6, 0), 15.9)
+    choice = runtime.choose_compile("auto", torch.device("cuda", 0))
+    assert choice.mode == "off" and "7.0+" in choice.why
+    assert runtime.pick_precision("auto", torch.device("cuda", 0))[0] == "fp16"

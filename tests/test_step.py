@@ -30,12 +30,6 @@ SPECIAL = SpecialIds(pad=0, cls=1, sep=2, mask=3)
 CPU, GPU = torch.device("cpu"), torch.device("cuda", 0)
 
 
-def fake_cuda(monkeypatch) -> None:
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "NVIDIA H100 80GB HBM3")
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # the compile policy
 
@@ -57,7 +51,9 @@ def fake_cuda(monkeypatch) -> None:
     ("regional-graph", CPU, 1, 1, "ddp", "regional-graph", "no CUDA graphs on the CPU"),
     ("regional", GPU, 1, 1, "deepspeed", "off", "DeepSpeed's engine runs the step"),
 ])
-def test_auto_picks_cuda_graphs_exactly_where_they_apply(setting, device, micro_batches, processes, strategy, mode, why):
+def test_auto_picks_cuda_graphs_exactly_where_they_apply(fake_gpu, setting, device, micro_batches, processes, strategy,
+                                                        mode, why):
+    fake_gpu()
     choice = runtime.choose_compile(setting, device, micro_batches, processes, strategy)
     assert choice.mode == mode and why in choice.why, choice
     assert choice.cuda_graphs == (mode == "reduce-overhead")
@@ -87,11 +83,11 @@ def toy_engine(device: torch.device, precision: str, accum: int = 1, compile_set
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_the_engine_under_auto_on_one_gpu_runs_cuda_graphs_and_says_why(monkeypatch, precision):
+def test_the_engine_under_auto_on_one_gpu_runs_cuda_graphs_and_says_why(fake_gpu, precision):
     """One (fake) CUDA device, one micro-batch: the step and the update compiled for CUDA graphs, in bf16 and in fp16
     alike (fp16's loss scaler on the device, no per-step host sync); with 2 micro-batches inductor without graphs,
     the update eager, and the log line says why. Nothing is compiled here (torch.compile is lazy)."""
-    fake_cuda(monkeypatch)
+    fake_gpu()
     engine = toy_engine(GPU, precision)
     assert engine.choice.mode == "reduce-overhead" and engine.graph_update is not None
     note = engine.compile_note

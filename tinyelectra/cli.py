@@ -254,7 +254,7 @@ def glue(
     hf: bool = typer.Option(False, "--hf", help="Read GLUE through Hugging Face `datasets` (needs the hub)."),
     task_file: Optional[list[Path]] = typer.Option(
         None, "--task-file", metavar="FILE", help="A task of your own (KLUE, JGLUE, CLUE, ASSIN, ...): a TOML file naming its TSV/CSV/JSONL "
-        "files, text column(s), label column and metric (README: custom tasks). Repeatable; without --glue-dir/--hf "
+        "files, text column(s), label column and metric (tinyelectra/docs/glue.md). Repeatable; without --glue-dir/--hf "
         "only these run."),
     tasks: str = typer.Option("all", "--tasks", metavar="TASKS", help="Comma-separated tasks, or 'all' (those with data)."),
     seeds: int = typer.Option(3, "--seeds", metavar="N", help="Fine-tuning seeds per task; medians are reported."),

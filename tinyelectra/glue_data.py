@@ -200,7 +200,7 @@ TASK_FILE_KEYS = {"name", "train", "dev", "test", "text_columns", "label_column"
 
 
 def load_task_file(path: str | Path) -> TaskSpec:
-    """Read a custom task's TOML description (README: "Tasks of your own"), check its files and columns: its TaskSpec,
+    """Read a custom task's TOML description (tinyelectra/docs/glue.md, "Tasks of your own"), check its files and columns: its TaskSpec,
     files included, which reading, fine-tuning, metrics and glue.json then treat as they treat GLUE's."""
     path = Path(path)
     raw = read_toml(path, "--task-file ")
@@ -211,7 +211,7 @@ def load_task_file(path: str | Path) -> TaskSpec:
     for key in ("name", "train", "dev", "text_columns", "label_column", "metric"):
         if key not in raw:
             raise UserError(f"{where}: missing {key!r} (a task file names: name, train, dev, text_columns, "
-                            "label_column, metric; README: \"Tasks of your own\")")
+                            "label_column, metric; tinyelectra/docs/glue.md, \"Tasks of your own\")")
     name = path_part(str(raw["name"]), f"{where}: name")  # it names the submission file and results
     if _norm(name) in _ALIASES:
         raise UserError(f"{where}: name {name!r} is a GLUE task's; choose another")

@@ -25,7 +25,7 @@ from torch.utils.checkpoint import checkpoint
 
 from tinyelectra.config import ModelConfig
 from tinyelectra.errors import UserError
-from tinyelectra.runtime import Linear, cpu_fast_path, dropout, linear, sdpa_kernel
+from tinyelectra.runtime import Linear, card_of, card_policy, cpu_fast_path, dropout, linear, sdpa_kernel
 
 
 class Embeddings(nn.Module):
@@ -183,7 +183,7 @@ class Electra(nn.Module):
         device = next(self.parameters()).device
         if kind == "varlen" and device.type == "cuda":
             head_dims = [c.hidden_size // c.num_heads for c in (self.cfg, self.gen_cfg)]
-            if why := varlen_blocker(torch.cuda.get_device_capability(device), head_dims):
+            if why := varlen_blocker(card_of(device).capability, head_dims):
                 raise UserError(f"train.attention=varlen: {why}; use train.attention=mask")
         for enc in {id(e): e for e in (self.discriminator, self.generator) if e is not None}.values():
             enc.attention = kind
@@ -287,7 +287,7 @@ def row_segments(attention_mask: Tensor) -> Tensor:
 def varlen_blocker(capability: tuple[int, int], head_dims: list[int]) -> str:
     """Why FlashAttention's variable-length kernel cannot run on a GPU of this compute capability with these head
     sizes ("" when it can): it needs an Ampere or newer GPU and head sizes that are multiples of 8 up to 256."""
-    if capability < (8, 0):
+    if not card_policy(capability).flash:
         return f"FlashAttention needs an Ampere or newer GPU (compute capability 8.0+), this one is {capability[0]}.{capability[1]}"
     bad = sorted({d for d in head_dims if d % 8 or d > 256})
     return f"FlashAttention needs head sizes that are multiples of 8 up to 256, not {bad}" if bad else ""
@@ -327,10 +327,10 @@ def attention_kernel(cfg: ModelConfig, batch: int, seq_len: int, device: torch.d
     def one(c: ModelConfig, masked: bool) -> dict:
         p = c.attention_dropout if training else 0.0
         if masked and attention == "varlen":
-            if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16):
+            if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and card_of(device).flash:
                 return {"kernel": "flash (variable length: the rows' lengths)", "flash_eligible": True, "why_not_flash": None}
             return {"kernel": "tinyelectra's variable-length reference (the rows' sequences as a (B, 1, T, T) mask)",
-                    "flash_eligible": False, "why_not_flash": "FlashAttention's varlen kernel needs CUDA and bf16/fp16"}
+                    "flash_eligible": False, "why_not_flash": "FlashAttention's varlen kernel needs an Ampere+ GPU (8.0+) and bf16/fp16"}
         if device.type == "cpu" and p > 0.0 and not compiled:
             return {"kernel": "tinyelectra's CPU attention (one baddbmm for scale + mask, softmax, dropout, bmm): "
                               "SDPA would take its unfused math path with dropout", "flash_eligible": False,

@@ -84,6 +84,72 @@ def pick_process_device(gpu: int | None, device: str | None, local_rank: int, wo
     return torch.device("cuda", local_rank)
 
 
+@dataclass(frozen=True)
+class Card:
+    """What `--gpu 0` picks on one CUDA card: the one card policy (`card_policy`). `pick_precision`,
+    `choose_compile`, `configure_inductor_gemms`, model.varlen_blocker and model.attention_kernel all read it, and
+    tinyelectra/docs/gpus.md shows it for the common cards (rendered from this by benchmarks.figures)."""
+
+    name: str
+    capability: tuple[int, int]
+    memory_gib: float | None
+    precision: str  # "bf16" or "fp16" (with dynamic loss scaling): what precision "auto" means here
+    inductor: bool  # torch.compile's inductor can generate code for it (Triton needs compute capability 7.0+)
+    flash: bool  # FlashAttention runs here: batches without padding, train.attention=varlen (Ampere, 8.0+)
+    gemms: str  # who runs the matrix products under torch.compile
+    wheel: str  # which torch build to install
+
+    @property
+    def pins_gemms(self) -> bool:
+        """Below 8.0 inductor is told to keep every matrix product on cuBLAS (`configure_inductor_gemms`)."""
+        return self.capability < (8, 0)
+
+    @property
+    def attention(self) -> str:
+        """The attention kernels, in words (model.attention_kernel asks torch's dispatcher for the one that runs)."""
+        if self.flash:
+            return ("padded batches: torch's memory-efficient or cuDNN kernel with the padding mask; batches without "
+                    "padding and train.attention=varlen: FlashAttention")
+        return "torch's memory-efficient kernel, with or without padding (FlashAttention needs 8.0+)"
+
+    @property
+    def label(self) -> str:
+        memory = f", {self.memory_gib:.0f} GiB" if self.memory_gib else ""
+        return f"{self.name or 'CUDA GPU'} (compute capability {self.capability[0]}.{self.capability[1]}{memory})"
+
+
+def card_policy(capability: tuple[int, int], name: str = "", memory_gib: float | None = None) -> Card:
+    """The card policy, from the compute capability alone (the name and memory only label it):
+      precision  bf16 from Ampere (8.0) on; fp16 with dynamic loss scaling below (V100 7.0, T4 and RTX 20xx 7.5
+                 have no bf16 units);
+      compile    inductor from 7.0 on (CUDA graphs where they apply: `choose_compile`); eager below, where Triton,
+                 inductor's code generator, does not run;
+      attention  FlashAttention from 8.0 on (unpadded batches, train.attention=varlen); padded batches take torch's
+                 memory-efficient or cuDNN kernel with the padding mask on every card;
+      GEMMs      cuBLAS on every card (inductor's ATen matrix products: max_autotune stays off); below 8.0 pinned to
+                 cuBLAS even under max_autotune, since Triton dropped its Volta tensor-core path (MMAv1) and
+                 supports 8.0+ (triton-lang/triton#5066);
+      wheel      torch's CUDA 12.6 build below Turing (7.5): from torch 2.11 on it is the only build with Volta
+                 kernels (pytorch/pytorch#172352, #175253; 2.12-2.14: #182849, #187075); PyPI's default from 7.5 on."""
+    cap = (int(capability[0]), int(capability[1]))
+    ampere = cap >= (8, 0)
+    return Card(
+        name=name, capability=cap, memory_gib=memory_gib,
+        precision="bf16" if ampere else "fp16",
+        inductor=cap >= (7, 0),
+        flash=ampere,
+        gemms="cuBLAS" if ampere else "cuBLAS (pinned: Triton has no tensor-core matmuls below 8.0)",
+        wheel=("PyPI's default CUDA build (pip install torch)" if cap >= (7, 5) else
+               "torch's CUDA 12.6 build (pip install torch --index-url https://download.pytorch.org/whl/cu126)"),
+    )
+
+
+def card_of(device: torch.device) -> Card:
+    """`card_policy` for this CUDA device, from torch's device properties."""
+    props = torch.cuda.get_device_properties(device)
+    return card_policy((props.major, props.minor), props.name, props.total_memory / 2**30)
+
+
 CUBLAS_DETERMINISTIC = (":4096:8", ":16:8")  # the two settings cuBLAS documents as reproducible
 
 
@@ -107,7 +173,8 @@ def set_deterministic(enabled: bool) -> str:
 
 
 def pick_precision(requested: str, device: torch.device) -> tuple[str, str]:
-    """("bf16" | "fp16" | "fp32", one-line reason). `requested` is auto | bf16 | fp16 | fp32."""
+    """("bf16" | "fp16" | "fp32", one-line reason). `requested` is auto | bf16 | fp16 | fp32; on a CUDA card "auto" is
+    the card policy's precision (`card_policy`)."""
     if requested not in ("auto", "bf16", "fp16", "fp32"):
         raise UserError(f"precision {requested!r}: use auto, bf16, fp16 or fp32")
     if device.type != "cuda":
@@ -119,14 +186,13 @@ def pick_precision(requested: str, device: torch.device) -> tuple[str, str]:
             return "bf16", ("bf16 autocast on the CPU, as requested, but this CPU has no bf16 units (AVX512-BF16 or AMX): "
                             "expect it slower than fp32")
         return "fp32", "CPU: fp32, the paper's precision (matmuls through oneDNN where available)"
-    name = torch.cuda.get_device_name(device)
-    bf16_ok = torch.cuda.is_bf16_supported(including_emulation=False)
+    card = card_of(device)
     if requested == "auto":
-        if bf16_ok:
-            return "bf16", f"{name} supports bf16: bf16 autocast (same range as fp32, no loss scaling); sampling and losses stay fp32"
-        return "fp16", f"{name} has no bf16: fp16 autocast with dynamic loss scaling; sampling and losses stay fp32"
-    if requested == "bf16" and not bf16_ok:
-        raise UserError(f"precision bf16: {name} does not support bf16 (Volta/Turing); use fp16 or auto")
+        if card.precision == "bf16":
+            return "bf16", f"{card.label} supports bf16: bf16 autocast (same range as fp32, no loss scaling); sampling and losses stay fp32"
+        return "fp16", f"{card.label} has no bf16: fp16 autocast with dynamic loss scaling; sampling and losses stay fp32"
+    if requested == "bf16" and card.precision != "bf16":
+        raise UserError(f"precision bf16: {card.label} has no bf16 (it needs 8.0+: Ampere or newer); use fp16 or auto")
     reason = {"bf16": "bf16 autocast, as requested", "fp16": "fp16 autocast with dynamic loss scaling, as requested",
               "fp32": "fp32 as requested (TF32 matmuls off: the paper's arithmetic)"}[requested]
     return requested, reason
@@ -281,9 +347,26 @@ def choose_compile(setting: str, device: torch.device, micro_batches: int = 1, p
         return CompileChoice(setting, "as requested" + ("" if device.type == "cuda" else " (no CUDA graphs on the CPU)"))
     if device.type != "cuda":
         return CompileChoice("off", "auto: off on the CPU (compile time outweighs the gain for short runs)")
+    card = card_of(device)
+    if not card.inductor:
+        return CompileChoice("off", f"auto: eager on {card.label}: inductor's code generator (Triton) needs compute "
+                                    "capability 7.0+")
     if blocker:
         return CompileChoice("on", f"auto: inductor without CUDA graphs: {blocker}")
     return CompileChoice("reduce-overhead", "auto: inductor + CUDA graphs (one CUDA device, one process, one micro-batch per step)")
+
+
+def configure_inductor_gemms(device: torch.device) -> str:
+    """Keep torch.compile's matrix products on cuBLAS where Triton has no tensor-core path (`Card.pins_gemms`: below
+    compute capability 8.0): inductor's `max_autotune_gemm_backends` becomes "ATEN" (cuBLAS), so that even with
+    max_autotune on (TORCHINDUCTOR_MAX_AUTOTUNE) no Triton template runs a GEMM. With max_autotune off, tinyelectra's
+    default, inductor already calls cuBLAS for every GEMM on every card. Returns a note ("" where nothing changed)."""
+    if device.type != "cuda" or not card_of(device).pins_gemms:
+        return ""
+    import torch._inductor.config as inductor_config  # noqa: PLC0415
+
+    inductor_config.max_autotune_gemm_backends = "ATEN"
+    return "GEMMs on cuBLAS"
 
 
 def compile_cache(default_root: Path | None = None) -> str:
@@ -338,6 +421,8 @@ def maybe_compile(fn_or_module, mode_setting: str, device: torch.device, fullgra
     if backend != "inductor":
         label = f"torch.compile ({backend} backend from TINYELECTRA_COMPILE_BACKEND, not inductor{'; no CUDA graphs' if mode else ''}"
     label += ", fullgraph)" if fullgraph else ")"
+    if gemms := configure_inductor_gemms(device):
+        label += f"; {gemms}"
     try:
         compiled = torch.compile(fn_or_module, fullgraph=fullgraph, **kwargs)
     except Exception as e:  # noqa: BLE001 - any failure means: run eager
@@ -364,6 +449,7 @@ def compile_regions(step, regions: list[nn.Module], device: torch.device):
         return step, "compile: not available on this platform; running eager"
     backend = os.environ.get("TINYELECTRA_COMPILE_BACKEND", "inductor")  # tests and the CPU smoke run: aot_eager
     kwargs: dict = {} if backend == "inductor" else {"backend": backend}
+    gemms = configure_inductor_gemms(device)
     compiled: dict[type, object] = {}
     try:
         for region in regions:
@@ -377,7 +463,7 @@ def compile_regions(step, regions: list[nn.Module], device: torch.device):
     kinds = ", ".join(f"{cls.__name__} x{sum(type(r) is cls for r in regions)}" for cls in compiled)
     what = "inductor" if backend == "inductor" else f"{backend} backend from TINYELECTRA_COMPILE_BACKEND, not inductor"
     note = (f"compile: torch.compile per region ({what}, regional: {len(regions)} regions of {len(compiled)} kinds "
-            f"({kinds}), each kind compiled once per shape; the rest eager, fullgraph per region)")
+            f"({kinds}), each kind compiled once per shape; the rest eager, fullgraph per region){'; ' + gemms if gemms else ''}")
     wrapped = _CompiledWithFallback(step, step, note, undo=lambda: _uncompile(regions))
     return wrapped, wrapped.note
 
