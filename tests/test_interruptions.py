@@ -116,12 +116,16 @@ def weights(ckpt: Path) -> dict[str, torch.Tensor]:
             for k, v in load_file(str(ckpt / f"{part}.safetensors")).items()}
 
 
+def same_weights(a: Path, b: Path) -> bool:
+    x, y = weights(a), weights(b)
+    return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+
+
 def assert_same_run(run: Path, ref: Path) -> None:
     """Every logged loss (windows of 3 steps) and every checkpoint's weights equal the uninterrupted run's."""
     assert losses(run) == losses(ref)
     for name in CKPTS:
-        a, b = weights(run / name), weights(ref / name)
-        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+        assert same_weights(run / name, ref / name), name
     assert json.loads((run / "plan.json").read_text())["checkpoint_steps"] == {"ckpt-0625": 1, "ckpt-1250": 2,
                                                                               "ckpt-2500": 3, "ckpt-5000": 4, "ckpt-10000": 8}
     assert not list(run.rglob("*.tmp-*")), "a temporary file was left behind"

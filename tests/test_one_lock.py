@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 from test_bad_input import assert_one_line, in_process
-from test_runfolder import SMALL, lock_record, two_datasets, wait_for
+from test_runfolder import SMALL, drop_the_data_from_the_resume_state, lock_record, two_datasets, wait_for
 
 LOCK_NAME, RECORD_NAME = ".tinyelectra.lock", ".tinyelectra.written"
 PAUSE = "TINYELECTRA_PAUSE_AFTER_LOCK"
@@ -355,17 +355,9 @@ def test_resume_checks_the_shards_bytes_against_the_runs_record(datasets, tmp_pa
     assert "before runs recorded their data" not in err and (run / "dataset.json").is_file()
 
     # a run of this version without any record of its data: refused, not trusted
-    from tinyelectra.checkpoint import latest_state
-    from tinyelectra.files import write_sha256
-
     (run / "summary.json").unlink()
     (run / "dataset.json").unlink()
-    state = latest_state(run)
-    info = json.loads((state / "trainer.json").read_text())
-    del info["data"]
-    (state / "trainer.json").write_text(json.dumps(info))
-    (state / "sha256.json").unlink()
-    write_sha256(state)
+    drop_the_data_from_the_resume_state(run)
     refused(resume, cli_env, monkeypatch, capsys, f"--resume: {run} has no record of the data it trained on",
             "start over with --force")
 

@@ -36,37 +36,47 @@ def reference_paper_adam(params, grads_per_step, lrs, groups, b1=0.9, b2=0.999, 
     return p
 
 
-@pytest.mark.parametrize("fused", [True, False])  # torch's fused CPU kernel and the multi-tensor (foreach) path
-def test_paper_adam_equals_the_paper_formula(fused):
+def adam_problem(steps: int = 300):
+    """Four tensors, `steps` steps of random gradients, the schedule's learning rates and three parameter groups
+    (indices, weight decay, lr scale): what the paper-Adam tests give both the optimizer and the reference."""
     gen = torch.Generator().manual_seed(0)
     shapes = [(7, 5), (5,), (3, 4, 2), (11,)]
     init = [torch.randn(s, generator=gen) for s in shapes]
-    steps = 300
     grads = [[torch.randn(s, generator=gen) * (0.1 + i % 3) for s in shapes] for i in range(steps)]
     lrs = [lr_at(t, 1e-2, warmup_steps=30, total_steps=steps + 1) for t in range(1, steps + 1)]
     groups = [([0, 2], 0.01, 1.0), ([1], 0.0, 1.0), ([3], 0.05, 0.5)]
+    return init, grads, lrs, groups
+
+
+def adam_on(init, groups, cls=PaperAdam, **kwargs):
+    """Fresh parameters holding `init`, and a `cls` optimizer over them in `groups` (lr 1e-2, the paper's betas, eps)."""
     params = [nn.Parameter(x.clone()) for x in init]
-    opt = PaperAdam(
-        [{"params": [params[i] for i in idx], "weight_decay": wd, "lr_scale": scale} for idx, wd, scale in groups],
-        lr=1e-2, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, fused=fused,
-    )
+    opt = cls([{"params": [params[i] for i in idx], "weight_decay": wd, "lr_scale": scale} for idx, wd, scale in groups],
+              lr=1e-2, betas=(0.9, 0.999), eps=1e-6, **kwargs)
+    return params, opt
+
+
+def feed(params, opt, grads, lrs, step) -> None:
+    """Each step's gradients into `params`, its learning rate into `opt`, then `step()`."""
     for g_step, lr in zip(grads, lrs):
         for p, g in zip(params, g_step):
             p.grad = g.clone()
         opt.set_lr(lr)
-        opt.step()
+        step()
+
+
+@pytest.mark.parametrize("fused", [True, False])  # torch's fused CPU kernel and the multi-tensor (foreach) path
+def test_paper_adam_equals_the_paper_formula(fused):
+    init, grads, lrs, groups = adam_problem()
+    params, opt = adam_on(init, groups, weight_decay=0.0, fused=fused)
+    feed(params, opt, grads, lrs, opt.step)
     want = reference_paper_adam(init, grads, lrs, groups)
     for p, w in zip(params, want):
-        assert torch.allclose(p.double(), w, rtol=0, atol=1e-5), (p.double() - w).abs().max()  # fp32 rounding over 300 steps: ~2e-6
+        # fp32 rounding over 300 steps: ~2e-6
+        assert torch.allclose(p.double(), w, rtol=0, atol=1e-5), (p.double() - w).abs().max()
     # Control: torch's bias-corrected AdamW on the same inputs lands measurably elsewhere.
-    params2 = [nn.Parameter(x.clone()) for x in init]
-    opt2 = TorchAdamW([{"params": [params2[i] for i in idx], "weight_decay": wd, "lr_scale": scale} for idx, wd, scale in groups],
-                      lr=1e-2, betas=(0.9, 0.999), eps=1e-6)
-    for g_step, lr in zip(grads, lrs):
-        for p, g in zip(params2, g_step):
-            p.grad = g.clone()
-        opt2.set_lr(lr)
-        opt2.step()
+    params2, opt2 = adam_on(init, groups, cls=TorchAdamW)
+    feed(params2, opt2, grads, lrs, opt2.step)
     assert max((p.double() - w).abs().max().item() for p, w in zip(params2, want)) > 1e-3
 
 
@@ -249,22 +259,10 @@ def test_flat_update_is_the_paper_formula():
     file, 300 steps without clipping: the same bound as PaperAdam's own test (fp32 rounding over 300 steps ~2e-6)."""
     from tinyelectra.optim import FlatUpdate
 
-    gen = torch.Generator().manual_seed(0)
-    shapes = [(7, 5), (5,), (3, 4, 2), (11,)]
-    init = [torch.randn(s, generator=gen) for s in shapes]
-    steps = 300
-    grads = [[torch.randn(s, generator=gen) * (0.1 + i % 3) for s in shapes] for i in range(steps)]
-    lrs = [lr_at(t, 1e-2, warmup_steps=30, total_steps=steps + 1) for t in range(1, steps + 1)]
-    groups = [([0, 2], 0.01, 1.0), ([1], 0.0, 1.0), ([3], 0.05, 0.5)]
-    params = [nn.Parameter(x.clone()) for x in init]
-    opt = PaperAdam([{"params": [params[i] for i in idx], "weight_decay": wd, "lr_scale": scale} for idx, wd, scale in groups],
-                    lr=1e-2, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, fused=True)
+    init, grads, lrs, groups = adam_problem()
+    params, opt = adam_on(init, groups, weight_decay=0.0, fused=True)
     flat = FlatUpdate(opt, clip_norm=0.0)
-    for g_step, lr in zip(grads, lrs):
-        for p, g in zip(params, g_step):
-            p.grad = g.clone()
-        opt.set_lr(lr)
-        flat()
+    feed(params, opt, grads, lrs, flat)
     want = reference_paper_adam(init, grads, lrs, groups)
     for p, w in zip(params, want):
         assert torch.allclose(p.double(), w, rtol=0, atol=1e-5), (p.double() - w).abs().max()
