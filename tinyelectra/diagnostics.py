@@ -73,7 +73,8 @@ def evaluate(model, data, recipe: Recipe, special: SpecialIds, device: torch.dev
     for start in range(0, rows, micro):
         b = data.batch("validation", np.arange(start, min(start + micro, rows))).to(device)
         torch.manual_seed(start)
-        m = mask_batch(b.input_ids, b.token_type_ids, b.attention_mask, recipe.objective, special, recipe.model.vocab_size)
+        m = mask_batch(b.input_ids, b.token_type_ids, b.attention_mask, recipe.objective, special,
+                       recipe.model.vocab_size)
         with autocast:
             t = loss_terms(model, m, recipe.objective, capture=capture)
         sums["mlm_sum"] += t.mlm_sum.item()
@@ -124,11 +125,11 @@ class Ranked:
 
 
 def verdict(ev: dict) -> dict:
-    """learned (bool), learning (the kinds seen, in words) and verdict (one line) for an `evaluate` result. Three kinds, each from the number that
-    shows it: frequency cues (the discriminator beats its all-original prior: it spots a weak generator's odd words,
-    which token identity alone gives away), context through the generator (its masked-word accuracy beats the unigram
-    answer) and context in the discriminator (its matched AUC on unigram draws). A masked LM is judged by its
-    predictions. Warns when the held-out rows are too few for the numbers to mean much."""
+    """learned (bool), learning (the kinds seen, in words) and verdict (one line) for an `evaluate` result. Three kinds,
+    each from the number that shows it: frequency cues (the discriminator beats its all-original prior: it spots a weak
+    generator's odd words, which token identity alone gives away), context through the generator (its masked-word
+    accuracy beats the unigram answer) and context in the discriminator (its matched AUC on unigram draws). A masked LM
+    is judged by its predictions. Warns when the held-out rows are too few for the numbers to mean much."""
     if "gen_acc" not in ev:
         return {"learned": False, "learning": "nothing to judge", "verdict": "no held-out rows to judge"}
     electra = "disc_acc" in ev
