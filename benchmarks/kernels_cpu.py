@@ -83,7 +83,8 @@ def main(argv: list[str] | None = None) -> dict:
     same = torch.equal(one_level_fp64(logits, torch.Generator().manual_seed(1)),
                        sample_tokens(logits, 1.0, torch.Generator().manual_seed(1), "inverse-cdf"))
     eager["inverse_cdf_draws_the_one_level_tokens"] = same
-    print("sampler, eager:", {s: round(v["median_s"] * 1e3, 1) for s, v in eager.items() if isinstance(v, dict) and "median_s" in v}, "ms;",
+    print("sampler, eager:", {s: round(v["median_s"] * 1e3, 1) for s, v in eager.items() if isinstance(v, dict)
+                              and "median_s" in v}, "ms;",
           f"same tokens as the one-level search: {same}", flush=True)
 
     compiled = {}
@@ -109,7 +110,8 @@ def main(argv: list[str] | None = None) -> dict:
                "sampler_inductor": compiled,
                "block_inductor": {"shape": "4 x 128 tokens, hidden 256, 4 heads, FFN 1024, dropout 0.1, one row padded",
                                   **block_inv}}
-    path = write_result("kernels_cpu", payload, CPU, out_dir=args.out_dir, command=command_line("benchmarks.kernels_cpu", argv))
+    path = write_result("kernels_cpu", payload, CPU, out_dir=args.out_dir,
+                        command=command_line("benchmarks.kernels_cpu", argv))
     print(f"-> {path}")
     return payload
 

@@ -287,7 +287,8 @@ def main(argv: list[str] | None = None) -> dict:
                                 for name, (p, b) in optimizers.items()}
                 rows.append(row)
                 cards = row["cards"]["adam (paper, fp32 state)"]
-                val = (f" (predicted vs measured at {row['validation']['micro_batch']}: {row['validation']['relative_error']:+.2%})"
+                val = (f" (predicted vs measured at {row['validation']['micro_batch']}: "
+                       f"{row['validation']['relative_error']:+.2%})"
                        if "validation" in row else "")
                 print(f"{size:5s} {precision:4s} ckpt={'on ' if ckpt else 'off'} peak at batch {batch}: "
                       f"{cards['peak_at_recipe_batch_gib']:7.2f} GiB{val}; max micro-batch per card: "

@@ -112,9 +112,11 @@ def tokenization(corpus: Path, tokenizer_dir: Path, n_files: int, rounds: int) -
         "text_mb": round(mb, 2),
         "lines": len(lines),
         "tinyelectra_encode_batch_1_thread": {**summarize(times["tinyelectra"]),
-                                              "mb_per_second": round(mb / summarize(times["tinyelectra"])["median_s"], 2)},
+                                              "mb_per_second": round(
+                                                  mb / summarize(times["tinyelectra"])["median_s"], 2)},
         "tokenizers_encode_batch_all_cores": {**summarize(times["tokenizers"]),
-                                              "mb_per_second": round(mb / summarize(times["tokenizers"])["median_s"], 2)},
+                                              "mb_per_second": round(
+                                                  mb / summarize(times["tokenizers"])["median_s"], 2)},
         "speedup_tinyelectra_over_tokenizers": paired_ratio(times["tokenizers"], times["tinyelectra"]),
         "note": "same tokenizer, same lines (files not in the tokenizer's training sample), identical ids "
                 "(tests/test_tokenizer.py); tinyelectra uses one thread here, tokenizers all cores",

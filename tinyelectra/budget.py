@@ -241,9 +241,8 @@ def adam_warmup_floor(recipe: Recipe, total_steps: int) -> int:
 
     Why: without bias correction the update is (1 - b1^t) / sqrt(1 - b2^t) times bias-corrected Adam's: 6.5x near
     step 10, 3.2x at 100, 1.26x at 1,000, about 1 after a few thousand; a warm-up much shorter than 1 / (1 - b2) does
-    not keep lr x that factor below the peak. Measured on `tiny` at 5e-4 over 600 steps
-    (benchmarks/lab/results/short_runs_cpu.json): a 60-step warm-up kept the discriminator at its all-"original" prior
-    (recall 0 at every checkpoint); a 300-step one (the floor) left it (+0.0075 at step 150), like AdamW (+0.0043)."""
+    not keep lr x that factor below the peak. Measured: a 60-step warm-up kept `tiny`'s discriminator at its prior,
+    the 300-step floor did not (benchmarks/lab/README.md, the warm-up floor)."""
     if recipe.optim.name != "adam":
         return 0
     return min(math.ceil(1.0 / (1.0 - recipe.optim.beta2)), round(WARMUP_FLOOR_SHARE * total_steps))

@@ -36,9 +36,8 @@ from tinyelectra.metrics import roc_auc
 UNIGRAM_SAMPLE_ROWS = 20_000  # training rows counted for the unigram baseline (~2.5M tokens at T = 128)
 DISC_MARGIN = 0.01  # a discriminator has "left its prior" when its accuracy beats all-"original" by this much
 MLM_MARGIN = 0.02  # a generator / masked LM has "left the unigram level" when it beats it by this much
-# a discriminator "uses context" when its matched AUC on unigram draws reaches this; discriminators without context
-# measured 0.46-0.53 (enwiki, 328 held-out rows of 128: 0.48-0.51; a generated grammar, 256 rows of 32: 0.46-0.53;
-# the built-in corpus, 152 rows: 0.49-0.51)
+# a discriminator "uses context" when its matched AUC on unigram draws reaches this, above the 0.46-0.53 measured
+# without context (benchmarks/lab/README.md)
 CONTEXT_AUC = 0.55
 
 

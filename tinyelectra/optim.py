@@ -135,7 +135,7 @@ def total_norm(tensors: list[torch.Tensor], ord: float = 2.0, how: str = "stack"
     by torch's multi-tensor kernel (`_foreach_norm`), then the norm of those. `how`:
       "stack": as written here, traced by torch.compile: inductor calls `_foreach_norm` (3 + 1 launches for ~300
                tensors on CUDA) and lowers the `torch.stack` of its ~300 0-dim results into one copy kernel per tensor
-               (286 + 20 `triton_poi_fused_stack` launches per step in the H200 profile, 0.33 ms of 10.8).
+               (the H200 profile: benchmarks/results/h200-2026-11-26/README.md).
       "one-op": the same three calls as one custom operator (`tinyelectra::total_norm`) that inductor does not look
                into: eager `_foreach_norm`, aten's stack (batched copies: a few launches) and the last norm.
     The same mathematics; the last reduction's summation order may differ (float rounding). Which one pays is for a
@@ -324,11 +324,11 @@ class FlatUpdate:
     """The update as one pass (train.update = flat): the weights, Adam's two moments and the step counts in flat fp32
     buffers, each parameter (and each optimizer state tensor) a view into them, parameter group by parameter group;
     each step the gradients gathered into a flat buffer of their own (one multi-tensor copy, `torch._foreach_copy_`,
-    into a buffer allocated once: a fresh 57 MB `torch.cat` per step cost 5x the copy on the CPU), the clip's global
-    norm one reduction over it, and the paper's Adam one pass of torch's fused AdamW kernel per parameter group (two
-    for pre-training: decay, no decay) — eager aten kernels, out of inductor, about ten launches per step whatever the
-    number of parameters (the compiled per-tensor update launched 337 on the H100). No host sync: the learning rates
-    are 0-dim device tensors filled before the step, so the step can be captured in a CUDA graph as it is.
+    into a buffer allocated once, cheaper than a fresh `torch.cat` per step), the clip's global norm one reduction over
+    it, and the paper's Adam one pass of torch's fused AdamW kernel per parameter group (two for pre-training: decay,
+    no decay) — eager aten kernels, out of inductor, about ten launches per step whatever the number of parameters
+    (the per-tensor update's grow with depth; both counted in benchmarks/NOTES.md, issue 33). No host sync: the learning
+    rates are 0-dim device tensors filled before the step, so the step can be captured in a CUDA graph as it is.
 
     The paper's Adam on torch's fused kernel: run at a step count of 2^40 (NO_BIAS_CORRECTION_STEP) the kernel's bias
     corrections are exactly 1, so it computes m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p = p (1 - lr wd) -

@@ -116,7 +116,8 @@ class Batch:
 class Source:
     """Training batches, fixed held-out batches and the unigram distribution, for a grammar or enwiki."""
 
-    def __init__(self, name: str, enwiki: Path | None, batch_size: int, seq_len: int, eval_rows: int, seed: int) -> None:
+    def __init__(self, name: str, enwiki: Path | None, batch_size: int, seq_len: int, eval_rows: int,
+                 seed: int) -> None:
         self.name, self.batch_size = name, batch_size
         self.rng = np.random.default_rng(seed)
         if name.startswith("grammar"):
@@ -130,10 +131,12 @@ class Source:
             from tinyelectra.data import PretrainData  # noqa: PLC0415
 
             if enwiki is None or not (enwiki / "manifest.json").exists():
-                raise UserError(f"enwiki: no prepared directory at {enwiki} (see benchmarks/README.md: data/enwiki10-v8k)")
+                raise UserError(f"enwiki: no prepared directory at {enwiki} (see benchmarks/README.md: "
+                                "data/enwiki10-v8k)")
             self.data = PretrainData(enwiki)
             self.vocab_size, self.special = self.data.vocab_size, SpecialIds.from_tokenizer(self.data.tokenizer)
-            self.seq_len = min(seq_len, self.data.batch("train", np.arange(1)).input_ids.shape[1])  # rows cut to seq_len
+            # rows cut to seq_len
+            self.seq_len = min(seq_len, self.data.batch("train", np.arange(1)).input_ids.shape[1])
             n = min(eval_rows, self.data.num_rows("validation"))
             self.val = [self._from_data("validation", np.arange(i, min(i + batch_size, n))) for i in range(0, n, batch_size)]
             ids = self.data.batch("train", np.arange(min(5000, self.data.num_rows("train")))).input_ids.numpy().ravel()
@@ -309,7 +312,7 @@ def load_from_torch_layer(block: Block, ref: nn.TransformerEncoderLayer) -> None
             mine.bias.copy_(theirs.bias)
 
 
-# ---------------------------------------------------------------------------------------------------- the real implementations
+# --------------------------------------------------------------------------------------------- the real implementations
 def model_config(s: Spec, vocab_size: int, max_positions: int) -> ModelConfig:
     return ModelConfig(vocab_size=vocab_size, embedding_size=s.embedding, hidden_size=s.hidden, num_layers=s.layers,
                        num_heads=s.heads, ffn_size=s.ffn, max_positions=max_positions, dropout=s.dropout,
@@ -351,7 +354,8 @@ class TorchEncoderDisc(nn.Module):
         super().__init__()
         self.word = nn.Embedding(vocab_size, s.hidden)
         self.position = nn.Embedding(max_positions, s.hidden)
-        layer = nn.TransformerEncoderLayer(s.hidden, s.heads, s.ffn, dropout=s.dropout, batch_first=True, norm_first=True)
+        layer = nn.TransformerEncoderLayer(s.hidden, s.heads, s.ffn, dropout=s.dropout, batch_first=True,
+                                           norm_first=True)
         self.encoder = nn.TransformerEncoder(layer, s.layers, norm=nn.LayerNorm(s.hidden), enable_nested_tensor=False)
         self.out = nn.Linear(s.hidden, 1)
         self.dropout = nn.Dropout(s.dropout)
@@ -375,7 +379,8 @@ def arms() -> dict[str, tuple[str, Spec]]:
     }
     for k, (plain_v, electra_v) in SWITCHES.items():
         out[f"plain+{k}"] = (f"plain, {k} = {electra_v!r} (ELECTRA's)", dataclasses.replace(PLAIN, **{k: electra_v}))
-        out[f"electra-{k}"] = (f"ELECTRA, {k} = {plain_v!r} (the plain encoder's)", dataclasses.replace(ELECTRA, **{k: plain_v}))
+        out[f"electra-{k}"] = (f"ELECTRA, {k} = {plain_v!r} (the plain encoder's)",
+                               dataclasses.replace(ELECTRA, **{k: plain_v}))
     # the walk, cumulative: plain, then each switch turned to ELECTRA's in turn
     s = PLAIN
     for i, k in enumerate(SWITCHES):
@@ -400,10 +405,12 @@ def arms() -> dict[str, tuple[str, Spec]]:
     recipe_opt = dataclasses.replace(ELECTRA, opt="paper", eps=1e-6, lr=3e-3)
     out["electra-recipeopt"] = ("ELECTRA, tiny's optimizer (the paper's Adam, eps 1e-6, peak lr 3e-3)", recipe_opt)
     out["electra-recipeopt-act"] = ("ELECTRA with ReLU, tiny's optimizer", dataclasses.replace(recipe_opt, act="relu"))
-    out["electra-recipeopt-init"] = ("ELECTRA with PyTorch's init, tiny's optimizer", dataclasses.replace(recipe_opt, init="torch"))
+    out["electra-recipeopt-init"] = ("ELECTRA with PyTorch's init, tiny's optimizer",
+                                     dataclasses.replace(recipe_opt, init="torch"))
     out["electra-recipeopt-init-act"] = ("ELECTRA with PyTorch's init and ReLU, tiny's optimizer",
                                          dataclasses.replace(recipe_opt, init="torch", act="relu"))
-    out["electra-recipeopt-norm"] = ("ELECTRA with pre-LN, tiny's optimizer", dataclasses.replace(recipe_opt, norm="pre"))
+    out["electra-recipeopt-norm"] = ("ELECTRA with pre-LN, tiny's optimizer",
+                                     dataclasses.replace(recipe_opt, norm="pre"))
     out["electra-recipeopt-act-norm"] = ("ELECTRA with ReLU and pre-LN, tiny's optimizer",
                                          dataclasses.replace(recipe_opt, act="relu", norm="pre"))
     plain_opt = dataclasses.replace(PLAIN, opt="paper", eps=1e-6, lr=3e-3)
@@ -414,7 +421,8 @@ def arms() -> dict[str, tuple[str, Spec]]:
     out["electra-recipeopt-lr3e-4"] = ("ELECTRA, the paper's Adam (eps 1e-6) at 3e-4",
                                        dataclasses.replace(recipe_opt, lr=3e-4))
     for name, lr in (("5e-4", 5e-4), ("1e-3", 1e-3)):
-        out[f"electra-recipeopt-lr{name}"] = (f"ELECTRA, the paper's Adam (eps 1e-6) at {name}", dataclasses.replace(recipe_opt, lr=lr))
+        out[f"electra-recipeopt-lr{name}"] = (f"ELECTRA, the paper's Adam (eps 1e-6) at {name}",
+                                              dataclasses.replace(recipe_opt, lr=lr))
     for name, lr in (("3e-4", 3e-4), ("1e-3", 1e-3)):
         out[f"electra-recipeopt-lr{name}-act"] = (f"ELECTRA with ReLU, the paper's Adam (eps 1e-6) at {name}",
                                                   dataclasses.replace(recipe_opt, lr=lr, act="relu"))
@@ -465,7 +473,8 @@ def optimizer(model: nn.Module, s: Spec) -> torch.optim.Optimizer:
         groups = [g for g in split if g["params"]]
     if s.opt == "paper":
         return PaperAdam(groups, lr=s.lr, betas=(0.9, 0.999), eps=s.eps, weight_decay=s.wd)
-    return TorchAdamW(groups, lr=s.lr, eps=s.eps, weight_decay=s.wd)  # torch's AdamW; set_lr: lr x each group's lr_scale
+    # torch's AdamW; set_lr: lr x each group's lr_scale
+    return TorchAdamW(groups, lr=s.lr, eps=s.eps, weight_decay=s.wd)
 
 
 # ---------------------------------------------------------------------------------------------------- one run
@@ -545,7 +554,8 @@ def train_one(args, arm: str, data: str) -> dict:
                                  "seconds": round(seconds_before + time.perf_counter() - t0, 1)})
             doc["finished"] = step == args.steps
             write_json(run_path(key, arm), doc)
-            torch.save({"step": step, "model": model.state_dict(), "opt": opt.state_dict(), "np_rng": src.rng.bit_generator.state,
+            torch.save({"step": step, "model": model.state_dict(), "opt": opt.state_dict(),
+                        "np_rng": src.rng.bit_generator.state,
                         "g_train": g_train.get_state(), "torch_rng": torch.get_rng_state(), "doc": doc}, state_path)
             print(json.dumps({"arm": arm, "data": key, **doc["evals"][-1]}), file=sys.stderr, flush=True)
         if step == args.steps:
@@ -591,8 +601,10 @@ def run_all(args) -> None:
             jobs.append((arm, data))
     running: list[tuple[subprocess.Popen, str, str]] = []
     env = child_env(dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1"))
-    base = [sys.executable, "-m", __spec__.name, "one", "--steps", str(args.steps), "--batch-size", str(args.batch_size),
-            *(["--seq-len", str(args.seq_len)] if args.seq_len else []), "--eval-every", str(args.eval_every), "--eval-rows", str(args.eval_rows),
+    base = [sys.executable, "-m", __spec__.name, "one", "--steps", str(args.steps), "--batch-size",
+            str(args.batch_size),
+            *(["--seq-len", str(args.seq_len)] if args.seq_len else []), "--eval-every", str(args.eval_every),
+            "--eval-rows", str(args.eval_rows),
             "--seed", str(args.seed), "--enwiki", str(args.enwiki), "--command", args.command,
             "--save-at", ",".join(map(str, args.save_at))]
     while jobs or running:
@@ -636,7 +648,8 @@ def torch_encoder_from_net(net: Net) -> TorchEncoderDisc:
             layer.self_attn.in_proj_bias.copy_(block.qkv.bias)
             layer.self_attn.out_proj.weight.copy_(block.attn_out.weight)
             layer.self_attn.out_proj.bias.copy_(block.attn_out.bias)
-            for mine, theirs in ((block.ffn_in, layer.linear1), (block.ffn_out, layer.linear2), (block.norm1, layer.norm1),
+            for mine, theirs in ((block.ffn_in, layer.linear1), (block.ffn_out, layer.linear2),
+                                 (block.norm1, layer.norm1),
                                  (block.norm2, layer.norm2)):
                 theirs.weight.copy_(mine.weight)
                 theirs.bias.copy_(mine.bias)
@@ -734,7 +747,7 @@ def check(args) -> dict:
     return out
 
 
-# ---------------------------------------------------------------------------------------------------- the tiny recipe itself
+# ----------------------------------------------------------------------------------------------- the tiny recipe itself
 def tiny_curve(overrides: list[str], steps: int, batch_size: int, stop_at: float, data: str = "grammar0", seed: int = 0,
                eval_every: int = 100, warmup: int = 100) -> dict[int, float]:
     """Replaced-token detection alone with the tiny recipe itself (tests/test_plateau.py's check): tinyelectra's
@@ -769,7 +782,7 @@ def tiny_curve(overrides: list[str], steps: int, batch_size: int, stop_at: float
     return curve
 
 
-# ---------------------------------------------------------------------------------------------------- the grammar as text
+# -------------------------------------------------------------------------------------------------- the grammar as text
 def write_corpus(data: str, out: Path, documents: int = 2000, words: int = 300, seed: int = 0) -> Path:
     """The grammar as a text corpus for `tinyelectra prepare` (full ELECTRA runs on it): every id a made-up word of
     two syllables, a document one walk of `words` words in lines of 30, documents between blank lines."""
@@ -783,7 +796,7 @@ def write_corpus(data: str, out: Path, documents: int = 2000, words: int = 300, 
     return out
 
 
-# ---------------------------------------------------------------------------------------------------- what a trained model uses
+# -------------------------------------------------------------------------------------------- what a trained model uses
 @torch.no_grad()
 def attention_offsets(net: Net, ids: Tensor, types: Tensor, mask: Tensor) -> list[dict]:
     """Per layer: the mean attention probability (over heads, queries and rows) on the query's own position and on
@@ -836,7 +849,8 @@ def analyse(args) -> dict:
         att = attention_offsets(net, src.val_fake[0][0], b.token_type_ids, b.attention_mask)
         with torch.no_grad():  # every position the mean position vector: the model without word order
             net.position.weight.copy_(net.position.weight[: src.seq_len].mean(0, keepdim=True).expand_as(net.position.weight))
-        out[f"{key}/{arm}/{step}"] = {"auc_matched": auc, "auc_matched_positions_averaged": evaluate(net, src)["auc_matched"],
+        out[f"{key}/{arm}/{step}"] = {"auc_matched": auc,
+                                      "auc_matched_positions_averaged": evaluate(net, src)["auc_matched"],
                                        "attention": att}
         print(path.stem, json.dumps(out[f"{key}/{arm}/{step}"]), flush=True)
     return out
@@ -855,7 +869,8 @@ def left_step(evals: list[dict]) -> int | None:
 
 
 SECTIONS = [
-    ("The two ends, and the real implementations", ["plain", "impl:torch", "electra", "impl:tinyelectra", "impl:transformers"]),
+    ("The two ends, and the real implementations", ["plain", "impl:torch", "electra", "impl:tinyelectra",
+                                                    "impl:transformers"]),
     ("From the plain end, one of ELECTRA's choices at a time", [f"plain+{k}" for k in SWITCHES] + ["plain-dropout"]),
     ("From ELECTRA's end, one choice back to the plain encoder's at a time",
      [f"electra-{k}" for k in SWITCHES] + ["electra-dropout", "electra-init-act", "electra-act-norm"]),
@@ -897,10 +912,10 @@ def report(args) -> Path:
         groups.setdefault(name, []).append(k)
     lines = ["# Why ELECTRA's discriminator sits at its prior: one choice at a time", "",
              findings(path.with_suffix(".md"), payload["what"]), "",
-             payload["what"] + f". Cells: held-out AUC matched by token id (0.5 = no context), the mean over the runs "
-             f"that reached the step (their number in brackets when not all); \"left at\": each run's first evaluated "
-             f"step from which it stays >= {LEFT_AT} (\"-\": never within the run). Machine, commit and command of each "
-             f"run: plateau_cpu.json (`runs`); these tables: commit {git_commit()[:7]}, `{args.command}`.", ""]
+             payload["what"] + ". Cells: held-out AUC matched by token id (0.5 = no context), the mean over the runs "
+             "that reached the step (their number in brackets when not all); \"left at\": each run's first evaluated "
+             f"step from which it stays >= {LEFT_AT} (\"-\": never within the run). Machine, commit and command of "
+             f"each run: plateau_cpu.json (`runs`); these tables: commit {git_commit()[:7]}, `{args.command}`.", ""]
     for gname, keys in sorted(groups.items(), key=lambda kv: (kv[0] != "grammar", kv[0].startswith("enwiki"), kv[0])):
         first = by[next((k, r["arm"]) for r in runs for k in keys if r["key"] == k)]
         lines += [f"## {gname}: {', '.join(keys)} ({first['batch_size']} rows of {first['seq_len']} tokens a step)", ""]
@@ -908,7 +923,8 @@ def report(args) -> Path:
             present = [a for a in names if any((k, a) in by for k in keys)]
             if not present:
                 continue
-            lines += [f"**{title}**", "", "| arm | what | " + " | ".join(str(st) for st in STEPS_SHOWN) + " | left at |",
+            lines += [f"**{title}**", "",
+                      "| arm | what | " + " | ".join(str(st) for st in STEPS_SHOWN) + " | left at |",
                       "|---|---|" + "---|" * (len(STEPS_SHOWN) + 1)]
             for a in present:
                 mine = [by[(k, a)] for k in keys if (k, a) in by]
@@ -926,12 +942,14 @@ def report(args) -> Path:
                   "Per layer: the spread (std) of the attention logits and the attention's entropy over uniform "
                   "attention's (1.00 = uniform, 0 = every query on one key); the matched AUC, and the same with every "
                   "position vector replaced by their mean (no word order). `plateau_attention_cpu.json`.", "",
-                  "| model (arm / step) | matched AUC | without word order | logit std by layer | entropy / uniform by layer |",
+                  "| model (arm / step) | matched AUC | without word order | logit std by layer | entropy / uniform by "
+                  "layer |",
                   "|---|---|---|---|---|"]
         for name, m in att["models"].items():
             if not name.startswith("grammar0/"):
                 continue
-            lines.append(f"| {name.removeprefix('grammar0/')} | {m['auc_matched']:.3f} | {m['auc_matched_positions_averaged']:.3f} | "
+            lines.append(f"| {name.removeprefix('grammar0/')} | {m['auc_matched']:.3f} | "
+                         f"{m['auc_matched_positions_averaged']:.3f} | "
                          + " / ".join(f"{x['logit_std']:.2f}" for x in m["attention"]) + " | "
                          + " / ".join(f"{x['entropy_over_uniform']:.2f}" for x in m["attention"]) + " |")
         lines.append("")
@@ -955,7 +973,8 @@ def findings(md: Path, next_paragraph: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("mode", choices=("run", "one", "check", "analyse", "report", "corpus", "tiny", "prior"))
     ap.add_argument("--arms", type=lambda t: t.split(","), default=list(arms()))
     ap.add_argument("--arm")
@@ -969,7 +988,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--eval-rows", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--parallel", type=int, default=2)
-    ap.add_argument("--save-at", type=lambda t: [int(x) for x in t.split(",") if x], default=[], help="steps whose weights to keep")
+    ap.add_argument("--save-at", type=lambda t: [int(x) for x in t.split(",") if x], default=[],
+                    help="steps whose weights to keep")
     ap.add_argument("--out", type=Path, help="corpus: the text file to write")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="tiny: a recipe override")
     ap.add_argument("--command", default=None, help=argparse.SUPPRESS)
@@ -991,15 +1011,17 @@ def main(argv: list[str] | None = None) -> None:
             runs.append({"overrides": args.set, "data": data, "seed": args.seed, "batch_size": args.batch_size,
                          "seconds": round(time.perf_counter() - t0, 1), "command": args.command, "curve": curve})
             write_result("plateau_test_config_cpu", {"what": "the tiny recipe's discriminator alone (tinyelectra's "
-                         "Electra, the recipe's optimizer with the overrides), rows of 32 tokens of the grammar, held-out "
-                         "AUC matched by token id every 100 steps until it reaches 0.7", "runs": runs}, out_dir=RESULTS,
+                         "Electra, the recipe's optimizer with the overrides), rows of 32 tokens of the grammar, "
+                         "held-out AUC matched by token id every 100 steps until it reaches "
+                         "0.7", "runs": runs}, out_dir=RESULTS,
                          command=args.command)
     elif args.mode == "prior":  # full runs' discriminator loss against its all-original loss, as the GPU suite reads it
         from benchmarks.gpu_check import suite  # noqa: PLC0415
 
         out = {}
         for d in args.data.split(","):
-            records = [json.loads(line) for line in (Path(d) / "metrics.jsonl").read_text().splitlines() if line.strip()]
+            records = [json.loads(line) for line in (Path(d) / "metrics.jsonl").read_text().splitlines()
+                       if line.strip()]
             out[d] = suite.along_the_run([r for r in records if "disc_loss" in r], {})
         print(write_result(args.out.stem if args.out else "plateau_prior_cpu", {"what": "each run's training "
                            "discriminator loss over its all-original loss (suite.along_the_run)", "runs": out},
