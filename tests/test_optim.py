@@ -49,10 +49,11 @@ def adam_problem(steps: int = 300):
 
 
 def adam_on(init, groups, cls=PaperAdam, **kwargs):
-    """Fresh parameters holding `init`, and a `cls` optimizer over them in `groups` (lr 1e-2, the paper's betas, eps)."""
+    """Fresh parameters holding `init`, and a `cls` optimizer over them in `groups` (lr 1e-2, the paper's betas,
+    eps)."""
     params = [nn.Parameter(x.clone()) for x in init]
-    opt = cls([{"params": [params[i] for i in idx], "weight_decay": wd, "lr_scale": scale} for idx, wd, scale in groups],
-              lr=1e-2, betas=(0.9, 0.999), eps=1e-6, **kwargs)
+    opt = cls([{"params": [params[i] for i in idx], "weight_decay": wd, "lr_scale": scale}
+               for idx, wd, scale in groups], lr=1e-2, betas=(0.9, 0.999), eps=1e-6, **kwargs)
     return params, opt
 
 
@@ -81,7 +82,8 @@ def test_paper_adam_equals_the_paper_formula(fused):
 
 
 def test_paper_adam_first_step_by_hand():
-    """Step 1 without bias correction: m = 0.1 g, v = 0.001 g^2, so the update is lr * 0.1 g / (sqrt(0.001) |g| + eps)."""
+    """Step 1 without bias correction: m = 0.1 g, v = 0.001 g^2, so the update is lr * 0.1 g / (sqrt(0.001) |g| +
+    eps)."""
     p = nn.Parameter(torch.tensor([1.0, -2.0], dtype=torch.float64))
     p.grad = torch.tensor([0.5, 0.25], dtype=torch.float64)
     opt = PaperAdam([p], lr=0.1, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, fused=False)
@@ -130,7 +132,8 @@ def _expected_no_decay(model: nn.Module) -> set[int]:
 
 
 def test_weight_decay_excludes_layernorm_and_biases():
-    model = Electra(ModelConfig(vocab_size=300, embedding_size=16, hidden_size=32, num_layers=2, num_heads=2, ffn_size=64, max_positions=32))
+    model = Electra(ModelConfig(vocab_size=300, embedding_size=16, hidden_size=32, num_layers=2, num_heads=2,
+                                ffn_size=64, max_positions=32))
     decay, skip = param_groups(model, 0.01)
     assert decay["weight_decay"] == 0.01 and skip["weight_decay"] == 0.0
     want_skip = _expected_no_decay(model)
@@ -181,7 +184,8 @@ def test_layerwise_lr_scales_intended_and_official():
 # the flat update (train.update = flat): one buffer, one norm, one fused pass
 
 
-FLAT_TOY = ["model.vocab_size=256", "train.seq_len=32", "model.max_positions=32", "model.num_layers=1", "train.batch_size=4"]
+FLAT_TOY = ["model.vocab_size=256", "train.seq_len=32", "model.max_positions=32", "model.num_layers=1",
+            "train.batch_size=4"]
 
 
 def flat_twins(layers: int = 1, clip: float = 1.0, scaled: bool = False):
@@ -355,7 +359,8 @@ def test_flat_update_resumes_bit_identically_and_shares_todays_state_format():
     assert opts[1].state_dict()["param_groups"][0]["paper_step"] == 6
     assert all(torch.equal(opts[1].state[p]["exp_avg"], half_opts[1].state[q]["exp_avg"])
                for p, q in zip(models[1].parameters(), half_models[1].parameters()))
-    assert opts[1].state[next(models[1].parameters())]["exp_avg"].untyped_storage().data_ptr() == flat.exp_avg.data_ptr()
+    exp_avg = opts[1].state[next(models[1].parameters())]["exp_avg"]
+    assert exp_avg.untyped_storage().data_ptr() == flat.exp_avg.data_ptr()
     # the remaining 6 steps on the same gradients as the uninterrupted run's steps 7-12
     g = torch.Generator().manual_seed(1)
     params = list(models[1].parameters())

@@ -90,7 +90,8 @@ def test_a_paper_schedule_stops_at_the_step_asked_with_the_papers_learning_rate(
     meta = json.loads((run / "ckpt-0008" / "meta.json").read_text())
     assert meta["step"] == 8 and meta["stopped_by"] == "--stop-after 8steps" and meta["fraction"] == 8 / total
     assert not [c for c in ("ckpt-0625", "ckpt-10000") if (run / c).exists()]
-    assert re.search(r"this command stops\s*│ after step 8 \(0\.08% of the schedule, learning rate 2\.4e-05\)", p.stderr)
+    assert re.search(r"this command stops\s*│ after step 8 \(0\.08% of the schedule, learning rate 2\.4e-05\)",
+                     p.stderr)
     line = next(x for x in p.stderr.splitlines() if x.startswith("· stopped by --stop-after 8steps at step 8"))
     assert "0.08% of the schedule (10,000 steps, warm-up 1,000, --budget paper" in line
     assert "--stop-after" not in line.split("continue with: ")[1].split(" (with another")[0]
