@@ -148,7 +148,8 @@ class Child:
                json.dumps(sets),
                "--child-precision", precision, "--cores", ",".join(map(str, cores))]
         self.log = open(cache / f"{name}.log", "w")  # noqa: SIM115 - closed in `close`
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env)
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                     env=env)
 
     def read(self) -> dict:
         """The child's next answer: its next line that is a JSON object (anything else a library printed is skipped)."""

@@ -77,8 +77,10 @@ def machine(device: torch.device | None = None) -> dict:
 def git_commit() -> str:
     """HEAD, with "+dirty" when tracked files under tinyelectra/ or benchmarks/ differ from it."""
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "tinyelectra", "benchmarks"], cwd=ROOT).returncode != 0
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "tinyelectra", "benchmarks"],
+                               cwd=ROOT).returncode != 0
         return head + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -261,7 +263,8 @@ def held_figures(start: tuple[int, int, int], end: tuple[int, int, int]) -> dict
 
 
 def synthetic_batches(vocab_size: int, batch_size: int, seq_len: int, count: int, seed: int = 0,
-                      device: torch.device | str = "cpu", padding: str = "builder") -> list[tuple[Tensor, Tensor, Tensor]]:
+                      device: torch.device | str = "cpu",
+                      padding: str = "builder") -> list[tuple[Tensor, Tensor, Tensor]]:
     """`count` batches shaped like the official builder's: [CLS] A [SEP] B [SEP], some rows padded.
     Ids: [PAD]=0, [CLS]=101, [SEP]=102, [MASK]=103 (BERT's); words drawn from 1000..V-1.
     `padding`: "builder" (each row short with probability 0.05, as the builder's random-length rows), "none" (every

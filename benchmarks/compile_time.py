@@ -82,7 +82,8 @@ def run_cell(argv_common: list[str], name: str, cache: Path, threads: int) -> di
         tail = (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]
         return {"error": tail[:500], "wall_s": round(time.perf_counter() - t0, 1)}
     rec = json.loads(out.stdout.strip().splitlines()[-1])
-    return {**rec, "wall_s": round(time.perf_counter() - t0, 1), "load_average_1min_before_after": [load, os.getloadavg()[0]]}
+    return {**rec, "wall_s": round(time.perf_counter() - t0, 1),
+            "load_average_1min_before_after": [load, os.getloadavg()[0]]}
 
 
 def summary(cells: dict, depths: list[int]) -> dict:
@@ -137,11 +138,13 @@ def main(argv: list[str] | None = None) -> dict | None:
 
     def save() -> Path:
         payload["summary"] = summary(cells, args.depths)
-        return write_result(args.name, payload, out_dir=args.out_dir, command=command_line("benchmarks.compile_time", argv))
+        return write_result(args.name, payload, out_dir=args.out_dir,
+                            command=command_line("benchmarks.compile_time", argv))
 
     order = [(arm, d) for i, d in enumerate(args.depths) for arm in (list(ARMS) if i % 2 == 0 else list(ARMS)[::-1])]
     for arm, depth in order:
-        if f"{arm}:{depth}:cold" in cells and "error" not in cells[f"{arm}:{depth}:cold"] and f"{arm}:{depth}:cached" in cells:
+        cold = f"{arm}:{depth}:cold"
+        if cold in cells and "error" not in cells[cold] and f"{arm}:{depth}:cached" in cells:
             continue
         with tempfile.TemporaryDirectory(prefix="inductor-cold-") as cache:
             for kind in ("cold", "cached"):

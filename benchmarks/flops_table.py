@@ -46,8 +46,10 @@ PAPER_ROWS = [
      1.424050337792e18, 1.4e18),
     ("BERT-Small (1.45M steps)", SMALL, MLM, 128, 128, 1_450_000, 1.4187399146496e18, 1.4e18),
     ("ELECTRA-Base (766k steps)", BASE, ELECTRA, 256, 512, 766_000, 6.424541834277683e19, 6.4e19),
-    ("ELECTRA-Large (400k steps)", LARGE, ObjectiveConfig(mask_prob=0.25), 2048, 512, 400_000, 7.117606040895488e20, 7.1e20),
-    ("ELECTRA-Large (1.75M steps)", LARGE, ObjectiveConfig(mask_prob=0.25), 2048, 512, 1_750_000, 3.113952642891776e21, 3.1e21),
+    ("ELECTRA-Large (400k steps)", LARGE, ObjectiveConfig(mask_prob=0.25), 2048, 512, 400_000, 7.117606040895488e20,
+     7.1e20),
+    ("ELECTRA-Large (1.75M steps)", LARGE, ObjectiveConfig(mask_prob=0.25), 2048, 512, 1_750_000, 3.113952642891776e21,
+     3.1e21),
 ]
 
 
@@ -65,7 +67,8 @@ def machine() -> dict:
 
 def git_commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
@@ -134,7 +137,8 @@ def recipe_rows() -> list[dict]:
                 "train_flops_total": s.train_flops_paper,
                 "inference_flops_per_sequence": s.inference_flops_paper_per_sequence,
                 "dense_lookup_share": s.dense_lookup_flops_paper_per_step / s.train_flops_paper_per_step,
-                "table1_fractions": {f"{f:g}": s.train_flops_paper_per_step * round(s.steps * f) for f in F.TABLE1_FRACTIONS},
+                "table1_fractions": {f"{f:g}": s.train_flops_paper_per_step * round(s.steps * f)
+                                     for f in F.TABLE1_FRACTIONS},
             },
             "hardware": {
                 "convention": F.HARDWARE_CONVENTION,
@@ -183,7 +187,8 @@ def main() -> None:
             row["ratio_transformers_over_tinyelectra"] = hf / counted
         checks.append(row)
         print(f"{label}: predicted {predicted:.4e}, counted {counted:.4e} (ratio {counted / predicted:.4f})"
-              + (f"; transformers wiring {row['ratio_transformers_over_tinyelectra']:.2f}x" if "ratio_transformers_over_tinyelectra" in row else ""))
+              + (f"; transformers wiring {row['ratio_transformers_over_tinyelectra']:.2f}x"
+                 if "ratio_transformers_over_tinyelectra" in row else ""))
 
     result = {
         "benchmark": "flops_table",

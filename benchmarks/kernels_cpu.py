@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None) -> dict:
     logits = torch.randn(args.rows, V, generator=torch.Generator().manual_seed(0)) * 3
 
     calls = {s: (lambda s=s: sample_tokens(logits, 1.0, None, s)) for s in ("gumbel-max", "inverse-cdf")}
-    times = alternate({**calls, "one-level fp64": lambda: one_level_fp64(logits)}, warmup=1, repeats=args.rounds, device=CPU)
+    times = alternate({**calls, "one-level fp64": lambda: one_level_fp64(logits)}, warmup=1, repeats=args.rounds,
+                      device=CPU)
     eager: dict = {s: summarize(t) for s, t in times.items()}
     eager["gumbel_over_inverse_cdf"] = paired_ratio(times["gumbel-max"], times["inverse-cdf"])
     eager["one_level_fp64_over_inverse_cdf"] = paired_ratio(times["one-level fp64"], times["inverse-cdf"])
@@ -104,7 +105,8 @@ def main(argv: list[str] | None = None) -> dict:
     codes = generated(lambda: step(x, mask).sum().backward())
     block_inv = dict(zip(("forward", "backward"), (inventory(c) for c in codes)))
     for part, inv in block_inv.items():
-        print(f"block, inductor, {part}: {inv['fused_kernels']} fused kernels, {len(inv['extern_calls'])} extern calls", flush=True)
+        print(f"block, inductor, {part}: {inv['fused_kernels']} fused kernels, {len(inv['extern_calls'])} extern calls",
+              flush=True)
 
     payload = {"vocab_size": V, "rows": args.rows, "rounds": args.rounds, "sampler_eager": eager,
                "sampler_inductor": compiled,

@@ -3,7 +3,8 @@ one GPU) compute what the eager step computes? Fail-fast: exit 0 and a JSON when
 stderr when it does not (the JSON is written either way), exit 2 on bad input.
 
     python -m benchmarks.loss_check --device cuda --recipe electra-small --batch 128 --seq-len 128 --precision bf16 \
-        --compile auto --steps 20            -> benchmarks/results/loss_check_<device>_<precision>_<mode>.json (or --name)
+        --compile auto --steps 20
+        -> benchmarks/results/loss_check_<device>_<precision>_<mode>.json (or --name)
 
 Sides, each `benchmarks/throughput.py`'s `TrainerStep` (the trainer's own Engine, mask_step and train_step) from the
 same initial weights, on the same batches with the same per-step seeds, N steps at a constant learning rate (a tenth
@@ -99,7 +100,8 @@ def verdict(eager: list[float], compiled: list[float], reference: list[float] | 
         line = "a loss is not finite (eager or compiled)"
     elif diff > limit:
         line = (f"the compiled step's losses differ from eager's by {diff:.3g} (relative, step {out['worst_step']}), "
-                f"more than the limit {limit:.3g}" + (f" (2 x the fp32 reference's {ref:.3g} + {FLOOR:g})" if reference else ""))
+                f"more than the limit {limit:.3g}"
+                + (f" (2 x the fp32 reference's {ref:.3g} + {FLOOR:g})" if reference else ""))
     elif moved <= limit:
         line = (f"inconclusive: the eager losses moved by only {moved:.3g} over {len(eager)} steps, not more than the "
                 f"limit {limit:.3g} (raise --steps or --lr)")
@@ -234,12 +236,14 @@ def main(argv: list[str] | None = None) -> dict:
             synchronize(device)
         seconds[label] = time.perf_counter() - t0
         notes[label] = steps[label].compile_note
-        print(f"{label} ({prec}): {notes[label]}; losses {losses[label][0]:.5f} ... {losses[label][-1]:.5f}", flush=True)
+        print(f"{label} ({prec}): {notes[label]}; losses {losses[label][0]:.5f} ... {losses[label][-1]:.5f}",
+              flush=True)
     v = (verdict if args.dropout == "off" else dropout_verdict)(
         losses["eager"], losses["compiled"], losses.get("reference"))
     weights = max((a - b).abs().max().item() for a, b in zip(steps["eager"].model.state_dict().values(),
                                                                steps["compiled"].model.state_dict().values()))
-    name = args.name or f"loss_check_{device.type}_{precision}_{args.compile}" + ("_dropout" if args.dropout != "off" else "")
+    name = args.name or (f"loss_check_{device.type}_{precision}_{args.compile}"
+                         + ("_dropout" if args.dropout != "off" else ""))
     payload = {
         "recipe": args.recipe, "overrides": base,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

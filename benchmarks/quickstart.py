@@ -94,7 +94,8 @@ def run_case(name: str, args: list[str], work: Path, tinyelectra: str) -> dict:
             hog.wait()
     (work / f"{name}.log").write_text(p.stdout + p.stderr, encoding="utf-8")
     out = {"command": shlex.join([*pin, "tinyelectra", *args]), "cache": "fresh" if cold else "corpus already prepared",
-           "beside": f"{shlex.join([*pin, 'python', '-c', HOG])} (pinned to the same core)" if slow else "nothing added",
+           "beside": (f"{shlex.join([*pin, 'python', '-c', HOG])} (pinned to the same core)" if slow
+                      else "nothing added"),
            "exit_code": p.returncode, "wall_seconds": round(wall, 1), "loadavg_before": before, "loadavg_after": after}
     if p.returncode != 0:
         return {**out, "error": (p.stderr or p.stdout)[-2000:]}
@@ -118,7 +119,8 @@ def run_case(name: str, args: list[str], work: Path, tinyelectra: str) -> dict:
 
 
 def render(doc: dict) -> str:
-    lines = [f"# The README's quick start, timed ({doc['machine']['cpu']}, {doc['machine']['cores']} cores, shared)", "",
+    lines = [f"# The README's quick start, timed ({doc['machine']['cpu']}, {doc['machine']['cores']} cores, shared)",
+             "",
              f"Command: `{doc['quick_start']}` (from the README; `--out` moved into the work folder). Before: "
              f"`{doc['before']}`. Commit {doc['git_commit']}. Wall time: launch to exit, Python start-up and corpus "
              "preparation included. Slow: `taskset -c 0` with a CPU-bound process on the same core.", "",

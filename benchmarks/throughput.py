@@ -314,7 +314,8 @@ def kernel_classes(kernels: list[dict]) -> dict:
         row["kernels_per_step"] += k["calls_per_step"]
         row["ms_per_step"] += k["ms_per_step"]
         if label == "GEMM" and SPLIT_K.search(k["name"]):
-            row["split_k_reduce_kernels_per_step"] = row.get("split_k_reduce_kernels_per_step", 0.0) + k["calls_per_step"]
+            row["split_k_reduce_kernels_per_step"] = (row.get("split_k_reduce_kernels_per_step", 0.0)
+                                                      + k["calls_per_step"])
             row["split_k_reduce_ms_per_step"] = row.get("split_k_reduce_ms_per_step", 0.0) + k["ms_per_step"]
     return {c: {key: round(v, 4) for key, v in row.items()} for c, row in out.items()}
 
@@ -394,7 +395,8 @@ def kernel_table(events, steps: int, cuda: bool, top: int = 15) -> dict:
 
     rows = sorted((e for e in events if self_us(e) > 0 and measured(e)), key=self_us, reverse=True)
     total = sum(self_us(e) for e in rows) or 1.0
-    kernels = [{"name": e.key[:200], "calls_per_step": e.count / steps, "ms_per_step": self_us(e) / 1000 / steps} for e in rows]
+    kernels = [{"name": e.key[:200], "calls_per_step": e.count / steps, "ms_per_step": self_us(e) / 1000 / steps}
+               for e in rows]
     launches, graphs = launch_counts([(e.key, e.count) for e in events])
     return {"steps": steps, "kind": "CUDA kernels, self device time" if cuda else "aten operators, self CPU time",
             "total_ms_per_step": total / 1000 / steps,
@@ -452,7 +454,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     name = args.name or f"throughput_{device.type}_{precision}{tag[mode]}"
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     tokens_per_step = batch * args.seq_len
-    hw_flops_per_token = flops.hardware_train_flops_per_step(recipe.model, recipe.objective, batch, args.seq_len) / tokens_per_step
+    hw_flops_per_token = (flops.hardware_train_flops_per_step(recipe.model, recipe.objective, batch, args.seq_len)
+                          / tokens_per_step)
     peak_precision = precision if precision != "fp32" else ("tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32")
     payload: dict = {
         "recipe": args.recipe, "overrides": args.set, "device": device_name or "cpu", "precision": precision,
@@ -494,7 +497,8 @@ def main(argv: list[str] | None = None) -> dict | None:
         if mode != "off":
             after = dynamo_counts()
             payload[side]["compile"] = {"graphs_at_first_call": after.get("graphs", 0) - before.get("graphs", 0),
-                                        "graph_breaks_at_first_call": after.get("graph_breaks", 0) - before.get("graph_breaks", 0),
+                                        "graph_breaks_at_first_call": (after.get("graph_breaks", 0)
+                                                                       - before.get("graph_breaks", 0)),
                                         "graph_break_reasons": after.get("graph_break_reasons", {})}
         print(f"{side}: first call {payload[side]['first_call_s']:.1f} s; {step.compile_note}", flush=True)
     payload["data"] = next(iter(steps.values())).batches.source
@@ -502,8 +506,8 @@ def main(argv: list[str] | None = None) -> dict | None:
         payload["peak_memory_kind"] = MEMORY_KIND
     if "tinyelectra" in steps:
         te = steps["tinyelectra"]
-        payload["tinyelectra"]["attention_dispatcher"] = attention_kernel(recipe.model, batch, args.seq_len, device,
-                                                               runtime.autocast_dtype(precision, device), compiled=te.compiled)
+        payload["tinyelectra"]["attention_dispatcher"] = attention_kernel(
+            recipe.model, batch, args.seq_len, device, runtime.autocast_dtype(precision, device), compiled=te.compiled)
     if "transformers" in steps:
         payload["transformers"]["attention_dispatcher"] = getattr(
             steps["transformers"].hf.disc.config, "_attn_implementation", "unknown")

@@ -1,8 +1,10 @@
 """What the machine is and whether the GPU path works: the GPU suite's `env`, `checks` and `glue_speed` stages.
 
     python -m benchmarks.gpu_check.device_checks env [--mode gpu|smoke] [--out-dir D] [--name env]
-    python -m benchmarks.gpu_check.device_checks checks [--device cuda --recipe electra-small --batch 128 ...] [--out-dir D]
-    python -m benchmarks.gpu_check.device_checks finetune --checkpoint CKPT [--device cuda] [--layouts eager:1,graphs:8,3xgraphs:10]
+    python -m benchmarks.gpu_check.device_checks checks [--device cuda --recipe electra-small --batch 128 ...] \
+        [--out-dir D]
+    python -m benchmarks.gpu_check.device_checks finetune --checkpoint CKPT [--device cuda] \
+        [--layouts eager:1,graphs:8,3xgraphs:10]
 
 env: Python, packages, GPU, driver, C compiler, the inductor cache at the start; and the two ceilings the suite
 reads MFU against beside the datasheet's peak: a bf16 8192 x 8192 x 8192 matrix product (2 n^3 FLOPs) and a 1 GiB
@@ -147,7 +149,8 @@ def env(args, argv: list[str]) -> dict:
     info["tinyelectra_from"] = os.path.dirname(tinyelectra.__file__)
     path = save()
     c = info["ceilings"]
-    share = f" ({c['gemm_share_of_datasheet']:.0%} of the datasheet's {c['datasheet_bf16_tflops']:.0f})" if c["gemm_share_of_datasheet"] else ""
+    share = (f" ({c['gemm_share_of_datasheet']:.0%} of the datasheet's {c['datasheet_bf16_tflops']:.0f})"
+             if c["gemm_share_of_datasheet"] else "")
     print(f"{info.get('gpu', 'cpu')}: torch {info['torch']}; matrix product {c['gemm_tflops']:.1f} TFLOP/s{share}; "
           f"copy {c['copy_gb_per_s']:.0f} GB/s -> {path}")
     return info
@@ -229,7 +232,8 @@ def measure_layout(backbone, device: torch.device, precision: str, mode: str, co
     fc = FinetuneConfig(precision=precision, step=mode, concurrent=concurrent, epochs=FINETUNE_STEPS_PER_JOB / 10,
                         test_predictions=False)
     t_setup = time.perf_counter()
-    data = None if mode == "eager" else device_split(task.train, False, fc.length_bucket, backbone.config.max_positions, device)
+    data = (None if mode == "eager"
+            else device_split(task.train, False, fc.length_bucket, backbone.config.max_positions, device))
     streams = [torch.cuda.Stream(device) if device.type == "cuda"
                and concurrent > 1 else None for _ in range(concurrent)]
     jobs = [FinetuneJob(backbone, "sst2", task, fc, seed, device, precision, mode, data=data, stream=streams[seed],

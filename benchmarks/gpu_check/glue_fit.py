@@ -156,7 +156,8 @@ def describe(f: dict) -> str:
     head = (f"{full['jobs']} jobs, {full['steps']:,} steps: modeled {full['seconds']:.0f} s with up to "
             f"{full['concurrent']} in flight (all at once: {full['all_at_once_s']:.0f} s) against {f['budget_s']:.0f} "
             f"s ({f['margin']:.0%} of the {f['available_s']:.0f} s left)")
-    extras = f"; left out to fit: {', '.join(f['extras_dropped'])} (run only when time allows)" if f.get("extras_dropped") else ""
+    extras = (f"; left out to fit: {', '.join(f['extras_dropped'])} (run only when time allows)"
+              if f.get("extras_dropped") else "")
     if not f["fits"]:
         return f"{head}: does not fit, not even one seed of one task"
     if not f["trims"]:

@@ -1,9 +1,9 @@
 """The data the GPU run needs that git does not hold, packed to travel beside the working tree, and unpacked there.
 
-    python -m benchmarks.gpu_check.pack build [DIR] [--shared ../shared/data] [--shards 400]   # -> DIR (default .lease/)
-    python -m benchmarks.gpu_check.pack build DIR --smoke                                      # a toy pack for --cpu-smoke
-    python -m benchmarks.gpu_check.pack unpack DIR WORK                  # -> WORK/pretrain (prepared data), WORK/glue (tasks)
-    python -m benchmarks.gpu_check.pack measure [--shards 20]            # tokens per MiB: this packing against alternatives
+    python -m benchmarks.gpu_check.pack build [DIR] [--shared ../shared/data] [--shards 400]  # -> DIR (or .lease/)
+    python -m benchmarks.gpu_check.pack build DIR --smoke                     # a toy pack for --cpu-smoke
+    python -m benchmarks.gpu_check.pack unpack DIR WORK    # -> WORK/pretrain (prepared data), WORK/glue (tasks)
+    python -m benchmarks.gpu_check.pack measure [--shards 20]  # tokens per MiB: this packing against alternatives
 
 A pack is three files:
 - pretrain.tar.xz: `tinyelectra prepare` of the first --shards enwiki files at the electra-small recipe's
@@ -85,7 +85,8 @@ def build(out_dir: Path, shared: Path, shards: int, smoke: bool) -> dict:
     enwiki, glue = shared / "enwiki", shared / "glue"
     shard_files = sorted(enwiki.glob("*.gz")) if enwiki.is_dir() else []
     if not shard_files or not glue.is_dir():
-        raise UserError(f"--shared {shared}: expected enwiki/*.gz and glue/ (the project's data folder, ../shared/data)")
+        raise UserError(f"--shared {shared}: expected enwiki/*.gz and glue/ (the project's data folder, "
+                        "../shared/data)")
     from benchmarks.common import git_commit  # noqa: PLC0415
 
     from tinyelectra.config import load_recipe  # noqa: PLC0415
@@ -132,7 +133,8 @@ def build(out_dir: Path, shared: Path, shards: int, smoke: bool) -> dict:
             tasks[name] = {"dir": spec.dir_name, "train_rows": rows["train"], "dev_rows": rows["dev"]}
         write_tar_xz(stage / "glue.tar.xz", glue_files)
         manifest = json.loads((data / "manifest.json").read_text())
-        files = {n: {"bytes": (stage / n).stat().st_size, "sha256": sha256_of(stage / n)} for n in ("pretrain.tar.xz", "glue.tar.xz")}
+        files = {n: {"bytes": (stage / n).stat().st_size, "sha256": sha256_of(stage / n)}
+                 for n in ("pretrain.tar.xz", "glue.tar.xz")}
         doc = {
             "format": FORMAT, "format_version": 1, "kind": "smoke" if smoke else "gpu",
             "pretrain": {"shards": [p.name for p in shard_files[:shards]], "tokens": manifest["tokens"],
@@ -173,8 +175,8 @@ def describe(doc: dict, where: Path) -> None:
     train_tokens = p["tokens"]["train"]
     sizes = ", ".join(f"{n} {f['bytes'] / 2**20:.1f} MiB" for n, f in doc["files"].items())
     checkout = doc.get("checkout_bytes")
-    travel = f"; with the checkout's {checkout / 2**20:.1f} MiB: {(checkout + doc['total_bytes']) / 2**20:.1f} MiB of the " \
-             f"{TRAVEL_BYTES / 2**20:.0f} MiB a GPU command carries" if checkout else ""
+    travel = (f"; with the checkout's {checkout / 2**20:.1f} MiB: {(checkout + doc['total_bytes']) / 2**20:.1f} MiB of "
+              f"the {TRAVEL_BYTES / 2**20:.0f} MiB a GPU command carries" if checkout else "")
     print(f"pack {where}: {doc['total_bytes'] / 2**20:.1f} MiB of {doc['limit_bytes'] / 2**20:.0f} MiB "
           f"({sizes}){travel}")
     print(f"  pre-training: {train_tokens:,} tokens in {p['examples']['train']:,} rows of {p['seq_len']} "
@@ -190,7 +192,8 @@ def describe(doc: dict, where: Path) -> None:
               f"over them (the paper's 6.25% point, {paper / 1e9:.2f}B tokens, would be {paper / train_tokens:.0f} "
               "passes)")
     tasks = doc["glue"]["tasks"]
-    print("  GLUE: " + ", ".join(f"{t} ({v['train_rows']:,} train / {v['dev_rows']:,} dev rows)" for t, v in tasks.items()))
+    print("  GLUE: " + ", ".join(f"{t} ({v['train_rows']:,} train / {v['dev_rows']:,} dev rows)"
+                                 for t, v in tasks.items()))
 
 
 def unpack(lease: Path, work: Path) -> dict:
@@ -233,10 +236,12 @@ def _alternatives(data: Path, text_files: list[Path]) -> dict[str, Callable[[], 
     manifest = json.loads((data / "manifest.json").read_text())
     shards = [(np.load(data / sh["ids"]), np.load(data / sh["meta"]))
               for split in manifest["splits"].values() for sh in split["shards"]]
-    side = [p.read_bytes() for p in sorted((data / "tokenizer").rglob("*")) if p.is_file()] + [(data / "manifest.json").read_bytes()]
+    side = ([p.read_bytes() for p in sorted((data / "tokenizer").rglob("*")) if p.is_file()]
+            + [(data / "manifest.json").read_bytes()])
     metas = [meta.tobytes() for _, meta in shards]
     # each row's tokens without its padding, concatenated (the rows are rebuilt from them and the meta's lengths)
-    real = np.concatenate([rows[np.arange(rows.shape[1])[None, :] < meta[:, 1:]] for rows, meta in shards]).astype(np.uint16)
+    real = np.concatenate([rows[np.arange(rows.shape[1])[None, :] < meta[:, 1:]]
+                           for rows, meta in shards]).astype(np.uint16)
     order = np.argsort(-np.bincount(real, minlength=65536), kind="stable").astype(np.uint16)  # by frequency
     rank = np.empty(65536, dtype=np.uint16)
     rank[order] = np.arange(65536, dtype=np.uint16)
@@ -274,7 +279,8 @@ def _alternatives(data: Path, text_files: list[Path]) -> dict[str, Callable[[], 
         "the prepared folder, tar.gz 9": lambda: tarred("w:gz", compresslevel=9),
         "the prepared folder, xz with LZMA2 lp=1 pb=1 lc=0 (2-byte symbols)": lambda: xz(
             [p.read_bytes() for p in sorted(data.rglob("*")) if p.is_file()], lp=1, pb=1, lc=0),
-        "real tokens only (padding dropped, rows rebuilt on unpack), uint16, xz 9": lambda: xz([real.tobytes(), *metas, *side]),
+        "real tokens only (padding dropped, rows rebuilt on unpack), uint16, xz 9":
+            lambda: xz([real.tobytes(), *metas, *side]),
         "real tokens only, LZMA2 lp=1 pb=1 lc=0": lambda: xz([real.tobytes(), *metas, *side], lp=1, pb=1, lc=0),
         "real tokens only, uint16 as two byte planes (high bytes, then low), xz 9": lambda: xz(
             [real.view(np.uint8)[1::2].tobytes(), real.view(np.uint8)[0::2].tobytes(), *metas, *side]),

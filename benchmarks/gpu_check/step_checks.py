@@ -2,7 +2,8 @@
 decide the step's defaults, each check with its own time limit, skipped once the deadline is near. ELECTRA-Small,
 128 x 128, on the card's precision (bf16 where it has bf16).
 
-    python -m benchmarks.gpu_check.step_checks [--deadline 540] [--out-dir benchmarks/results/step-checks] [--only parity,both]
+    python -m benchmarks.gpu_check.step_checks [--deadline 540] [--out-dir benchmarks/results/step-checks] \
+        [--only parity,both]
 
   parity     loss_check.py --compile auto: the CUDA-graph step computes the eager step (exit 1 stops everything)
   both       throughput.py --compile auto --sides both --profile 2: tinyelectra and transformers each at its best
@@ -37,11 +38,13 @@ TIMING = ["--rounds", "6", "--warmup", "2", "--calls-per-round", "20", "--profil
 CHECKS = [
     ("parity", "loss_check", [*SHAPE, "--compile", "auto", "--steps", "20"], 300),
     ("both", "throughput", [*SHAPE, "--compile", "auto", "--sides", "both", *TIMING], 300),
-    ("grad_norm", "throughput", [*SHAPE, "--compile", "auto", "--sides", "tinyelectra", "--grad-norm", "one-op",
-                                 *TIMING], 180),
-    ("no_padding", "throughput", [*SHAPE, "--compile", "auto", "--sides", "tinyelectra", "--padding", "none", *TIMING], 180),
+    ("grad_norm", "throughput",
+     [*SHAPE, "--compile", "auto", "--sides", "tinyelectra", "--grad-norm", "one-op", *TIMING], 180),
+    ("no_padding", "throughput",
+     [*SHAPE, "--compile", "auto", "--sides", "tinyelectra", "--padding", "none", *TIMING], 180),
     ("fp16_parity", "loss_check", [*SHAPE, "--precision", "fp16", "--compile", "auto", "--steps", "20"], 300),
-    ("fp16", "throughput", [*SHAPE, "--precision", "fp16", "--compile", "auto", "--sides", "tinyelectra", *TIMING], 240),
+    ("fp16", "throughput",
+     [*SHAPE, "--precision", "fp16", "--compile", "auto", "--sides", "tinyelectra", *TIMING], 240),
 ]
 
 

@@ -1,9 +1,9 @@
 """The GPU suite behind benchmarks/gpu_suite.sh: the paper's first point in one lease, as two prepared commands run
 back to back on the same warm machine, each under its own deadline and each leaving three files.
 
-    python -m benchmarks.gpu_check.suite run [--cpu-smoke] [--lease DIR] [--out DIR] [--work DIR]            # the first command
-    python -m benchmarks.gpu_check.suite run --finish [--cpu-smoke] [--out DIR] [--work DIR]                # the second command
-    python -m benchmarks.gpu_check.suite summary DIR                                      # the table again, from an archive
+    python -m benchmarks.gpu_check.suite run [--cpu-smoke] [--lease DIR] [--out DIR] [--work DIR]  # the first command
+    python -m benchmarks.gpu_check.suite run --finish [--cpu-smoke] [--out DIR] [--work DIR]      # the second command
+    python -m benchmarks.gpu_check.suite summary DIR                        # the table again, from an archive
 
 The first (RUN, 560 s): unpack (the pack from --lease), env (machine, measured ceilings), checks (a training step,
 SDPA gradients per backend), parity (fail fast: eager vs CUDA-graph training losses, benchmarks/loss_check.py, on a
@@ -79,7 +79,8 @@ POINT_SHARE = 0.0625  # `pretrain` stops at this share of its recipe's schedule 
 # (weights and optimizer fp32; fp32 is checked against it on three tasks when time allows: glue_fp32), no test-set
 # predictions (the pack holds no test sets). The smoke run: 16 rows per task, fixed-shape steps without CUDA graphs.
 GLUE = {"gpu": {"seeds": 3, "max_train_rows": None, "settings": ("precision=bf16", "test_predictions=false")},
-        "smoke": {"seeds": 3, "max_train_rows": 16, "settings": ("precision=fp32", "test_predictions=false", "step=static")}}
+        "smoke": {"seeds": 3, "max_train_rows": 16,
+                  "settings": ("precision=fp32", "test_predictions=false", "step=static")}}
 GLUE_FP32_TASKS = ("cola", "mrpc", "rte")  # the small tasks: about 7,000 steps in true fp32 (TF32 off)
 # the glue stage's second learning rate (`glue --released-lr`: the released code's 1e-4, weight decay 0.01), when the
 # whole plan fits with it (glue_fit.fit_with_extras; always on the smoke run): CoLA predicted one class at 3e-4
@@ -237,7 +238,8 @@ def pretrain_stops(left_s: float, steps_per_second: float | None) -> tuple[int, 
     train_s = max(stop_s - PRETRAIN_STARTUP_S, 0)
     stops = [f"{PAPER_POINT_STEPS}steps", f"{stop_s}s"]
     if not steps_per_second:
-        return stage, stops, f"the paper's 62,500 steps or {stop_s} s, whichever first (the speed stage measured no rate)"
+        return stage, stops, (f"the paper's 62,500 steps or {stop_s} s, whichever first (the speed stage measured no "
+                              "rate)")
     fit = steps_per_second * train_s
     if fit >= PAPER_POINT_STEPS:
         return stage, stops, (f"the speed stage's {steps_per_second:.0f} steps/s reach the paper's "
@@ -263,7 +265,8 @@ SIZES = {
               "fp16": "fp32",
               "parity": ["--steps", "3"], "profile": ["--profile", "2"],
               "timing": ["--rounds", "2", "--warmup", "1", "--calls-per-round", "2", "--no-memory"],
-              "glue_speed": ["--device", "cpu", "--precision", "fp32", "--width", "32", "--seconds", "0.5", "--threads", "1"]},
+              "glue_speed": ["--device", "cpu", "--precision", "fp32", "--width", "32", "--seconds", "0.5",
+                             "--threads", "1"]},
 }
 
 
@@ -274,8 +277,8 @@ def _module(name: str) -> list[str]:
 
 def _step(run: "Run", *extra: str, precision: str = "bf16") -> list[str]:
     z = SIZES[run.mode]
-    return [*z["device"], *z["model"], "--batch", z["batch"], "--seq-len", z["seq_len"], "--precision", precision, *extra,
-            "--out-dir", str(run.stage_dir)]
+    return [*z["device"], *z["model"], "--batch", z["batch"], "--seq-len", z["seq_len"], "--precision", precision,
+            *extra, "--out-dir", str(run.stage_dir)]
 
 
 def _throughput(run: "Run", name: str, compile_mode: str, sides: str, profile: bool = False, **step) -> list[str]:
@@ -303,7 +306,8 @@ def compile_mode(run: "Run") -> str:
 
 def stage_parity(run: "Run") -> list[str]:
     z = SIZES[run.mode]
-    return [run.python, *_module("loss_check"), *_step(run, "--compile", "reduce-overhead", *z["parity"]), "--name", "parity"]
+    return [run.python, *_module("loss_check"), *_step(run, "--compile", "reduce-overhead", *z["parity"]),
+            "--name", "parity"]
 
 
 def stage_speed(run: "Run") -> list[str]:
@@ -433,9 +437,9 @@ def _glue_layout_commands(run: "Run", stage: str, checkpoint: Path, tasks: list[
     commands = []
     for p in range(layout["processes"]):
         seed_sets = (f"seed={p * per}",) if layout["processes"] > 1 else ()
-        commands.append([run.python, "-m", "tinyelectra", *glue_args(run.mode, checkpoint, run.pack / "glue", tasks, out / f"p{p}",
-                                                                      device, per, (*mode_sets, *seed_sets, *extra), task_seeds,
-                                                                      list(released))])
+        commands.append([run.python, "-m", "tinyelectra",
+                         *glue_args(run.mode, checkpoint, run.pack / "glue", tasks, out / f"p{p}", device, per,
+                                    (*mode_sets, *seed_sets, *extra), task_seeds, list(released))])
     run.note(stage, f"layout {layout['layout']} ({layout['why']})")
     run.note(stage, f"plan: {glue_fit.describe(fit)}" if isinstance(fit, dict) else f"plan {fit}")
     if isinstance(fit, dict) and fit["trims"]:
@@ -545,7 +549,8 @@ class Run:
         (self.stage_dir / "logs").mkdir(parents=True, exist_ok=True)
         self.log = open(out_dir / self.files[0], "w", encoding="utf-8")  # noqa: SIM115 - open for the whole run
         site = installed_copy(work)  # first on the stages' path: the package as users install it
-        self.env = child_env({**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
+        self.env = child_env({**os.environ,
+                              "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
                               "PYTHONUNBUFFERED": "1", "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor-cache")})
         if mode == "smoke":  # one thread per process; inductor's aot_eager backend (no C++ compile on a busy CPU)
             self.env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TINYELECTRA_COMPILE_BACKEND="aot_eager")
@@ -686,10 +691,12 @@ def collect(run: Run) -> None:
     the second: every glue.json (--released-lr's too)."""
     if run.command == "run":
         pre = run.work / "pretrain"
-        wanted = [pre / n for n in ("plan.json", "summary.json", "metrics.jsonl", "recipe.json")] + sorted(pre.glob("ckpt-*/meta.json"))
+        wanted = ([pre / n for n in ("plan.json", "summary.json", "metrics.jsonl", "recipe.json")]
+                  + sorted(pre.glob("ckpt-*/meta.json")))
         wanted += [run.pack / "pack.json"]
     else:
-        wanted = sorted(run.work.glob("glue*/p*/*/glue.json")) + sorted(run.work.glob("glue*/p*/*/released-lr/glue.json"))
+        wanted = (sorted(run.work.glob("glue*/p*/*/glue.json"))
+                  + sorted(run.work.glob("glue*/p*/*/released-lr/glue.json")))
     for src in wanted:
         if src.is_file():
             dst = run.stage_dir / src.relative_to(run.work)
@@ -764,7 +771,8 @@ def _out_dir(args, mode: str, work: Path) -> tuple[Path, str]:
     """--out, else $OUT, else benchmarks/results/<mode>-<stamp>/; checked writable and outside the work folder `work`
     (one line and exit 2 if not)."""
     env_out = os.environ.get("OUT")
-    chosen = args.out or env_out or str(ROOT / "benchmarks" / "results" / f"{mode}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
+    chosen = args.out or env_out or str(ROOT / "benchmarks" / "results"
+                                        / f"{mode}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
     why = "--out" if args.out else "$OUT" if env_out else "default"
     if args.out and env_out and Path(args.out).resolve() != Path(env_out).resolve():
         why = f"--out (it wins over $OUT={env_out})"
@@ -794,7 +802,8 @@ def run_suite(args) -> int:
         first = _load(work / "run.json")
         if first is None:
             _fail(f"no run to finish in {work} (run.json not found): run `bash benchmarks/gpu_suite.sh"
-                  f"{' --cpu-smoke' if mode == 'smoke' else ''}` first on this machine; --finish continues what it left")
+                  f"{' --cpu-smoke' if mode == 'smoke' else ''}` first on this machine; --finish continues what it "
+                  "left")
         if first.get("mode") != mode:
             _fail(f"{work / 'run.json'}: the run there is a {first.get('mode')} run, not a {mode} one")
     elif mode == "gpu":
@@ -827,8 +836,8 @@ def _run_suite(mode: str, command: str, work: Path, lease: Path | None, out_dir:
             f"{out_dir} ({out_why})")
     if mode == "smoke" and command == "run" and lease is None:  # the toy pack (seconds), before the stages
         with open(run.stage_dir / "logs" / "smoke_pack.log", "w", encoding="utf-8") as f:
-            built = subprocess.run([run.python, *_module("gpu_check.pack"), "build", str(run.lease), "--smoke"], stdout=f,
-                                   stderr=subprocess.STDOUT, cwd=ROOT, env=run.env)
+            built = subprocess.run([run.python, *_module("gpu_check.pack"), "build", str(run.lease), "--smoke"],
+                                   stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=run.env)
         if built.returncode != 0:
             run.say("[suite] could not build the smoke pack (it needs ../shared/data): see logs/smoke_pack.log")
     for name in run.plan:
@@ -929,7 +938,8 @@ def along_the_run(records: list[dict], checkpoints: dict[str, dict]) -> dict:
             "left_prior_at_step": left,
             "left_prior_rule": f"median of {SMOOTH_RECORDS} logged steps under {LEFT_PRIOR} to the end",
             "early_dip": {"step": dip[0], "loss_over_prior": dip[1]} if dip else None, "checkpoints": marks,
-            "published_end": "published 1M-step runs end at 0.44-0.48 of the all-original loss (../shared/REFERENCE.md)"}
+            "published_end": ("published 1M-step runs end at 0.44-0.48 of the all-original loss "
+                              "(../shared/REFERENCE.md)")}
 
 
 def paper_point(steps: int | None, tokens: float | None, flops_paper: float | None) -> dict:
@@ -956,7 +966,8 @@ def pretrain_figures(d: Path, pack: dict | None, record: dict | None) -> dict:
     early (no summary.json): from metrics.jsonl."""
     summary = _load(d / "pretrain" / "summary.json") or {}
     plan = _load(d / "pretrain" / "plan.json") or {}
-    lines = (d / "pretrain" / "metrics.jsonl").read_text().splitlines() if (d / "pretrain" / "metrics.jsonl").is_file() else []
+    metrics = d / "pretrain" / "metrics.jsonl"
+    lines = metrics.read_text().splitlines() if metrics.is_file() else []
     records = []
     for x in lines:
         try:
@@ -994,7 +1005,8 @@ def pretrain_figures(d: Path, pack: dict | None, record: dict | None) -> dict:
             "compile": _get(summary, "runtime", "compile"), "attention": _get(summary, "runtime", "attention"),
             "median_tokens_per_second": summary.get("median_tokens_per_second"),
             "peak_gpu_memory_gib": summary.get("peak_gpu_memory_gib"),
-            "metrics_median_tokens_per_second": statistics.median(r["tokens_per_second"] for r in steps[1:]) if len(steps) > 1 else None,
+            "metrics_median_tokens_per_second": (statistics.median(r["tokens_per_second"] for r in steps[1:])
+                                                 if len(steps) > 1 else None),
             "checkpoints": {n: {"step": c.get("step"), "eval": c.get("eval")} for n, c in ckpts.items()},
             "along_the_run": along_the_run(steps, ckpts),
             "paper_point": paper_point(step, tokens, flops_paper),
@@ -1063,7 +1075,8 @@ def glue_table(sides: dict[str, dict[str, dict]], pretrained: str | None, none: 
             and _get(v, "no pre-training", "median") is not None]
     mine = [t for t, v in tasks.items() if _get(v, "pre-trained", "median") is not None]
     averages = {label: statistics.fmean(tasks[t][label]["median"] for t in both) if both else None for label in names}
-    averages["paper"] = statistics.fmean(tasks[t]["paper"] for t in both) if both and all(tasks[t]["paper"] for t in both) else None
+    averages["paper"] = (statistics.fmean(tasks[t]["paper"] for t in both)
+                         if both and all(tasks[t]["paper"] for t in both) else None)
     for t in both:
         v = tasks[t]
         v["comparison"] = compare_seeds(*(list(sides[n][t]["scores"].values()) for n in (pretrained, none)),
@@ -1098,14 +1111,18 @@ def summarize(d: Path, records: list[dict], mode: str, command: str, seconds: fl
         pretrain = pretrain_figures(d, pack, next((r for r in records if r["stage"] == "pretrain"), None))
         rate = pretrain["metrics_median_tokens_per_second"]
         doc.update(env=env, ceilings=_get(env, "ceilings"), checks=docs.get("checks"), pack=pack,
-                   parity={**{k: _get(docs.get("parity"), k) for k in ("max_abs_loss_difference", "max_rel_loss_difference", "finite")},
-                           **{k: (next((r for r in records if r["stage"] == "parity"), None) or {}).get(k) for k in ("status", "rc")}},
+                   parity={**{k: _get(docs.get("parity"), k)
+                              for k in ("max_abs_loss_difference", "max_rel_loss_difference", "finite")},
+                           **{k: (next((r for r in records if r["stage"] == "parity"), None) or {}).get(k)
+                              for k in ("status", "rc")}},
                    speed={"tinyelectra CUDA graphs": speed}, pretrain=pretrain,
                    targets={"pretrain tokens/s >= 2.0M (floor), 2.5M (goal)": [rate, rate >= 2.0e6 if rate else None],
-                            "speed stage tokens/s >= 2.0M": [(speed or {}).get("tokens_per_s"),
-                                                             (speed or {}).get("tokens_per_s", 0) >= 2.0e6 if speed else None]},
+                            "speed stage tokens/s >= 2.0M": [
+                                (speed or {}).get("tokens_per_s"),
+                                (speed or {}).get("tokens_per_s", 0) >= 2.0e6 if speed else None]},
                    gpu_plan_pretrain_train_s=plan["pretrain_train_s"])
-        doc["unmeasured"] = [k for k, v in {"speed": speed, "pretrain": pretrain["steps"], "parity": doc["parity"]["status"]}.items() if v is None]
+        doc["unmeasured"] = [k for k, v in {"speed": speed, "pretrain": pretrain["steps"],
+                                            "parity": doc["parity"]["status"]}.items() if v is None]
     else:
         env_first = _get(first, "env")
         speeds = {"tinyelectra CUDA graphs (first command)": _get(first, "speed", "tinyelectra CUDA graphs"),
@@ -1123,9 +1140,11 @@ def summarize(d: Path, records: list[dict], mode: str, command: str, seconds: fl
         released = glue_results(d / "glue", "released-lr")
         early = glue_results(d / "glue-early")
         fp32 = glue_results(d / "glue-fp32")
-        fine_tuning = [ft for v in (sides.get(pretrained) or sides.get("ckpt-0000") or {}).values() for ft in v.get("fine_tuning", [])][:1]
+        fine_tuning = [ft for v in (sides.get(pretrained) or sides.get("ckpt-0000") or {}).values()
+                       for ft in v.get("fine_tuning", [])][:1]
         cap = GLUE[mode]["max_train_rows"]
-        rows = {t: min(v.get("train_rows") or 0, cap or 1 << 40) for t, v in (_get(first, "pack", "glue", "tasks") or {}).items()}
+        rows = {t: min(v.get("train_rows") or 0, cap or 1 << 40)
+                for t, v in (_get(first, "pack", "glue", "tasks") or {}).items()}
         gp = glue_plan(rows, GLUE[mode]["seeds"], len(names)) if rows and all(rows.values()) else None
         layout = next((r for r in records if r["stage"] == "glue"), {})
         doc.update(first_command={k: _get(first, k) for k in ("date_utc", "seconds", "device", "git_commit")},
@@ -1171,7 +1190,8 @@ def fp32_check(fp32: dict, bf16: dict, name: str | None) -> dict:
 
 def _git_commit(pack: dict | None) -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, cwd=ROOT).stdout.strip()
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=ROOT).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         if os.environ.get("SUITE_GIT_COMMIT"):
             return f"{os.environ['SUITE_GIT_COMMIT']} (SUITE_GIT_COMMIT)"
@@ -1188,7 +1208,8 @@ def _header(doc: dict) -> list[str]:
            f"{doc['torch'] or '-'}, commit {str(doc['git_commit'])[:12]}; {doc['seconds']:.0f} s of "
            f"{doc['deadline_s']} s"
            + (f"; INTERRUPTED ({doc['interrupted']})" if doc["interrupted"] else "")]
-    out.append("stages: " + ", ".join(f"{r['stage']} {r['status']}" + (f" {r['seconds']:.0f}s" if r["status"] != "skipped" else "")
+    out.append("stages: " + ", ".join(f"{r['stage']} {r['status']}"
+                                      + (f" {r['seconds']:.0f}s" if r["status"] != "skipped" else "")
                                       for r in doc["stages"]))
     return out
 
@@ -1216,14 +1237,17 @@ def _pretrain_lines(p: dict | None) -> list[str]:
     a = p.get("along_the_run") or {}
     last = (a.get("loss_over_prior") or {}).get("last")
     dip = a.get("early_dip") or {}
+    left = "at step " + format(a["left_prior_at_step"], ",") if a.get("left_prior_at_step") is not None else "not yet"
     out.append(f"  discriminator loss / all-original loss (1.0 = prior; published 1M-step runs end at 0.44-0.48): "
                f"{_n(last[1] if last else None, '{:.3f}')} at step {_n(last[0] if last else None)}; left the prior "
-               f"{'at step ' + format(a['left_prior_at_step'], ',') if a.get('left_prior_at_step') is not None else 'not yet'} "
+               f"{left} "
                f"({a.get('left_prior_rule')}); early dip {_n(dip.get('loss_over_prior'), '{:.3f}')} at step "
                f"{_n(dip.get('step'))} (frequency cues)")
-    out.append(f"  {'held-out':<12}{'step':>8}{'loss/prior':>12}{'recall':>8}{'AUC matched':>13}{'AUC unigram':>13}{'gen/unigram':>13}")
+    out.append(f"  {'held-out':<12}{'step':>8}{'loss/prior':>12}{'recall':>8}{'AUC matched':>13}{'AUC unigram':>13}"
+               f"{'gen/unigram':>13}")
     for name, c in (a.get("checkpoints") or {}).items():
-        out.append(f"  {name:<12}{_n(c['step']):>8}{_n(c['loss_over_prior'], '{:.3f}'):>12}{_n(c['recall'], '{:.3f}'):>8}"
+        out.append(f"  {name:<12}{_n(c['step']):>8}{_n(c['loss_over_prior'], '{:.3f}'):>12}"
+                   f"{_n(c['recall'], '{:.3f}'):>8}"
                    f"{_n(c['auc_matched'], '{:.3f}'):>13}{_n(c['auc_unigram_matched'], '{:.3f}'):>13}"
                    f"{_n(c['generator_over_unigram'], '{:.2f}x'):>13}")
     return out
@@ -1251,7 +1275,8 @@ def _glue_lines(g: dict, header: bool = True) -> list[str]:
                    f"{_n(v.get('majority class'), '{:.1f}'):>10}{one:>11}")
     a = g["averages"]
     if header:
-        out.append(f"  {'average of ' + str(len(g['averages_over'])) + ' tasks':<24}{_n(a.get('pre-trained'), '{:.1f}'):>20}"
+        out.append(f"  {'average of ' + str(len(g['averages_over'])) + ' tasks':<24}"
+                   f"{_n(a.get('pre-trained'), '{:.1f}'):>20}"
                    f"{_n(a.get('no pre-training'), '{:.1f}'):>20}{_n(a.get('paper'), '{:.1f}'):>8}")
     return out + [f"  {task}, pre-trained vs none: {v['comparison']['words']}" for task, v in g["tasks"].items()
                   if "comparison" in v]
@@ -1262,7 +1287,8 @@ def table(doc: dict) -> str:
     out = _header(doc)
     if doc["command"] == "run":
         c = doc["ceilings"] or {}
-        share = f" ({c['gemm_share_of_datasheet']:.0%} of the datasheet's {c['datasheet_bf16_tflops']:.0f})" if c.get("gemm_share_of_datasheet") else ""
+        share = (f" ({c['gemm_share_of_datasheet']:.0%} of the datasheet's {c['datasheet_bf16_tflops']:.0f})"
+                 if c.get("gemm_share_of_datasheet") else "")
         out.append(f"ceilings: matrix product {_n(c.get('gemm_tflops'), '{:.3g}')} TFLOP/s{share}; copy "
                    f"{_n(c.get('copy_gb_per_s'))} GB/s")
         ch = doc["checks"] or {}
@@ -1274,7 +1300,8 @@ def table(doc: dict) -> str:
         par = doc["parity"]
         verdict = {"ok": "the CUDA graphs compute the eager step",
                    "failed": "MISMATCH: pretrain ran without CUDA graphs"
-                   if par.get("rc") == 1 else "failed (see its log)"}.get(par.get("status") or "", par.get("status") or "not run")
+                   if par.get("rc") == 1 else "failed (see its log)"}.get(par.get("status") or "",
+                                                                          par.get("status") or "not run")
         out.append(f"parity (loss_check.py, eager vs the compiled CUDA-graph step): {verdict}; max loss difference "
                    f"{_n(par.get('max_abs_loss_difference'), '{:.3g}')} (relative "
                    f"{_n(par.get('max_rel_loss_difference'), '{:.3g}')})")
@@ -1334,9 +1361,11 @@ def table(doc: dict) -> str:
                 f"{t} {_cell(v.get('pre-trained'))}" for t, v in e["tasks"].items()))
         if f := doc.get("glue_fp32"):
             out.append("bf16 vs fp32 fine-tuning (medians): " + ", ".join(
-                f"{t} {_cell(v['bf16'])} vs {_cell(v['fp32'])} ({_n(v['difference'], '{:+.1f}')})" for t, v in f["tasks"].items()))
+                f"{t} {_cell(v['bf16'])} vs {_cell(v['fp32'])} ({_n(v['difference'], '{:+.1f}')})"
+                for t, v in f["tasks"].items()))
         sp, r = doc["speed"], doc["ratios"]
-        out.append("speed (the pre-training step, tokens/s): " + "; ".join(f"{k} {_n((v or {}).get('tokens_per_s'))}" for k, v in sp.items())
+        out.append("speed (the pre-training step, tokens/s): "
+                   + "; ".join(f"{k} {_n((v or {}).get('tokens_per_s'))}" for k, v in sp.items())
                    + "; ratios: " + "; ".join(f"{k} {_n(v, '{:.2f}x')}" for k, v in r.items()))
     if doc.get("note"):
         out.append(f"note: {doc['note']}")

@@ -150,7 +150,8 @@ def write_markdown(json_path: Path) -> Path:
     r = json.loads(Path(json_path).read_text())
     te, hf_ = r["evals"]["tinyelectra"], r["evals"]["transformers"]
     tokens = f"{te[0]['tokens']:,} tokens, " if "tokens" in te[0] else ""
-    lines = [f"# Does the discriminator learn context? ({r['recipe']}, {r['steps']} steps of {r['batch_size']} rows)", "",
+    lines = [f"# Does the discriminator learn context? ({r['recipe']}, {r['steps']} steps of {r['batch_size']} rows)",
+             "",
              f"{r['what']}. Optimizer: {r['optimizer']}, peak lr {r['lr']}. Held-out: {r['evaluation']} "
              f"({tokens}all-original prior {te[0]['prior']:.4f}). Machine: {r['machine']['cpu']}, "
              f"commit {r['git_commit'][:7]}, `{r['command']}`.", "",
@@ -211,7 +212,8 @@ def main(argv: list[str] | None = None) -> dict | None:
         "token",
         "recipe_overrides": args.set,
         "evals": evals,
-        "final_auc_difference_tinyelectra_minus_transformers": round(last["tinyelectra"]["auc"] - last["transformers"]["auc"], 4),
+        "final_auc_difference_tinyelectra_minus_transformers": round(
+            last["tinyelectra"]["auc"] - last["transformers"]["auc"], 4),
         "final_auc_gain_ratio_tinyelectra_over_transformers": auc_gain_ratio(
             last["tinyelectra"]["auc"], last["transformers"]["auc"]),
     }

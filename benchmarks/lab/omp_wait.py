@@ -84,7 +84,8 @@ def top_demand(before: dict[str, int], after: dict[str, int], seconds: float, co
     out = []
     for pid, ns in sorted(per_pid.items(), key=lambda kv: -kv[1])[:count]:
         try:
-            cmd = " ".join(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").split())[:80]
+            raw = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cmd = " ".join(raw.split())[:80]
         except OSError:
             cmd = "(ended)"
         out.append(f"{cmd or pid} ({ns / 1e9 / seconds:.2f})")
@@ -119,7 +120,8 @@ def child(args) -> None:
     runtime.configure_matmul("fp32", device)
     recipe = load_recipe(args.recipe, [f"train.batch_size={args.batch}", f"train.seq_len={args.seq_len}",
                                        "train.compile=off"])
-    step = TrainerStep(recipe, device, "fp32", Batches(args.data, recipe.model.vocab_size, args.batch, args.seq_len, device))
+    step = TrainerStep(recipe, device, "fp32",
+                       Batches(args.data, recipe.model.vocab_size, args.batch, args.seq_len, device))
     step.first_call()
     for _ in range(args.warmup):
         step()
@@ -194,7 +196,8 @@ def summarize(rounds: list[dict]) -> dict:
            "median_tokens_per_s": {v: round(statistics.median(x), 1) for v, x in tps.items()}}
     for base in ("default", "passive"):
         if base in tps:
-            out[f"ratio_to_{base}"] = {v: round(statistics.median(a / b for a, b in zip(x, tps[base])), 3) for v, x in tps.items()}
+            out[f"ratio_to_{base}"] = {v: round(statistics.median(a / b for a, b in zip(x, tps[base])), 3)
+                                       for v, x in tps.items()}
     return out
 
 

@@ -20,13 +20,17 @@ end to the other one switch at a time (singly and cumulatively) and back, then t
 CPU recipes' optimizer.
 
     python -m benchmarks.lab.plateau run --data grammar0,grammar1,grammar2 --steps 2000 --arms electra,plain,...
-    python -m benchmarks.lab.plateau run --data enwiki --steps 2000 --arms ...   # data/enwiki10-v8k (benchmarks/README.md)
+    python -m benchmarks.lab.plateau run --data enwiki --steps 2000 --arms ...
+                                        # data/enwiki10-v8k (benchmarks/README.md)
     python -m benchmarks.lab.plateau check     # -> plateau_check_cpu.json: the equivalences, gradient RMS per layer
     python -m benchmarks.lab.plateau analyse   # -> plateau_attention_cpu.json: what trained weights attend to
     python -m benchmarks.lab.plateau report    # -> plateau_cpu.json and .md: the tables and every run's curve
-    python -m benchmarks.lab.plateau corpus --data grammar0 --out grammar0.txt   # the grammar as text, for full runs
-    python -m benchmarks.lab.plateau tiny --data grammar0 --steps 2500 --set optim.lr=3e-4   # tests/test_plateau.py's run
-    python -m benchmarks.lab.plateau prior --data RUN,RUN --out NAME   # full runs: when the discriminator left its prior
+    python -m benchmarks.lab.plateau corpus --data grammar0 --out grammar0.txt
+                                        # the grammar as text, for full runs
+    python -m benchmarks.lab.plateau tiny --data grammar0 --steps 2500 --set optim.lr=3e-4
+                                        # tests/test_plateau.py's run
+    python -m benchmarks.lab.plateau prior --data RUN,RUN --out NAME
+                                        # full runs: when the discriminator left its prior
 
 Each (data, arm) run is one process with one torch thread, at most `--parallel` (default 2) at a time, 32 rows a
 step (`--batch-size`; another size or row length is a data key of its own, e.g. grammar0-b8t32), AdamW after a
@@ -79,7 +83,8 @@ class Grammar:
     def __init__(self, seed: int, classes: int = 4, words: int = 16, successors: int = 1) -> None:
         rng = np.random.default_rng(1000 + seed)
         self.classes, self.words = classes, words
-        self.next = np.stack([rng.choice(np.delete(np.arange(classes), c), successors, replace=False) for c in range(classes)])
+        self.next = np.stack([rng.choice(np.delete(np.arange(classes), c), successors, replace=False)
+                              for c in range(classes)])
         zipf = 1.0 / np.arange(1, words + 1)
         self.zipf = zipf / zipf.sum()
         self.vocab_size = 4 + classes * words
@@ -138,7 +143,8 @@ class Source:
             # rows cut to seq_len
             self.seq_len = min(seq_len, self.data.batch("train", np.arange(1)).input_ids.shape[1])
             n = min(eval_rows, self.data.num_rows("validation"))
-            self.val = [self._from_data("validation", np.arange(i, min(i + batch_size, n))) for i in range(0, n, batch_size)]
+            self.val = [self._from_data("validation", np.arange(i, min(i + batch_size, n)))
+                        for i in range(0, n, batch_size)]
             ids = self.data.batch("train", np.arange(min(5000, self.data.num_rows("train")))).input_ids.numpy().ravel()
             counts = np.bincount(ids, minlength=self.vocab_size).astype(np.float64)
         else:
@@ -177,7 +183,8 @@ def corrupt(b: Batch, special: SpecialIds, freqs: Tensor, g: torch.Generator) ->
 class Spec:
     """Every difference between the plain encoder and ELECTRA's discriminator (defaults: ELECTRA's, tiny's shape)."""
 
-    init: str = "electra"  # electra: N(0, init_std) weights, zero biases | torch: PyTorch's defaults (as nn.TransformerEncoder)
+    # electra: N(0, init_std) weights, zero biases | torch: PyTorch's defaults (as nn.TransformerEncoder)
+    init: str = "electra"
     init_std: float = 0.02  # ELECTRA's initializer_range
     embedding: int = 64  # E; != hidden: a linear projection E -> hidden (the factorised embedding)
     emb_norm: bool = True  # LayerNorm on the summed embeddings
@@ -375,7 +382,8 @@ def arms() -> dict[str, tuple[str, Spec]]:
                     "two-layer head)", ELECTRA),
         "impl:tinyelectra": ("tinyelectra's Electra, discriminator alone", ELECTRA),
         "impl:transformers": ("transformers' ElectraForPreTraining, same config", ELECTRA),
-        "impl:torch": ("torch.nn.TransformerEncoder itself (pre-LN, ReLU, final LN, default init), nn.Linear head", PLAIN),
+        "impl:torch": ("torch.nn.TransformerEncoder itself (pre-LN, ReLU, final LN, default init), nn.Linear head",
+                       PLAIN),
     }
     for k, (plain_v, electra_v) in SWITCHES.items():
         out[f"plain+{k}"] = (f"plain, {k} = {electra_v!r} (ELECTRA's)", dataclasses.replace(PLAIN, **{k: electra_v}))
@@ -399,7 +407,8 @@ def arms() -> dict[str, tuple[str, Spec]]:
     out["electra-wd0"] = ("ELECTRA, weight decay 0", dataclasses.replace(ELECTRA, wd=0.0))
     for std in (0.05, 0.1):
         out[f"electra-std{std:g}"] = (f"ELECTRA, initialised N(0, {std:g})", dataclasses.replace(ELECTRA, init_std=std))
-    out["electra-init-act"] = ("ELECTRA, PyTorch's init and ReLU", dataclasses.replace(ELECTRA, init="torch", act="relu"))
+    out["electra-init-act"] = ("ELECTRA, PyTorch's init and ReLU",
+                               dataclasses.replace(ELECTRA, init="torch", act="relu"))
     out["electra-act-norm"] = ("ELECTRA, ReLU and pre-LN", dataclasses.replace(ELECTRA, act="relu", norm="pre"))
     # the tiny recipe's optimizer (the paper's Adam, eps 1e-6, peak 3e-3), with GELU and with ReLU
     recipe_opt = dataclasses.replace(ELECTRA, opt="paper", eps=1e-6, lr=3e-3)
@@ -530,7 +539,8 @@ def train_one(args, arm: str, data: str) -> dict:
            "batch_size": args.batch_size, "seq_len": src.seq_len, "vocab_size": src.vocab_size, "seed": args.seed,
            "held_out_rows": sum(len(b.input_ids) for b in src.val), "prior": None, "finished": False,
            "machine": machine(), "git_commit": git_commit(), "command": args.command, "evals": []}
-    doc["prior"] = round(float(1.0 - torch.cat([lab[b.attention_mask] for b, (_, lab) in zip(src.val, src.val_fake)]).mean()), 4)
+    labels = torch.cat([lab[b.attention_mask] for b, (_, lab) in zip(src.val, src.val_fake)])
+    doc["prior"] = round(float(1.0 - labels.mean()), 4)
     start, seconds_before = 0, 0.0
     state_path = WEIGHTS / "state" / f"{key}__{arm.replace(':', '_')}.pt"
     state_path.parent.mkdir(parents=True, exist_ok=True)
@@ -549,7 +559,8 @@ def train_one(args, arm: str, data: str) -> dict:
             doc["resumed_at"] = st["doc"].get("resumed_at", []) + [start]
     t0 = time.perf_counter()
     for step in range(start, args.steps + 1):
-        if (step % args.eval_every == 0 or step == args.steps) and not (doc["evals"] and doc["evals"][-1]["step"] == step):
+        evaluated = doc["evals"] and doc["evals"][-1]["step"] == step
+        if (step % args.eval_every == 0 or step == args.steps) and not evaluated:
             doc["evals"].append({"step": step, **evaluate(model, src),
                                  "seconds": round(seconds_before + time.perf_counter() - t0, 1)})
             doc["finished"] = step == args.steps
@@ -611,7 +622,8 @@ def run_all(args) -> None:
         while jobs and len(running) < args.parallel:
             arm, data = jobs.pop(0)
             print(f"start {data} {arm}", flush=True)
-            running.append((subprocess.Popen([*base, "--arm", arm, "--data", data], env=env, stdout=subprocess.DEVNULL), arm, data))
+            proc = subprocess.Popen([*base, "--arm", arm, "--data", data], env=env, stdout=subprocess.DEVNULL)
+            running.append((proc, arm, data))
         time.sleep(2)
         for item in list(running):
             if item[0].poll() is not None:
@@ -680,7 +692,8 @@ def grad_norms(model: nn.Module) -> dict[str, float]:
             continue
         parts = name.split(".")
         if parts[0] == "layers":
-            key = f"layer{parts[1]}." + ("attention" if parts[2] in ("qkv", "attn_out") else "ffn" if parts[2].startswith("ffn") else "norm")
+            key = f"layer{parts[1]}." + ("attention" if parts[2] in ("qkv", "attn_out")
+                                         else "ffn" if parts[2].startswith("ffn") else "norm")
         elif parts[0] in ("word", "position", "token_type", "emb_norm"):
             key = "embeddings"
         else:
@@ -710,8 +723,9 @@ def check(args) -> dict:
     l_ours = ours(fake, b.token_type_ids, b.attention_mask)
     l_net = net(fake, b.token_type_ids, b.attention_mask)
     l_hf = theirs(input_ids=fake, token_type_ids=b.token_type_ids, attention_mask=b.attention_mask.long()).logits
-    out["electra_end_forward_max_abs_diff"] = {"net_vs_tinyelectra": float((l_net - l_ours).abs().max().detach()),
-                                               "tinyelectra_vs_transformers": float((l_ours - l_hf).abs().max().detach())}
+    out["electra_end_forward_max_abs_diff"] = {
+        "net_vs_tinyelectra": float((l_net - l_ours).abs().max().detach()),
+        "tinyelectra_vs_transformers": float((l_ours - l_hf).abs().max().detach())}
     # gradients, ours vs transformers, every tensor, through the export mapping
     bce(l_ours, lab).backward()
     bce(l_hf, lab).backward()
@@ -822,8 +836,9 @@ def attention_offsets(net: Net, ids: Tensor, types: Tensor, mask: Tensor) -> lis
                 (("left", -1), ("self", 0), ("right", 1))}
         out.append({k: round(v, 4) for k, v in diag.items()} | {"uniform": round(1.0 / T, 4),
                    "logit_std": round(float(logits.std()), 3), "entropy_over_uniform": round(entropy, 3),
-                   "max_head_left_or_right": round(max(float(torch.diagonal(p[:, h_], offset=o, dim1=-2, dim2=-1).mean())
-                                                       for h_ in range(net.s.heads) for o in (-1, 1)), 4)})
+                   "max_head_left_or_right": round(
+                       max(float(torch.diagonal(p[:, h_], offset=o, dim1=-2, dim2=-1).mean())
+                           for h_ in range(net.s.heads) for o in (-1, 1)), 4)})
         x = block(x, None)
     return out
 
@@ -848,7 +863,8 @@ def analyse(args) -> dict:
         auc = evaluate(net, src)["auc_matched"]
         att = attention_offsets(net, src.val_fake[0][0], b.token_type_ids, b.attention_mask)
         with torch.no_grad():  # every position the mean position vector: the model without word order
-            net.position.weight.copy_(net.position.weight[: src.seq_len].mean(0, keepdim=True).expand_as(net.position.weight))
+            mean = net.position.weight[: src.seq_len].mean(0, keepdim=True)
+            net.position.weight.copy_(mean.expand_as(net.position.weight))
         out[f"{key}/{arm}/{step}"] = {"auc_matched": auc,
                                       "auc_matched_positions_averaged": evaluate(net, src)["auc_matched"],
                                        "attention": att}
@@ -931,7 +947,8 @@ def report(args) -> Path:
                 cells = []
                 for st in STEPS_SHOWN:
                     v = [e["auc_matched"] for r in mine for e in r["evals"] if e["step"] == st]
-                    cells.append("-" if not v else f"{sum(v) / len(v):.3f}" + ("" if len(v) == len(mine) else f" ({len(v)})"))
+                    cells.append("-" if not v
+                                 else f"{sum(v) / len(v):.3f}" + ("" if len(v) == len(mine) else f" ({len(v)})"))
                 left = ", ".join(("-" if left_step(r["evals"]) is None else str(left_step(r["evals"])))
                                  + ("" if r["finished"] else " (unfinished)") for r in mine)
                 lines.append(f"| {a} | {arms()[a][0]} | " + " | ".join(cells) + f" | {left} |")
@@ -955,7 +972,8 @@ def report(args) -> Path:
         lines.append("")
     lines += ["## Every run's curve (matched AUC at each evaluated step)", ""]
     for r in runs:
-        lines.append(f"- {r['key']} / {r['arm']}: " + ", ".join(f"{e['step']}: {e['auc_matched']:.3f}" for e in r["evals"]))
+        lines.append(f"- {r['key']} / {r['arm']}: "
+                     + ", ".join(f"{e['step']}: {e['auc_matched']:.3f}" for e in r["evals"]))
     md = path.with_suffix(".md")
     md.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return md
