@@ -382,8 +382,12 @@ def covered(folder: Path, by: Iterable[str] | None = None, under: Path | None = 
 def delete_temporaries(folder: Path, by: str) -> None:
     """What writes of `by` in FOLDER left half-done when their process was killed (never renamed into place, so never
     read): the temporary names of what the record lists."""
-    files, dirs = covered(folder, (by,), temporaries=True)
-    for p in files:
+    _remove(*covered(folder, (by,), temporaries=True))
+
+
+def _remove(files: set[Path], dirs: set[Path]) -> None:
+    """Delete `files` (one already gone is no error), then those of `dirs` left empty, the deepest first."""
+    for p in sorted(files):
         with contextlib.suppress(FileNotFoundError):
             p.unlink()
     for d in sorted(dirs, key=lambda p: len(p.parts), reverse=True):
@@ -406,12 +410,7 @@ def delete_recorded(folder: Path, by: Iterable[str] | None = None, under: Path |
     empty; everything else stays, at any depth. The record then keeps only what is still there. Returns the files
     deleted."""
     files, dirs = covered(folder, by, under)
-    for p in sorted(files):
-        with contextlib.suppress(FileNotFoundError):
-            p.unlink()
-    for d in sorted(dirs, key=lambda p: len(p.parts), reverse=True):
-        with contextlib.suppress(OSError):
-            d.rmdir()
+    _remove(files, dirs)
     tidy_record(Path(folder), under)
     return sorted(files)
 
