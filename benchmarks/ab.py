@@ -139,14 +139,17 @@ class Child:
 
     def __init__(self, name: str, sets: list[str], precision: str, args, cores: list[int], cache: Path) -> None:
         self.name, self.sets, self.cache, self.cores = name, sets, cache, len(cores)
-        env = child_env(dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"), TRITON_CACHE_DIR=str(cache / "triton"),
+        env = child_env(dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"),
+                             TRITON_CACHE_DIR=str(cache / "triton"),
                    TORCHINDUCTOR_COMPILE_THREADS=str(len(cores)), PYTHONUNBUFFERED="1"))
         if args.cpu_smoke:
             env["TINYELECTRA_COMPILE_BACKEND"] = "aot_eager"
-        cmd = [sys.executable, "-m", "benchmarks.ab", *args.child_argv, "--child", name, "--child-sets", json.dumps(sets),
+        cmd = [sys.executable, "-m", "benchmarks.ab", *args.child_argv, "--child", name, "--child-sets",
+               json.dumps(sets),
                "--child-precision", precision, "--cores", ",".join(map(str, cores))]
         self.log = open(cache / f"{name}.log", "w")  # noqa: SIM115 - closed in `close`
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env)
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                     env=env)
 
     def read(self) -> dict:
         """The child's next answer: its next line that is a JSON object (anything else a library printed is skipped)."""
@@ -245,7 +248,8 @@ def plan(args) -> dict[str, list[str]]:
     variants = {}
     for name in [v for v in args.variants.split(",") if v]:
         if name not in VARIANTS:
-            raise UserError(f"--variants: unknown variant {name!r} (known: {', '.join(VARIANTS)}; add one with --variant)")
+            raise UserError(f"--variants: unknown variant {name!r} (known: {', '.join(VARIANTS)}; add one with "
+                            "--variant)")
         variants[name] = VARIANTS[name]
     for spec in args.variant:
         name, _, sets = spec.partition("=")
@@ -289,11 +293,13 @@ def main(argv: list[str] | None = None) -> dict | None:
     references = {"eager": EAGER, **({"reference_fp32": EAGER} if precision != "fp32" else {})}
     precisions = {**{n: precision for n in variants}, "eager": precision, "reference_fp32": "fp32"}
     payload: dict = {
-        "device": card, "precision": precision, "precision_reason": reason, "recipe": args.recipe, "overrides": args.set,
+        "device": card, "precision": precision, "precision_reason": reason, "recipe": args.recipe,
+        "overrides": args.set,
         "batch_size": args.batch, "seq_len": args.seq_len, "tokens_per_step": args.batch * args.seq_len,
         "variants": {n: {"sets": s} for n, s in variants.items()}, "references": references,
         "rounds": args.rounds, "calls_per_round": args.calls_per_round, "repeats": args.repeats,
-        "budget_s": args.budget_s if args.budget_s != float("inf") else None, "cpu_smoke": args.cpu_smoke, "skipped": [], "complete": False,
+        "budget_s": args.budget_s if args.budget_s != float("inf") else None, "cpu_smoke": args.cpu_smoke,
+        "skipped": [], "complete": False,
         "how": "one child process per variant (see the module docstring); cold compile: empty inductor and Triton "
                "caches, the children compiling side by side, each pinned to its own slice of the CPU cores",
     }

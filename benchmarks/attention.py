@@ -155,8 +155,8 @@ def gradient_safety(device: torch.device, dtypes: list[torch.dtype], lengths: li
     ran = {n: [v for v in c.values() if not v.startswith("not available")] for n, c in cases.items()}
     return {"cases": cases, "safe": [n for n, vs in ran.items() if vs and all(v == "ok" for v in vs)],
             "unsafe": [n for n, vs in ran.items() if any(v != "ok" for v in vs)],
-            "inputs": f"batch {batch}, {heads} heads of {head_dim}, bool mask (B, 1, 1, T) with every 4th row half padded, "
-                      "no dropout; reference: the math backend in fp32"}
+            "inputs": f"batch {batch}, {heads} heads of {head_dim}, bool mask (B, 1, 1, T) with every 4th row half "
+                      "padded, no dropout; reference: the math backend in fp32"}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -179,16 +179,20 @@ def main(argv: list[str] | None = None) -> dict:
         hd = c.hidden_size // c.num_heads
         shape = (batch, c.num_heads, args.seq_len, hd)
         q, k, v = (torch.randn(shape, device=device, dtype=dtype, generator=g).requires_grad_() for _ in range(3))
-        mask = padding_mask(batch, args.seq_len, device, padded_every=20, padded_len=args.seq_len // 2)  # ~5% short rows
+        # ~5% short rows
+        mask = padding_mask(batch, args.seq_len, device, padded_every=20, padded_len=args.seq_len // 2)
         p = c.attention_dropout
-        row: dict = {"shape_b_h_t_d": list(shape), "dropout": p, "mask": "bool (B, 1, 1, T), every 20th row half padded",
+        row: dict = {"shape_b_h_t_d": list(shape), "dropout": p,
+                     "mask": "bool (B, 1, 1, T), every 20th row half padded",
                      "sdpa_choice": runtime.sdpa_kernel(q, k, v, mask, p)}
         row["default"] = time_case(q, k, v, mask, p, None, device, iters, args.rounds)
         for label, b in backends.items():
             row[label] = time_case(q, k, v, mask, p, b, device, iters, args.rounds)
         flash = SDPBackend.FLASH_ATTENTION
-        row["flash without mask (reference: no padding / unpadded)"] = time_case(q, k, v, None, p, flash, device, iters, args.rounds)
-        row["varlen: the rows' lengths (train.attention=varlen)"] = time_varlen(q, k, v, mask, p, device, iters, args.rounds)
+        row["flash without mask (reference: no padding / unpadded)"] = time_case(
+            q, k, v, None, p, flash, device, iters, args.rounds)
+        row["varlen: the rows' lengths (train.attention=varlen)"] = time_varlen(
+            q, k, v, mask, p, device, iters, args.rounds)
         results[role] = row
         print(role, {k2: (v2.get("fwd_bwd_ms_median") if isinstance(v2, dict) and "ran" in v2 else None)
                      for k2, v2 in row.items() if isinstance(v2, dict)}, flush=True)

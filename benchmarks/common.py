@@ -77,8 +77,10 @@ def machine(device: torch.device | None = None) -> dict:
 def git_commit() -> str:
     """HEAD, with "+dirty" when tracked files under tinyelectra/ or benchmarks/ differ from it."""
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "tinyelectra", "benchmarks"], cwd=ROOT).returncode != 0
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "tinyelectra", "benchmarks"],
+                               cwd=ROOT).returncode != 0
         return head + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -97,7 +99,8 @@ def write_result(name: str, payload: dict, device: torch.device | None = None, o
     """Write benchmarks/results/NAME.json atomically (temp name, then os.replace) with machine, commit, command."""
     out_dir = RESULTS if out_dir is None else Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    doc = {"benchmark": name, "machine": machine(device), "git_commit": git_commit(), "command": command or command_line(),
+    doc = {"benchmark": name, "machine": machine(device), "git_commit": git_commit(), "command": command
+           or command_line(),
            "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **payload}
     path = out_dir / f"{name}.json"
     tmp = path.with_suffix(f".json.tmp-{os.getpid()}")  # several processes may write one result
@@ -143,11 +146,13 @@ def alternate(steps: dict[str, Callable[[], None]], warmup: int, repeats: int, d
 
 def summarize(seconds: list[float]) -> dict:
     q = statistics.quantiles(seconds, n=4) if len(seconds) >= 2 else [seconds[0]] * 3
-    return {"median_s": statistics.median(seconds), "q1_s": q[0], "q3_s": q[2], "min_s": min(seconds), "n": len(seconds)}
+    return {"median_s": statistics.median(seconds), "q1_s": q[0], "q3_s": q[2], "min_s": min(seconds),
+            "n": len(seconds)}
 
 
 def paired_ratio(slow: list[float], fast: list[float]) -> dict:
-    """Median of the per-round ratios slow/fast (robust to load that changes between rounds) and the ratio of medians."""
+    """Median of the per-round ratios slow/fast (robust to load that changes between rounds) and the ratio of
+    medians."""
     per_round = [s / f for s, f in zip(slow, fast)]
     return {"median_of_round_ratios": statistics.median(per_round),
             "ratio_of_medians": statistics.median(slow) / statistics.median(fast)}
@@ -258,7 +263,8 @@ def held_figures(start: tuple[int, int, int], end: tuple[int, int, int]) -> dict
 
 
 def synthetic_batches(vocab_size: int, batch_size: int, seq_len: int, count: int, seed: int = 0,
-                      device: torch.device | str = "cpu", padding: str = "builder") -> list[tuple[Tensor, Tensor, Tensor]]:
+                      device: torch.device | str = "cpu",
+                      padding: str = "builder") -> list[tuple[Tensor, Tensor, Tensor]]:
     """`count` batches shaped like the official builder's: [CLS] A [SEP] B [SEP], some rows padded.
     Ids: [PAD]=0, [CLS]=101, [SEP]=102, [MASK]=103 (BERT's); words drawn from 1000..V-1.
     `padding`: "builder" (each row short with probability 0.05, as the builder's random-length rows), "none" (every
@@ -428,11 +434,13 @@ class HFStep(_TimedStep):
         params = {id(p): (n, p) for mod in (self.gen, self.disc) for n, p in mod.named_parameters()}.values()
         no_decay = ("bias", "LayerNorm.weight")
         groups = [
-            {"params": [p for n, p in params if not any(k in n for k in no_decay)], "weight_decay": setup.optim.weight_decay},
+            {"params": [p for n, p in params if not any(k in n for k in no_decay)],
+             "weight_decay": setup.optim.weight_decay},
             {"params": [p for n, p in params if any(k in n for k in no_decay)], "weight_decay": 0.0},
         ]
         self.params = [p for g in groups for p in g["params"]]
-        self.opt = torch.optim.AdamW(groups, lr=setup.optim.lr, betas=(setup.optim.beta1, setup.optim.beta2), eps=setup.optim.eps)
+        self.opt = torch.optim.AdamW(groups, lr=setup.optim.lr, betas=(setup.optim.beta1, setup.optim.beta2),
+                                     eps=setup.optim.eps)
         self.scaler = torch.amp.GradScaler(setup.device.type) if setup.precision == "fp16" else None
         zero, one = torch.zeros((), device=setup.device), torch.ones((), device=setup.device)
         self.gumbel = torch.distributions.Gumbel(zero, one)
@@ -455,7 +463,8 @@ class HFStep(_TimedStep):
                 generated[is_masked] = sampled
                 is_replaced = is_masked.clone()
                 is_replaced[is_masked] = sampled != ids[is_masked]
-            disc_out = self.disc(input_ids=generated, attention_mask=mask, token_type_ids=types, labels=is_replaced.long())
+            disc_out = self.disc(input_ids=generated, attention_mask=mask, token_type_ids=types,
+                                 labels=is_replaced.long())
         return gen_out.loss + s.objective.disc_weight * disc_out.loss
 
     def __call__(self, ids: Tensor, types: Tensor, mask: Tensor) -> None:
@@ -498,7 +507,8 @@ def compare_steps(setup: StepSetup, batches: list[tuple[Tensor, Tensor, Tensor]]
     times = alternate({"tinyelectra": runner(ours, "ours"), "transformers": runner(theirs, "theirs")},
                       warmup=warmup, repeats=rounds, device=setup.device, on_round=show)
     out: dict = {"batch_size": B, "seq_len": T, "tokens_per_step": B * T, "rounds": rounds, "warmup_rounds": warmup,
-                 "load_average_1min_before_after": [load_before, os.getloadavg()[0] if load_before is not None else None],
+                 "load_average_1min_before_after": [load_before,
+                                                    os.getloadavg()[0] if load_before is not None else None],
                  "first_call_s": {"tinyelectra": t_compile["ours"], "transformers": t_compile["theirs"]},
                  "compile_note": {"tinyelectra": ours.compile_note, "transformers": theirs.compile_note}}
     for name, ts in times.items():
@@ -523,7 +533,8 @@ def add_step_arguments(ap, recipe: str = "electra-small") -> None:
     ap.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"))
     ap.add_argument("--batch", type=int, default=None, help="sequences per step (default: 16 on CPU, 128 on GPU)")
     ap.add_argument("--seq-len", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=os.cpu_count(), help="torch CPU threads, set and recorded (default: one per core)")
+    ap.add_argument("--threads", type=int, default=os.cpu_count(),
+                    help="torch CPU threads, set and recorded (default: one per core)")
     ap.add_argument("--name", default=None, help="result file name (default: from the configuration)")
     ap.add_argument("--out-dir", default=None)
 

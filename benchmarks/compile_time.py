@@ -76,12 +76,14 @@ def run_cell(argv_common: list[str], name: str, cache: Path, threads: int) -> di
                          OMP_WAIT_POLICY="PASSIVE"))
     load = os.getloadavg()[0]
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "benchmarks.compile_time", *argv_common, "--cell", name], capture_output=True, text=True, env=env)
+    out = subprocess.run([sys.executable, "-m", "benchmarks.compile_time", *argv_common, "--cell", name],
+                         capture_output=True, text=True, env=env)
     if out.returncode != 0:
         tail = (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]
         return {"error": tail[:500], "wall_s": round(time.perf_counter() - t0, 1)}
     rec = json.loads(out.stdout.strip().splitlines()[-1])
-    return {**rec, "wall_s": round(time.perf_counter() - t0, 1), "load_average_1min_before_after": [load, os.getloadavg()[0]]}
+    return {**rec, "wall_s": round(time.perf_counter() - t0, 1),
+            "load_average_1min_before_after": [load, os.getloadavg()[0]]}
 
 
 def summary(cells: dict, depths: list[int]) -> dict:
@@ -121,10 +123,12 @@ def main(argv: list[str] | None = None) -> dict | None:
     if args.cell:
         print(json.dumps(cell(args)))
         return None
-    common = ["--recipe", args.recipe, "--batch", str(args.batch), "--seq-len", str(args.seq_len), "--threads", str(args.threads)]
+    common = ["--recipe", args.recipe, "--batch", str(args.batch), "--seq-len", str(args.seq_len), "--threads",
+              str(args.threads)]
     path = Path(args.out_dir or RESULTS) / f"{args.name}.json"
     old = json.loads(path.read_text()) if path.exists() and not args.fresh else {}
-    same = old.get("config") == {"recipe": args.recipe, "batch": args.batch, "seq_len": args.seq_len, "threads": args.threads}
+    same = old.get("config") == {"recipe": args.recipe, "batch": args.batch, "seq_len": args.seq_len,
+                                 "threads": args.threads}
     cells = dict(old.get("cells", {})) if same else {}
     payload = {"config": {"recipe": args.recipe, "batch": args.batch, "seq_len": args.seq_len, "threads": args.threads},
                "arms": {k: v for k, v in ARMS.items()}, "depths": args.depths, "precision": "fp32", "device": "cpu",
@@ -134,11 +138,13 @@ def main(argv: list[str] | None = None) -> dict | None:
 
     def save() -> Path:
         payload["summary"] = summary(cells, args.depths)
-        return write_result(args.name, payload, out_dir=args.out_dir, command=command_line("benchmarks.compile_time", argv))
+        return write_result(args.name, payload, out_dir=args.out_dir,
+                            command=command_line("benchmarks.compile_time", argv))
 
     order = [(arm, d) for i, d in enumerate(args.depths) for arm in (list(ARMS) if i % 2 == 0 else list(ARMS)[::-1])]
     for arm, depth in order:
-        if f"{arm}:{depth}:cold" in cells and "error" not in cells[f"{arm}:{depth}:cold"] and f"{arm}:{depth}:cached" in cells:
+        cold = f"{arm}:{depth}:cold"
+        if cold in cells and "error" not in cells[cold] and f"{arm}:{depth}:cached" in cells:
             continue
         with tempfile.TemporaryDirectory(prefix="inductor-cold-") as cache:
             for kind in ("cold", "cached"):

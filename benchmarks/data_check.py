@@ -52,7 +52,8 @@ def main() -> None:
     ap.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
     ap.add_argument("--files", type=int, default=100, help="the first N enwiki files (default 100)")
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--work", type=Path, default=None, help="where the dataset is prepared (default: a temporary folder)")
+    ap.add_argument("--work", type=Path, default=None,
+                    help="where the dataset is prepared (default: a temporary folder)")
     args = ap.parse_args()
     files = sorted(args.corpus.glob("*.gz"))[: args.files]
     if not files:

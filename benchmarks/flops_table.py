@@ -29,9 +29,12 @@ from tinyelectra.model import Electra
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "flops_table.json"
 
-SMALL = ModelConfig(embedding_size=128, hidden_size=256, num_layers=12, num_heads=4, ffn_size=1024, generator_fraction=0.25)
-BASE = ModelConfig(embedding_size=768, hidden_size=768, num_layers=12, num_heads=12, ffn_size=3072, generator_fraction=1 / 3)
-LARGE = ModelConfig(embedding_size=1024, hidden_size=1024, num_layers=24, num_heads=16, ffn_size=4096, generator_fraction=0.25)
+SMALL = ModelConfig(embedding_size=128, hidden_size=256, num_layers=12, num_heads=4, ffn_size=1024,
+                    generator_fraction=0.25)
+BASE = ModelConfig(embedding_size=768, hidden_size=768, num_layers=12, num_heads=12, ffn_size=3072,
+                   generator_fraction=1 / 3)
+LARGE = ModelConfig(embedding_size=1024, hidden_size=1024, num_layers=24, num_heads=16, ffn_size=4096,
+                    generator_fraction=0.25)
 ELECTRA = ObjectiveConfig()
 MLM = ObjectiveConfig(kind="mlm", mask_token_fraction=0.8, random_token_fraction=0.1)
 
@@ -39,11 +42,14 @@ MLM = ObjectiveConfig(kind="mlm", mask_token_fraction=0.8, random_token_fraction
 PAPER_ROWS = [
     # name, model, objective, batch, seq_len, steps, official script, paper prints
     ("ELECTRA-Small (generator hidden 64)", SMALL, ELECTRA, 128, 128, 1_000_000, 1.293743798272e18, None),
-    ("ELECTRA-Small (generator hidden 128)", ModelConfig(generator_fraction=0.5), ELECTRA, 128, 128, 1_000_000, 1.424050337792e18, 1.4e18),
+    ("ELECTRA-Small (generator hidden 128)", ModelConfig(generator_fraction=0.5), ELECTRA, 128, 128, 1_000_000,
+     1.424050337792e18, 1.4e18),
     ("BERT-Small (1.45M steps)", SMALL, MLM, 128, 128, 1_450_000, 1.4187399146496e18, 1.4e18),
     ("ELECTRA-Base (766k steps)", BASE, ELECTRA, 256, 512, 766_000, 6.424541834277683e19, 6.4e19),
-    ("ELECTRA-Large (400k steps)", LARGE, ObjectiveConfig(mask_prob=0.25), 2048, 512, 400_000, 7.117606040895488e20, 7.1e20),
-    ("ELECTRA-Large (1.75M steps)", LARGE, ObjectiveConfig(mask_prob=0.25), 2048, 512, 1_750_000, 3.113952642891776e21, 3.1e21),
+    ("ELECTRA-Large (400k steps)", LARGE, ObjectiveConfig(mask_prob=0.25), 2048, 512, 400_000, 7.117606040895488e20,
+     7.1e20),
+    ("ELECTRA-Large (1.75M steps)", LARGE, ObjectiveConfig(mask_prob=0.25), 2048, 512, 1_750_000, 3.113952642891776e21,
+     3.1e21),
 ]
 
 
@@ -61,7 +67,8 @@ def machine() -> dict:
 
 def git_commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
@@ -73,7 +80,8 @@ def counted_tinyelectra_step(cfg: ModelConfig, objective: ObjectiveConfig, batch
     special = SpecialIds(pad=0, cls=1, sep=2, mask=3)
     ids = torch.randint(5, cfg.vocab_size, (batch, seq_len))
     ids[:, 0], ids[:, -1] = special.cls, special.sep
-    m = mask_batch(ids, torch.zeros_like(ids), torch.ones_like(ids, dtype=torch.bool), objective, special, cfg.vocab_size)
+    m = mask_batch(ids, torch.zeros_like(ids), torch.ones_like(ids, dtype=torch.bool), objective, special,
+                   cfg.vocab_size)
     counter = FlopCounterMode(display=False)
     with sdpa_kernel(SDPBackend.MATH), counter:
         terms = loss_terms(model, m, objective)
@@ -129,7 +137,8 @@ def recipe_rows() -> list[dict]:
                 "train_flops_total": s.train_flops_paper,
                 "inference_flops_per_sequence": s.inference_flops_paper_per_sequence,
                 "dense_lookup_share": s.dense_lookup_flops_paper_per_step / s.train_flops_paper_per_step,
-                "table1_fractions": {f"{f:g}": s.train_flops_paper_per_step * round(s.steps * f) for f in F.TABLE1_FRACTIONS},
+                "table1_fractions": {f"{f:g}": s.train_flops_paper_per_step * round(s.steps * f)
+                                     for f in F.TABLE1_FRACTIONS},
             },
             "hardware": {
                 "convention": F.HARDWARE_CONVENTION,
@@ -154,8 +163,10 @@ def main() -> None:
             "relative_error_vs_script": ours / script - 1.0,
         })
     inference = {
-        "ELECTRA-Small, T=128": {"official_script": 3677281792.0, "paper_prints": 3.7e9, "tinyelectra": F.paper_inference_flops(SMALL, 128)},
-        "ELECTRA-Base, T=128": {"official_script": None, "paper_prints": 2.9e10, "tinyelectra": F.paper_inference_flops(BASE, 128)},
+        "ELECTRA-Small, T=128": {"official_script": 3677281792.0, "paper_prints": 3.7e9,
+                                 "tinyelectra": F.paper_inference_flops(SMALL, 128)},
+        "ELECTRA-Base, T=128": {"official_script": None, "paper_prints": 2.9e10,
+                                "tinyelectra": F.paper_inference_flops(BASE, 128)},
     }
 
     # Hardware convention vs what torch counts, one training step (fp32, CPU). Counts scale linearly in batch.
@@ -168,14 +179,16 @@ def main() -> None:
         predicted = F.hardware_train_flops_per_step(cfg, objective, batch, seq_len)
         counted = counted_tinyelectra_step(cfg, objective, batch, seq_len)
         row = {"model": label, "objective": objective.kind, "batch_size": batch, "seq_len": seq_len,
-               "hardware_convention": predicted, "flop_counter_tinyelectra": counted, "ratio_counted_over_predicted": counted / predicted}
+               "hardware_convention": predicted, "flop_counter_tinyelectra": counted,
+               "ratio_counted_over_predicted": counted / predicted}
         if objective.kind == "electra":
             hf = counted_transformers_step(cfg, objective, batch, seq_len)
             row["flop_counter_transformers_common_wiring"] = hf
             row["ratio_transformers_over_tinyelectra"] = hf / counted
         checks.append(row)
         print(f"{label}: predicted {predicted:.4e}, counted {counted:.4e} (ratio {counted / predicted:.4f})"
-              + (f"; transformers wiring {row['ratio_transformers_over_tinyelectra']:.2f}x" if "ratio_transformers_over_tinyelectra" in row else ""))
+              + (f"; transformers wiring {row['ratio_transformers_over_tinyelectra']:.2f}x"
+                 if "ratio_transformers_over_tinyelectra" in row else ""))
 
     result = {
         "benchmark": "flops_table",
@@ -185,11 +198,13 @@ def main() -> None:
         "git_commit": git_commit(),
         "precision": "analytic counts; FlopCounterMode cross-check in fp32 on CPU with the math SDPA backend",
         "notes": [
-            "paper convention = google-research/electra flops_computation.py: train = 2 x forward, dense one-hot look-ups, "
-            "MLM head charged on f = 0.15625 of positions for every model (also ELECTRA-Large, mask rate 0.25).",
+            "paper convention = google-research/electra flops_computation.py: train = 2 x forward, dense one-hot "
+            "look-ups, MLM head charged on f = 0.15625 of positions for every model (also ELECTRA-Large, mask rate "
+            "0.25).",
             "The paper's Table 1 1.4e18 for ELECTRA-Small is the official count with a 128-wide generator; "
             "the 64-wide generator the paper describes gives 1.294e18.",
-            "hardware convention = matmuls only, sparse look-ups, generator head on the N masked slots, train = 3 x forward.",
+            "hardware convention = matmuls only, sparse look-ups, generator head on the N masked slots, train = 3 x "
+            "forward.",
         ],
         "paper_rows": paper_rows,
         "paper_inference": inference,
@@ -202,7 +217,8 @@ def main() -> None:
     tmp.write_text(json.dumps(result, indent=2) + "\n")
     os.replace(tmp, OUT)
     for r in paper_rows:
-        print(f"{r['model']}: script {r['official_script']:.4e}, ours {r['tinyelectra']:.4e}, rel err {r['relative_error_vs_script']:.1e}")
+        print(f"{r['model']}: script {r['official_script']:.4e}, ours {r['tinyelectra']:.4e}, rel err "
+              f"{r['relative_error_vs_script']:.1e}")
     print(f"wrote {OUT.relative_to(ROOT)}")
 
 

@@ -76,14 +76,16 @@ def main(argv: list[str] | None = None) -> dict:
     logits = torch.randn(args.rows, V, generator=torch.Generator().manual_seed(0)) * 3
 
     calls = {s: (lambda s=s: sample_tokens(logits, 1.0, None, s)) for s in ("gumbel-max", "inverse-cdf")}
-    times = alternate({**calls, "one-level fp64": lambda: one_level_fp64(logits)}, warmup=1, repeats=args.rounds, device=CPU)
+    times = alternate({**calls, "one-level fp64": lambda: one_level_fp64(logits)}, warmup=1, repeats=args.rounds,
+                      device=CPU)
     eager: dict = {s: summarize(t) for s, t in times.items()}
     eager["gumbel_over_inverse_cdf"] = paired_ratio(times["gumbel-max"], times["inverse-cdf"])
     eager["one_level_fp64_over_inverse_cdf"] = paired_ratio(times["one-level fp64"], times["inverse-cdf"])
     same = torch.equal(one_level_fp64(logits, torch.Generator().manual_seed(1)),
                        sample_tokens(logits, 1.0, torch.Generator().manual_seed(1), "inverse-cdf"))
     eager["inverse_cdf_draws_the_one_level_tokens"] = same
-    print("sampler, eager:", {s: round(v["median_s"] * 1e3, 1) for s, v in eager.items() if isinstance(v, dict) and "median_s" in v}, "ms;",
+    print("sampler, eager:", {s: round(v["median_s"] * 1e3, 1) for s, v in eager.items() if isinstance(v, dict)
+                              and "median_s" in v}, "ms;",
           f"same tokens as the one-level search: {same}", flush=True)
 
     compiled = {}
@@ -103,13 +105,15 @@ def main(argv: list[str] | None = None) -> dict:
     codes = generated(lambda: step(x, mask).sum().backward())
     block_inv = dict(zip(("forward", "backward"), (inventory(c) for c in codes)))
     for part, inv in block_inv.items():
-        print(f"block, inductor, {part}: {inv['fused_kernels']} fused kernels, {len(inv['extern_calls'])} extern calls", flush=True)
+        print(f"block, inductor, {part}: {inv['fused_kernels']} fused kernels, {len(inv['extern_calls'])} extern calls",
+              flush=True)
 
     payload = {"vocab_size": V, "rows": args.rows, "rounds": args.rounds, "sampler_eager": eager,
                "sampler_inductor": compiled,
                "block_inductor": {"shape": "4 x 128 tokens, hidden 256, 4 heads, FFN 1024, dropout 0.1, one row padded",
                                   **block_inv}}
-    path = write_result("kernels_cpu", payload, CPU, out_dir=args.out_dir, command=command_line("benchmarks.kernels_cpu", argv))
+    path = write_result("kernels_cpu", payload, CPU, out_dir=args.out_dir,
+                        command=command_line("benchmarks.kernels_cpu", argv))
     print(f"-> {path}")
     return payload
 

@@ -3,7 +3,8 @@ one GPU) compute what the eager step computes? Fail-fast: exit 0 and a JSON when
 stderr when it does not (the JSON is written either way), exit 2 on bad input.
 
     python -m benchmarks.loss_check --device cuda --recipe electra-small --batch 128 --seq-len 128 --precision bf16 \
-        --compile auto --steps 20            -> benchmarks/results/loss_check_<device>_<precision>_<mode>.json (or --name)
+        --compile auto --steps 20
+        -> benchmarks/results/loss_check_<device>_<precision>_<mode>.json (or --name)
 
 Sides, each `benchmarks/throughput.py`'s `TrainerStep` (the trainer's own Engine, mask_step and train_step) from the
 same initial weights, on the same batches with the same per-step seeds, N steps at a constant learning rate (a tenth
@@ -99,7 +100,8 @@ def verdict(eager: list[float], compiled: list[float], reference: list[float] | 
         line = "a loss is not finite (eager or compiled)"
     elif diff > limit:
         line = (f"the compiled step's losses differ from eager's by {diff:.3g} (relative, step {out['worst_step']}), "
-                f"more than the limit {limit:.3g}" + (f" (2 x the fp32 reference's {ref:.3g} + {FLOOR:g})" if reference else ""))
+                f"more than the limit {limit:.3g}"
+                + (f" (2 x the fp32 reference's {ref:.3g} + {FLOOR:g})" if reference else ""))
     elif moved <= limit:
         line = (f"inconclusive: the eager losses moved by only {moved:.3g} over {len(eager)} steps, not more than the "
                 f"limit {limit:.3g} (raise --steps or --lr)")
@@ -137,8 +139,8 @@ def dropout_verdict(eager: list[float], compiled: list[float], reference: list[f
         line = (f"the compiled step's losses repeat ({distinct} distinct of {k} seeds): its random numbers (dropout "
                 "masks, samples) are not drawn afresh each step")
     elif abs(mc - me) > mean_limit:
-        line = (f"the compiled step's mean loss {mc:.6g} differs from eager's {me:.6g} by {abs(mc - me):.3g}, more than "
-                f"{Z:g} standard errors plus rounding ({mean_limit:.3g})")
+        line = (f"the compiled step's mean loss {mc:.6g} differs from eager's {me:.6g} by {abs(mc - me):.3g}, more "
+                f"than {Z:g} standard errors plus rounding ({mean_limit:.3g})")
     elif not abs(log_ratio) <= spread_limit:
         line = (f"the compiled step's losses spread differently from eager's (sd {sc:.3g} vs {se:.3g}: log variance "
                 f"ratio {log_ratio:.3g} beyond {spread_limit:.3g})")
@@ -176,7 +178,8 @@ def parser() -> argparse.ArgumentParser:
                     help="the compiled side's train.compile (auto: as `tinyelectra train` resolves it; regional-graph "
                          "needs --set train.update=flat)")
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--lr", type=float, default=None, help="constant learning rate (default: a tenth of the recipe's peak)")
+    ap.add_argument("--lr", type=float, default=None,
+                    help="constant learning rate (default: a tenth of the recipe's peak)")
     ap.add_argument("--dropout", default="off", choices=("off", "recipe"),
                     help="off: no dropout on any side, losses compared to rounding (default); recipe: the recipe's "
                          "dropout, the statistical check (dropout_verdict)")
@@ -225,28 +228,36 @@ def main(argv: list[str] | None = None) -> dict:
         runtime.configure_matmul(prec, device)  # fp32: TF32 off, the reference's true fp32
         plain = runtime.plain_cpu_paths() if device.type == "cpu" else contextlib.nullcontext()
         with plain:
-            steps[label] = build(args.recipe, [*base, f"train.compile={compile_mode}"], device, prec, batch, args.seq_len, args.lr)
+            steps[label] = build(args.recipe, [*base, f"train.compile={compile_mode}"], device, prec, batch,
+                                 args.seq_len, args.lr)
             t0 = time.perf_counter()
             losses[label] = (run(steps[label], args.steps) if args.dropout == "off" else
                              dropout_samples(steps[label], args.repeats))
             synchronize(device)
         seconds[label] = time.perf_counter() - t0
         notes[label] = steps[label].compile_note
-        print(f"{label} ({prec}): {notes[label]}; losses {losses[label][0]:.5f} ... {losses[label][-1]:.5f}", flush=True)
-    v = (verdict if args.dropout == "off" else dropout_verdict)(losses["eager"], losses["compiled"], losses.get("reference"))
+        print(f"{label} ({prec}): {notes[label]}; losses {losses[label][0]:.5f} ... {losses[label][-1]:.5f}",
+              flush=True)
+    v = (verdict if args.dropout == "off" else dropout_verdict)(
+        losses["eager"], losses["compiled"], losses.get("reference"))
     weights = max((a - b).abs().max().item() for a, b in zip(steps["eager"].model.state_dict().values(),
                                                                steps["compiled"].model.state_dict().values()))
-    name = args.name or f"loss_check_{device.type}_{precision}_{args.compile}" + ("_dropout" if args.dropout != "off" else "")
+    name = args.name or (f"loss_check_{device.type}_{precision}_{args.compile}"
+                         + ("_dropout" if args.dropout != "off" else ""))
     payload = {
-        "recipe": args.recipe, "overrides": base, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "precision": precision, "compile": args.compile, "compile_mode": mode, "batch_size": batch, "seq_len": args.seq_len,
+        "recipe": args.recipe, "overrides": base,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "precision": precision, "compile": args.compile, "compile_mode": mode, "batch_size": batch,
+        "seq_len": args.seq_len,
         "steps": args.steps if args.dropout == "off" else args.repeats, "learning_rate": steps["eager"].lr(0),
-        "dropout": args.dropout, "inductor_fallback_random": args.dropout == "off", "batches": steps["eager"].batches.source,
+        "dropout": args.dropout, "inductor_fallback_random": args.dropout == "off",
+        "batches": steps["eager"].batches.source,
         "compile_note": notes, "seconds": seconds, "losses": losses, **{k: v[k] for k in v if k != "line"},
         "why": v["line"] or None, "max_abs_weight_difference_at_end": weights,
         "max_abs_loss_difference": max(abs(a - b) for a, b in zip(losses["eager"], losses["compiled"])),
         "first_step_abs_difference": abs(losses["eager"][0] - losses["compiled"][0]),
-        "tolerance": (f"limit = {REFERENCE_FACTOR:g} x (max relative difference of the eager fp32 reference) + {FLOOR:g}"
+        "tolerance": (f"limit = {REFERENCE_FACTOR:g} x (max relative difference of the eager fp32 reference) + "
+                      f"{FLOOR:g}"
                       if args.dropout == "off" else
                       f"statistical (dropout on, lr 0, one batch, {args.repeats} seeds per side): mean within {Z:g} "
                       f"standard errors + rounding, log variance ratio within {Z:g} x sqrt(4 / (K - 1)), fresh draws"),
@@ -259,8 +270,8 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"eager vs {args.compile} ({mode}): max relative loss difference {v['max_rel_loss_difference']:.3g} <= "
               f"limit {v['limit']:.3g} over {args.steps} steps (losses moved {v['eager_loss_movement']:.3g}) -> {path}")
     else:
-        print(f"eager vs {args.compile} ({mode}), dropout on: mean loss {v['compiled_mean']:.6g} vs {v['eager_mean']:.6g} "
-              f"(limit {v['mean_limit']:.3g}), sd {v['compiled_sd']:.3g} vs {v['eager_sd']:.3g}, "
+        print(f"eager vs {args.compile} ({mode}), dropout on: mean loss {v['compiled_mean']:.6g} vs "
+              f"{v['eager_mean']:.6g} (limit {v['mean_limit']:.3g}), sd {v['compiled_sd']:.3g} vs {v['eager_sd']:.3g}, "
               f"{v['compiled_distinct_losses']} distinct losses of {v['repeats']} -> {path}")
     return payload
 

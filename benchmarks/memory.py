@@ -258,7 +258,8 @@ def main(argv: list[str] | None = None) -> dict:
     for size in args.sizes.split(","):
         cfg, objective, seq_len, batch = SIZES[size]
         n_params = count_parameters(Electra(cfg, objective.kind))
-        mbs = [int(x) for x in args.micro_batches.split(",")] if args.micro_batches else list(MICRO_BATCHES[device.type][size])
+        mbs = ([int(x) for x in args.micro_batches.split(",")] if args.micro_batches
+               else list(MICRO_BATCHES[device.type][size]))
         rows = []
         for precision in precisions:
             for ckpt in (False, True):
@@ -287,17 +288,20 @@ def main(argv: list[str] | None = None) -> dict:
                                 for name, (p, b) in optimizers.items()}
                 rows.append(row)
                 cards = row["cards"]["adam (paper, fp32 state)"]
-                val = (f" (predicted vs measured at {row['validation']['micro_batch']}: {row['validation']['relative_error']:+.2%})"
+                val = (f" (predicted vs measured at {row['validation']['micro_batch']}: "
+                       f"{row['validation']['relative_error']:+.2%})"
                        if "validation" in row else "")
                 print(f"{size:5s} {precision:4s} ckpt={'on ' if ckpt else 'off'} peak at batch {batch}: "
                       f"{cards['peak_at_recipe_batch_gib']:7.2f} GiB{val}; max micro-batch per card: "
-                      + " ".join(f"{k}:{v['max_micro_batch']}" for k, v in cards.items() if k.endswith("GiB")), flush=True)
+                      + " ".join(f"{k}:{v['max_micro_batch']}" for k, v in cards.items() if k.endswith("GiB")),
+                      flush=True)
         sizes[size] = {"parameters": n_params, "seq_len": seq_len, "recipe_batch": batch, "micro_batches_measured": mbs,
                        "configurations": rows}
 
     payload = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                "what": ("peak bytes of live tensor storages over one steady-state training step (TensorMemory; the "
-                        "CUDA allocator's own max_memory_allocated is recorded beside each measurement)" if device.type == "cuda"
+                        "CUDA allocator's own max_memory_allocated is recorded beside each measurement)"
+                        if device.type == "cuda"
                         else "peak bytes of live tensor storages over one steady-state training step, measured on the "
                              "CPU with the fused SDPA attention kernel: upper bounds for a GPU (fp32 dropout masks)"),
                "reserve_gib": args.reserve_gib, "sizes": sizes,

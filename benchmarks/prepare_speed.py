@@ -40,7 +40,8 @@ def end_to_end(corpus: Path, out: Path, extra: list[str]) -> dict:
         shutil.rmtree(out)  # ours: a fresh build, not a cache hit
     elif out.exists() and any(out.iterdir()):
         sys.exit(f"{out} exists and is not a tinyelectra dataset; choose another --out")
-    cmd = [str(Path(sys.executable).parent / "tinyelectra"), "prepare", "--corpus", str(corpus), "--out", str(out), *extra]
+    cmd = [str(Path(sys.executable).parent / "tinyelectra"), "prepare", "--corpus", str(corpus), "--out", str(out),
+           *extra]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     load_before = os.getloadavg()
     t0 = time.perf_counter()
@@ -104,17 +105,21 @@ def tokenization(corpus: Path, tokenizer_dir: Path, n_files: int, rounds: int) -
             cpu[name].append(time.process_time() - c0)
         return run
 
-    times = alternate({"tinyelectra": cpu_timed("tinyelectra", ours), "tokenizers": cpu_timed("tokenizers", plain_tokenizers)},
+    times = alternate({"tinyelectra": cpu_timed("tinyelectra", ours),
+                       "tokenizers": cpu_timed("tokenizers", plain_tokenizers)},
                       warmup=0, repeats=rounds, device=torch.device("cpu"))
     return {
         "cpu_seconds_per_mb": {k: round(statistics.median(v) / mb, 4) for k, v in cpu.items()},
-        "cpu_efficiency_tinyelectra_over_tokenizers": round(statistics.median(cpu["tokenizers"]) / statistics.median(cpu["tinyelectra"]), 2),
+        "cpu_efficiency_tinyelectra_over_tokenizers": round(
+            statistics.median(cpu["tokenizers"]) / statistics.median(cpu["tinyelectra"]), 2),
         "text_mb": round(mb, 2),
         "lines": len(lines),
         "tinyelectra_encode_batch_1_thread": {**summarize(times["tinyelectra"]),
-                                              "mb_per_second": round(mb / summarize(times["tinyelectra"])["median_s"], 2)},
+                                              "mb_per_second": round(
+                                                  mb / summarize(times["tinyelectra"])["median_s"], 2)},
         "tokenizers_encode_batch_all_cores": {**summarize(times["tokenizers"]),
-                                              "mb_per_second": round(mb / summarize(times["tokenizers"])["median_s"], 2)},
+                                              "mb_per_second": round(
+                                                  mb / summarize(times["tokenizers"])["median_s"], 2)},
         "speedup_tinyelectra_over_tokenizers": paired_ratio(times["tokenizers"], times["tinyelectra"]),
         "note": "same tokenizer, same lines (files not in the tokenizer's training sample), identical ids "
                 "(tests/test_tokenizer.py); tinyelectra uses one thread here, tokenizers all cores",

@@ -94,7 +94,8 @@ def run_case(name: str, args: list[str], work: Path, tinyelectra: str) -> dict:
             hog.wait()
     (work / f"{name}.log").write_text(p.stdout + p.stderr, encoding="utf-8")
     out = {"command": shlex.join([*pin, "tinyelectra", *args]), "cache": "fresh" if cold else "corpus already prepared",
-           "beside": f"{shlex.join([*pin, 'python', '-c', HOG])} (pinned to the same core)" if slow else "nothing added",
+           "beside": (f"{shlex.join([*pin, 'python', '-c', HOG])} (pinned to the same core)" if slow
+                      else "nothing added"),
            "exit_code": p.returncode, "wall_seconds": round(wall, 1), "loadavg_before": before, "loadavg_after": after}
     if p.returncode != 0:
         return {**out, "error": (p.stderr or p.stdout)[-2000:]}
@@ -103,12 +104,14 @@ def run_case(name: str, args: list[str], work: Path, tinyelectra: str) -> dict:
     for ckpt in summary["checkpoints"]:
         meta = json.loads((run_dir / ckpt / "meta.json").read_text())
         e = meta["eval"]
-        checkpoints.append({"name": ckpt, "step": meta["step"], "gen_acc": e["gen_acc"], "unigram_acc": e["unigram_acc"],
+        checkpoints.append({"name": ckpt, "step": meta["step"], "gen_acc": e["gen_acc"],
+                            "unigram_acc": e["unigram_acc"],
                             "gen_over_unigram": round(e["gen_acc"] / e["unigram_acc"], 3), "learned": e["learned"],
                             "learning": e["learning"], "verdict": e["verdict"], "rows": e["rows"]})
     prepared = json.loads((cache / next(cache.iterdir()).name / "manifest.json").read_text()) if cold else None
     return {**out, "steps": summary["steps"], "train_seconds": round(summary["train_seconds"], 1),
-            "process_seconds": summary["process_seconds"], "median_tokens_per_second": summary["median_tokens_per_second"],
+            "process_seconds": summary["process_seconds"],
+            "median_tokens_per_second": summary["median_tokens_per_second"],
             "cpu_threads": summary["runtime"]["cpu_threads"]["threads"],
             "prepare_seconds": prepared["seconds"]["total"] if prepared else None,
             "five_checkpoints": len(checkpoints) == 5, "flops_report": "FLOPs report" in p.stdout + p.stderr,
@@ -116,21 +119,24 @@ def run_case(name: str, args: list[str], work: Path, tinyelectra: str) -> dict:
 
 
 def render(doc: dict) -> str:
-    lines = [f"# The README's quick start, timed ({doc['machine']['cpu']}, {doc['machine']['cores']} cores, shared)", "",
+    lines = [f"# The README's quick start, timed ({doc['machine']['cpu']}, {doc['machine']['cores']} cores, shared)",
+             "",
              f"Command: `{doc['quick_start']}` (from the README; `--out` moved into the work folder). Before: "
              f"`{doc['before']}`. Commit {doc['git_commit']}. Wall time: launch to exit, Python start-up and corpus "
              "preparation included. Slow: `taskset -c 0` with a CPU-bound process on the same core.", "",
-             "| case | cache | exit | wall s | prepare s | steps | train s | tokens/s | threads | load before -> after (1 min) "
-             "| generator / unigram at the end | verdict |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| case | cache | exit | wall s | prepare s | steps | train s | tokens/s | threads | load before -> "
+             "after (1 min) | generator / unigram at the end | verdict "
+             "|", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, c in doc["cases"].items():
         if c["exit_code"] != 0:
             lines.append(f"| {name} | {c['cache']} | {c['exit_code']} | {c['wall_seconds']} | | | | | | | | failed |")
             continue
         f = c["final"]
-        lines.append(f"| {name} | {c['cache']} | 0 | {c['wall_seconds']:.0f} | {c['prepare_seconds'] or '-'} | {c['steps']} | "
-                     f"{c['train_seconds']:.0f} | {c['median_tokens_per_second']:,.0f} | {c['cpu_threads']} | "
-                     f"{c['loadavg_before'][0]:.1f} -> {c['loadavg_after'][0]:.1f} | {f['gen_over_unigram']:.2f}x "
-                     f"({f['gen_acc']:.3f} vs {f['unigram_acc']:.3f}) | {f['verdict'].split(':')[0]} |")
+        lines.append(f"| {name} | {c['cache']} | 0 | {c['wall_seconds']:.0f} | {c['prepare_seconds'] or '-'} | "
+                     f"{c['steps']} | {c['train_seconds']:.0f} | {c['median_tokens_per_second']:,.0f} | "
+                     f"{c['cpu_threads']} | {c['loadavg_before'][0]:.1f} -> {c['loadavg_after'][0]:.1f} | "
+                     f"{f['gen_over_unigram']:.2f}x ({f['gen_acc']:.3f} vs {f['unigram_acc']:.3f}) | "
+                     f"{f['verdict'].split(':')[0]} |")
     return "\n".join([*lines, "", f"Produced by `{doc['command']}`", ""])
 
 

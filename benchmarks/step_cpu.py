@@ -39,7 +39,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--rounds", type=int, default=20, help="timed A/B rounds after warm-up")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--allocator", choices=("tuned", "default"), default="tuned")
-    ap.add_argument("--threads", type=int, default=os.cpu_count(), help="torch CPU threads, set and recorded (default: one per core)")
+    ap.add_argument("--threads", type=int, default=os.cpu_count(),
+                    help="torch CPU threads, set and recorded (default: one per core)")
     ap.add_argument("--name", default="step_cpu", help="result file name (benchmarks/results/NAME.json)")
     ap.add_argument("--out-dir", default=None)
     argv = sys.argv[1:] if argv is None else argv

@@ -11,10 +11,10 @@ tinyelectra's side is the body of `tinyelectra.train.train`'s loop, the trainer'
 batch from a `BatchLoader` (or the next synthetic batch), `mask_step` (per-step seeds, `mask_batch`),
 `global_counts`, the learning rate, and `train_step`: `Engine.forward` (PretrainStep, compiled when asked) under
 autocast, the scaled backward of `electra.combine`, and `Engine.update` (unscale, clip 1.0, paper Adam, zero grads;
-with --compile reduce-overhead the graph-safe update), with `runtime.tune_cpu()` on the CPU as the trainer does. Its first call is the trainer's compile
-check: a compilation failing in the forward, backward or update falls back to eager, and `compile_note` says so.
-The baseline (benchmarks/common.py, `HFStep`) draws its batches from an identical loader, uses the same masking
-function, autocast and precision, torch AdamW, and `torch.compile` on both models when asked.
+with --compile reduce-overhead the graph-safe update), with `runtime.tune_cpu()` on the CPU as the trainer does. Its
+first call is the trainer's compile check: a compilation failing in the forward, backward or update falls back to eager,
+and `compile_note` says so. The baseline (benchmarks/common.py, `HFStep`) draws its batches from an identical loader,
+uses the same masking function, autocast and precision, torch AdamW, and `torch.compile` on both models when asked.
 
 Timing: rounds of --calls-per-round steps run back to back with one device synchronisation at the end of the
 round (20 steps on a GPU: the host queues the next step while the GPU runs this one, as in training); with both
@@ -102,7 +102,8 @@ class Batches:
     `__call__` gives (input_ids, token_type_ids, attention_mask); `batch()` a data.Batch with its host-side
     flags of the rows without padding, which the trainer's step reads to pass no attention mask where none is needed."""
 
-    def __init__(self, data_dir: str | None, vocab_size: int, batch: int, seq_len: int, device: torch.device, seed: int = 0,
+    def __init__(self, data_dir: str | None, vocab_size: int, batch: int, seq_len: int, device: torch.device,
+                 seed: int = 0,
                  padding: str = "builder"):
         self.loader = None
         if data_dir:
@@ -117,7 +118,8 @@ class Batches:
             self.source = f"prepared data {data_dir} (BatchLoader, prefetch 2)"
         else:
             self.special = SpecialIds(pad=0, cls=101, sep=102, mask=103)
-            self.synthetic = synthetic_batches(vocab_size, batch, seq_len, count=8, seed=seed, device=device, padding=padding)
+            self.synthetic = synthetic_batches(vocab_size, batch, seq_len, count=8, seed=seed, device=device,
+                                               padding=padding)
             self.full_rows = [mask.all(1).cpu().numpy() for _, _, mask in self.synthetic]  # once, before any timing
             self.i = 0
             self.source = f"synthetic batches (8 distinct, cycled; BERT special ids; padding: {padding})"
@@ -208,7 +210,8 @@ class BaselineStep:
 
     @property
     def compile_note(self) -> str:
-        failed = [n for n in (runtime.compile_note(m, "") for m in (self.hf.gen, self.hf.disc)) if n.startswith("compile: failed")]
+        failed = [n for n in (runtime.compile_note(m, "") for m in (self.hf.gen, self.hf.disc))
+                  if n.startswith("compile: failed")]
         return failed[0] if failed else self._compile_note
 
     @property
@@ -243,7 +246,8 @@ def memory_probe(args, recipe, device: torch.device, precision: str) -> dict:
     rss_built = _rss_now_bytes()
     for _ in range(3):
         step()
-    return {"peak_rss_bytes": _rss_peak_bytes(), "rss_after_import_bytes": rss_start, "rss_after_build_bytes": rss_built}
+    return {"peak_rss_bytes": _rss_peak_bytes(), "rss_after_import_bytes": rss_start,
+            "rss_after_build_bytes": rss_built}
 
 
 def cpu_memory(argv: list[str], side: str) -> dict:
@@ -275,7 +279,8 @@ ATTENTION_KERNELS = (  # (label, pattern), first match wins; cuDNN's names conta
 SOFTMAX = re.compile(r"softmax", re.I)  # an unfused (math) attention shows only its softmax and matmul kernels
 KERNEL_LAUNCH = re.compile(r"^(cudaLaunchKernel|cuLaunchKernel|cudaLaunchKernelExC|cuLaunchKernelEx)(_v\d+)?$")
 GRAPH_LAUNCH = re.compile(r"^(cudaGraphLaunch|cuGraphLaunch)(_v\d+)?$")
-CUDAGRAPH_SKIP = re.compile(r"skipping cudagraphs due to (.+?)(?:\. Found from :|$)", re.M)  # torch/_inductor/cudagraph_utils.py
+# torch/_inductor/cudagraph_utils.py
+CUDAGRAPH_SKIP = re.compile(r"skipping cudagraphs due to (.+?)(?:\. Found from :|$)", re.M)
 
 
 # The classes of issue 33's kernel table, read from kernel (CUDA) or operator (CPU) names, first match wins, in this
@@ -309,7 +314,8 @@ def kernel_classes(kernels: list[dict]) -> dict:
         row["kernels_per_step"] += k["calls_per_step"]
         row["ms_per_step"] += k["ms_per_step"]
         if label == "GEMM" and SPLIT_K.search(k["name"]):
-            row["split_k_reduce_kernels_per_step"] = row.get("split_k_reduce_kernels_per_step", 0.0) + k["calls_per_step"]
+            row["split_k_reduce_kernels_per_step"] = (row.get("split_k_reduce_kernels_per_step", 0.0)
+                                                      + k["calls_per_step"])
             row["split_k_reduce_ms_per_step"] = row.get("split_k_reduce_ms_per_step", 0.0) + k["ms_per_step"]
     return {c: {key: round(v, 4) for key, v in row.items()} for c, row in out.items()}
 
@@ -389,7 +395,8 @@ def kernel_table(events, steps: int, cuda: bool, top: int = 15) -> dict:
 
     rows = sorted((e for e in events if self_us(e) > 0 and measured(e)), key=self_us, reverse=True)
     total = sum(self_us(e) for e in rows) or 1.0
-    kernels = [{"name": e.key[:200], "calls_per_step": e.count / steps, "ms_per_step": self_us(e) / 1000 / steps} for e in rows]
+    kernels = [{"name": e.key[:200], "calls_per_step": e.count / steps, "ms_per_step": self_us(e) / 1000 / steps}
+               for e in rows]
     launches, graphs = launch_counts([(e.key, e.count) for e in events])
     return {"steps": steps, "kind": "CUDA kernels, self device time" if cuda else "aten operators, self CPU time",
             "total_ms_per_step": total / 1000 / steps,
@@ -440,16 +447,21 @@ def main(argv: list[str] | None = None) -> dict | None:
         print(json.dumps(memory_probe(args, recipe, device, precision)))
         return None
     sides = list(SIDES) if args.sides == "both" else [args.sides]
-    mode = runtime.choose_compile(args.compile, device).mode  # "auto": what the trainer runs (one process, one micro-batch)
-    tag = {"off": "", "on": "_compile", "reduce-overhead": "_cudagraphs" if device.type == "cuda" else "_reduce-overhead"}
+    # "auto": what the trainer runs (one process, one micro-batch)
+    mode = runtime.choose_compile(args.compile, device).mode
+    tag = {"off": "", "on": "_compile",
+           "reduce-overhead": "_cudagraphs" if device.type == "cuda" else "_reduce-overhead"}
     name = args.name or f"throughput_{device.type}_{precision}{tag[mode]}"
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     tokens_per_step = batch * args.seq_len
-    hw_flops_per_token = flops.hardware_train_flops_per_step(recipe.model, recipe.objective, batch, args.seq_len) / tokens_per_step
+    hw_flops_per_token = (flops.hardware_train_flops_per_step(recipe.model, recipe.objective, batch, args.seq_len)
+                          / tokens_per_step)
     peak_precision = precision if precision != "fp32" else ("tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32")
     payload: dict = {
-        "recipe": args.recipe, "overrides": args.set, "device": device_name or "cpu", "precision": precision, "precision_reason": precision_reason,
-        "matmul": matmul_note, "allocator": allocator_note, "compile": args.compile, "compile_mode": mode, "sides": sides,
+        "recipe": args.recipe, "overrides": args.set, "device": device_name or "cpu", "precision": precision,
+        "precision_reason": precision_reason,
+        "matmul": matmul_note, "allocator": allocator_note, "compile": args.compile, "compile_mode": mode,
+        "sides": sides,
         "grad_norm": args.grad_norm, "padding": args.padding if not args.data else "the data's own",
         "batch_size": batch, "seq_len": args.seq_len, "tokens_per_step": tokens_per_step, "rounds": args.rounds,
         "warmup_rounds": args.warmup, "calls_per_round": calls,
@@ -485,7 +497,8 @@ def main(argv: list[str] | None = None) -> dict | None:
         if mode != "off":
             after = dynamo_counts()
             payload[side]["compile"] = {"graphs_at_first_call": after.get("graphs", 0) - before.get("graphs", 0),
-                                        "graph_breaks_at_first_call": after.get("graph_breaks", 0) - before.get("graph_breaks", 0),
+                                        "graph_breaks_at_first_call": (after.get("graph_breaks", 0)
+                                                                       - before.get("graph_breaks", 0)),
                                         "graph_break_reasons": after.get("graph_break_reasons", {})}
         print(f"{side}: first call {payload[side]['first_call_s']:.1f} s; {step.compile_note}", flush=True)
     payload["data"] = next(iter(steps.values())).batches.source
@@ -493,10 +506,11 @@ def main(argv: list[str] | None = None) -> dict | None:
         payload["peak_memory_kind"] = MEMORY_KIND
     if "tinyelectra" in steps:
         te = steps["tinyelectra"]
-        payload["tinyelectra"]["attention_dispatcher"] = attention_kernel(recipe.model, batch, args.seq_len, device,
-                                                               runtime.autocast_dtype(precision, device), compiled=te.compiled)
+        payload["tinyelectra"]["attention_dispatcher"] = attention_kernel(
+            recipe.model, batch, args.seq_len, device, runtime.autocast_dtype(precision, device), compiled=te.compiled)
     if "transformers" in steps:
-        payload["transformers"]["attention_dispatcher"] = getattr(steps["transformers"].hf.disc.config, "_attn_implementation", "unknown")
+        payload["transformers"]["attention_dispatcher"] = getattr(
+            steps["transformers"].hf.disc.config, "_attn_implementation", "unknown")
     save()
 
     def show(r: int, d: dict[str, float]) -> None:

@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> dict:
     _, meta = data.rows("train", np.arange(rows))
     lengths = meta[:, 1].astype(np.int64)
     full = lengths >= data.seq_len
-    payload = {"data": str(args.data), "prepared_with": data.manifest.get("command"), "seq_len": data.seq_len, "train_rows": rows,
+    payload = {"data": str(args.data), "prepared_with": data.manifest.get("command"), "seq_len": data.seq_len,
+               "train_rows": rows,
                "full_rows": float(full.mean()), "filled_slots": float(lengths.sum() / (rows * data.seq_len)),
                "batches_without_padding": {b: unpadded_share(full, b) for b in map(int, args.batches.split(","))},
                "independent_rows_estimate": {b: float(full.mean() ** b) for b in map(int, args.batches.split(","))}}

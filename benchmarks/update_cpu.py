@@ -70,9 +70,10 @@ def main(argv: list[str] | None = None) -> dict:
                "what": "one update each (the gradients' copies into .grad included on both sides), alternating",
                **{k: summarize(v) for k, v in times.items()},
                "flat_speedup": paired_ratio(times["per_tensor"], times["flat"])}
-    path = write_result(args.name, payload, device, out_dir=args.out_dir, command=command_line("benchmarks.update_cpu", argv))
-    print(f"per-tensor {payload['per_tensor']['median_s'] * 1e3:.2f} ms, flat {payload['flat']['median_s'] * 1e3:.2f} ms: "
-          f"{payload['flat_speedup']['median_of_round_ratios']:.2f}x -> {path}")
+    path = write_result(args.name, payload, device, out_dir=args.out_dir,
+                        command=command_line("benchmarks.update_cpu", argv))
+    print(f"per-tensor {payload['per_tensor']['median_s'] * 1e3:.2f} ms, flat {payload['flat']['median_s'] * 1e3:.2f} "
+          f"ms: {payload['flat_speedup']['median_of_round_ratios']:.2f}x -> {path}")
     return payload
 
 

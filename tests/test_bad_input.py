@@ -131,8 +131,8 @@ DAMAGED_STATE = {  # case: (damage(run), what the error names)
     "LATEST corrupt": (lambda r: (r / "state" / "LATEST").write_text("../../etc"), ["LATEST"]),
     # a listing with an entry removed, or emptied, must not let the file it no longer lists through
     "sha256.json without model.safetensors, which is flipped": (
-        lambda r: (flip_byte(state_file(r, "model.safetensors")), drop_sha256_entries(state_file(r, "sha256.json").parent,
-                                                                                      "model.safetensors")),
+        lambda r: (flip_byte(state_file(r, "model.safetensors")),
+                   drop_sha256_entries(state_file(r, "sha256.json").parent, "model.safetensors")),
         ["sha256.json", "no entry for model.safetensors"]),
     "sha256.json emptied, model.safetensors flipped": (
         lambda r: (flip_byte(state_file(r, "model.safetensors")), state_file(r, "sha256.json").write_text("{}")),
@@ -281,11 +281,11 @@ DAMAGED_REPORT = {  # case: (damage(run), what the error names)
                                     ["summary.json", "train_flops_paper", "not a number"]),
     "glue.json cut short": (lambda r: glue_json(r, '{"format": "tinyelectra-glue", "tasks": {"ss'),
                             ["glue.json", "cannot read it as JSON"]),
-    "glue.json a task that is not a table": (lambda r: glue_json(r, '{"format": "tinyelectra-glue", "tasks": {"sst2": 3}}'),
-                                             ["glue.json", "damaged"]),
-    "glue.json a score that is text": (lambda r: glue_json(r, json.dumps({"format": "tinyelectra-glue", "tasks": {"sst2": {
-        "paper_metric": "accuracy", "glue_metric": "accuracy", "median_paper": "high", "std_paper": None,
-        "median_glue": 1.0, "std_glue": None, "seeds": []}}})), ["glue.json", "median_paper", "not a number"]),
+    "glue.json a task that is not a table": (
+        lambda r: glue_json(r, '{"format": "tinyelectra-glue", "tasks": {"sst2": 3}}'), ["glue.json", "damaged"]),
+    "glue.json a score that is text": (lambda r: glue_json(r, json.dumps({"format": "tinyelectra-glue", "tasks": {
+        "sst2": {"paper_metric": "accuracy", "glue_metric": "accuracy", "median_paper": "high", "std_paper": None,
+                 "median_glue": 1.0, "std_glue": None, "seeds": []}}})), ["glue.json", "median_paper", "not a number"]),
     "glue.json not tinyelectra's": (lambda r: glue_json(r, '{"tasks": {}}'), ["glue.json", "not GLUE results"]),
 }
 
@@ -346,8 +346,8 @@ def test_full_output_location(command, done_run, tmp_path, cli_env):
     """Every file write past 200 kB (train, export) or 2 kB (prepare, report) fails, as on a full disk."""
     out = tmp_path / "out"
     corpus = tmp_path / "c.txt"
-    corpus.write_text("\n\n".join(f"Document {i} has a first sentence.\nAnd a second one about {i}." for i in range(300)),
-                      encoding="utf-8")
+    corpus.write_text("\n\n".join(f"Document {i} has a first sentence.\nAnd a second one about {i}."
+                                  for i in range(300)), encoding="utf-8")
     args = {"prepare": ["prepare", "--corpus", str(corpus), "--out", str(out), "--vocab-size", "300"],
             "train": [*TRAIN, "--out", str(out)],
             "export": ["export", str(done_run / "ckpt-10000"), "--out", str(out)],
@@ -694,7 +694,8 @@ def test_a_training_step_out_of_memory_is_one_line(tmp_path, cli_env, monkeypatc
     assert_one_line(code, err, "a training step of 8 sequences x 128 tokens does not fit in CPU memory (tried to "
                     "allocate 1,073,741,824.0 GiB) after step 0", "--set train.micro_batch_size=4",
                     "--set train.grad_checkpointing=true", "a smaller model", "resume state at step 0",
-                    "continue from the resume state with half the micro-batch: ", "--resume --set train.micro_batch_size=4")
+                    "continue from the resume state with half the micro-batch: ",
+                    "--resume --set train.micro_batch_size=4")
 
 
 def test_a_gpu_out_of_memory_error_reads_as_one_line():
@@ -703,11 +704,13 @@ def test_a_gpu_out_of_memory_error_reads_as_one_line():
     from tinyelectra.runstate import allocation_failure, out_of_memory_line
 
     e = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 "
-                               "GiB of which 1.06 GiB is free. Of the allocated memory 75.2 GiB is allocated by PyTorch")
+                               "GiB of which 1.06 GiB is free. Of the allocated memory 75.2 GiB is allocated by "
+                               "PyTorch")
     assert allocation_failure(e) == "tried to allocate 2.00 GiB"
     assert allocation_failure(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) is None
     line = out_of_memory_line("tried to allocate 2.00 GiB", torch.device("cuda", 0), load_recipe("electra-small"), 32,
                               "after step 7")
-    assert line == ("a training step of 32 sequences x 128 tokens does not fit in GPU memory (tried to allocate 2.00 GiB) "
-                    "after step 7; try a smaller micro-batch (--set train.micro_batch_size=16: the same global batch, "
-                    "accumulated), gradient checkpointing (--set train.grad_checkpointing=true) or a smaller model")
+    assert line == ("a training step of 32 sequences x 128 tokens does not fit in GPU memory (tried to allocate 2.00 "
+                    "GiB) after step 7; try a smaller micro-batch (--set train.micro_batch_size=16: the same global "
+                    "batch, accumulated), gradient checkpointing (--set train.grad_checkpointing=true) or a smaller "
+                    "model")

@@ -76,7 +76,8 @@ def test_step_cpu_writes_a_complete_result(tmp_path):
     assert doc["precision"] == "fp32" and doc["device"] == "cpu"
     assert doc["machine"]["cores"] >= 1 and doc["machine"]["torch"] == torch.__version__
     assert len(doc["git_commit"]) >= 40
-    assert doc["command"] == "python -m benchmarks.step_cpu " + " ".join([*TINY_ARGS, "--out-dir", str(tmp_path), "--name", "t"])
+    assert doc["command"] == "python -m benchmarks.step_cpu " + " ".join([*TINY_ARGS, "--out-dir", str(tmp_path),
+                                                                         "--name", "t"])
     te, hf = doc["tinyelectra"], doc["transformers"]
     assert te["tokens_per_s"] == pytest.approx(4 * 32 / te["median_s"])
     assert doc["speedup"]["ratio_of_medians"] == pytest.approx(hf["median_s"] / te["median_s"])
@@ -107,7 +108,8 @@ def test_throughput_rejects_a_directory_that_is_not_prepared_data(tmp_path):
     from tinyelectra.errors import UserError
 
     with pytest.raises(UserError):
-        throughput.main([*TINY_ARGS, "--device", "cpu", "--data", str(tmp_path), "--no-memory", "--out-dir", str(tmp_path)])
+        throughput.main([*TINY_ARGS, "--device", "cpu", "--data", str(tmp_path), "--no-memory", "--out-dir",
+                         str(tmp_path)])
 
 
 def test_tensor_memory_counts_live_storages_by_hand():
@@ -190,8 +192,10 @@ def toy_data(tmp_path_factory) -> Path:
 
     root = tmp_path_factory.mktemp("toy-data")
     rng = random.Random(0)
-    words = [a + b for a in ("ka", "lo", "mi", "nu", "pe", "ro") for b in ("ba", "de", "fi", "go", "ku", "la", "mo", "ne", "pi", "ru")]
-    docs = ["\n".join(" ".join(rng.choice(words) for _ in range(rng.randint(6, 16))) + " ." for _ in range(rng.randint(4, 12)))
+    words = [a + b for a in ("ka", "lo", "mi", "nu", "pe", "ro")
+             for b in ("ba", "de", "fi", "go", "ku", "la", "mo", "ne", "pi", "ru")]
+    docs = ["\n".join(" ".join(rng.choice(words) for _ in range(rng.randint(6, 16))) + " ."
+                      for _ in range(rng.randint(4, 12)))
             for _ in range(300)]
     (root / "corpus.txt").write_text("\n\n".join(docs) + "\n", encoding="utf-8")
     prepare(sources=[str(root / "corpus.txt")], out_dir=root / "data", vocab_size=256, seq_len=64, workers=1,
@@ -209,8 +213,8 @@ def restore_threads():
 @pytest.mark.cli
 @pytest.mark.slow
 def test_checkpoint_eval_scores_what_the_trainer_scored(toy_data, tmp_path, restore_threads):
-    """benchmarks/lab/checkpoint_eval.py loads each saved checkpoint and scores the same held-out rows: its numbers equal
-    the ones the trainer recorded in meta.json while the weights were live (fixed masks and samples), and it adds
+    """benchmarks/lab/checkpoint_eval.py loads each saved checkpoint and scores the same held-out rows: its numbers
+    equal the ones the trainer recorded in meta.json while the weights were live (fixed masks and samples), and it adds
     the context AUC, which older runs lack."""
     from benchmarks.lab import checkpoint_eval
 
@@ -220,7 +224,8 @@ def test_checkpoint_eval_scores_what_the_trainer_scored(toy_data, tmp_path, rest
     p = subprocess.run([sys.executable, "-m", "tinyelectra", "train", "--recipe", "tiny", "--data", str(toy_data),
                         "--budget", "16steps", "--device", "cpu", "--out", str(run), "--set", "train.seq_len=64",
                         "--set", "model.num_layers=2", "--set", "train.batch_size=8", "--set", "train.eval_rows=32"],
-                       capture_output=True, text=True, timeout=600, env=dict(os.environ, TINYELECTRA_CACHE=str(tmp_path / "c")))
+                       capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, TINYELECTRA_CACHE=str(tmp_path / "c")))
     assert p.returncode == 0, p.stderr[-2000:]
     rows = checkpoint_eval.score_run(run, PretrainData(toy_data), rows=32, micro=8)
     assert [r["step"] for r in rows] == sorted(r["step"] for r in rows) and len(rows) == 5
@@ -235,9 +240,10 @@ def test_checkpoint_eval_scores_what_the_trainer_scored(toy_data, tmp_path, rest
 
 @pytest.mark.slow
 def test_disc_context_trains_both_implementations_on_the_same_rows(toy_data, tmp_path):
-    """benchmarks/lab/disc_context.py on a toy corpus: tinyelectra's discriminator and transformers' ElectraForPreTraining
-    each train in their own process and are scored on the same corrupted held-out rows (same token count, same
-    all-original prior at every evaluation); the result names both and the ratio of their AUC gains, by hand."""
+    """benchmarks/lab/disc_context.py on a toy corpus: tinyelectra's discriminator and transformers'
+    ElectraForPreTraining each train in their own process and are scored on the same corrupted held-out rows (same token
+    count, same all-original prior at every evaluation); the result names both and the ratio of their AUC gains, by
+    hand."""
     from benchmarks.lab import disc_context
 
     disc_context.main(["--data", str(toy_data), "--recipe", "tiny", "--set", "model.num_layers=1",
@@ -249,12 +255,14 @@ def test_disc_context_trains_both_implementations_on_the_same_rows(toy_data, tmp
     for a, b in zip(te, hf):
         assert a["tokens"] == b["tokens"] > 0 and a["prior"] == b["prior"] and 0.5 < a["prior"] < 1
         assert 0.0 <= a["auc"] <= 1.0 and 0.0 <= b["auc"] <= 1.0 and 0.0 <= a["auc_matched"] <= 1.0
-    assert r["final_auc_difference_tinyelectra_minus_transformers"] == pytest.approx(te[-1]["auc"] - hf[-1]["auc"], abs=1e-4)
-    assert disc_context.auc_gain_ratio(0.6, 0.7) == pytest.approx(0.5) and disc_context.auc_gain_ratio(0.6, 0.505) is None
+    assert r["final_auc_difference_tinyelectra_minus_transformers"] == pytest.approx(
+        te[-1]["auc"] - hf[-1]["auc"], abs=1e-4)
+    assert disc_context.auc_gain_ratio(0.6, 0.7) == pytest.approx(0.5)
+    assert disc_context.auc_gain_ratio(0.6, 0.505) is None
     assert r["machine"]["cpu"] and r["command"].startswith("python -m benchmarks.lab.disc_context")
     table = [line for line in (tmp_path / "dc.md").read_text().splitlines() if line.startswith("| 2 |")]
-    assert table == [f"| 2 | {te[2]['auc_matched']:.4f} | {hf[2]['auc_matched']:.4f} | {te[2]['auc']:.4f} | {hf[2]['auc']:.4f} | "
-                     f"{te[2]['acc_minus_prior']:+.4f} | {hf[2]['acc_minus_prior']:+.4f} |"]
+    assert table == [f"| 2 | {te[2]['auc_matched']:.4f} | {hf[2]['auc_matched']:.4f} | {te[2]['auc']:.4f} | "
+                     f"{hf[2]['auc']:.4f} | {te[2]['acc_minus_prior']:+.4f} | {hf[2]['acc_minus_prior']:+.4f} |"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -316,7 +324,8 @@ def test_dropout_verdict_by_hand():
 
 
 @pytest.mark.slow
-def test_loss_check_with_dropout_on_passes_and_catches_frozen_random_numbers(tmp_path, monkeypatch, capsys, restore_threads):
+def test_loss_check_with_dropout_on_passes_and_catches_frozen_random_numbers(tmp_path, monkeypatch, capsys,
+                                                                             restore_threads):
     """--dropout recipe on the CPU (dynamo's aot_eager backend): the compiled step with the recipe's dropout passes the
     statistical check; the same with the compiled side's random numbers frozen (every step run with one seed, as a
     CUDA graph replaying the masks it was recorded with would) fails, exit code 1, one line."""
@@ -361,7 +370,8 @@ def test_loss_check_passes_the_real_step_and_fails_a_lost_update(tmp_path, monke
     doc = loss_check.main([*LOSS_CHECK, "--out-dir", str(tmp_path), "--name", "ok"])
     assert doc["ok"] and doc["compile_mode"] == "reduce-overhead" and doc["max_rel_loss_difference"] < 1e-5
     assert doc["eager_loss_movement"] > 0.05 and len(doc["losses"]["compiled"]) == 6
-    assert "graph-safe" in doc["compile_note"]["compiled"] and doc["compile_note"]["eager"] == "compile: off as requested"
+    assert "graph-safe" in doc["compile_note"]["compiled"]
+    assert doc["compile_note"]["eager"] == "compile: off as requested"
     assert json.loads((tmp_path / "ok.json").read_text())["ok"] is True
     capsys.readouterr()
 
@@ -447,15 +457,17 @@ def test_kernel_classes_read_the_issues_table_from_kernel_names():
             ("triton_red_fused__log_softmax_argmax_rand_7", 1, 0.6, "sampling, masking + losses"),
             ("triton_poi_fused_stack_12", 286, 0.3, "optimizer: norm, clip, Adam"),
             ("triton_poi_fused__to_copy_4", 307, 0.46, "casts and copies"),
-            ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x128_4x1x1_cga1x1x1_kernel0_0", 1, 0.2,
-             "attention"),
+            ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x128_4x1x1_cga1x1x1_kernel0_0",
+             1, 0.2, "attention"),
             ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>", 5, 0.1, "other")]
     classes = throughput.kernel_classes([{"name": n, "calls_per_step": c, "ms_per_step": ms} for n, c, ms, _ in rows])
     for name, _, _, label in rows:
-        assert list(throughput.kernel_classes([{"name": name, "calls_per_step": 1, "ms_per_step": 1.0}])) == [label], name
+        one = {"name": name, "calls_per_step": 1, "ms_per_step": 1.0}
+        assert list(throughput.kernel_classes([one])) == [label], name
     assert classes["GEMM"] == {"kernels_per_step": 5, "ms_per_step": 1.5, "split_k_reduce_kernels_per_step": 2,
                                "split_k_reduce_ms_per_step": 0.5}
-    assert classes["optimizer: norm, clip, Adam"]["kernels_per_step"] == 286 and classes["other"]["kernels_per_step"] == 5
+    assert classes["optimizer: norm, clip, Adam"]["kernels_per_step"] == 286
+    assert classes["other"]["kernels_per_step"] == 5
 
 
 def test_ab_plan_rounds_and_ratios_by_hand():
@@ -464,12 +476,14 @@ def test_ab_plan_rounds_and_ratios_by_hand():
     from tinyelectra.errors import UserError
 
     args = ab.parser().parse_args(["--variants", "regional", "--variant", "fused=model.dropout=0.0,train.update=flat"])
-    assert ab.plan(args) == {"default": [], "regional": ab.VARIANTS["regional"], "fused": ["model.dropout=0.0", "train.update=flat"]}
+    assert ab.plan(args) == {"default": [], "regional": ab.VARIANTS["regional"],
+                             "fused": ["model.dropout=0.0", "train.update=flat"]}
     with pytest.raises(UserError, match="unknown variant 'nope'"):
         ab.plan(ab.parser().parse_args(["--variants", "nope"]))
     with pytest.raises(UserError, match="write NAME=SET"):
         ab.plan(ab.parser().parse_args(["--variant", "bare"]))
-    assert [ab.rotated(["a", "b", "c"], r) for r in range(4)] == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+    assert [ab.rotated(["a", "b", "c"], r) for r in range(4)] == [
+        ["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
     r = ab.ratios({"default": [2.0, 4.0, 2.0], "x": [1.0, 3.0, 3.0]})
     assert r["default"] == {"median": 1.0, "min": 1.0, "max": 1.0}
     assert r["x"] == {"median": 0.75, "min": 0.5, "max": 1.5}  # per round 0.5, 0.75, 1.5

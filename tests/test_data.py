@@ -132,7 +132,8 @@ def test_builder_invariants():
     T = 64
     rng = random.Random(1)
     # document d only uses token ids in [1000 + 100 d, 1000 + 100 d + 100): a row's owner is visible in its tokens
-    docs = [[[1000 + 100 * d + rng.randrange(100) for _ in range(rng.randint(1, 40))] for _ in range(rng.randint(1, 15))]
+    docs = [[[1000 + 100 * d + rng.randrange(100) for _ in range(rng.randint(1, 40))]
+             for _ in range(rng.randint(1, 15))]
             for d in range(300)]
     rows = ours(docs, T, random.Random(3))
     for ids, mask, types in rows:
@@ -339,7 +340,8 @@ def test_loader_batches_are_the_stored_rows_with_derived_masks(prepared):
         rows = b.input_ids.numpy()
         order = np.random.default_rng([5, 0]).permutation(data.num_rows("train"))[len(seen) : len(seen) + 16]
         ids, types, mask = expected_batch(*data.rows("train", order), 64)
-        assert (rows == ids).all() and (b.token_type_ids.numpy() == types).all() and (b.attention_mask.numpy() == mask).all()
+        assert (rows == ids).all() and (b.token_type_ids.numpy() == types).all()
+        assert (b.attention_mask.numpy() == mask).all()
         assert (b.input_ids[:, 0] == CLS).all()
         seen += order.tolist()
     assert len(set(seen)) == len(seen) == loader.batches_per_epoch * 16  # each row at most once per epoch
@@ -397,8 +399,8 @@ def test_loader_bad_input(prepared):
 def test_prepare_with_a_sentencepiece_model_on_korean_japanese_chinese(tmp_path):
     import sentencepiece as spm
 
-    lines = ["대한민국의 수도는 서울이다.", "한국어는 한글로 적는다.", "日本の首都は東京です。", "日本語は漢字と仮名で書く。",
-             "中国的首都是北京。", "中文使用汉字书写。"]
+    lines = ["대한민국의 수도는 서울이다.", "한국어는 한글로 적는다.", "日本の首都は東京です。",
+             "日本語は漢字と仮名で書く。", "中国的首都是北京。", "中文使用汉字书写。"]
     (tmp_path / "train.txt").write_text("\n".join(lines * 30) + "\n", encoding="utf-8")
     spm.SentencePieceTrainer.train(
         input=str(tmp_path / "train.txt"), model_prefix=str(tmp_path / "sp"), vocab_size=200, hard_vocab_limit=False,

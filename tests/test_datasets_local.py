@@ -85,8 +85,8 @@ def test_glue_hf_from_a_local_copy_of_the_hub_repository(tmp_path):
     mirror = local_glue_mirror(tmp_path / "glue-mirror", train_rows=40, dev_rows=20, test_rows=10)
     ckpt = make_checkpoint(tmp_path / "ckpt-10000")
     out = tmp_path / "out"
-    r = subprocess.run([sys.executable, "-c", GLUE_HF, str(mirror), "glue", "--checkpoint", str(ckpt), "--hf", "--tasks",
-                        "rte", "--seeds", "1", "--device", "cpu", "--set", "epochs=1", "--out", str(out)],
+    r = subprocess.run([sys.executable, "-c", GLUE_HF, str(mirror), "glue", "--checkpoint", str(ckpt), "--hf",
+                        "--tasks", "rte", "--seeds", "1", "--device", "cpu", "--set", "epochs=1", "--out", str(out)],
                        capture_output=True, text=True, env=offline_env(tmp_path), timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     result = json.loads((out / "ckpt-10000" / "glue.json").read_text(encoding="utf-8"))

@@ -52,7 +52,8 @@ def run_evaluate(model, data, rec, monkeypatch, oracle: bool | None):
 
         monkeypatch.setattr(diagnostics, "mask_batch", recording_mask)
         if oracle:
-            monkeypatch.setattr(model, "discriminator_logits", lambda ids, tt, am: 20.0 * (ids != originals["ids"]).float() - 10.0)
+            monkeypatch.setattr(model, "discriminator_logits", lambda ids, tt,
+                                am: 20.0 * (ids != originals["ids"]).float() - 10.0)
         else:
             monkeypatch.setattr(model, "discriminator_logits", lambda ids, tt, am: torch.full(ids.shape, -10.0))
     return diagnostics.evaluate(model, data, rec, special, torch.device("cpu"), contextlib.nullcontext(), micro=16)
@@ -141,27 +142,33 @@ STEP_31 = {**SHIPPED_1E4, "disc_acc": 0.43, "disc_auc": 0.60, "gen_acc": 0.004} 
 @pytest.mark.parametrize("ev,learning,words", [
     (SHIPPED_1E4, "frequency cues", ["spots its generator's odd words by their identity, no context yet", "+0.0232",
                                      "matched by token id 0.510, on unigram draws 0.500", "1.00x"]),
-    (RATE_2E3, "context through the generator", ["at its all-original prior", "predicts masked words from their context",
+    (RATE_2E3, "context through the generator", ["at its all-original prior",
+                                                 "predicts masked words from their context",
                                                  "0.1240 vs 0.0530 for the unigram answer (2.34x)"]),
     ({**RATE_2E3, "disc_acc": 0.8648}, "frequency cues, context through the generator", ["+0.0132"]),
     ({**RATE_2E3, "disc_auc_context_matched": 0.58}, "context in the discriminator, context through the generator",
      ["ranks replaced words above the same words in place"]),
     (STEP_31, "nothing yet", ["NOT LEARNED YET", "below its all-original prior", "-0.4216", "is not above the unigram",
                               "a random encoder"]),
-    ({**SHIPPED_1E4, "disc_acc": 0.8560}, "nothing yet", ["NOT LEARNED YET", "at its all-original prior, no context (accuracy +0.0044"]),
-    ({"rows": 328, "gen_acc": 0.200, "unigram_acc": 0.080}, "context", ["masked LM predicts masked words from their context"]),
-    ({"rows": 328, "gen_acc": 0.084, "unigram_acc": 0.080}, "nothing yet", ["NOT LEARNED YET", "masked LM is not above"]),
+    ({**SHIPPED_1E4, "disc_acc": 0.8560}, "nothing yet", ["NOT LEARNED YET",
+                                                          "at its all-original prior, no context (accuracy +0.0044"]),
+    ({"rows": 328, "gen_acc": 0.200, "unigram_acc": 0.080}, "context",
+     ["masked LM predicts masked words from their context"]),
+    ({"rows": 328, "gen_acc": 0.084, "unigram_acc": 0.080}, "nothing yet",
+     ["NOT LEARNED YET", "masked LM is not above"]),
 ])
 def test_verdict_says_which_learning_it_saw(ev, learning, words):
     v = diagnostics.verdict(ev)
     assert v["learning"] == learning and v["learned"] == (learning != "nothing yet")
-    assert v["verdict"].startswith(f"learned {learning.replace(', ', ' and ')}:" if v["learned"] else "NOT LEARNED YET:")
+    assert v["verdict"].startswith(f"learned {learning.replace(', ', ' and ')}:" if v["learned"]
+                                   else "NOT LEARNED YET:")
     assert all(w in v["verdict"] for w in words), v["verdict"]
     assert "held-out rows" not in v["verdict"]
 
 
 def test_verdict_warns_when_the_held_out_set_is_too_small():
-    """One held-out row was seen with --pack-documents on a Korean corpus: its numbers are noise, and the verdict says so."""
+    """One held-out row was seen with --pack-documents on a Korean corpus: its numbers are noise, and the verdict says
+    so."""
     text = diagnostics.verdict({**RATE_2E3, "rows": 1})["verdict"]
     assert text.endswith("(only 1 held-out rows: too few for these numbers to mean much; hold out more text with "
                          "prepare's --validation-fraction)")

@@ -15,10 +15,14 @@ from tinyelectra.config import ModelConfig, ObjectiveConfig
 from tinyelectra.errors import UserError
 
 # The paper's shapes (Appendix A), built here so the tests do not depend on recipe files.
-SMALL = ModelConfig(embedding_size=128, hidden_size=256, num_layers=12, num_heads=4, ffn_size=1024, generator_fraction=0.25)
-SMALL_GEN128 = ModelConfig(embedding_size=128, hidden_size=256, num_layers=12, num_heads=4, ffn_size=1024, generator_fraction=0.5)
-BASE = ModelConfig(embedding_size=768, hidden_size=768, num_layers=12, num_heads=12, ffn_size=3072, generator_fraction=1 / 3)
-LARGE = ModelConfig(embedding_size=1024, hidden_size=1024, num_layers=24, num_heads=16, ffn_size=4096, generator_fraction=0.25)
+SMALL = ModelConfig(embedding_size=128, hidden_size=256, num_layers=12, num_heads=4, ffn_size=1024,
+                    generator_fraction=0.25)
+SMALL_GEN128 = ModelConfig(embedding_size=128, hidden_size=256, num_layers=12, num_heads=4, ffn_size=1024,
+                           generator_fraction=0.5)
+BASE = ModelConfig(embedding_size=768, hidden_size=768, num_layers=12, num_heads=12, ffn_size=3072,
+                   generator_fraction=1 / 3)
+LARGE = ModelConfig(embedding_size=1024, hidden_size=1024, num_layers=24, num_heads=16, ffn_size=4096,
+                    generator_fraction=0.25)
 ELECTRA = ObjectiveConfig(kind="electra", mask_prob=0.15)
 ELECTRA_LARGE = ObjectiveConfig(kind="electra", mask_prob=0.25)  # the script still charges f = 0.15625
 MLM = ObjectiveConfig(kind="mlm", mask_prob=0.15, mask_token_fraction=0.8, random_token_fraction=0.1)
@@ -44,7 +48,8 @@ PAPER_CASES = [
 ]
 
 
-@pytest.mark.parametrize("name,model,objective,batch,seq_len,steps,reference,script", PAPER_CASES, ids=[c[0] for c in PAPER_CASES])
+@pytest.mark.parametrize("name,model,objective,batch,seq_len,steps,reference,script", PAPER_CASES,
+                         ids=[c[0] for c in PAPER_CASES])
 def test_paper_train_flops_reproduce_official_values(name, model, objective, batch, seq_len, steps, reference, script):
     total = paper_total(model, objective, batch, seq_len, steps)
     tolerance = 0.05 if name == "bert-small" else 1e-3  # the paper prints BERT-Small to 2 digits only
@@ -70,7 +75,8 @@ def test_paper_base_mlm_and_dense_lookup_share():
     # BERT-Base in the paper: 6.4e19 (script: 6.428e19, 1M steps of 256 x 512).
     assert paper_total(BASE, MLM, 256, 512, 1_000_000) == pytest.approx(6.428335104e19, rel=1e-9)
     # The paper convention: about 40% of Small's paper-convention FLOPs are the dense embedding look-ups.
-    share = F.paper_dense_lookup_flops_per_step(SMALL, ELECTRA, 128, 128) / F.paper_train_flops_per_step(SMALL, ELECTRA, 128, 128)
+    share = (F.paper_dense_lookup_flops_per_step(SMALL, ELECTRA, 128, 128)
+             / F.paper_train_flops_per_step(SMALL, ELECTRA, 128, 128))
     assert 0.38 < share < 0.42
 
 
@@ -95,7 +101,8 @@ def _counted_train_step_flops(model_cfg: ModelConfig, objective: ObjectiveConfig
     special = SpecialIds(pad=0, cls=1, sep=2, mask=3)
     ids = torch.randint(5, model_cfg.vocab_size, (batch, seq_len))
     ids[:, 0], ids[:, -1] = special.cls, special.sep
-    masked = mask_batch(ids, torch.zeros_like(ids), torch.ones_like(ids, dtype=torch.bool), objective, special, model_cfg.vocab_size)
+    masked = mask_batch(ids, torch.zeros_like(ids), torch.ones_like(ids, dtype=torch.bool), objective, special,
+                        model_cfg.vocab_size)
     counter = FlopCounterMode(display=False)
     fast_path, runtime._ONEDNN_LINEAR = runtime._ONEDNN_LINEAR, False
     # The math SDPA backend decomposes attention into bmm's that the counter sees; CPU's fused kernel is not
@@ -150,7 +157,8 @@ def test_hardware_discriminator_matches_flop_counter_on_transformers_electra():
 
 def test_hardware_is_below_paper_for_small():
     """Sparse look-ups and a masked-only head outweigh 3x vs 2x: about 0.89 of the paper's count for Small."""
-    ratio = F.hardware_train_flops_per_step(SMALL, ELECTRA, 128, 128) / F.paper_train_flops_per_step(SMALL, ELECTRA, 128, 128)
+    ratio = (F.hardware_train_flops_per_step(SMALL, ELECTRA, 128, 128)
+             / F.paper_train_flops_per_step(SMALL, ELECTRA, 128, 128))
     assert 0.8 < ratio < 0.95
 
 
@@ -182,7 +190,8 @@ def test_gpu_peak_lookup_by_torch_device_name(device_name, row):
 
 
 @pytest.mark.parametrize(
-    "device_name", ["NVIDIA A10G", "NVIDIA GeForce RTX 4090 Laptop GPU", "NVIDIA GeForce RTX 3090 Ti", "NVIDIA GeForce RTX 4090 D", "cpu", ""]
+    "device_name", ["NVIDIA A10G", "NVIDIA GeForce RTX 4090 Laptop GPU", "NVIDIA GeForce RTX 3090 Ti",
+                    "NVIDIA GeForce RTX 4090 D", "cpu", ""]
 )
 def test_gpu_peak_unknown_parts_are_none(device_name):
     assert F.peak_flops(device_name, "bf16") is None
@@ -265,7 +274,8 @@ def test_cli_mlm_baseline():
 )
 @pytest.mark.cli
 def test_cli_bad_input_is_one_line_exit_2(args, needle):
-    proc = subprocess.run([sys.executable, "-m", "tinyelectra", "flops", *args], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-m", "tinyelectra", "flops", *args], capture_output=True, text=True,
+                          timeout=600)
     assert proc.returncode == 2
     assert needle in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr

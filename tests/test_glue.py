@@ -27,7 +27,8 @@ import pytest
 import torch
 
 
-SHARED_DATA = Path(os.environ.get("TINYELECTRA_SHARED_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data"))
+SHARED_DATA = Path(os.environ.get("TINYELECTRA_SHARED_DATA",
+                                  Path(__file__).resolve().parents[1].parent / "shared" / "data"))
 GLUE_DIR = SHARED_DATA / "glue"
 needs_glue = pytest.mark.skipif(not (GLUE_DIR / "RTE" / "train.tsv").is_file(),
                                 reason=f"real GLUE data not found at {GLUE_DIR} (set TINYELECTRA_SHARED_DATA)")
@@ -189,7 +190,8 @@ def test_rte_slice_end_to_end_schema(rte_result, ckpt):
     assert r["format"] == "tinyelectra-glue" and r["complete"] is True
     assert r["checkpoint"]["name"] == "ckpt-10000" and r["checkpoint"]["kind"] == "tinyelectra"
     assert r["meta"]["step"] == 100 and r["meta"]["fraction"] == 1.0 and r["meta"]["train_flops_paper"] == 1.0e11
-    assert r["device"].startswith("CPU (") and r["device"].endswith(" threads)") and r["precision"] == "fp32" and r["command"] == "pytest"
+    assert r["device"].startswith("CPU (") and r["device"].endswith(" threads)")
+    assert r["precision"] == "fp32" and r["command"] == "pytest"
     assert r["seeds"] == [0, 1]
     p = r["protocol"]
     assert p["peak_lr"] == 3e-4 and p["layerwise"] == "intended" and p["layerwise_decay"] == 0.8
@@ -350,14 +352,16 @@ def test_fine_tuning_settings_from_a_finetune_table(tmp_path):
     own = tmp_path / "ft.toml"
     own.write_text('[finetune]\nlr = 2e-4\nbatching = "length"\nepochs = 2\n')
     assert FinetuneConfig.from_overrides([], own) == FinetuneConfig(lr=2e-4, batching="length", epochs=2.0)
-    assert FinetuneConfig.from_overrides(["finetune.lr=1e-4"], own) == FinetuneConfig(lr=1e-4, batching="length", epochs=2.0)
+    assert FinetuneConfig.from_overrides(["finetune.lr=1e-4"], own) == FinetuneConfig(
+        lr=1e-4, batching="length", epochs=2.0)
     recipe = tmp_path / "with-finetune.toml"
     recipe.write_text(recipe_toml(load_recipe("tiny")) + '\n[finetune]\nlayerwise = "official"\n')
     assert load_recipe(str(recipe)).model == load_recipe("tiny").model
     assert FinetuneConfig.from_overrides([], recipe).layerwise == "official"
     for text, says in [("[finetune]\nlearning_rate = 1\n", "[finetune].learning_rate: unknown key"),
                        ("[finetune]\nbatch_size = \"many\"\n", "[finetune].batch_size: expected int"),
-                       ("[finetune]\nlayerwise = \"sideways\"\n", "finetune.layerwise: must be intended, official or none"),
+                       ("[finetune]\nlayerwise = \"sideways\"\n",
+                        "finetune.layerwise: must be intended, official or none"),
                        ("[model]\nhidden_size = 1\n", "no [finetune] table"), ("lr = ", "not valid TOML")]:
         own.write_text(text)
         with pytest.raises(UserError, match=re.escape(says)):
@@ -447,7 +451,8 @@ def test_seed_summary_median_std_and_median_seed():
     assert median_seed_index([60.0, 70.0, 65.0]) == 2
     assert median_seed_index([4.0, 1.0, 3.0, 2.0]) == 3  # even count: the lower middle (2.0)
     assert summarize_task("cola", [{"paper_score": 50.0, "glue_score": 50.0}])["std_paper"] is None
-    mnli = [{"paper_score": v, "glue_score": v, "splits": {"dev_mismatched": {"paper_score": v - 1, "glue_score": v - 1}}}
+    mnli = [{"paper_score": v, "glue_score": v,
+             "splits": {"dev_mismatched": {"paper_score": v - 1, "glue_score": v - 1}}}
             for v in (80.0, 82.0, 81.0)]
     assert summarize_task("mnli", mnli)["splits"]["dev_mismatched"]["median_paper"] == 80.0
 
@@ -535,7 +540,8 @@ def test_run_directory_fine_tunes_every_checkpoint_and_reuses_finished_tasks(tmp
     run_glue(run / "ckpt-10000", glue_dir, None, "sst2", seeds=1, overrides=["epochs=1", "lr=1e-4"])
     changed = json.loads(paths[1].read_text())
     assert changed["protocol"]["peak_lr"] == 1e-4
-    assert changed["tasks"]["sst2"]["seeds"][0]["train_seconds"] != first[1]["tasks"]["sst2"]["seeds"][0]["train_seconds"]
+    assert (changed["tasks"]["sst2"]["seeds"][0]["train_seconds"]
+            != first[1]["tasks"]["sst2"]["seeds"][0]["train_seconds"])
 
 
 def test_interrupted_glue_keeps_every_finished_seed(ckpt, tmp_path, monkeypatch, capsys):
@@ -685,7 +691,8 @@ def _sentiment_task(tok, rows: int, seed: int = 0):
 
     rng = random.Random(seed)
     labels = np.array([i % 2 for i in range(rows)])
-    text = [sentiment_sentence(rng, y) + " " + " ".join(rng.choice(FILLER) for _ in range(rng.randint(0, 30))) for y in labels]
+    text = [sentiment_sentence(rng, y) + " " + " ".join(rng.choice(FILLER) for _ in range(rng.randint(0, 30)))
+            for y in labels]
     return EncodedTask(train=encode_pairs(tok, text, None, labels, max_length=128), dev={}, test=[])
 
 
@@ -731,11 +738,13 @@ def test_a_filled_bucketed_batch_gives_the_loss_and_gradients_of_the_real_rows(c
     idx = list(batch_indices(70, 32, 3, 0))[2]  # the epoch's last batch: 6 rows
     assert len(idx) == 6
     b = task.train.batch(idx)
-    out = eager.model(torch.from_numpy(b.input_ids), torch.from_numpy(b.token_type_ids), torch.from_numpy(b.attention_mask).bool())
+    out = eager.model(torch.from_numpy(b.input_ids), torch.from_numpy(b.token_type_ids),
+                      torch.from_numpy(b.attention_mask).bool())
     loss = F.cross_entropy(out, torch.from_numpy(b.labels.astype(np.int64)))
     loss.backward()
     data = device_split(task.train, False, 16, bb.config.max_positions, dev)
-    sched = static_schedule(task.train.lengths, 32, 3, 0, 3e-4, 0.3, [1.0] * len(static.optimizer.param_groups), 16, data.width)
+    sched = static_schedule(task.train.lengths, 32, 3, 0, 3e-4, 0.3, [1.0] * len(static.optimizer.param_groups), 16,
+                            data.width)
     step = StaticStep(static, data, sched, capture=False)
     step.counter.fill_(2)
     width = int(sched.widths[2])
@@ -756,10 +765,12 @@ def test_static_and_eager_runs_end_with_the_same_weights(ckpt):
     bb = _no_dropout(ckpt)
     task = _sentiment_task(Tokenizer.load(bb.tokenizer_dir), 70)
     fc = FinetuneConfig(dropout=0.0, epochs=2, length_bucket=8)
-    runs = {mode: finetune(bb, "sst2", task, fc, 0, torch.device("cpu"), "fp32", mode=mode) for mode in ("eager", "static")}
+    runs = {mode: finetune(bb, "sst2", task, fc, 0, torch.device("cpu"), "fp32", mode=mode)
+            for mode in ("eager", "static")}
     (me, fe), (ms, fs) = runs["eager"], runs["static"]
     assert fe["steps"] == fs["steps"] == 6 and fs["step"].startswith("static")
-    assert fs["final_loss"] == pytest.approx(fe["final_loss"], abs=1e-5)  # eager: steps 1-6 read; static: the last 10 (all 6)
+    # eager: steps 1-6 read; static: the last 10 (all 6)
+    assert fs["final_loss"] == pytest.approx(fe["final_loss"], abs=1e-5)
     for (name, p), q in zip(me.named_parameters(), ms.parameters()):
         assert torch.allclose(p, q, atol=1e-6), name
 
@@ -778,7 +789,8 @@ def test_jobs_in_flight_together_end_as_they_do_alone(ckpt):
         done = {}
         start = lambda s, stream, shared=concurrent > 1: FinetuneJob(bb, "sst2", task, fc, s, dev, "fp32", "static",  # noqa: E731
                                                                    stream=stream, shared_rng=shared)
-        stats = run_jobs(list(range(3)), start, lambda s, job, d=done: d.__setitem__(s, job.finish()[0]), concurrent, dev)
+        stats = run_jobs(list(range(3)), start, lambda s, job, d=done: d.__setitem__(s, job.finish()[0]), concurrent,
+                         dev)
         assert stats["most_in_flight"] == concurrent and stats["steps"] == 3 * 4
         results[concurrent] = done
     for seed in range(3):
@@ -814,14 +826,16 @@ def test_glue_with_static_steps_and_jobs_in_flight_records_how_it_ran(ckpt, tmp_
     cola.mkdir()
     rows = (glue_dir / "SST-2" / "train.tsv").read_text().splitlines()[1:]
     dev_rows = (glue_dir / "SST-2" / "dev.tsv").read_text().splitlines()[1:]
-    for name, lines in (("train.tsv", rows), ("dev.tsv", dev_rows)):  # CoLA's headerless layout: source, label, mark, text
+    # CoLA's headerless layout: source, label, mark, text
+    for name, lines in (("train.tsv", rows), ("dev.tsv", dev_rows)):
         (cola / name).write_text("".join(f"src\t{ln.split(chr(9))[1]}\t\t{ln.split(chr(9))[0]}\n" for ln in lines))
     paths = run_glue(ckpt, glue_dir, tmp_path / "out", "cola,sst2", seeds=3,
                      overrides=["epochs=1", "step=static", "concurrent=4"])
     r = json.loads(paths[0].read_text())
     assert r["complete"] and [len(r["tasks"][t]["seeds"]) for t in ("cola", "sst2")] == [3, 3]
     assert [s["seed"] for s in r["tasks"]["sst2"]["seeds"]] == [0, 1, 2]
-    assert r["protocol"]["step"] == "static (as requested)" and "length buckets of 32 tokens" in r["protocol"]["padding"]
+    assert r["protocol"]["step"] == "static (as requested)"
+    assert "length buckets of 32 tokens" in r["protocol"]["padding"]
     assert "weighted 0" in r["protocol"]["padding"] and r["protocol"]["concurrent_jobs"].startswith("up to 4")
     ft = r["fine_tuning"]
     assert (ft["step"], ft["jobs"], ft["most_in_flight"], ft["steps"]) == ("static", 6, 4, 6 * 2)  # 40 rows: 2 steps
@@ -853,7 +867,8 @@ def test_task_seeds_give_a_task_fewer_seeds_and_reuse_only_the_same_seeds(ckpt, 
 
     r = run("sst2=1")
     assert r["complete"] and r["seeds"] == [0, 1] and r["task_seeds"] == {"sst2": [0]}
-    assert [s["seed"] for s in r["tasks"]["sst2"]["seeds"]] == [0] and [s["seed"] for s in r["tasks"]["cola"]["seeds"]] == [0, 1]
+    assert [s["seed"] for s in r["tasks"]["sst2"]["seeds"]] == [0]
+    assert [s["seed"] for s in r["tasks"]["cola"]["seeds"]] == [0, 1]
     assert r["fine_tuning"]["jobs"] == 3 and r["tasks"]["sst2"]["std_paper"] is None  # one seed: no spread
     capsys.readouterr()
     again = run("SST-2=1")
@@ -864,7 +879,8 @@ def test_task_seeds_give_a_task_fewer_seeds_and_reuse_only_the_same_seeds(ckpt, 
     assert [s["seed"] for s in more["tasks"]["sst2"]["seeds"]] == [0, 1] and more["tasks"]["cola"] == r["tasks"]["cola"]
     assert parse_task_seeds(" sst2=1 , cola=2", ["cola", "sst2"], 2) == {"sst2": 1, "cola": 2}
     for spec, msg in (("sst2", "expected TASK=N"), ("sst2=x", "expected TASK=N"), ("mnli=1", "not among the tasks run"),
-                      ("sst2=0", "needs 1 to 2 seeds"), ("sst2=3", "needs 1 to 2 seeds"), ("nope=1", "expected TASK=N")):
+                      ("sst2=0", "needs 1 to 2 seeds"), ("sst2=3", "needs 1 to 2 seeds"),
+                      ("nope=1", "expected TASK=N")):
         with pytest.raises(UserError, match=msg):
             parse_task_seeds(spec, ["cola", "sst2"], 2)
 
@@ -906,7 +922,8 @@ def test_a_seed_that_answers_one_class_is_named_beside_its_loss_curve_and_class_
         assert set(counts) == {"negative", "positive"} and sum(counts.values()) == 30  # every dev row, once
         assert s["one_class"] in counts and counts[s["one_class"]] == 30
         assert [step for step, _ in s["loss_curve"]] == [10, 12] and LOSS_EVERY == 10
-        assert s["loss_curve"][-1][1] == pytest.approx(s["final_loss"]) and all(np.isfinite(x) for _, x in s["loss_curve"])
+        assert s["loss_curve"][-1][1] == pytest.approx(s["final_loss"])
+        assert all(np.isfinite(x) for _, x in s["loss_curve"])
     line = next(x for x in said.splitlines() if x.startswith("ckpt-10000 sst2: accuracy median"))
     assert "ONE CLASS for every dev row: 2 of 2 seeds" in line, line
     report_command(tmp_path / "out", None)

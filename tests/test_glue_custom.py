@@ -50,15 +50,18 @@ def write_tsv(path: Path, data: list[tuple[str, str]], with_label: bool = True) 
 
 
 def task_file(path: Path, **fields) -> Path:
-    path.write_text("".join(f"{k} = {json.dumps(v, ensure_ascii=False)}\n" for k, v in fields.items()), encoding="utf-8")
+    path.write_text("".join(f"{k} = {json.dumps(v, ensure_ascii=False)}\n" for k, v in fields.items()),
+                    encoding="utf-8")
     return path
 
 
 def run(ckpt: Path, out: Path, files: list[Path], seeds: int = 1, **kw) -> list[Path]:
     from tinyelectra.glue import GlueSettings, glue_command
 
-    return glue_command(GlueSettings(checkpoint=ckpt, glue_dir=kw.get("glue_dir"), use_hf=False, tasks=kw.get("tasks", "all"),
-                                     seeds=seeds, out_dir=out, gpu=None, device="cpu", max_train_rows=kw.get("max_train_rows"),
+    return glue_command(GlueSettings(checkpoint=ckpt, glue_dir=kw.get("glue_dir"), use_hf=False,
+                                     tasks=kw.get("tasks", "all"),
+                                     seeds=seeds, out_dir=out, gpu=None, device="cpu",
+                                     max_train_rows=kw.get("max_train_rows"),
                                      overrides=kw.get("overrides", []), command="pytest", task_files=files,
                                      skip_bad_labels=bool(kw.get("skip_bad_labels"))))
 
@@ -149,7 +152,8 @@ def test_csv_and_jsonl_tasks_pairs_regression_and_their_metrics(ckpt, tmp_path):
     for _ in range(64):
         k = rng.randint(0, 4)
         records.append({"a": " ".join(["good"] * k + ["film"]), "b": "the plot", "nota": float(k), "tri": k % 3})
-    (tmp_path / "pares.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + "{not json\n", encoding="utf-8")
+    (tmp_path / "pares.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + "{not json\n",
+                                          encoding="utf-8")
     reg = task_file(tmp_path / "reg.toml", name="similaridade", train="pares.jsonl", dev="pares.jsonl",
                     text_columns=["a", "b"], label_column="nota", metric="spearman")
     tri = task_file(tmp_path / "tri.toml", name="tres", train="pares.jsonl", dev="pares.jsonl",
@@ -162,14 +166,16 @@ def test_csv_and_jsonl_tasks_pairs_regression_and_their_metrics(ckpt, tmp_path):
     assert set(tasks["tres"]["seeds"][0]["metrics"]) == {"accuracy", "macro_f1"}
     assert 0.0 <= tasks["binario"]["median_paper"] <= 100.0
     data = json.loads(paths[0].read_text())["data"]
-    assert data["similaridade"]["train"]["malformed_lines"] == [f"{tmp_path / 'pares.jsonl'}:65: unreadable line or missing fields"]
+    assert data["similaridade"]["train"]["malformed_lines"] == [
+        f"{tmp_path / 'pares.jsonl'}:65: unreadable line or missing fields"]
 
 
 def test_bad_task_files_are_one_line_errors(ckpt, tmp_path):
     from tinyelectra.glue_data import load_task_file
 
     write_tsv(tmp_path / "d.tsv", rows(10, 0))
-    base = dict(name="meu", train="d.tsv", dev="d.tsv", text_columns=["frase"], label_column="rótulo", metric="accuracy")
+    base = dict(name="meu", train="d.tsv", dev="d.tsv", text_columns=["frase"], label_column="rótulo",
+                metric="accuracy")
     cases = [
         ({**base, "metric": "bleu"}, "metric 'bleu'"),
         ({k: v for k, v in base.items() if k != "label_column"}, "missing 'label_column'"),
@@ -229,7 +235,8 @@ def test_two_task_files_with_one_name_are_one_line(ckpt, tmp_path, capsys):
     write_tsv(tmp_path / "a.tsv", rows(16, 0))
     write_tsv(tmp_path / "b.tsv", rows(16, 1))
     base = dict(name="meu", dev="a.tsv", text_columns=["frase"], label_column="rótulo", metric="accuracy")
-    first, second = task_file(tmp_path / "a.toml", train="a.tsv", **base), task_file(tmp_path / "b.toml", train="b.tsv", **base)
+    first = task_file(tmp_path / "a.toml", train="a.tsv", **base)
+    second = task_file(tmp_path / "b.toml", train="b.tsv", **base)
     argv = ["tinyelectra", "glue", "--checkpoint", str(ckpt), "--task-file", str(first), "--task-file", str(second),
             "--device", "cpu", "--out", str(tmp_path / "out")]
     old, sys.argv = sys.argv, argv

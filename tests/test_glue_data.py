@@ -36,7 +36,8 @@ from tinyelectra.glue_data import (
 )
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "glue"
-SHARED_DATA = Path(os.environ.get("TINYELECTRA_SHARED_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data"))
+SHARED_DATA = Path(os.environ.get("TINYELECTRA_SHARED_DATA",
+                                  Path(__file__).resolve().parents[1].parent / "shared" / "data"))
 GLUE_DIR = SHARED_DATA / "glue"
 needs_glue = pytest.mark.skipif(not GLUE_DIR.is_dir(), reason=f"real GLUE data not found at {GLUE_DIR}")
 
@@ -68,7 +69,8 @@ def test_task_table_submission_names_and_labels():
     # Paper protocol (its fine-tuning appendix): 10 epochs for RTE and STS-B, swapped pairs for MRPC and STS-B.
     assert {t.name for t in TASKS.values() if t.epochs == 10} == {"rte", "stsb"}
     assert {t.name for t in TASKS.values() if t.swap_pairs} == {"mrpc", "stsb"}
-    assert {t.name: (t.paper_metric, t.glue_metric) for t in TASKS.values() if t.name in ("cola", "stsb", "mrpc", "qqp")} == {
+    assert {t.name: (t.paper_metric, t.glue_metric) for t in TASKS.values()
+            if t.name in ("cola", "stsb", "mrpc", "qqp")} == {
         "cola": ("matthews_corr", "matthews_corr"), "stsb": ("spearman", "pearson_spearman_mean"),
         "mrpc": ("accuracy", "f1_accuracy_mean"), "qqp": ("accuracy", "f1_accuracy_mean"),
     }
@@ -301,7 +303,8 @@ def test_hf_load_errors_are_user_errors(monkeypatch):
         raise ConnectionError("Couldn't reach 'nyu-mll/glue' on the Hub (LocalEntryNotFoundError)")
 
     monkeypatch.setattr(datasets, "load_dataset", unreachable)
-    with pytest.raises(UserError, match=r"could not load nyu-mll/glue 'mnli' split 'validation_mismatched'.*--glue-dir"):
+    with pytest.raises(UserError,
+                       match=r"could not load nyu-mll/glue 'mnli' split 'validation_mismatched'.*--glue-dir"):
         load_hf_split("mnli", "dev_mismatched")
     monkeypatch.setitem(sys.modules, "datasets", None)  # as if not installed
     with pytest.raises(UserError, match="needs the `datasets` package"):
@@ -319,7 +322,8 @@ def test_hf_offline_mode_gives_one_line():
     env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     lines = [x for x in out.stdout.splitlines() if x.startswith("USERERROR")]
-    assert len(lines) == 1 and "could not load nyu-mll/glue 'rte' split 'validation'" in lines[0], out.stdout + out.stderr
+    assert len(lines) == 1, out.stdout + out.stderr
+    assert "could not load nyu-mll/glue 'rte' split 'validation'" in lines[0], out.stdout + out.stderr
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -420,7 +424,8 @@ def test_dynamic_and_fixed_padding(vocab_file):
     assert batch.input_ids.shape == (2, 12)  # the batch's longest: 1 + 7 + 1 + 2 + 1
     assert batch.input_ids.dtype == np.int64
     assert batch.attention_mask.sum(axis=1).tolist() == [7, 12]
-    assert batch.token_type_ids[0].tolist() == [0, 0, 0, 0, 0, 1, 1] + [0] * 5  # [CLS] the cat sat [SEP] | dog [SEP] | pad
+    # [CLS] the cat sat [SEP] | dog [SEP] | pad
+    assert batch.token_type_ids[0].tolist() == [0, 0, 0, 0, 0, 1, 1] + [0] * 5
     assert batch.input_ids[0, 7:].tolist() == [tok.pad_id] * 5
     assert batch.labels.tolist() == [1, 0]
     assert enc.batch([0]).input_ids.shape == (1, 7)
@@ -457,7 +462,8 @@ def test_encode_split_and_swapped_pairs(vocab_file):
     assert sorted(a) == sorted(b) and a != b
     with pytest.raises(ValueError, match="training augmentation"):
         with_swapped_pairs(read_split(FIXTURES, "qnli", "dev"))
-    single = GlueSplit(task=TASKS["sst2"], split="train", source="x", ids=["0"], text_a=["a"], text_b=None, labels=np.array([1]))
+    single = GlueSplit(task=TASKS["sst2"], split="train", source="x", ids=["0"], text_a=["a"], text_b=None,
+                       labels=np.array([1]))
     with pytest.raises(ValueError, match="single sentences"):
         with_swapped_pairs(single)
 
@@ -475,21 +481,26 @@ def test_submission_mnli_and_ax_fixtures(tmp_path):
     test_m = read_split(FIXTURES, "mnli", "test_matched")
     path = write_submission(tmp_path, test_m, np.array([[0.1, 2.0, 0.3], [3.0, 0.0, 0.0], [0.0, 0.0, 1.0]]))
     assert path.name == "MNLI-m.tsv"
-    assert read_submission(path) == [["index", "prediction"], ["0", "neutral"], ["1", "entailment"], ["2", "contradiction"]]
+    assert read_submission(path) == [["index", "prediction"], ["0", "neutral"], ["1", "entailment"],
+                                     ["2", "contradiction"]]
     path = write_submission(tmp_path, read_split(FIXTURES, "mnli", "test_mismatched"), [2, 2])
     assert path.name == "MNLI-mm.tsv" and len(read_submission(path)) == 1 + 2
     ax = read_split(FIXTURES, "ax", "test")
     path = write_submission(tmp_path, ax, [0, 1, 2, 0])
-    assert path.name == "AX.tsv" and [r[1] for r in read_submission(path)[1:]] == ["entailment", "neutral", "contradiction", "entailment"]
+    assert path.name == "AX.tsv" and [r[1] for r in read_submission(path)[1:]] == [
+        "entailment", "neutral", "contradiction", "entailment"]
     qnli = read_split(FIXTURES, "qnli", "test")
-    assert read_submission(write_submission(tmp_path, qnli, [1, 0]))[1:] == [["0", "not_entailment"], ["1", "entailment"]]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["AX.tsv", "MNLI-m.tsv", "MNLI-mm.tsv", "QNLI.tsv"]  # no temp files left
+    assert read_submission(write_submission(tmp_path, qnli, [1, 0]))[1:] == [
+        ["0", "not_entailment"], ["1", "entailment"]]
+    # no temp files left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["AX.tsv", "MNLI-m.tsv", "MNLI-mm.tsv", "QNLI.tsv"]
 
 
 @needs_glue
 def test_submission_real_test_sets(tmp_path):
     expectations = {"rte": ("RTE.tsv", {"entailment", "not_entailment"}), "cola": ("CoLA.tsv", {"0", "1"}),
-                    "sst2": ("SST-2.tsv", {"0", "1"}), "mrpc": ("MRPC.tsv", {"0", "1"}), "wnli": ("WNLI.tsv", {"0", "1"})}
+                    "sst2": ("SST-2.tsv", {"0", "1"}), "mrpc": ("MRPC.tsv", {"0", "1"}),
+                    "wnli": ("WNLI.tsv", {"0", "1"})}
     rng = np.random.default_rng(0)
     for task, (name, labels) in expectations.items():
         test = read_split(GLUE_DIR, task, "test")

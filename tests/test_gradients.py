@@ -68,7 +68,8 @@ def our_step(model: Electra, ids, types, mask, monkeypatch):
         return recorded["sampled"]
 
     monkeypatch.setattr(electra, "sample_tokens", recording_sample)
-    m = mask_batch(ids, types, mask, OBJECTIVE, SPECIAL, model.cfg.vocab_size, generator=torch.Generator().manual_seed(5))
+    m = mask_batch(ids, types, mask, OBJECTIVE, SPECIAL, model.cfg.vocab_size,
+                   generator=torch.Generator().manual_seed(5))
     model.train()
     model.zero_grad(set_to_none=True)
     terms = electra_terms(model, m, OBJECTIVE, generator=torch.Generator().manual_seed(6))
@@ -99,9 +100,11 @@ def official_step(gen, disc, m, fake_ids):
     used = m.weights > 0
     mlm_labels.scatter_(1, torch.where(used, m.positions, 0), torch.where(used, m.targets, -100))
     mlm_labels[:, 0] = -100  # position 0 ([CLS]) is never a candidate; unused slots were pointed there
-    g = gen(input_ids=m.masked_ids, token_type_ids=m.token_type_ids, attention_mask=m.attention_mask.long(), labels=mlm_labels)
+    g = gen(input_ids=m.masked_ids, token_type_ids=m.token_type_ids, attention_mask=m.attention_mask.long(),
+            labels=mlm_labels)
     rtd_labels = (fake_ids != m.input_ids).long()
-    d = disc(input_ids=fake_ids, token_type_ids=m.token_type_ids, attention_mask=m.attention_mask.long(), labels=rtd_labels)
+    d = disc(input_ids=fake_ids, token_type_ids=m.token_type_ids, attention_mask=m.attention_mask.long(),
+             labels=rtd_labels)
     loss = g.loss + OBJECTIVE.disc_weight * d.loss
     loss.backward()
     return loss.detach()
@@ -150,7 +153,8 @@ def test_pretraining_gradients_equal_transformers(cfg, monkeypatch):
     our_disc, our_gen = grads_as_hf(model)
     errors = relative_errors(our_disc, disc)
     shared = cfg.sharing == "embeddings"  # then the generator's embedding gradients are the discriminator's tensors
-    gen_only = {k: v for k, v in relative_errors(our_gen, gen).items() if not (shared and k.startswith("electra.embeddings."))}
+    gen_only = {k: v for k, v in relative_errors(our_gen, gen).items()
+                if not (shared and k.startswith("electra.embeddings."))}
     errors.update({f"generator:{k}": v for k, v in gen_only.items()})
     # every parameter of both networks is compared, and every one received a gradient
     assert len(errors) == len(list(disc.parameters())) + len(gen_only)

@@ -27,7 +27,8 @@ transformers = pytest.importorskip("transformers")
 from transformers import AutoTokenizer, ElectraConfig, ElectraForMaskedLM, ElectraForPreTraining  # noqa: E402
 
 TOL = 1e-5  # issue 3: max absolute difference in fp32, eval mode
-WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "hello", "world", "##s", "##ing", "a", "b", "c"]
+WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "hello", "world", "##s", "##ing", "a", "b",
+         "c"]
 
 # google/electra-small-discriminator's config.json as published (transformers 4.x keys), and its generator's.
 PUBLISHED_SMALL_DISCRIMINATOR = {
@@ -38,7 +39,8 @@ PUBLISHED_SMALL_DISCRIMINATOR = {
     "summary_activation": "gelu", "summary_last_dropout": 0.1, "summary_type": "first", "summary_use_proj": True,
     "type_vocab_size": 2, "vocab_size": 30522,
 }
-PUBLISHED_SMALL_GENERATOR = {**PUBLISHED_SMALL_DISCRIMINATOR, "architectures": ["ElectraForMaskedLM"]}  # Small++: full width
+# Small++: full width
+PUBLISHED_SMALL_GENERATOR = {**PUBLISHED_SMALL_DISCRIMINATOR, "architectures": ["ElectraForMaskedLM"]}
 
 TINY = ModelConfig(vocab_size=119, embedding_size=16, hidden_size=32, num_layers=2, num_heads=4, ffn_size=48,
                    max_positions=64, generator_fraction=0.5)
@@ -111,8 +113,9 @@ def recipe_for(cfg: ModelConfig, objective: str = "electra") -> Recipe:
     return recipe_from_dict(raw)
 
 
-# ---------------------------------------------------------------------------------------------------- export: ours -> transformers
-@pytest.mark.parametrize("sharing,fraction,embedding", [("embeddings", 0.5, 16), ("none", 0.5, 16), ("all", 1.0, 16), ("embeddings", 0.5, 32)])
+# ----------------------------------------------------------------------------------------- export: ours -> transformers
+@pytest.mark.parametrize("sharing,fraction,embedding", [("embeddings", 0.5, 16), ("none", 0.5, 16), ("all", 1.0, 16),
+                                                        ("embeddings", 0.5, 32)])
 def test_export_equals_transformers_small_config(sharing, fraction, embedding):
     cfg = dataclasses.replace(TINY, sharing=sharing, generator_fraction=fraction, embedding_size=embedding)
     m = tiny_model(cfg)
@@ -122,7 +125,8 @@ def test_export_equals_transformers_small_config(sharing, fraction, embedding):
 
 
 def test_mapping_is_sensitive():
-    """Negative control: a conversion that mixed up the fused rows (here value <-> query) must show a large difference."""
+    """Negative control: a conversion that mixed up the fused rows (here value <-> query) must show a large
+    difference."""
     m = tiny_model()
     d = hf.to_hf_discriminator(m)
     ids, types, mask = batch(TINY.vocab_size, 4, 24)
@@ -146,7 +150,7 @@ def test_export_equals_transformers_small_shape():
     assert max_diff_generator(m, g, ids, types, mask) <= TOL
 
 
-# ---------------------------------------------------------------------------------------------------- import: transformers -> ours
+# ----------------------------------------------------------------------------------------- import: transformers -> ours
 def save_hf_pair(tmp: Path, disc_cfg: dict, gen_cfg: dict, seed: int = 0, shared: bool = True):
     """A transformers discriminator + generator directory pair with random weights (embeddings shared, as google's)."""
     torch.manual_seed(seed)
@@ -171,7 +175,8 @@ def small_hf_cfg(**kw) -> dict:
 
 @pytest.mark.parametrize("shared", [True, False])
 def test_import_equals_transformers_small_config(tmp_path, shared):
-    disc, gen = save_hf_pair(tmp_path, small_hf_cfg(), small_hf_cfg(hidden_size=16, num_attention_heads=1, intermediate_size=64), shared=shared)
+    disc, gen = save_hf_pair(tmp_path, small_hf_cfg(),
+                             small_hf_cfg(hidden_size=16, num_attention_heads=1, intermediate_size=64), shared=shared)
     m, cfg = hf.electra_from_hf(tmp_path / "disc", tmp_path / "gen")
     assert cfg.generator_fraction == 0.5 and cfg.sharing == ("embeddings" if shared else "none")
     ids, types, mask = batch(119, 4, 24, seed=5)
@@ -181,7 +186,8 @@ def test_import_equals_transformers_small_config(tmp_path, shared):
 
 def test_import_discriminator_only(tmp_path):
     """Without a generator directory the discriminator is exact and a fresh generator of the recipe's width is added."""
-    disc, _ = save_hf_pair(tmp_path, small_hf_cfg(), small_hf_cfg(hidden_size=16, num_attention_heads=1, intermediate_size=64))
+    disc, _ = save_hf_pair(tmp_path, small_hf_cfg(),
+                           small_hf_cfg(hidden_size=16, num_attention_heads=1, intermediate_size=64))
     recipe_cfg = dataclasses.replace(TINY, generator_fraction=0.25)
     m, cfg = hf.electra_from_hf(tmp_path / "disc", cfg=recipe_cfg)
     assert cfg == recipe_cfg and m.gen_cfg.hidden_size == 8 and m.gen_cfg.num_heads == 1
@@ -193,7 +199,8 @@ def test_import_discriminator_only(tmp_path):
 
 def test_import_pytorch_model_bin_and_backbone(tmp_path):
     """An older download holds pytorch_model.bin, not safetensors; the backbone feeds a Classifier exactly."""
-    disc, _ = save_hf_pair(tmp_path, small_hf_cfg(), small_hf_cfg(hidden_size=16, num_attention_heads=1, intermediate_size=64))
+    disc, _ = save_hf_pair(tmp_path, small_hf_cfg(),
+                           small_hf_cfg(hidden_size=16, num_attention_heads=1, intermediate_size=64))
     (tmp_path / "disc" / "model.safetensors").unlink()
     torch.save(disc.state_dict(), tmp_path / "disc" / "pytorch_model.bin")
     bb = hf.load_backbone(tmp_path / "disc")
@@ -220,7 +227,7 @@ def test_import_published_small_layout(tmp_path):
     assert max_diff_generator(m, gen, ids, types, mask) <= TOL
 
 
-# ---------------------------------------------------------------------------------------------------- checkpoints and export
+# ----------------------------------------------------------------------------------------------- checkpoints and export
 META = {"step": 625, "fraction": 0.0625, "tokens_seen": 625 * 32 * 64, "train_flops_paper": 1.0e12,
         "train_flops_hardware": 2.0e12, "wall_seconds": 12.5}
 
@@ -419,12 +426,15 @@ def test_vocabulary_size_mismatches(tmp_path):
     with pytest.raises(UserError, match="tokenizer has 119 tokens"):
         hf.load_backbone(ck2)
     # weights vs config (transformers directory)
-    save_hf_pair(tmp_path / "hf", small_hf_cfg(), small_hf_cfg(hidden_size=16, num_attention_heads=1, intermediate_size=64))
+    save_hf_pair(tmp_path / "hf", small_hf_cfg(),
+                 small_hf_cfg(hidden_size=16, num_attention_heads=1, intermediate_size=64))
     (tmp_path / "hf" / "disc" / "config.json").write_text(json.dumps(small_hf_cfg(vocab_size=200)))
     with pytest.raises(UserError, match="vocabulary size mismatch.*119.*200"):
         hf.load_backbone(tmp_path / "hf" / "disc")
     # generator vs discriminator vocabularies
-    save_hf_pair(tmp_path / "hf2", small_hf_cfg(), small_hf_cfg(vocab_size=120, hidden_size=16, num_attention_heads=1, intermediate_size=64), shared=False)
+    save_hf_pair(tmp_path / "hf2", small_hf_cfg(),
+                 small_hf_cfg(vocab_size=120, hidden_size=16, num_attention_heads=1, intermediate_size=64),
+                 shared=False)
     with pytest.raises(UserError, match="vocabulary size mismatch"):
         hf.electra_from_hf(tmp_path / "hf2" / "disc", tmp_path / "hf2" / "gen")
 
@@ -440,7 +450,8 @@ def test_tied_weights_between_different_sizes_rejected(tmp_path):
     with pytest.raises(UserError, match="'all' ties every generator weight"):
         load_checkpoint(ck)
     # a generator without the official shape (FFN 4 x hidden, heads hidden // 64) cannot be derived either
-    save_hf_pair(tmp_path / "hf", small_hf_cfg(), small_hf_cfg(hidden_size=16, num_attention_heads=4, intermediate_size=48))
+    save_hf_pair(tmp_path / "hf", small_hf_cfg(),
+                 small_hf_cfg(hidden_size=16, num_attention_heads=4, intermediate_size=48))
     with pytest.raises(UserError, match="does not have the official generator shape"):
         hf.electra_from_hf(tmp_path / "hf" / "disc", tmp_path / "hf" / "gen")
 

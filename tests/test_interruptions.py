@@ -38,7 +38,8 @@ import tinyelectra.files as files
 import tinyelectra.train as train
 
 point = os.environ["KILL_AT"]
-real_fsync, real_save, real_verify, real_update = files.fsync_file, budget.Plan.save, train.Engine.verify_compile, train.Engine.update
+real_fsync, real_save = files.fsync_file, budget.Plan.save
+real_verify, real_update = train.Engine.verify_compile, train.Engine.update
 calls = {"update": 0}
 
 def fsync(path):
@@ -65,7 +66,8 @@ def update(self):
     real_update(self)
     calls["update"] += 1
     if point in ("sigterm-step-4", "sigint-step-4") and calls["update"] == 4:
-        os.kill(os.getpid(), signal.SIGTERM if point == "sigterm-step-4" else signal.SIGINT)  # between log steps 3 and 6
+        # between log steps 3 and 6
+        os.kill(os.getpid(), signal.SIGTERM if point == "sigterm-step-4" else signal.SIGINT)
     if point == "double-ctrl-c" and calls["update"] == 3:
         os.kill(os.getpid(), signal.SIGINT)  # asks the loop to stop after this step ...
         os.kill(os.getpid(), signal.SIGINT)  # ... and the second Ctrl-C ends it at once
@@ -116,14 +118,18 @@ def weights(ckpt: Path) -> dict[str, torch.Tensor]:
             for k, v in load_file(str(ckpt / f"{part}.safetensors")).items()}
 
 
+def same_weights(a: Path, b: Path) -> bool:
+    x, y = weights(a), weights(b)
+    return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+
+
 def assert_same_run(run: Path, ref: Path) -> None:
     """Every logged loss (windows of 3 steps) and every checkpoint's weights equal the uninterrupted run's."""
     assert losses(run) == losses(ref)
     for name in CKPTS:
-        a, b = weights(run / name), weights(ref / name)
-        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
-    assert json.loads((run / "plan.json").read_text())["checkpoint_steps"] == {"ckpt-0625": 1, "ckpt-1250": 2,
-                                                                              "ckpt-2500": 3, "ckpt-5000": 4, "ckpt-10000": 8}
+        assert same_weights(run / name, ref / name), name
+    assert json.loads((run / "plan.json").read_text())["checkpoint_steps"] == {
+        "ckpt-0625": 1, "ckpt-1250": 2, "ckpt-2500": 3, "ckpt-5000": 4, "ckpt-10000": 8}
     assert not list(run.rglob("*.tmp-*")), "a temporary file was left behind"
 
 
@@ -154,12 +160,14 @@ def test_killed_run_continues_with_the_documented_command(point, reference, cli_
     assert "Traceback" not in killed.stderr, killed.stderr[-3000:]
     if point == "sigterm-startup":
         assert killed.returncode == 143
-        assert "interrupted (SIGTERM) during start-up" in killed.stderr and "run the same command again" in killed.stderr
+        assert "interrupted (SIGTERM) during start-up" in killed.stderr
+        assert "run the same command again" in killed.stderr
         assert not run.exists()  # nothing was written yet: not even an empty --out
         again = [*ARGS, "--out", str(run)]
     elif point == "double-ctrl-c":
         assert killed.returncode == 130
-        assert re.search(r"interrupted \(SIGINT\) at step \d: saved: resume state at step \d", killed.stderr), killed.stderr[-2000:]
+        assert re.search(r"interrupted \(SIGINT\) at step \d: saved: resume state at step \d", killed.stderr), \
+            killed.stderr[-2000:]
         again = continue_command(killed.stderr)
     else:
         assert killed.returncode == 9, killed.stderr[-3000:]
@@ -253,7 +261,8 @@ def test_run_directory_states(reference, cli_env, tmp_path):
     assert p.returncode == 2 and "holds an unfinished run (resume state at step 2 of 8)" in p.stderr
     assert "--resume" in p.stderr and "--force" in p.stderr
     p = ok(tinyelectra([*ARGS, "--out", str(unfinished), "--force"], cli_env))
-    assert re.search(r"--force: deleted the earlier run in .*\(ckpt-0625/ \(\d+ files\), ckpt-1250/ \(\d+ files\), .*state/",
+    assert re.search(r"--force: deleted the earlier run in .*\(ckpt-0625/ \(\d+ files\), ckpt-1250/ \(\d+ files\), "
+                     r".*state/",
                      p.stderr), p.stderr[-2000:]
     assert_same_run(unfinished, reference)
 

@@ -139,7 +139,8 @@ def test_the_cuda_branch_is_a_call_torchs_flash_varlen_kernel_accepts():
     """Without a card: the CUDA branch of varlen_attention traced on fake CUDA tensors (torch's meta kernels of
     aten._flash_attention_forward / _backward check the arguments' shapes and dtypes): the packed views of the fused
     qkv projection, int32 cu_seqlens (2B + 1), bf16; the output (B*T, heads, head size) and the backward's gradients
-    of the same shapes. The kernels' values are checked on a card (test_flash_varlen_equals_the_masked_sdpa_on_a_gpu)."""
+    of the same shapes. The kernels' values are checked on a card
+    (test_flash_varlen_equals_the_masked_sdpa_on_a_gpu)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     B, T, nh, hd = 4, 128, 4, 64
@@ -163,7 +164,8 @@ def test_flash_varlen_equals_the_masked_sdpa_on_a_gpu():
     lengths = torch.tensor([128, 77, 5, 100], device="cuda")
     mask = torch.arange(T, device="cuda")[None, :] < lengths[:, None]
     g = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(B, T, nh, hd, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_() for _ in range(3))
+    q, k, v = (torch.randn(B, T, nh, hd, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+               for _ in range(3))
     out = varlen_attention(*(t.view(B * T, nh, hd) for t in (q, k, v)), row_segments(mask), T, 0.0).view(B, T, nh, hd)
     ref = torch.nn.functional.scaled_dot_product_attention(
         *(t.transpose(1, 2) for t in (q, k, v)), attn_mask=mask[:, None, None, :]).transpose(1, 2)

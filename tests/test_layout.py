@@ -121,8 +121,10 @@ def test_benchmarks_edit_no_import_path_and_stack_without_loops():
     assert not edits, f"sys.path edited in benchmarks/: {edits}"
     # a sibling imported by its bare name (`from common import ...`) works only where sys.path was edited
     stems = {name.rsplit(".", 1)[-1] for name in modules} - {"benchmarks"}
-    bare = [f"{p.relative_to(ROOT)}:{node.lineno}" for p in modules.values() for node in ast.walk(ast.parse(p.read_text()))
-            if (isinstance(node, ast.ImportFrom) and not node.level and node.module and node.module.split(".")[0] in stems)
+    bare = [f"{p.relative_to(ROOT)}:{node.lineno}"
+            for p in modules.values() for node in ast.walk(ast.parse(p.read_text()))
+            if (isinstance(node, ast.ImportFrom) and not node.level and node.module
+                and node.module.split(".")[0] in stems)
             or (isinstance(node, ast.Import) and any(a.name.split(".")[0] in stems for a in node.names))]
     assert not bare, f"benchmarks modules imported by a bare name (write benchmarks.NAME): {bare}"
     graph = {name: benchmark_imports(p, set(modules)) - {name} for name, p in modules.items()}

@@ -27,13 +27,15 @@ SHARED = Path(os.environ.get("TINYELECTRA_SHARED_DATA", Path(__file__).resolve()
 ENWIKI_SHARDS = sorted((SHARED / "enwiki").glob("AA_wiki_0[0-9].gz"))
 STEPS = 600  # 600 x 16 x 128 = 1.2M token slots: the ten shards' 1.5M training tokens seen less than once
 EVAL_ROWS = 512  # asked for; ten shards with 3% of the documents held out give 328 rows (8 documents)
-# Margins with room under what this exact run measured on three seeds (see test_short_run_learns_context_through_the_generator)
+# Margins with room under what this exact run measured on three seeds (see
+# test_short_run_learns_context_through_the_generator)
 GEN_OVER_UNIGRAM = 2.2  # held-out generator accuracy over the unigram answer's
 GEN_LOSS_BELOW_UNIFORM = 2.2  # nats under ln(8,192) = 9.01, the loss of a uniform guess
 
 
 def run_cli(args: list[str], env: dict) -> None:
-    p = subprocess.run([sys.executable, "-m", "tinyelectra", *args], env=env, capture_output=True, text=True, timeout=3600)
+    p = subprocess.run([sys.executable, "-m", "tinyelectra", *args], env=env, capture_output=True, text=True,
+                       timeout=3600)
     assert p.returncode == 0, f"exit {p.returncode}\nstdout:\n{p.stdout[-3000:]}\nstderr:\n{p.stderr[-3000:]}"
 
 

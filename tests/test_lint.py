@@ -1,4 +1,5 @@
-"""The linter configured in pyproject.toml ([tool.ruff]) finds nothing in the package, tests, benchmarks or recipes."""
+"""The linter configured in pyproject.toml ([tool.ruff]) finds nothing in the package, tests, benchmarks or recipes,
+and no line there runs past 120 columns."""
 
 from __future__ import annotations
 
@@ -10,12 +11,26 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+CHECKED = ["tinyelectra", "tests", "benchmarks", "recipes"]
+# Files another change is editing now, wrapped once it has landed: then this tuple empties, E501 leaves
+# pyproject.toml's ignore list and test_lines_within_120_columns goes (issue 37).
+PENDING_WRAP = ("tinyelectra/runtime.py", "tinyelectra/model.py", "tests/test_gpu_path.py", "tests/test_readme.py",
+                "tests/test_runtime.py")
+
+
+def ruff(*args: str) -> subprocess.CompletedProcess:
+    exe = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
+    if exe is None:
+        pytest.skip("ruff is not installed (pip install -e '.[dev]')")
+    return subprocess.run([exe, "check", "--no-cache", *args, *CHECKED], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
 
 
 def test_ruff_is_clean():
-    ruff = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
-    if ruff is None:
-        pytest.skip("ruff is not installed (pip install -e '.[dev]')")
-    p = subprocess.run([ruff, "check", "--no-cache", "tinyelectra", "tests", "benchmarks", "recipes"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=600)
+    p = ruff()
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
+
+
+def test_lines_within_120_columns():
+    p = ruff("--select", "E501", "--extend-exclude", ",".join(PENDING_WRAP))
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]

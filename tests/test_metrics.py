@@ -62,7 +62,8 @@ def test_pearson_by_hand():
 
 def test_spearman_with_ties_by_hand():
     # x = 1,2,2,3 -> average ranks 1, 2.5, 2.5, 4; y = 1,3,2,4 -> ranks 1,3,2,4; both mean 2.5
-    # dx = -1.5,0,0,1.5; dy = -1.5,.5,-.5,1.5: sum dx*dy = 4.5, sum dx^2 = 4.5, sum dy^2 = 5 -> 4.5/sqrt(22.5) = sqrt(0.9)
+    # dx = -1.5,0,0,1.5; dy = -1.5,.5,-.5,1.5: sum dx*dy = 4.5, sum dx^2 = 4.5, sum dy^2 = 5 -> 4.5/sqrt(22.5) =
+    # sqrt(0.9)
     assert average_ranks([1, 2, 2, 3]).tolist() == [1.0, 2.5, 2.5, 4.0]
     assert average_ranks([3.0, 1.0, 3.0, 3.0, 0.5]).tolist() == [4.0, 2.0, 4.0, 4.0, 1.0]  # ranks 3,4,5 -> 4
     assert spearman_corr([1, 2, 2, 3], [1, 3, 2, 4]) == pytest.approx(math.sqrt(0.9))
@@ -251,7 +252,8 @@ def test_beyond_the_seeds_spread_only_where_the_ranges_do_not_overlap():
     assert rte["words"] == "+6.9 (52.7..58.1 vs 50.5..53.8: within the seeds' spread: the ranges overlap); " \
                            "+5.1 against the majority class's 52.7"
     mrpc = compare_seeds([73.2843, 69.1176, 69.8529], [65.1961, 67.6471, 66.6667], majority=68.3824)
-    assert mrpc["beyond_spread"] and mrpc["words"].endswith("beyond the seeds' spread); +1.5 against the majority class's 68.4")
+    assert mrpc["beyond_spread"] and mrpc["words"].endswith("beyond the seeds' spread); +1.5 against the majority "
+                                                            "class's 68.4")
     low = compare_seeds([19.9, 19.1, 19.4], [78.6, 78.9, 78.6])  # separated the other way: beyond, and below
     assert low["beyond_spread"] and low["difference"] == pytest.approx(19.4 - 78.6) and "majority" not in low["words"]
     touching = compare_seeds([60.0, 62.0], [58.0, 60.0])  # one shared value is an overlap

@@ -130,7 +130,8 @@ def test_gradient_checkpointing_gives_the_same_gradients():
         torch.manual_seed(0)
         m = Electra(TINY).train()  # dropout 0 in TINY: the two runs are deterministic
         m.set_grad_checkpointing(enabled)
-        loss = m.discriminator_logits(ids, types, mask).square().sum() + m.generator_logits(ids, types, mask, torch.zeros(3, 2, dtype=torch.long)).square().mean()
+        loss = (m.discriminator_logits(ids, types, mask).square().sum()
+                + m.generator_logits(ids, types, mask, torch.zeros(3, 2, dtype=torch.long)).square().mean())
         loss.backward()
         grads.append(torch.cat([p.grad.flatten() for p in m.parameters() if p.grad is not None]))
     assert torch.allclose(grads[0], grads[1], atol=1e-6)
@@ -162,7 +163,8 @@ def test_classifier_uses_cls_and_loads_backbone_strictly():
     (384, 6, 1536, 0.5, (192, 768, 3)),
 ])
 def test_generator_shape_follows_the_official_rule(hidden, heads, ffn, fraction, want):
-    """Official run_pretraining.get_generator_config: hidden = round(f x H), FFN = 4 x hidden, heads = max(1, hidden // 64)."""
+    """Official run_pretraining.get_generator_config: hidden = round(f x H), FFN = 4 x hidden, heads = max(1, hidden //
+    64)."""
     g = ModelConfig(hidden_size=hidden, num_heads=heads, ffn_size=ffn, generator_fraction=fraction).generator()
     assert (g.hidden_size, g.ffn_size, g.num_heads) == want
     assert g.embedding_size == 128  # shared embeddings keep the discriminator's width (projected)

@@ -114,12 +114,14 @@ def test_default_prepare_keeps_voicing_marks_hangul_syllables_and_accents(texts,
     m = P.prepare([str(corpus)], tmp_path / "data", vocab_size=6000, seq_len=64, validation_fraction=0.0, quiet=True)
     casing = m["tokenizer"]["casing"]
     assert casing["lowercase"] is False and casing["requested"] == "auto" and casing["reason"].startswith("auto: cased")
-    assert m["tokenizer"]["alphabet"]["coverage"] >= 0.9999 and m["tokenizer"]["text"]["languages"] == ([] if lang == "pt" else [lang])
+    assert m["tokenizer"]["alphabet"]["coverage"] >= 0.9999
+    assert m["tokenizer"]["text"]["languages"] == ([] if lang == "pt" else [lang])
     tok = D.PretrainData(tmp_path / "data").tokenizer
     ids = tok.encode_batch(lines)
     unk = sum(row.count(tok.unk_id) for row in ids) / sum(map(len, ids))
     assert unk < 0.002, unk
-    lost = [line for row, line in zip(ids, lines) if tok.unk_id not in row and squeeze(tok.decode(row)) != squeeze(line)]
+    lost = [line for row, line in zip(ids, lines) if tok.unk_id not in row
+            and squeeze(tok.decode(row)) != squeeze(line)]
     assert not lost, lost[:3]
     for a, b in MINIMAL_PAIRS.get(lang, []):
         assert tok.encode_batch([a]) != tok.encode_batch([b]), (a, b)
@@ -146,7 +148,8 @@ def test_fill_ratio_is_reported_and_packing_fills_short_paragraphs(texts, tmp_pa
     data = D.PretrainData(tmp_path / "one")
     lengths = data.rows("train", np.arange(data.num_rows("train")))[1][:, 1].astype(np.int64)  # real tokens per row
     assert m["fill_ratio"]["train"] == round(lengths.sum() / (len(lengths) * 128), 4) < 0.2  # from the rows themselves
-    assert f"only {100 * m['fill_ratio']['train']:.0f}% of the token slots hold text" in said and "add --pack-documents" in said
+    assert f"only {100 * m['fill_ratio']['train']:.0f}% of the token slots hold text" in said
+    assert "add --pack-documents" in said
     packed = P.prepare([str(corpus)], tmp_path / "packed", vocab_size=3000, seq_len=128, validation_fraction=0.05,
                        pack_documents=True)
     assert "hold text" not in " ".join(capsys.readouterr().err.split())
@@ -160,7 +163,8 @@ def test_fill_ratio_is_reported_and_packing_fills_short_paragraphs(texts, tmp_pa
     P.prepare([str(corpus)], tmp_path / "one-worker", vocab_size=3000, seq_len=128, validation_fraction=0.05,
                     pack_documents=True, quiet=True, workers=1, chunk_chars=50_000)
     for split in ("train", "validation"):  # byte-identical for any number of workers
-        assert (np.load(tmp_path / "again" / f"{split}-00000.ids.npy") == np.load(tmp_path / "one-worker" / f"{split}-00000.ids.npy")).all()
+        assert (np.load(tmp_path / "again" / f"{split}-00000.ids.npy")
+                == np.load(tmp_path / "one-worker" / f"{split}-00000.ids.npy")).all()
 
 
 @pytest.mark.slow
@@ -185,7 +189,8 @@ def sentencepiece_data(texts, tmp_path_factory) -> Path:
     mixed = [line for lang in LOCALES for line in texts[lang][:2500]]
     corpus = write_corpus(tmp / "mixed.txt", mixed)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    r = subprocess.run([sys.executable, "-m", "tinyelectra", "prepare", "--corpus", str(corpus), "--out", str(tmp / "data"),
+    r = subprocess.run([sys.executable, "-m", "tinyelectra", "prepare", "--corpus", str(corpus), "--out",
+                        str(tmp / "data"),
                         "--tokenizer-type", "sentencepiece", "--vocab-size", "6000", "--seq-len", "64",
                         "--validation-fraction", "0.05"], capture_output=True, text=True, env=env, timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -272,7 +277,8 @@ def test_sentencepiece_export_works_in_transformers(texts, sentencepiece_data, t
     export_command(ckpt, tmp_path / "export", license_id="apache-2.0")
     card = (tmp_path / "export" / "discriminator" / "README.md").read_text(encoding="utf-8")
     front = card.split("---\n")[1]
-    assert front.startswith("language:\n- ko\n- ja\n") and "license: apache-2.0" in front and "library_name: transformers" in front
+    assert front.startswith("language:\n- ko\n- ja\n")
+    assert "license: apache-2.0" in front and "library_name: transformers" in front
     want = expectations(tok, texts, 64, exact=True)
     assert len(want["pairs"]) > 40 and len(want["round_trip"]) == 800
     (tmp_path / "want.json").write_text(json.dumps(want, ensure_ascii=False), encoding="utf-8")
@@ -284,7 +290,8 @@ def test_sentencepiece_export_works_in_transformers(texts, sentencepiece_data, t
 
     auto = AutoTokenizer.from_pretrained(str(tmp_path / "export" / "discriminator"))
     byte_line = "鬱 ㉿ 𝔘"  # only byte pieces: what used to decode as <0xE9><0xAC><0xB1>
-    assert "<0x" in " ".join(auto.tokenize(byte_line)) and auto.decode(auto(byte_line)["input_ids"], skip_special_tokens=True) == byte_line
+    assert "<0x" in " ".join(auto.tokenize(byte_line))
+    assert auto.decode(auto(byte_line)["input_ids"], skip_special_tokens=True) == byte_line
     assert auto("서울 [MASK] 부산")["input_ids"].count(auto.mask_token_id) == 1
     fine_tune_classifier(tmp_path / "export" / "discriminator", texts)
 
@@ -351,7 +358,8 @@ def test_export_loads_in_other_transformers_versions(texts, sentencepiece_data, 
 
     tok = Tokenizer.load(sentencepiece_data / "tokenizer")
     export_command(tiny_checkpoint(tmp_path, sentencepiece_data / "tokenizer", tok.vocab_size), tmp_path / "export")
-    (tmp_path / "want.json").write_text(json.dumps(expectations(tok, texts, 64, exact=True), ensure_ascii=False), encoding="utf-8")
+    (tmp_path / "want.json").write_text(json.dumps(expectations(tok, texts, 64, exact=True), ensure_ascii=False),
+                                        encoding="utf-8")
     for python in pythons:
         r = subprocess.run([python, str(REPO / "tests" / "check_export.py"), str(tmp_path / "export"),
                             str(tmp_path / "want.json")], capture_output=True, text=True, timeout=600)

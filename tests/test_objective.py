@@ -49,7 +49,8 @@ def pretraining_batch(B: int, T: int, V: int, seed: int, full_rows: int):
         mask[b, :n] = True
         types[b, cut:n] = 1
     # A literal [MASK] already in the text must not be chosen either.
-    ids[full_rows:, 3] = torch.where(mask[full_rows:, 3] & (ids[full_rows:, 3] != SPECIAL.sep), SPECIAL.mask, ids[full_rows:, 3])
+    ids[full_rows:, 3] = torch.where(mask[full_rows:, 3] & (ids[full_rows:, 3] != SPECIAL.sep), SPECIAL.mask,
+                                     ids[full_rows:, 3])
     return ids, types, mask, torch.tensor(lengths)
 
 
@@ -142,13 +143,16 @@ def test_inverse_cdf_over_blocks_matches_softmax_and_the_gumbel_max_sampler():
     V, n = 300, 150_000
     logits = torch.randn(V, generator=torch.Generator().manual_seed(0))  # probabilities from ~1.5e-4 to ~0.06
     p = torch.softmax(logits.double(), -1)
-    inv = torch.bincount(sample_tokens(logits.expand(n, -1), 1.0, torch.Generator().manual_seed(1), "inverse-cdf"), minlength=V).double()
-    gum = torch.bincount(sample_tokens(logits.expand(n, -1), 1.0, torch.Generator().manual_seed(2), "gumbel-max"), minlength=V).double()
+    inv = torch.bincount(sample_tokens(logits.expand(n, -1), 1.0, torch.Generator().manual_seed(1), "inverse-cdf"),
+                         minlength=V).double()
+    gum = torch.bincount(sample_tokens(logits.expand(n, -1), 1.0, torch.Generator().manual_seed(2), "gumbel-max"),
+                         minlength=V).double()
     assert chi2.sf(chi_square(inv, p), V - 1) > 1e-4
     both = torch.stack([inv, gum])  # (2, V) contingency table, equal row totals
     expected = both.sum(0, keepdim=True) / 2
     assert chi2.sf(float(((both - expected) ** 2 / expected).sum()), V - 1) > 1e-4
-    warmer = torch.bincount(sample_tokens(logits.expand(n, -1), 1.1, torch.Generator().manual_seed(2), "gumbel-max"), minlength=V).double()
+    warmer = torch.bincount(sample_tokens(logits.expand(n, -1), 1.1, torch.Generator().manual_seed(2), "gumbel-max"),
+                            minlength=V).double()
     assert chi2.sf(chi_square(inv, torch.softmax(logits.double() / 1.1, -1)), V - 1) < 1e-6
     other = torch.stack([inv, warmer])
     expected = other.sum(0, keepdim=True) / 2
@@ -217,7 +221,8 @@ def test_losses_finite(dtype, cfg):
     model.train()
     m = mask_batch(ids, types, mask, cfg, SPECIAL, TINY.vocab_size, generator=torch.Generator().manual_seed(9))
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
-        terms = loss_terms(Electra(TINY, objective=cfg.kind) if cfg.kind == "mlm" else model, m, cfg, torch.Generator().manual_seed(10))
+        terms = loss_terms(Electra(TINY, objective=cfg.kind) if cfg.kind == "mlm" else model, m, cfg,
+                           torch.Generator().manual_seed(10))
         loss = combine(terms, cfg, m.mlm_count, m.token_count)
     assert torch.isfinite(loss) and loss.dtype == torch.float32
     assert torch.isfinite(terms.mlm_sum) and torch.isfinite(terms.disc_sum)
@@ -262,7 +267,8 @@ def test_combine_over_micro_batches_equals_one_batch():
     model.zero_grad()
     total = torch.zeros(())
     for half in (slice(0, 3), slice(3, 8)):  # unequal halves: a per-half mean would be wrong
-        part = dataclasses.replace(m, **{f.name: getattr(m, f.name)[half] for f in dataclasses.fields(m) if f.name != "full"})
+        part = dataclasses.replace(m, **{f.name: getattr(m, f.name)[half] for f in dataclasses.fields(m)
+                                         if f.name != "full"})
         loss = combine(electra_terms(model, part, cfg), cfg, m.mlm_count, m.token_count)
         loss.backward()
         total = total + loss.detach()

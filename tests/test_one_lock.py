@@ -28,11 +28,12 @@ import numpy as np
 import pytest
 
 from test_bad_input import assert_one_line, in_process
-from test_runfolder import SMALL, lock_record, two_datasets, wait_for
+from test_runfolder import SMALL, drop_the_data_from_the_resume_state, lock_record, two_datasets, wait_for
 
 LOCK_NAME, RECORD_NAME = ".tinyelectra.lock", ".tinyelectra.written"
 PAUSE = "TINYELECTRA_PAUSE_AFTER_LOCK"
-TRAIN = ["train", "--recipe", "tiny", "--budget", "4steps", "--device", "cpu", *SMALL, "--set", "train.log_every_steps=1"]
+TRAIN = ["train", "--recipe", "tiny", "--budget", "4steps", "--device", "cpu", *SMALL, "--set",
+         "train.log_every_steps=1"]
 GLUE = ["--tasks", "sst2", "--seeds", "1", "--device", "cpu", "--set", "epochs=1"]
 
 
@@ -264,7 +265,8 @@ def test_force_deletes_only_what_the_records_list_and_says_what(done_run, datase
     before = tree(run)
     force = [*TRAIN, "--data", str(datasets[0]), "--out", str(run), "--force"]
     refused(force, cli_env, monkeypatch, capsys, f"--force: {run / 'ckpt-10000'} holds ckpt-10000/NOTES.txt, which the "
-            "run's record does not list, and the new run writes ckpt-10000 again: move it away first (nothing was deleted)")
+            "run's record does not list, and the new run writes ckpt-10000 again: move it away first (nothing was "
+            "deleted)")
     assert tree(run) == before
     (run / "ckpt-10000" / "NOTES.txt").rename(tmp_path / "NOTES.txt")
     del mine["ckpt-10000/NOTES.txt"]
@@ -361,17 +363,9 @@ def test_resume_checks_the_shards_bytes_against_the_runs_record(datasets, tmp_pa
     assert "before runs recorded their data" not in err and (run / "dataset.json").is_file()
 
     # a run of this version without any record of its data: refused, not trusted
-    from tinyelectra.checkpoint import latest_state
-    from tinyelectra.files import write_sha256
-
     (run / "summary.json").unlink()
     (run / "dataset.json").unlink()
-    state = latest_state(run)
-    info = json.loads((state / "trainer.json").read_text())
-    del info["data"]
-    (state / "trainer.json").write_text(json.dumps(info))
-    (state / "sha256.json").unlink()
-    write_sha256(state)
+    drop_the_data_from_the_resume_state(run)
     refused(resume, cli_env, monkeypatch, capsys, f"--resume: {run} has no record of the data it trained on",
             "start over with --force")
 
@@ -393,7 +387,8 @@ def test_a_link_as_out_is_written_through_by_every_command(done_run, datasets, c
         assert code == 0, (name, err[-3000:])
         assert link.is_symlink() and os.readlink(link) == str(target), name
         assert (target / expected[name]).exists(), (name, sorted(p.name for p in target.iterdir()))
-        assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(name)) == [f"{name}-link", f"{name}-target"]
+        assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(name)) == [
+            f"{name}-link", f"{name}-target"]
 
 
 # ---------------------------------------------------------------------------------------------------- 6. planted links
@@ -401,7 +396,8 @@ def test_a_link_as_out_is_written_through_by_every_command(done_run, datasets, c
 def test_a_planted_lock_link_is_refused_never_followed(command, datasets, ckpt, tmp_path, cli_env, monkeypatch, capsys):
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")
-    args = {"train": [*TRAIN, "--data", str(datasets[0])], "prepare": ["prepare", "--corpus", str(corpus(tmp_path)), "--vocab-size", "300"],
+    args = {"train": [*TRAIN, "--data", str(datasets[0])],
+            "prepare": ["prepare", "--corpus", str(corpus(tmp_path)), "--vocab-size", "300"],
             "export": ["export", str(ckpt)]}[command]
     for name, target in ((LOCK_NAME, victim), (LOCK_NAME, tmp_path / "elsewhere" / "created"),
                          (RECORD_NAME, victim)):

@@ -36,42 +36,54 @@ def reference_paper_adam(params, grads_per_step, lrs, groups, b1=0.9, b2=0.999, 
     return p
 
 
-@pytest.mark.parametrize("fused", [True, False])  # torch's fused CPU kernel and the multi-tensor (foreach) path
-def test_paper_adam_equals_the_paper_formula(fused):
+def adam_problem(steps: int = 300):
+    """Four tensors, `steps` steps of random gradients, the schedule's learning rates and three parameter groups
+    (indices, weight decay, lr scale): what the paper-Adam tests give both the optimizer and the reference."""
     gen = torch.Generator().manual_seed(0)
     shapes = [(7, 5), (5,), (3, 4, 2), (11,)]
     init = [torch.randn(s, generator=gen) for s in shapes]
-    steps = 300
     grads = [[torch.randn(s, generator=gen) * (0.1 + i % 3) for s in shapes] for i in range(steps)]
     lrs = [lr_at(t, 1e-2, warmup_steps=30, total_steps=steps + 1) for t in range(1, steps + 1)]
     groups = [([0, 2], 0.01, 1.0), ([1], 0.0, 1.0), ([3], 0.05, 0.5)]
+    return init, grads, lrs, groups
+
+
+def adam_on(init, groups, cls=PaperAdam, **kwargs):
+    """Fresh parameters holding `init`, and a `cls` optimizer over them in `groups` (lr 1e-2, the paper's betas,
+    eps)."""
     params = [nn.Parameter(x.clone()) for x in init]
-    opt = PaperAdam(
-        [{"params": [params[i] for i in idx], "weight_decay": wd, "lr_scale": scale} for idx, wd, scale in groups],
-        lr=1e-2, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, fused=fused,
-    )
+    opt = cls([{"params": [params[i] for i in idx], "weight_decay": wd, "lr_scale": scale}
+               for idx, wd, scale in groups], lr=1e-2, betas=(0.9, 0.999), eps=1e-6, **kwargs)
+    return params, opt
+
+
+def feed(params, opt, grads, lrs, step) -> None:
+    """Each step's gradients into `params`, its learning rate into `opt`, then `step()`."""
     for g_step, lr in zip(grads, lrs):
         for p, g in zip(params, g_step):
             p.grad = g.clone()
         opt.set_lr(lr)
-        opt.step()
+        step()
+
+
+@pytest.mark.parametrize("fused", [True, False])  # torch's fused CPU kernel and the multi-tensor (foreach) path
+def test_paper_adam_equals_the_paper_formula(fused):
+    init, grads, lrs, groups = adam_problem()
+    params, opt = adam_on(init, groups, weight_decay=0.0, fused=fused)
+    feed(params, opt, grads, lrs, opt.step)
     want = reference_paper_adam(init, grads, lrs, groups)
     for p, w in zip(params, want):
-        assert torch.allclose(p.double(), w, rtol=0, atol=1e-5), (p.double() - w).abs().max()  # fp32 rounding over 300 steps: ~2e-6
+        # fp32 rounding over 300 steps: ~2e-6
+        assert torch.allclose(p.double(), w, rtol=0, atol=1e-5), (p.double() - w).abs().max()
     # Control: torch's bias-corrected AdamW on the same inputs lands measurably elsewhere.
-    params2 = [nn.Parameter(x.clone()) for x in init]
-    opt2 = TorchAdamW([{"params": [params2[i] for i in idx], "weight_decay": wd, "lr_scale": scale} for idx, wd, scale in groups],
-                      lr=1e-2, betas=(0.9, 0.999), eps=1e-6)
-    for g_step, lr in zip(grads, lrs):
-        for p, g in zip(params2, g_step):
-            p.grad = g.clone()
-        opt2.set_lr(lr)
-        opt2.step()
+    params2, opt2 = adam_on(init, groups, cls=TorchAdamW)
+    feed(params2, opt2, grads, lrs, opt2.step)
     assert max((p.double() - w).abs().max().item() for p, w in zip(params2, want)) > 1e-3
 
 
 def test_paper_adam_first_step_by_hand():
-    """Step 1 without bias correction: m = 0.1 g, v = 0.001 g^2, so the update is lr * 0.1 g / (sqrt(0.001) |g| + eps)."""
+    """Step 1 without bias correction: m = 0.1 g, v = 0.001 g^2, so the update is lr * 0.1 g / (sqrt(0.001) |g| +
+    eps)."""
     p = nn.Parameter(torch.tensor([1.0, -2.0], dtype=torch.float64))
     p.grad = torch.tensor([0.5, 0.25], dtype=torch.float64)
     opt = PaperAdam([p], lr=0.1, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, fused=False)
@@ -120,7 +132,8 @@ def _expected_no_decay(model: nn.Module) -> set[int]:
 
 
 def test_weight_decay_excludes_layernorm_and_biases():
-    model = Electra(ModelConfig(vocab_size=300, embedding_size=16, hidden_size=32, num_layers=2, num_heads=2, ffn_size=64, max_positions=32))
+    model = Electra(ModelConfig(vocab_size=300, embedding_size=16, hidden_size=32, num_layers=2, num_heads=2,
+                                ffn_size=64, max_positions=32))
     decay, skip = param_groups(model, 0.01)
     assert decay["weight_decay"] == 0.01 and skip["weight_decay"] == 0.0
     want_skip = _expected_no_decay(model)
@@ -171,7 +184,8 @@ def test_layerwise_lr_scales_intended_and_official():
 # the flat update (train.update = flat): one buffer, one norm, one fused pass
 
 
-FLAT_TOY = ["model.vocab_size=256", "train.seq_len=32", "model.max_positions=32", "model.num_layers=1", "train.batch_size=4"]
+FLAT_TOY = ["model.vocab_size=256", "train.seq_len=32", "model.max_positions=32", "model.num_layers=1",
+            "train.batch_size=4"]
 
 
 def flat_twins(layers: int = 1, clip: float = 1.0, scaled: bool = False):
@@ -249,22 +263,10 @@ def test_flat_update_is_the_paper_formula():
     file, 300 steps without clipping: the same bound as PaperAdam's own test (fp32 rounding over 300 steps ~2e-6)."""
     from tinyelectra.optim import FlatUpdate
 
-    gen = torch.Generator().manual_seed(0)
-    shapes = [(7, 5), (5,), (3, 4, 2), (11,)]
-    init = [torch.randn(s, generator=gen) for s in shapes]
-    steps = 300
-    grads = [[torch.randn(s, generator=gen) * (0.1 + i % 3) for s in shapes] for i in range(steps)]
-    lrs = [lr_at(t, 1e-2, warmup_steps=30, total_steps=steps + 1) for t in range(1, steps + 1)]
-    groups = [([0, 2], 0.01, 1.0), ([1], 0.0, 1.0), ([3], 0.05, 0.5)]
-    params = [nn.Parameter(x.clone()) for x in init]
-    opt = PaperAdam([{"params": [params[i] for i in idx], "weight_decay": wd, "lr_scale": scale} for idx, wd, scale in groups],
-                    lr=1e-2, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, fused=True)
+    init, grads, lrs, groups = adam_problem()
+    params, opt = adam_on(init, groups, weight_decay=0.0, fused=True)
     flat = FlatUpdate(opt, clip_norm=0.0)
-    for g_step, lr in zip(grads, lrs):
-        for p, g in zip(params, g_step):
-            p.grad = g.clone()
-        opt.set_lr(lr)
-        flat()
+    feed(params, opt, grads, lrs, flat)
     want = reference_paper_adam(init, grads, lrs, groups)
     for p, w in zip(params, want):
         assert torch.allclose(p.double(), w, rtol=0, atol=1e-5), (p.double() - w).abs().max()
@@ -357,7 +359,8 @@ def test_flat_update_resumes_bit_identically_and_shares_todays_state_format():
     assert opts[1].state_dict()["param_groups"][0]["paper_step"] == 6
     assert all(torch.equal(opts[1].state[p]["exp_avg"], half_opts[1].state[q]["exp_avg"])
                for p, q in zip(models[1].parameters(), half_models[1].parameters()))
-    assert opts[1].state[next(models[1].parameters())]["exp_avg"].untyped_storage().data_ptr() == flat.exp_avg.data_ptr()
+    exp_avg = opts[1].state[next(models[1].parameters())]["exp_avg"]
+    assert exp_avg.untyped_storage().data_ptr() == flat.exp_avg.data_ptr()
     # the remaining 6 steps on the same gradients as the uninterrupted run's steps 7-12
     g = torch.Generator().manual_seed(1)
     params = list(models[1].parameters())

@@ -32,7 +32,8 @@ def test_every_recipe_in_the_repository_is_found_as_package_data():
     for name, path in found.items():
         assert path.read_text(encoding="utf-8") == (REPO / "recipes" / f"{name}.toml").read_text(encoding="utf-8")
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
-    assert pyproject["package-dir"]["tinyelectra.recipes"] == "recipes" and "*.toml" in pyproject["package-data"]["tinyelectra.recipes"]
+    assert pyproject["package-dir"]["tinyelectra.recipes"] == "recipes"
+    assert "*.toml" in pyproject["package-data"]["tinyelectra.recipes"]
 
 
 def test_license_file_is_the_apache_2_0_text_the_metadata_names():
@@ -40,7 +41,8 @@ def test_license_file_is_the_apache_2_0_text_the_metadata_names():
     (apache.org/licenses/LICENSE-2.0.txt, whose sha256 this is)."""
     import hashlib
 
-    assert tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["license"] == {"text": "Apache-2.0"}
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    assert project["license"] == {"text": "Apache-2.0"}
     text = (REPO / "LICENSE").read_bytes()
     assert b"Apache License\n                           Version 2.0, January 2004" in text
     assert hashlib.sha256(text).hexdigest() == "cfc7749b96f63bd31c3c42b5c471bf756814053e847c10f3eb003417bc523d30"
@@ -85,9 +87,11 @@ def test_wheel_in_a_fresh_venv_finds_every_recipe_and_exports_for_transformers(t
         shutil.copytree(REPO / part, src / part, ignore=shutil.ignore_patterns("__pycache__"))
     for part in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy2(REPO / part, src / part)
-    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", tmp_path / "dist", src], tmp_path)
+    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", tmp_path / "dist", src],
+        tmp_path)
     wheel = next((tmp_path / "dist").glob("tinyelectra-*.whl"))
-    shipped = sorted(Path(n).stem for n in zipfile.ZipFile(wheel).namelist() if n.startswith("tinyelectra/recipes/") and n.endswith(".toml"))
+    shipped = sorted(Path(n).stem for n in zipfile.ZipFile(wheel).namelist() if n.startswith("tinyelectra/recipes/")
+                     and n.endswith(".toml"))
     assert shipped == SOURCE_RECIPES
     licenses = [n for n in zipfile.ZipFile(wheel).namelist() if ".dist-info/" in n and Path(n).name == "LICENSE"]
     assert len(licenses) == 1 and zipfile.ZipFile(wheel).read(licenses[0]) == (REPO / "LICENSE").read_bytes()
@@ -99,7 +103,8 @@ def test_wheel_in_a_fresh_venv_finds_every_recipe_and_exports_for_transformers(t
     purelib = run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], tmp_path).stdout.strip()
     Path(purelib, "outer-dependencies.pth").write_text("\n".join(site.getsitepackages()) + "\n", encoding="utf-8")
 
-    where = run([python, "-c", "import tinyelectra, tinyelectra.config as c; print(tinyelectra.__file__); print(*c.recipe_files())"], tmp_path).stdout.split("\n")
+    where = run([python, "-c", "import tinyelectra, tinyelectra.config as c; print(tinyelectra.__file__); "
+                               "print(*c.recipe_files())"], tmp_path).stdout.split("\n")
     assert where[0].startswith(str(venv)) and where[1].split() == SOURCE_RECIPES  # the wheel's copy, not this checkout
     for name in SOURCE_RECIPES:
         assert name in run([tinyelectra, "flops", "--recipe", name], tmp_path).stdout
@@ -120,7 +125,8 @@ def test_wheel_in_a_fresh_venv_finds_every_recipe_and_exports_for_transformers(t
     want = {"max_positions": 64, "cls_id": tok.cls_id, "sep_id": tok.sep_id, "pairs": pairs, "round_trip": plain,
             "round_trip_ignoring_spaces": True}
     (tmp_path / "want.json").write_text(json.dumps(want), encoding="utf-8")
-    facts = run([python, REPO / "tests" / "check_export.py", tmp_path / "export", tmp_path / "want.json"], tmp_path).stdout
+    facts = run([python, REPO / "tests" / "check_export.py", tmp_path / "export", tmp_path / "want.json"],
+                tmp_path).stdout
     assert json.loads(facts.strip().splitlines()[-1])["model_max_length"] == 64
 
 
@@ -135,14 +141,18 @@ def test_a_plain_checkout_that_is_not_installed_finds_its_recipes(tmp_path):
         shutil.copytree(REPO / part, checkout / part, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / "pyproject.toml", checkout / "pyproject.toml")
     tiny = checkout / "recipes" / "tiny.toml"
-    tiny.write_text(tiny.read_text(encoding="utf-8").replace("[model]", "# edited in the checkout\n[model]", 1), encoding="utf-8")
+    tiny.write_text(tiny.read_text(encoding="utf-8").replace("[model]", "# edited in the checkout\n[model]", 1),
+                    encoding="utf-8")
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join([str(checkout), *site.getsitepackages()])}
-    code = "import tinyelectra, tinyelectra.config as c; print(tinyelectra.__file__); f = c.recipe_files(); print(*f); print(f['tiny'].read_text().count('edited in the checkout'))"
-    out = subprocess.run([sys.executable, "-S", "-c", code], cwd=checkout, env=env, capture_output=True, text=True, timeout=300)
+    code = ("import tinyelectra, tinyelectra.config as c; print(tinyelectra.__file__); f = c.recipe_files(); "
+            "print(*f); print(f['tiny'].read_text().count('edited in the checkout'))")
+    out = subprocess.run([sys.executable, "-S", "-c", code], cwd=checkout, env=env, capture_output=True, text=True,
+                         timeout=300)
     assert out.returncode == 0, out.stderr
     where = out.stdout.split("\n")
     assert where[0].startswith(str(checkout)) and where[1].split() == SOURCE_RECIPES and where[2] == "1"
-    flops = subprocess.run([sys.executable, "-S", "-m", "tinyelectra", "flops", "--recipe", "electra-small"], cwd=checkout,
+    flops = subprocess.run([sys.executable, "-S", "-m", "tinyelectra", "flops", "--recipe", "electra-small"],
+                           cwd=checkout,
                            env=env, capture_output=True, text=True, timeout=300)
     assert flops.returncode == 0 and "electra-small" in flops.stdout, flops.stderr
 

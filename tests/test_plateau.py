@@ -18,7 +18,7 @@ from benchmarks.lab import plateau
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-# ---------------------------------------------------------------------------------------------------- the plateau, in CI
+# --------------------------------------------------------------------------------------------------- the plateau, in CI
 OPT_IN = ["optim.lr=3e-4"]  # what the tiny recipe's deviations name for a discriminator that learns context
 STEPS = 2500  # the bound: measured escapes of this configuration at 1,000-1,700 steps (the test's docstring)
 BATCH = 32  # rows of 32 tokens a step (tiny's 16 rows of 128 carry twice the tokens); with 16 rows the escape came

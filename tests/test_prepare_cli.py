@@ -54,7 +54,8 @@ def text_file(tmp_path: Path, name: str = "c.txt") -> Path:
 
 
 def test_missing_path(tmp_path, monkeypatch, capsys):
-    code, _, err = run_cli(["prepare", "--corpus", str(tmp_path / "nope"), "--out", str(tmp_path / "out")], monkeypatch, capsys)
+    code, _, err = run_cli(["prepare", "--corpus", str(tmp_path / "nope"), "--out", str(tmp_path / "out")], monkeypatch,
+                           capsys)
     assert_clean_failure(code, err, "no such file or directory", "nope")
     nothing_left(tmp_path, "out")
 
@@ -90,7 +91,8 @@ def test_binary_and_non_utf8_files_are_skipped_counted_and_warned(tmp_path, monk
 
 
 def test_vocabulary_missing_a_special_token(tmp_path, monkeypatch, capsys):
-    (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "the", "a"]) + "\n", encoding="utf-8")
+    (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "the", "a"]) + "\n",
+                                        encoding="utf-8")
     code, _, err = run_cli(["prepare", "--corpus", str(text_file(tmp_path)), "--out", str(tmp_path / "out"),
                             "--tokenizer", str(tmp_path / "vocab.txt")], monkeypatch, capsys)
     assert_clean_failure(code, err, "[MASK]")
@@ -191,7 +193,8 @@ def test_killed_run_leaves_nothing_that_looks_complete(tmp_path):
     cmd = [sys.executable, "-m", "tinyelectra", "prepare", "--corpus", str(corpus), "--out", str(out),
            "--vocab-size", "2000", "--workers", "1"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    while not list(out.glob(".staging.tmp-*/tokenizer/vocab.txt")) and proc.poll() is None:  # mid-way: tokenizer written
+    # mid-way: tokenizer written
+    while not list(out.glob(".staging.tmp-*/tokenizer/vocab.txt")) and proc.poll() is None:
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -201,7 +204,8 @@ def test_killed_run_leaves_nothing_that_looks_complete(tmp_path):
         D.PretrainData(out)
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr
-    assert (out / "manifest.json").is_file() and not list(out.glob(".staging.tmp-*")) and not (out / ".tinyelectra.lock").exists()
+    assert (out / "manifest.json").is_file() and not list(out.glob(".staging.tmp-*"))
+    assert not (out / ".tinyelectra.lock").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.txt", "out"]
 
 
@@ -211,7 +215,8 @@ def test_help_shows_whole_option_names_at_80_columns_and_version():
     """`-h` works; option names are never cut ("--validation-fract…" was), even at 80 columns; --version prints it."""
     from tinyelectra import __version__
 
-    env = {**os.environ, "COLUMNS": "80", "TERMINAL_WIDTH": "80", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "COLUMNS": "80", "TERMINAL_WIDTH": "80",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     for command, options in (("prepare", ["--validation-fraction", "--tokenizer-sample-mb", "--character-coverage",
                                           "--tokenizer-type", "--sentencepiece-model", "--no-byte-fallback",
                                           "--pack-documents", "--casing"]),
@@ -227,7 +232,8 @@ def test_help_shows_whole_option_names_at_80_columns_and_version():
                            env=env, timeout=600)
         assert r.returncode == 0 and max(map(len, r.stdout.splitlines())) <= 80, r.stdout
         assert not re.search(r"<(list\[|str>|int>|float>|path>|bool>)", r.stdout, flags=re.IGNORECASE), r.stdout
-    r = subprocess.run([sys.executable, "-m", "tinyelectra", "--version"], capture_output=True, text=True, env=env, timeout=600)
+    r = subprocess.run([sys.executable, "-m", "tinyelectra", "--version"], capture_output=True, text=True, env=env,
+                       timeout=600)
     assert r.returncode == 0 and r.stdout.strip() == f"tinyelectra {__version__}"
 
 
@@ -246,9 +252,11 @@ def test_sentencepiece_dataset_of_an_earlier_tinyelectra_is_not_reused(tmp_path,
     assert run_cli(command, monkeypatch, capsys)[0] == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["request"]["tokenizer"].pop("version", None) == P.SENTENCEPIECE_TRAINING_VERSION
-    (out / "manifest.json").write_text(json.dumps(manifest))  # the request as a tinyelectra without the version wrote it
+    # the request as a tinyelectra without the version wrote it
+    (out / "manifest.json").write_text(json.dumps(manifest))
     code, _, err = run_cli(command, monkeypatch, capsys)
-    assert_clean_failure(code, err, "different dataset", "an earlier tinyelectra", "tokenizer.version: None there, 2 now",
+    assert_clean_failure(code, err, "different dataset", "an earlier tinyelectra",
+                         "tokenizer.version: None there, 2 now",
                          "--force")
     assert run_cli([*command, "--force"], monkeypatch, capsys)[0] == 0  # prepared again, with today's tokenizer
     assert json.loads((out / "manifest.json").read_text())["request"]["tokenizer"]["version"] == 2
@@ -304,7 +312,8 @@ def test_a_truncated_gz_keeps_the_text_before_the_damage_and_says_so(tmp_path, m
     that met the damage lost what it had decompressed)."""
     import gzip
 
-    text = "\n\n".join(f"Document {i} has a first sentence.\nAnd a second sentence about item {i}." for i in range(2000))
+    text = "\n\n".join(f"Document {i} has a first sentence.\nAnd a second sentence about item {i}."
+                       for i in range(2000))
     packed = gzip.compress(text.encode("utf-8"))
     (tmp_path / "cut.txt.gz").write_bytes(packed[: len(packed) // 2])
     code, _, err = run_cli(["prepare", "--corpus", str(tmp_path / "cut.txt.gz"), "--out", str(tmp_path / "out"),

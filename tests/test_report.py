@@ -60,8 +60,10 @@ def heldout_eval(i: int) -> dict:
     """A checkpoint's held-out diagnostics as diagnostics.evaluate writes them: the first two still at the prior."""
     from tinyelectra.diagnostics import verdict
 
-    ev = {"rows": 512, "disc_acc": 0.852 + (0.004 if i < 2 else 0.02 * i), "baseline_acc": 0.852, "disc_auc": 0.55 + 0.05 * i,
-          "disc_auc_matched": 0.5, "disc_auc_context_matched": 0.5, "disc_precision": 0.8, "disc_recall": 0.01 + 0.05 * i,
+    ev = {"rows": 512, "disc_acc": 0.852 + (0.004 if i < 2 else 0.02 * i), "baseline_acc": 0.852,
+          "disc_auc": 0.55 + 0.05 * i,
+          "disc_auc_matched": 0.5, "disc_auc_context_matched": 0.5, "disc_precision": 0.8,
+          "disc_recall": 0.01 + 0.05 * i,
           "gen_acc": 0.06 + 0.01 * i, "unigram_acc": 0.06}
     ev.update(verdict(ev))
     return ev
@@ -79,16 +81,21 @@ def run_dir(tmp_path_factory) -> Path:
     (run / "recipe.json").write_text(json.dumps(recipe.to_dict()))
     lines = []
     for step in range(10, 1601, 10):
-        lines.append({"step": step, "lr": 1e-3, "gen_loss": 9.0 - 4.0 * step / 1600, "disc_loss": 0.5 - 0.3 * step / 1600,
-                      "gen_acc": 0.05 + 0.3 * step / 1600, "disc_acc": 0.85 + 0.1 * step / 1600, "tokens_seen": step * 4096,
-                      "train_seconds": step * 3.6, "train_flops_paper": step * 2.0e10, "train_flops_hardware": step * 1.5e10,
+        lines.append({"step": step, "lr": 1e-3, "gen_loss": 9.0 - 4.0 * step / 1600,
+                      "disc_loss": 0.5 - 0.3 * step / 1600,
+                      "gen_acc": 0.05 + 0.3 * step / 1600, "disc_acc": 0.85 + 0.1 * step / 1600,
+                      "tokens_seen": step * 4096,
+                      "train_seconds": step * 3.6, "train_flops_paper": step * 2.0e10,
+                      "train_flops_hardware": step * 1.5e10,
                       "tokens_per_second": 1137.8})
         for i, f in enumerate(FRACTIONS):
             if step == round(1600 * f):
                 lines.append({"event": "checkpoint", "name": checkpoint_name(f), "step": step, "fraction": f,
-                              seconds_key(i): step * 3.6, "device": "cpu (test)", "precision": "fp32", "eval": heldout_eval(i)})
+                              seconds_key(i): step * 3.6, "device": "cpu (test)", "precision": "fp32",
+                              "eval": heldout_eval(i)})
     (run / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n{\"step\": 16")  # torn last line
-    (run / "summary.json").write_text(json.dumps({"steps": 1600, "tokens_seen": 1600 * 4096, "train_flops_paper": 3.2e13,
+    (run / "summary.json").write_text(json.dumps({"steps": 1600, "tokens_seen": 1600 * 4096,
+                                                  "train_flops_paper": 3.2e13,
                                                   "train_flops_hardware": 2.4e13, "train_seconds": 5760.0,
                                                   "device": "cpu (test)", "precision": "fp32"}))
     for i, f in enumerate(FRACTIONS):
@@ -134,7 +141,8 @@ def test_glue_table_numbers_match_report_json(run_dir):
         assert int(row[2]) == c["step"]
         assert float(row[3]) == pytest.approx(c["train_flops_paper"], rel=5e-3)
         value, unit = row[4].split()
-        assert float(value) * {"s": 1, "min": 60, "h": 3600}[unit] == pytest.approx(c["train_seconds"], rel=0.01, abs=0.5)
+        assert float(value) * {"s": 1, "min": 60, "h": 3600}[unit] == pytest.approx(
+            c["train_seconds"], rel=0.01, abs=0.5)
         for cell, task in zip(row[5:11], rep["tasks"]):
             median, std = (float(x) for x in cell.split(" ± "))
             assert median == pytest.approx(c["tasks"][task]["median_paper"], abs=0.05)
@@ -194,7 +202,8 @@ def test_pretraining_facts_recipe_deviations_and_hardware(run_dir):
     assert "| last logged gen_loss (step 1600) | 5.0000 |" in md
     assert f"| train FLOPs, paper convention | {fmt_flops(3.2e13)} |" in md
     assert "| training time | 1.60 h |" in md  # 5760 s
-    assert rep["hardware"]["pretraining_device"] == "cpu (test)" and rep["hardware"]["finetuning_precisions"] == ["fp32"]
+    assert rep["hardware"]["pretraining_device"] == "cpu (test)"
+    assert rep["hardware"]["finetuning_precisions"] == ["fp32"]
     assert rep["recipe"]["deviations"] and all(d in md for d in rep["recipe"]["deviations"])
     assert [e["train_seconds"] for e in pre["checkpoint_events"]] == [round(1600 * f) * 3.6 for f in FRACTIONS]
     assert all(c["train_seconds"] is not None for c in rep["comparison"])
@@ -307,7 +316,8 @@ def test_end_to_end_after_tinyelectra_glue(tmp_path):
         # a dev accuracy on 30 rows is a multiple of 100/30
         assert all(abs(v * 0.3 - round(v * 0.3)) < 1e-6 for v in t["seed_paper_scores"])
     assert rep["plots"] == ["glue_vs_compute.png"]  # no metrics.jsonl in this run: no curves
-    assert re.search(r"\| 50% \| 7\.10e\+17 \| 2d \| 79\.0 \| [0-9.e+]+ \| [0-9.]+ (s|min|h) \| [0-9.]+ \| GLUE-1: sst2 \|", md)
+    assert re.search(r"\| 50% \| 7\.10e\+17 \| 2d \| 79\.0 \| [0-9.e+]+ \| [0-9.]+ (s|min|h) \| [0-9.]+ \| GLUE-1: "
+                     r"sst2 \|", md)
 
 
 def test_heldout_diagnostics_and_unlearned_checkpoints_are_said_plainly(run_dir):
@@ -344,7 +354,8 @@ def test_impossible_numbers_are_left_out_and_named(run_dir, tmp_path, capsys):
     (run / "summary.json").write_text(json.dumps({**summary, "steps": -5}))
     rep = report_command(run, None)
     md, err = (run / "report.md").read_text(), capsys.readouterr().err
-    for note in (f"{path}: cola: median_paper is nan, not a finite number", f"{path}: rte: std_paper is inf, not a finite number",
+    for note in (f"{path}: cola: median_paper is nan, not a finite number",
+                 f"{path}: rte: std_paper is inf, not a finite number",
                  f"{path}: sst2: median_paper is 250.0, outside the 0..100 such a score can take",
                  f"{path}: sst2 seed 1: paper_score is 250.0, outside the 0..100",
                  f"{run / 'summary.json'}: steps is -5, negative"):

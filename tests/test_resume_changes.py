@@ -126,7 +126,8 @@ def test_the_clipping_norm_may_change_on_resume_too(diverged, resumed, cli_env, 
     """Recorded beside the learning rate, and in effect: the weights differ from the run resumed with the learning
     rate alone (clip 1.0)."""
     run = tmp_path / "run"
-    ok(tinyelectra([*suggested_command(diverged[1], diverged[0], run, "0.001"), "--set", "optim.clip_norm=0.5"], cli_env))
+    ok(tinyelectra([*suggested_command(diverged[1], diverged[0], run, "0.001"), "--set", "optim.clip_norm=0.5"],
+                   cli_env))
     assert json.loads((run / "summary.json").read_text())["resumed_with_changes"] == [
         {"step": 1, "key": "optim.clip_norm", "old": 1.0, "new": 0.5},
         {"step": 1, "key": "optim.lr", "old": 1e8, "new": 0.001}]
@@ -260,7 +261,8 @@ def test_out_of_memory_continues_from_the_resume_state_with_half_the_micro_batch
     run = tmp_path / "run"
     p = ok(tinyelectra(continue_after_out_of_memory(line, original, run), cli_env))
     assert "resumed from step 6" in p.stderr and "1 process(es) x 2 micro-batch(es) of 4" in p.stderr
-    assert "resumed with changed runtime settings: train.micro_batch_size 0 -> 4 at step 6; still the recipe's run" in p.stderr
+    assert ("resumed with changed runtime settings: train.micro_batch_size 0 -> 4 at step 6; still the recipe's run"
+            in p.stderr)
     change = [{"step": 6, "key": "train.micro_batch_size", "old": 0, "new": 4}]  # 0: the recipe's "the whole batch"
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 12 and summary["resumed_with_runtime_changes"] == change
@@ -287,7 +289,8 @@ def test_out_of_memory_continues_from_the_resume_state_with_half_the_micro_batch
     report = (run / "report.md").read_text()
     assert "NOT THE RECIPE'S RUN" not in report
     assert ("runtime settings changed on --resume (train.micro_batch_size 0 -> 4 at step 6; summary.json): still the "
-            "recipe's run, computed another way (a changed micro-batch or compile mode also draws other masks") in report
+            "recipe's run, computed another way (a changed micro-batch or compile mode also draws other "
+            "masks") in report
 
 
 @pytest.mark.slow
@@ -337,7 +340,8 @@ def test_the_flat_update_continues_a_per_tensor_run_from_its_resume_state(out_of
     """train.update=flat (optim.FlatUpdate) is a runtime setting: a run whose resume state the per-tensor update wrote
     continues with the flat buffers (the state's format is the same, copied into them), the same rows and draws; the
     steps before the resume state are the unchanged run's bit for bit, the ones after it equal to float rounding (the
-    two updates round differently: tests/test_optim.py bounds it), far inside the 1% a changed micro-batch moves them."""
+    two updates round differently: tests/test_optim.py bounds it), far inside the 1% a changed micro-batch moves
+    them."""
     run = tmp_path / "run"
     words = continue_after_out_of_memory(out_of_memory[1], out_of_memory[0], run)
     words[words.index("train.micro_batch_size=4")] = "train.update=flat"

@@ -300,12 +300,18 @@ def test_resume_with_other_data_of_the_same_size_is_refused(datasets, tmp_path, 
 
 def as_written_before_data_records(run: Path) -> None:
     """What a run folder of a tinyelectra before runs recorded their data looks like: no dataset.json, no record of
-    its files, a resume state without the data (its sha256.json written again, as that version wrote it)."""
+    its files, a resume state without the data."""
+    (run / "dataset.json").unlink()
+    (run / ".tinyelectra.written").unlink()
+    drop_the_data_from_the_resume_state(run)
+
+
+def drop_the_data_from_the_resume_state(run: Path) -> None:
+    """The latest resume state's trainer.json without its `data` (its sha256.json written again, as a tinyelectra
+    before runs recorded their data wrote it)."""
     from tinyelectra.checkpoint import latest_state
     from tinyelectra.files import write_sha256
 
-    (run / "dataset.json").unlink()
-    (run / ".tinyelectra.written").unlink()
     state = latest_state(run)
     info = json.loads((state / "trainer.json").read_text())
     del info["data"]

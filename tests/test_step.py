@@ -35,7 +35,8 @@ CPU, GPU = torch.device("cpu"), torch.device("cuda", 0)
 
 
 @pytest.mark.parametrize("setting,device,micro_batches,processes,strategy,mode,why", [
-    ("auto", GPU, 1, 1, "ddp", "reduce-overhead", "auto: inductor + CUDA graphs (one CUDA device, one process, one micro-batch"),
+    ("auto", GPU, 1, 1, "ddp", "reduce-overhead",
+     "auto: inductor + CUDA graphs (one CUDA device, one process, one micro-batch"),
     ("auto", GPU, 4, 1, "ddp", "on", "auto: inductor without CUDA graphs: 4 micro-batches per step"),
     ("auto", GPU, 1, 2, "ddp", "on", "auto: inductor without CUDA graphs: 2 processes (DDP's gradient hooks"),
     ("auto", GPU, 2, 2, "ddp", "on", "2 processes"),
@@ -52,7 +53,7 @@ CPU, GPU = torch.device("cpu"), torch.device("cuda", 0)
     ("regional", GPU, 1, 1, "deepspeed", "off", "DeepSpeed's engine runs the step"),
 ])
 def test_auto_picks_cuda_graphs_exactly_where_they_apply(fake_gpu, setting, device, micro_batches, processes, strategy,
-                                                        mode, why):
+                                                         mode, why):
     fake_gpu()
     choice = runtime.choose_compile(setting, device, micro_batches, processes, strategy)
     assert choice.mode == mode and why in choice.why, choice
@@ -208,7 +209,8 @@ def captured_update_graph(monkeypatch, grad_norm: str):
         return gm.forward
 
     real = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real(fn, backend=capture, fullgraph=kw.get("fullgraph", False)))
+    monkeypatch.setattr(torch, "compile",
+                        lambda fn, **kw: real(fn, backend=capture, fullgraph=kw.get("fullgraph", False)))
     recipe, (model,), (opt,) = twin_models(1)
     update = GraphSafeUpdate(opt, 1.0, compile_setting="on", grad_norm=grad_norm)
     for p in model.parameters():
@@ -273,7 +275,8 @@ def toy_batch(padded_row: int | None, seed: int = 0, length: int = 21) -> Batch:
     ids[:, 0], ids[:, -1] = SPECIAL.cls, SPECIAL.sep
     mask = torch.ones_like(ids, dtype=torch.bool)
     if padded_row is not None:
-        ids[padded_row, length - 1], ids[padded_row, length:], mask[padded_row, length:] = SPECIAL.sep, SPECIAL.pad, False
+        ids[padded_row, length - 1], ids[padded_row, length:] = SPECIAL.sep, SPECIAL.pad
+        mask[padded_row, length:] = False
     return Batch(ids, torch.zeros_like(ids), mask, full_rows=mask.all(1).numpy())
 
 
@@ -318,7 +321,8 @@ def test_a_padded_batch_keeps_its_mask():
     assert worst > 1e-2, worst  # against at most 1e-5 between the two paths on a batch without padding (above)
     halves, _ = mask_step(toy_batch(3), recipe, SPECIAL, 0, 0, 2, 2)
     assert [h.full for h in halves] == [True, False]
-    no_flags = Batch(*(t for t in (toy_batch(None).input_ids, toy_batch(None).token_type_ids, toy_batch(None).attention_mask)))
+    no_flags = Batch(*(t for t in (toy_batch(None).input_ids, toy_batch(None).token_type_ids,
+                                   toy_batch(None).attention_mask)))
     assert not mask_step(no_flags, recipe, SPECIAL, 0, 0, 4, 1)[0][0].full  # flags unknown: masked, as before
 
 
@@ -330,7 +334,8 @@ def test_prepared_batches_flag_their_full_rows(tmp_path):
 
     rng = random.Random(0)
     words = [f"w{i}" for i in range(80)]
-    docs = ["\n".join(" ".join(rng.choice(words) for _ in range(rng.randint(4, 14))) + " ." for _ in range(rng.randint(2, 8)))
+    docs = ["\n".join(" ".join(rng.choice(words) for _ in range(rng.randint(4, 14))) + " ."
+                      for _ in range(rng.randint(2, 8)))
             for _ in range(80)]
     (tmp_path / "c.txt").write_text("\n\n".join(docs) + "\n", encoding="utf-8")
     prepare(sources=[str(tmp_path / "c.txt")], out_dir=tmp_path / "d", vocab_size=256, seq_len=32, workers=1)
@@ -386,7 +391,8 @@ def run_steps(engine: Engine, steps: int = 4) -> tuple[list[float], dict[str, fl
 
     sums, losses = new_sums(CPU), []
     for step in range(steps):
-        masked, seeds = mask_step(toy_batch(None if step % 2 == 0 else 1, seed=step), engine.recipe, SPECIAL, step, 0, 4, 1)
+        batch = toy_batch(None if step % 2 == 0 else 1, seed=step)
+        masked, seeds = mask_step(batch, engine.recipe, SPECIAL, step, 0, 4, 1)
         engine.optimizer.set_lr(1e-3)
         loss = train_step(engine, masked, seeds, global_counts(masked, engine.dist), contextlib.nullcontext(), sums)
         losses.append(float(loss))
@@ -421,7 +427,8 @@ def test_regional_compilation_traces_the_same_graphs_whatever_the_depth(monkeypa
             assert "failed" not in engine.compile_note, engine.compile_note
             seen[setting, layers] = sorted(nodes)
     torch._dynamo.reset()
-    assert seen["regional", 1] == seen["regional", 3] and len(seen["regional", 1]) == 7, seen  # 4 Block graphs, 3 others
+    # 4 Block graphs, 3 others
+    assert seen["regional", 1] == seen["regional", 3] and len(seen["regional", 1]) == 7, seen
     block = max(seen["regional", 1])  # a Block's graph, the largest region
     # both whole-step graphs (with and without the attention mask) grow by the 4 blocks that 2 more layers add
     assert all(deep - shallow >= 4 * block for shallow, deep in zip(seen["on", 1], seen["on", 3])), seen
@@ -510,7 +517,8 @@ def test_whole_step_graph_capture_and_replay_logic_on_the_cpu(monkeypatch):
         failing = flat_engine("regional-graph")
         failing.captured.capture = True
         failing.compile_now(SPECIAL)
-        assert not failing.captured.capture and "capture failed (RuntimeError: operation not permitted" in failing.compile_note
+        assert not failing.captured.capture
+        assert "capture failed (RuntimeError: operation not permitted" in failing.compile_note
         assert all(torch.equal(a, b) for a, b in zip(before, failing.flat_update.snapshot()))
         uncaptured = run_steps(failing)
     torch._dynamo.reset()
@@ -541,7 +549,8 @@ def test_compile_time_split_from_torchs_records():
     compilation (dynamo's aot_eager backend: no inductor time)."""
     from types import SimpleNamespace
 
-    frame = SimpleNamespace(dynamo_cumulative_compile_time_us=10_000_000, aot_autograd_cumulative_compile_time_us=7_000_000,
+    frame = SimpleNamespace(dynamo_cumulative_compile_time_us=10_000_000,
+                            aot_autograd_cumulative_compile_time_us=7_000_000,
                             inductor_cumulative_compile_time_us=5_000_000, backward_cumulative_compile_time_us=None)
     backward = SimpleNamespace(dynamo_cumulative_compile_time_us=None, inductor_cumulative_compile_time_us=2_000_000,
                                backward_cumulative_compile_time_us=2_500_000)

@@ -15,15 +15,15 @@ import json
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from tinyelectra.budget import parse_stop, stop_checkpoint_name
 from tinyelectra.config import load_recipe
 from tinyelectra.errors import UserError
+
+from test_interruptions import metrics_lines, same_weights, weights
 
 SMALL = ["--set", "model.num_layers=2", "--set", "train.batch_size=8", "--set", "train.eval_rows=32",
          "--set", "train.deterministic=true", "--set", "train.log_every_steps=3"]
@@ -61,25 +61,6 @@ def tinyelectra(args: list[str], env: dict, check: bool = True) -> subprocess.Co
     return p
 
 
-def records(run: Path) -> list[dict]:
-    """metrics.jsonl without what timing changes (seconds, speeds)."""
-    def clean(rec):
-        if isinstance(rec, dict):
-            return {k: clean(v) for k, v in rec.items() if "seconds" not in k and "per_second" not in k and k != "mfu"}
-        return rec
-    return [clean(json.loads(line)) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-
-
-def weights(ckpt: Path) -> dict[str, torch.Tensor]:
-    return {f"{part}/{k}": v for part in ("discriminator", "generator")
-            for k, v in load_file(str(ckpt / f"{part}.safetensors")).items()}
-
-
-def same_weights(a: Path, b: Path) -> bool:
-    x, y = weights(a), weights(b)
-    return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
-
-
 @pytest.mark.slow
 def test_a_paper_schedule_stops_at_the_step_asked_with_the_papers_learning_rate(cli_env, tmp_path):
     """`--budget paper --stop-after 8steps` (tiny's schedule: 10,000 steps, warm-up 1,000): exit 0 after step 8,
@@ -102,14 +83,15 @@ def test_a_paper_schedule_stops_at_the_step_asked_with_the_papers_learning_rate(
     assert stopped["fraction_of_schedule"] == 8 / total and plan["stopped"] == [stopped]
     assert plan["stop"] == [{"after": "8steps", "kind": "steps", "step": 8, "fraction_of_schedule": 8 / total,
                              "lr": pytest.approx(paper_lr(8, peak, warmup, total), rel=1e-12)}]
-    logged = [x for x in records(run) if "event" not in x]
+    logged = [x for x in metrics_lines(run) if "event" not in x]
     assert [x["step"] for x in logged] == [3, 6]  # nothing logged beyond the stop, no partial window
     for x in logged:  # the rate the step ran with: the formula at the step before it
         assert x["lr"] == pytest.approx(paper_lr(x["step"] - 1, peak, warmup, total), rel=1e-12)
     meta = json.loads((run / "ckpt-0008" / "meta.json").read_text())
     assert meta["step"] == 8 and meta["stopped_by"] == "--stop-after 8steps" and meta["fraction"] == 8 / total
     assert not [c for c in ("ckpt-0625", "ckpt-10000") if (run / c).exists()]
-    assert re.search(r"this command stops\s*│ after step 8 \(0\.08% of the schedule, learning rate 2\.4e-05\)", p.stderr)
+    assert re.search(r"this command stops\s*│ after step 8 \(0\.08% of the schedule, learning rate 2\.4e-05\)",
+                     p.stderr)
     line = next(x for x in p.stderr.splitlines() if x.startswith("· stopped by --stop-after 8steps at step 8"))
     assert "0.08% of the schedule (10,000 steps, warm-up 1,000, --budget paper" in line
     assert "--stop-after" not in line.split("continue with: ")[1].split(" (with another")[0]
@@ -155,8 +137,8 @@ def test_stopped_and_resumed_is_the_uninterrupted_run(cli_env, tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["stopped"] is None and summary["final_lr"] == 0.0
     assert [s["step"] for s in summary["stops"]] == [5]
-    mine = [x for x in records(run) if x.get("name") != "ckpt-4166"]
-    assert mine == records(ref)  # line by line: losses, rates, tokens, checkpoint evaluations
+    mine = [x for x in metrics_lines(run) if x.get("name") != "ckpt-4166"]
+    assert mine == metrics_lines(ref)  # line by line: losses, rates, tokens, checkpoint evaluations
     for name in ("ckpt-0625", "ckpt-1250", "ckpt-2500", "ckpt-5000", "ckpt-10000"):
         assert same_weights(run / name, ref / name), name
 
@@ -194,5 +176,5 @@ def test_a_time_stop_ends_after_the_step_that_reaches_it_and_resumes(cli_env, tm
     assert "after 2 s of this command (start-up included) or after step 100" in p.stderr
     tinyelectra([*TINY, "--budget", "paper", "--stop-after", "10steps", "--out", str(run), "--resume"], cli_env)
     tinyelectra([*TINY, "--budget", "paper", "--stop-after", "10steps", "--out", str(ref)], cli_env)
-    assert [x for x in records(run) if x.get("name") != "ckpt-0008"] == records(ref)
+    assert [x for x in metrics_lines(run) if x.get("name") != "ckpt-0008"] == metrics_lines(ref)
     assert same_weights(run / "ckpt-0010", ref / "ckpt-0010")

@@ -26,7 +26,8 @@ def libgomp_settings(args: list[str], env: dict) -> tuple[subprocess.CompletedPr
     """Run `python ARGS` with OMP_DISPLAY_ENV=VERBOSE; libgomp's settings as it printed them when torch loaded it."""
     p = subprocess.run([sys.executable, *args], env={**env, "OMP_DISPLAY_ENV": "VERBOSE"}, capture_output=True,
                        text=True, timeout=300)
-    shown = dict(line.strip().split(" = ", 1) for line in p.stderr.splitlines() if line.startswith("  ") and " = " in line)
+    shown = dict(line.strip().split(" = ", 1) for line in p.stderr.splitlines() if line.startswith("  ")
+                 and " = " in line)
     if "GOMP_SPINCOUNT" not in shown:
         pytest.skip("torch's OpenMP runtime is not libgomp (no GOMP_SPINCOUNT in OMP_DISPLAY_ENV's output)")
     return p, {k: v.strip("'") for k, v in shown.items()}
@@ -55,8 +56,10 @@ def test_without_tinyelectra_libgomp_spins(cli_env):
 
 
 @pytest.mark.parametrize(("env", "set_by", "says"), [
-    ({"OMP_WAIT_POLICY": "PASSIVE", "TINYELECTRA_SET_OMP_WAIT_POLICY": "1"}, "tinyelectra", "PASSIVE, tinyelectra's default"),
-    ({"OMP_WAIT_POLICY": "ACTIVE", "TINYELECTRA_SET_OMP_WAIT_POLICY": "1"}, "environment", "OMP_WAIT_POLICY=ACTIVE from the environment"),
+    ({"OMP_WAIT_POLICY": "PASSIVE", "TINYELECTRA_SET_OMP_WAIT_POLICY": "1"}, "tinyelectra",
+     "PASSIVE, tinyelectra's default"),
+    ({"OMP_WAIT_POLICY": "ACTIVE", "TINYELECTRA_SET_OMP_WAIT_POLICY": "1"}, "environment",
+     "OMP_WAIT_POLICY=ACTIVE from the environment"),
     ({"OMP_WAIT_POLICY": "PASSIVE"}, "environment", "OMP_WAIT_POLICY=PASSIVE from the environment"),
     ({"GOMP_SPINCOUNT": "1234"}, "environment", "GOMP_SPINCOUNT=1234 from the environment"),
     ({}, None, "OpenMP's default"),
@@ -70,15 +73,18 @@ def test_the_note_says_who_chose_the_wait_policy(monkeypatch, env, set_by, says)
         monkeypatch.setenv(k, v)
     text, record = openmp_note()
     assert says in text and record["set_by"] == set_by
-    assert (record["omp_wait_policy"], record["gomp_spincount"]) == (env.get("OMP_WAIT_POLICY"), env.get("GOMP_SPINCOUNT"))
+    assert (record["omp_wait_policy"], record["gomp_spincount"]) == (
+        env.get("OMP_WAIT_POLICY"), env.get("GOMP_SPINCOUNT"))
 
 
 @pytest.mark.slow
 @pytest.mark.cli
 def test_a_run_logs_and_records_the_wait_policy(cli_env, tmp_path):
     run = tmp_path / "run"
-    p = subprocess.run([sys.executable, "-m", "tinyelectra", "train", "--recipe", "tiny", "--budget", "2steps", "--device",
-                        "cpu", *SMALL, "--out", str(run)], env=clean_env(cli_env), capture_output=True, text=True, timeout=600)
+    p = subprocess.run([sys.executable, "-m", "tinyelectra", "train", "--recipe", "tiny", "--budget", "2steps",
+                        "--device", "cpu", *SMALL, "--out", str(run)], env=clean_env(cli_env), capture_output=True,
+                       text=True,
+                       timeout=600)
     assert p.returncode == 0, p.stderr
     assert "OpenMP waits: OMP_WAIT_POLICY=PASSIVE, tinyelectra's default" in " ".join(p.stderr.split())
     threads = json.loads((run / "summary.json").read_text())["runtime"]["cpu_threads"]

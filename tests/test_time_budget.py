@@ -184,7 +184,8 @@ def test_checkpoint_schedule_gives_each_checkpoint_its_own_step():
         steps = list(checkpoint_schedule(total).values())
         assert len(set(steps)) == 5 and steps == sorted(steps) and steps[-1] == total, (total, steps)
     assert list(checkpoint_schedule(3).values()) == [1, 1, 1, 2, 3]  # fewer than five steps: some share ...
-    assert any("at least five steps" in n for n in make_plan(parse_budget("3steps"), load_recipe("tiny")).notes)  # ... said
+    # ... said
+    assert any("at least five steps" in n for n in make_plan(parse_budget("3steps"), load_recipe("tiny")).notes)
     # written checkpoints stay; the rest follow the new end, each after the last written one
     assert checkpoint_schedule(40, {"ckpt-0625": 10, "ckpt-1250": 20, "ckpt-2500": 38}) == {
         "ckpt-0625": 10, "ckpt-1250": 20, "ckpt-2500": 38, "ckpt-5000": 39, "ckpt-10000": 40}
@@ -223,7 +224,8 @@ def simulated_train(run, budget: str, speeds: list[list[float]], env: dict) -> t
     """`train --budget BUDGET` of the small tiny model with the simulated clock, `speeds` its [[last step, seconds
     per step], ...]; it must succeed. Returns (stderr, plan.json, summary.json)."""
     p = subprocess.run([sys.executable, "-c", SIMULATED_CLOCK, "train", "--recipe", "tiny", "--budget", budget,
-                        "--device", "cpu", *SMALL, "--out", str(run)], env=dict(env, SIM_SECONDS_PER_STEP=json.dumps(speeds)),
+                        "--device", "cpu", *SMALL, "--out", str(run)],
+                       env=dict(env, SIM_SECONDS_PER_STEP=json.dumps(speeds)),
                        capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     return p.stderr, json.loads((run / "plan.json").read_text()), json.loads((run / "summary.json").read_text())

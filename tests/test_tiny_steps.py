@@ -28,7 +28,8 @@ REL = 1e-5  # two runs of this code on one machine agree exactly; the tolerance 
 
 
 def run_tiny(out: Path, env: dict) -> Path:
-    p = subprocess.run([sys.executable, "-m", "tinyelectra", *ARGS, *QUICK, "--out", str(out)], env=env, capture_output=True,
+    p = subprocess.run([sys.executable, "-m", "tinyelectra", *ARGS, *QUICK, "--out", str(out)], env=env,
+                       capture_output=True,
                        text=True, timeout=1800)  # a hang guard, not a speed limit
     assert p.returncode == 0, f"exit {p.returncode}\nstderr:\n{p.stderr[-3000:]}"
     return out

@@ -89,7 +89,8 @@ def test_training_is_deterministic_across_processes(tmp_path):
         "lines = open(sys.argv[1], encoding='utf-8').read().split('\\n'); "
         "print(Tokenizer.train(lines, 2000, True).fingerprint())"
     )
-    prints = {subprocess.run([sys.executable, "-c", code, str(corpus)], capture_output=True, text=True, check=True).stdout
+    prints = {subprocess.run([sys.executable, "-c", code, str(corpus)], capture_output=True, text=True,
+                             check=True).stdout
               for _ in range(2)}
     assert len(prints) == 1
 
@@ -98,7 +99,8 @@ def test_transformers_autotokenizer_loads_saved_files_with_same_ids(trained, tmp
     from transformers import AutoTokenizer
 
     trained.save(tmp_path / "tok")
-    assert (tmp_path / "tok" / "vocab.txt").read_text(encoding="utf-8").split("\n")[100:104] == ["[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    assert (tmp_path / "tok" / "vocab.txt").read_text(encoding="utf-8").split("\n")[100:104] == [
+        "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     auto = AutoTokenizer.from_pretrained(str(tmp_path / "tok"))
     texts = english_lines()[:200] + MIXED
     ours = trained.encode_batch(texts)
@@ -211,7 +213,8 @@ def train_sentencepiece(tmp_path: Path, control: list[str]) -> Path:
     corpus.write_text("\n".join(CJK_LINES * 20) + "\n", encoding="utf-8")
     prefix = tmp_path / ("sp-" + "-".join(c.strip("<>") for c in control))
     spm.SentencePieceTrainer.train(
-        input=str(corpus), model_prefix=str(prefix), vocab_size=200, hard_vocab_limit=False, model_type="unigram", character_coverage=1.0,
+        input=str(corpus), model_prefix=str(prefix), vocab_size=200, hard_vocab_limit=False, model_type="unigram",
+        character_coverage=1.0,
         pad_id=0, unk_id=1, bos_id=-1, eos_id=-1, control_symbols=control, minloglevel=2, num_threads=1,
     )
     return prefix.with_suffix(".model")
@@ -242,10 +245,12 @@ def test_sentencepiece_on_korean_japanese_chinese(tmp_path):
     pair = auto(CJK_LINES[0], CJK_LINES[3])
     assert pair["input_ids"] == [tok.cls_id, *ids[0], tok.sep_id, *ids[3], tok.sep_id]
     assert pair["token_type_ids"] == [0] * (len(ids[0]) + 2) + [1] * (len(ids[3]) + 1)
-    assert [auto.decode(auto(line)["input_ids"], skip_special_tokens=True) for line in CJK_LINES] == [tok.decode(r) for r in ids]
+    assert ([auto.decode(auto(line)["input_ids"], skip_special_tokens=True) for line in CJK_LINES]
+            == [tok.decode(r) for r in ids])
 
 
-SPACED = ["two  spaces", "x   y    z", "trailing  ", "  leading", " ", "tab\there", "code(x)  # comment", "한국어  문장"]
+SPACED = ["two  spaces", "x   y    z", "trailing  ", "  leading", " ", "tab\there", "code(x)  # comment",
+          "한국어  문장"]
 
 
 def test_trained_sentencepiece_keeps_runs_of_spaces_as_written(tmp_path):

@@ -39,7 +39,8 @@ def env(cli_env) -> dict:
 
 
 def run_cli(args: list[str], env: dict, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
-    p = subprocess.run([sys.executable, "-m", "tinyelectra", *args], env=env, capture_output=True, text=True, timeout=timeout)
+    p = subprocess.run([sys.executable, "-m", "tinyelectra", *args], env=env, capture_output=True, text=True,
+                       timeout=timeout)
     if check and p.returncode != 0:
         raise AssertionError(f"exit {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}")
     return p
@@ -125,8 +126,10 @@ def test_paper_adam_warmup_floor():
     five = make_plan(parse_budget("5000steps"), r)
     assert five.warmup_steps == 1_000 and any("1 / (1 - beta2)" in n for n in five.notes)
     assert make_plan(parse_budget("600steps"), r).warmup_steps == 300  # at most half the run
-    assert make_plan(parse_budget("5000steps"), r.with_overrides(["optim.name=adamw"])).warmup_steps == 500  # bias-corrected
-    assert make_plan(parse_budget("5000steps"), r.with_overrides(["optim.beta2=0.99"])).warmup_steps == 500  # 1/(1-b2) = 100
+    # bias-corrected
+    assert make_plan(parse_budget("5000steps"), r.with_overrides(["optim.name=adamw"])).warmup_steps == 500
+    # 1/(1-b2) = 100
+    assert make_plan(parse_budget("5000steps"), r.with_overrides(["optim.beta2=0.99"])).warmup_steps == 500
     assert _paper_adam_overshoot(10_000, 1_000_000) < 1.01  # what the paper's warm-up achieves
     assert _paper_adam_overshoot(500, 5000) > 1.4 and _paper_adam_overshoot(100, 2000) > 3.0  # short warm-ups
     for total in (2_000, 5_000, 10_000):
@@ -212,7 +215,8 @@ def test_tensorboard_holds_checkpoint_evaluations_or_its_absence_is_said_once(en
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("raise ImportError('not installed here')\n")
     absent = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(shadow.parent), env.get("PYTHONPATH")]))}
-    p = run_cli(["train", "--recipe", "tiny", "--budget", "2steps", "--device", "cpu", *SMALL, "--out", str(tmp_path / "no-tb")], absent)
+    p = run_cli(["train", "--recipe", "tiny", "--budget", "2steps", "--device", "cpu", *SMALL, "--out",
+                 str(tmp_path / "no-tb")], absent)
     said = " ".join(p.stderr.split())
     assert said.count("TensorBoard: not installed") == 1 and "pip install 'tinyelectra[tensorboard]'" in said
     assert not (tmp_path / "no-tb" / "tensorboard").exists() and (tmp_path / "no-tb" / "ckpt-10000").is_dir()
@@ -291,14 +295,16 @@ def test_ddp_two_processes_match_one(env, tmp_path):
     one = tmp_path / "one"
     run_cli(["train", *common, "--set", "train.micro_batch_size=4", "--out", str(one)], env)
     two = tmp_path / "two"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(29500 + os.getpid() % 1000),
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+           str(29500 + os.getpid() % 1000),
            "-m", "tinyelectra", "train", *common, "--out", str(two)]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     a, b = step_losses(one), step_losses(two)
     assert a.keys() == b.keys() == set(range(1, 7))
     for s in a:
-        assert a[s][0] == pytest.approx(b[s][0], abs=1e-5) and a[s][1] == pytest.approx(b[s][1], abs=1e-5), (s, a[s], b[s])
+        assert a[s][0] == pytest.approx(b[s][0], abs=1e-5) and a[s][1] == pytest.approx(b[s][1], abs=1e-5), (
+            s, a[s], b[s])
 
 
 @pytest.mark.parametrize("offload", [False, True], ids=["zero2", "zero2-offload"])
@@ -309,9 +315,11 @@ def test_deepspeed_runs_a_few_steps_or_skips(env, tmp_path, offload):
     mathematics as the plain loop (same losses; the optimizer stays ours, DeepSpeed only shards and places its state).
     The test extras install DeepSpeed, so CI runs this; it skips only where DeepSpeed is absent."""
     pytest.importorskip("deepspeed", reason="deepspeed is not installed (pip install 'tinyelectra[deepspeed]')")
-    common = ["train", "--recipe", "tiny", "--budget", "4steps", "--device", "cpu", *SMALL, "--set", "train.log_every_steps=1"]
+    common = ["train", "--recipe", "tiny", "--budget", "4steps", "--device", "cpu", *SMALL, "--set",
+              "train.log_every_steps=1"]
     ds, plain = tmp_path / "ds", tmp_path / "plain"
-    p = run_cli([*common, "--set", "train.strategy=deepspeed", "--set", f"train.deepspeed_offload={str(offload).lower()}",
+    p = run_cli([*common, "--set", "train.strategy=deepspeed", "--set",
+                 f"train.deepspeed_offload={str(offload).lower()}",
                  "--out", str(ds)], env)
     assert ("optimizer state offloaded to the CPU" in p.stderr + p.stdout) == offload
     run_cli([*common, "--out", str(plain)], env)
@@ -327,7 +335,8 @@ def test_adamw8bit_runs_and_is_labelled_off_recipe_or_skips(env, tmp_path):
     """The opt-in 8-bit AdamW (bitsandbytes, which also runs on the CPU): it trains, and says it is off-recipe."""
     pytest.importorskip("bitsandbytes", reason="bitsandbytes is not installed (pip install 'tinyelectra[bnb]')")
     run = tmp_path / "run"
-    args = ["train", "--recipe", "tiny", "--budget", "4steps", "--device", "cpu", *SMALL, "--set", "train.log_every_steps=1",
+    args = ["train", "--recipe", "tiny", "--budget", "4steps", "--device", "cpu", *SMALL, "--set",
+            "train.log_every_steps=1",
             "--set", "optim.name=adamw8bit", "--out", str(run)]
     p = run_cli(args, env)
     assert "OFF-RECIPE" in p.stderr
@@ -365,13 +374,15 @@ def assert_one_line_error(p: subprocess.CompletedProcess, *needles: str) -> None
 
 @pytest.mark.parametrize("bad", ["4x", "0h", "-3d"])
 def test_cli_bad_budget(env, tmp_path, bad, capsys, monkeypatch):
-    p = cli_error(["train", "--recipe", "tiny", "--budget", bad, "--device", "cpu", "--out", str(tmp_path / "r")], env, capsys, monkeypatch)
+    p = cli_error(["train", "--recipe", "tiny", "--budget", bad, "--device", "cpu", "--out", str(tmp_path / "r")], env,
+                  capsys, monkeypatch)
     assert_one_line_error(p, bad)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() > 3, reason="this machine has a GPU 3")
 def test_cli_missing_gpu(env, tmp_path, capsys, monkeypatch):
-    p = cli_error(["train", "--recipe", "tiny", "--budget", "1steps", "--gpu", "3", "--out", str(tmp_path / "r")], env, capsys, monkeypatch)
+    p = cli_error(["train", "--recipe", "tiny", "--budget", "1steps", "--gpu", "3", "--out", str(tmp_path / "r")], env,
+                  capsys, monkeypatch)
     assert_one_line_error(p, "--gpu 3", "--device cpu")
 
 
@@ -380,7 +391,8 @@ def test_cli_missing_gpu(env, tmp_path, capsys, monkeypatch):
 def test_cli_vocabulary_from_the_data_and_tokens_seen_without_padding(env, tmp_path, capsys, monkeypatch):
     from tinyelectra.data import BatchLoader, PretrainData
 
-    run_cli(["train", "--recipe", "tiny", "--budget", "3steps", "--device", "cpu", *SMALL, "--out", str(tmp_path / "a")], env)
+    run_cli(["train", "--recipe", "tiny", "--budget", "3steps", "--device", "cpu", *SMALL, "--out",
+             str(tmp_path / "a")], env)
     summary = json.loads((tmp_path / "a" / "summary.json").read_text())
     data = Path(summary["data"]["path"])  # the cache may hold other built-in datasets (the quickstart recipe's rows)
     assert data.parent == Path(env["TINYELECTRA_CACHE"]) and data.name.startswith("builtin-v8192-t128-")
@@ -395,7 +407,8 @@ def test_cli_vocabulary_from_the_data_and_tokens_seen_without_padding(env, tmp_p
              "--out", str(tmp_path / "b")], env)
     recipe = json.loads((tmp_path / "b" / "recipe.json").read_text())
     assert recipe["model"]["vocab_size"] == 8192
-    assert any(d.startswith("model.vocab_size = 8192, the vocabulary of the prepared data") for d in recipe["deviations"])
+    assert any(d.startswith("model.vocab_size = 8192, the vocabulary of the prepared data")
+               for d in recipe["deviations"])
     # ... unless --set names another size: then the mismatch is an error
     p = cli_error(["train", "--recipe", "electra-small", "--budget", "1steps", "--device", "cpu", "--data", str(data),
                    "--set", "model.vocab_size=30522", "--out", str(tmp_path / "c")], env, capsys, monkeypatch)
@@ -405,7 +418,8 @@ def test_cli_vocabulary_from_the_data_and_tokens_seen_without_padding(env, tmp_p
 @pytest.mark.cli
 @pytest.mark.slow
 def test_cli_resume_without_state_and_with_another_recipe(env, tmp_path, capsys, monkeypatch):
-    p = cli_error(["train", "--recipe", "tiny", "--budget", "1steps", "--device", "cpu", "--out", str(tmp_path / "none"),
+    p = cli_error(["train", "--recipe", "tiny", "--budget", "1steps", "--device", "cpu", "--out",
+                   str(tmp_path / "none"),
                    "--resume"], env, capsys, monkeypatch)
     assert_one_line_error(p, "does not exist")
     assert not (tmp_path / "none").exists()  # --resume creates nothing
@@ -413,7 +427,8 @@ def test_cli_resume_without_state_and_with_another_recipe(env, tmp_path, capsys,
     run_cli(["train", "--recipe", "tiny", "--budget", "2steps", "--device", "cpu", *SMALL, "--out", str(run)], env)
     deviations = json.loads((run / "recipe.json").read_text())["deviations"]
     assert "command line: --set model.num_layers=2 (the recipe says 4)" in deviations  # reports show --set changes
-    p = cli_error(["train", "--recipe", "tiny", "--budget", "2steps", "--device", "cpu", *SMALL, "--set", "optim.lr=0.002",
+    p = cli_error(["train", "--recipe", "tiny", "--budget", "2steps", "--device", "cpu", *SMALL, "--set",
+                   "optim.lr=0.002",
                    "--out", str(run), "--resume"], env, capsys, monkeypatch)
     assert_one_line_error(p, "recipe 'tiny' with other settings", "optim.lr")
     p = cli_error(["train", "--recipe", "tiny", "--budget", "3steps", "--device", "cpu", *SMALL, "--out", str(run),
@@ -429,27 +444,31 @@ def test_cli_unwritable_output(env, tmp_path, capsys, monkeypatch):
     ro = tmp_path / "ro"
     ro.mkdir()
     ro.chmod(0o500)
-    p = cli_error(["train", "--recipe", "tiny", "--budget", "1steps", "--device", "cpu", "--out", str(ro / "run")], env, capsys, monkeypatch)
+    p = cli_error(["train", "--recipe", "tiny", "--budget", "1steps", "--device", "cpu", "--out", str(ro / "run")], env,
+                  capsys, monkeypatch)
     assert_one_line_error(p, "cannot write")
 
 
 def test_cli_output_that_is_a_file(env, tmp_path, capsys, monkeypatch):
     f = tmp_path / "file"
     f.write_text("x")
-    p = cli_error(["train", "--recipe", "tiny", "--budget", "1steps", "--device", "cpu", "--out", str(f / "run")], env, capsys, monkeypatch)
+    p = cli_error(["train", "--recipe", "tiny", "--budget", "1steps", "--device", "cpu", "--out", str(f / "run")], env,
+                  capsys, monkeypatch)
     assert_one_line_error(p, "cannot write")
 
 
 def test_cli_recipe_with_unknown_key_or_wrong_type(env, tmp_path, capsys, monkeypatch):
     bad = tmp_path / "bad.toml"
     bad.write_text('name = "bad"\n[train]\nbatch_size = 8\nsequence_length = 128\n')
-    p = cli_error(["train", "--recipe", str(bad), "--budget", "1steps", "--device", "cpu", "--out", str(tmp_path / "r")], env, capsys, monkeypatch)
+    p = cli_error(["train", "--recipe", str(bad), "--budget", "1steps", "--device", "cpu",
+                   "--out", str(tmp_path / "r")], env, capsys, monkeypatch)
     assert_one_line_error(p, "sequence_length")
     bad.write_text('name = "bad"\n[train]\nbatch_size = "eight"\n')
-    p = cli_error(["train", "--recipe", str(bad), "--budget", "1steps", "--device", "cpu", "--out", str(tmp_path / "r")], env, capsys, monkeypatch)
+    p = cli_error(["train", "--recipe", str(bad), "--budget", "1steps", "--device", "cpu",
+                   "--out", str(tmp_path / "r")], env, capsys, monkeypatch)
     assert_one_line_error(p, "batch_size", "int")
-    p = cli_error(["train", "--recipe", "tiny", "--set", "train.batch_size=eight", "--budget", "1steps", "--device", "cpu",
-                 "--out", str(tmp_path / "r")], env, capsys, monkeypatch)
+    p = cli_error(["train", "--recipe", "tiny", "--set", "train.batch_size=eight", "--budget", "1steps",
+                   "--device", "cpu", "--out", str(tmp_path / "r")], env, capsys, monkeypatch)
     assert_one_line_error(p, "train.batch_size")
     p = cli_error(["train", "--recipe", "tiny", "--set", "train.nope=1", "--budget", "1steps", "--device", "cpu",
                  "--out", str(tmp_path / "r")], env, capsys, monkeypatch)

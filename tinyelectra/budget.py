@@ -45,7 +45,8 @@ def checkpoint_name(fraction: float) -> str:
     return f"ckpt-{round(fraction * 10_000):04d}"
 
 
-INITIAL_CHECKPOINT = "ckpt-0000"  # the run's weights at step 0 (train --initial-checkpoint): the no-pre-training control
+# the run's weights at step 0 (train --initial-checkpoint): the no-pre-training control
+INITIAL_CHECKPOINT = "ckpt-0000"
 
 
 def stop_checkpoint_name(step: int, total_steps: int) -> str:
@@ -73,7 +74,8 @@ def parse_budget(text: str) -> Budget:
     if t == "paper":
         return Budget("paper", 0.0, t)
     units = "dhms"  # the order a time is written in
-    if (m := re.fullmatch(r"([+-]?)\s*" + "".join(rf"(?:([0-9]*\.?[0-9]+)\s*{u}\s*)?" for u in units), t)) and any(m.groups()[1:]):
+    pattern = r"([+-]?)\s*" + "".join(rf"(?:([0-9]*\.?[0-9]+)\s*{u}\s*)?" for u in units)
+    if (m := re.fullmatch(pattern, t)) and any(m.groups()[1:]):
         seconds = sum(float(n) * _TIME_UNITS[u] for n, u in zip(m.groups()[1:], units) if n is not None)
         return Budget("time", _positive(-seconds if m.group(1) == "-" else seconds, t), t)
     if m := re.fullmatch(r"([+-]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*flops", t, flags=re.IGNORECASE):
@@ -109,7 +111,8 @@ def parse_stop(text: str) -> Stop:
     try:
         b = parse_budget(text)
     except UserError as e:
-        raise UserError(f"--stop-after: {str(e).replace('budget ', '', 1).split(' (e.g.')[0]} ({_STOP_EXAMPLES})") from None
+        raise UserError(f"--stop-after: {str(e).replace('budget ', '', 1).split(' (e.g.')[0]} "
+                        f"({_STOP_EXAMPLES})") from None
     if b.kind not in ("steps", "time"):
         raise UserError(f"--stop-after {text!r}: {_STOP_EXAMPLES} (the schedule itself is --budget's)")
     return Stop(b.kind, b.value, b.text)
@@ -238,9 +241,8 @@ def adam_warmup_floor(recipe: Recipe, total_steps: int) -> int:
 
     Why: without bias correction the update is (1 - b1^t) / sqrt(1 - b2^t) times bias-corrected Adam's: 6.5x near
     step 10, 3.2x at 100, 1.26x at 1,000, about 1 after a few thousand; a warm-up much shorter than 1 / (1 - b2) does
-    not keep lr x that factor below the peak. Measured on `tiny` at 5e-4 over 600 steps
-    (benchmarks/lab/results/short_runs_cpu.json): a 60-step warm-up kept the discriminator at its all-"original" prior
-    (recall 0 at every checkpoint); a 300-step one (the floor) left it (+0.0075 at step 150), like AdamW (+0.0043)."""
+    not keep lr x that factor below the peak. Measured: a 60-step warm-up kept `tiny`'s discriminator at its prior,
+    the 300-step floor did not (benchmarks/lab/README.md, the warm-up floor)."""
     if recipe.optim.name != "adam":
         return 0
     return min(math.ceil(1.0 / (1.0 - recipe.optim.beta2)), round(WARMUP_FLOOR_SHARE * total_steps))
@@ -264,7 +266,8 @@ def _warmup_note(recipe: Recipe, total: int, warmup: int) -> str | None:
         return (f"warm-up {warmup} steps: the recipe's {recipe.optim.warmup_steps} capped at {WARMUP_SHARE_CAP:.0%} of "
                 f"this {total}-step run would be {capped}, raised to the paper's Adam's minimum (1 / (1 - beta2) "
                 f"steps, at most half the run: no bias correction)")
-    return f"warm-up {warmup} steps: the recipe's {recipe.optim.warmup_steps}, capped at {WARMUP_SHARE_CAP:.0%} of this {total}-step run"
+    return (f"warm-up {warmup} steps: the recipe's {recipe.optim.warmup_steps}, capped at {WARMUP_SHARE_CAP:.0%} of "
+            f"this {total}-step run")
 
 
 def checkpoint_schedule(total_steps: int, written: dict[str, int] | None = None) -> dict[str, int]:
@@ -287,7 +290,8 @@ def checkpoint_schedule(total_steps: int, written: dict[str, int] | None = None)
     return out
 
 
-FRACTION_TOLERANCE = 0.25  # a checkpoint whose share of the steps is further than this share of its fraction from it is named
+# a checkpoint whose share of the steps is further than this share of its fraction from it is named
+FRACTION_TOLERANCE = 0.25
 
 
 def fractions_off(checkpoint_steps: dict[str, int], total_steps: int) -> dict[str, dict]:
@@ -340,7 +344,8 @@ def _schedule_note(total: int, steps: dict[str, int]) -> str | None:
     return None
 
 
-def make_plan(budget: Budget, recipe: Recipe, steps_per_second: float | None = None, total_steps: int | None = None) -> Plan:
+def make_plan(budget: Budget, recipe: Recipe, steps_per_second: float | None = None,
+              total_steps: int | None = None) -> Plan:
     """The plan for `budget`. A time budget needs the measured `steps_per_second` (else it is provisional: no step
     count yet), or the `total_steps` decided from it."""
     tr = recipe.train
@@ -357,7 +362,8 @@ def make_plan(budget: Budget, recipe: Recipe, steps_per_second: float | None = N
                 f"budget {budget.text}: one step of {recipe.name} costs {paper_step:.3e} FLOPs (paper convention); "
                 "the budget does not buy a single step")
         if total > MAX_BUDGET_STEPS:
-            raise UserError(f"budget {budget.text}: {total:.3e} steps of {recipe.name}, more than {MAX_BUDGET_STEPS:.0e}")
+            raise UserError(f"budget {budget.text}: {total:.3e} steps of {recipe.name}, more than "
+                            f"{MAX_BUDGET_STEPS:.0e}")
     elif total_steps is not None:
         total = total_steps
     elif steps_per_second is not None:
@@ -369,7 +375,8 @@ def make_plan(budget: Budget, recipe: Recipe, steps_per_second: float | None = N
                   train_flops_paper_per_step=paper_step, train_flops_hardware_per_step=hw_step)
     if total is None:
         return Plan(**common, warmup_steps=recipe.optim.warmup_steps, checkpoint_steps={}, expected_tokens=None,
-                    train_flops_paper=None, train_flops_hardware=None, budget_seconds=budget.value, status="provisional",
+                    train_flops_paper=None, train_flops_hardware=None, budget_seconds=budget.value,
+                    status="provisional",
                     notes=["time budget: the steps are planned from the speed measured over the first steps"])
     warmup = warmup_for(recipe, total)
     ckpts = checkpoint_schedule(total)
@@ -424,7 +431,8 @@ class TimeBudgetPlanner:
         `share` gives rank 0's (speed, training seconds) so every process keeps the same plan. Returns the re-plan's
         log lines (the new plan is `self.plan`), or None when it did not re-plan."""
         self.recent.append((train_seconds, step))
-        while len(self.recent) > 2 and self.recent[-1][0] - self.recent[0][0] > max(RATE_WINDOW_SECONDS, 0.2 * train_seconds):
+        window = max(RATE_WINDOW_SECONDS, 0.2 * train_seconds)
+        while len(self.recent) > 2 and self.recent[-1][0] - self.recent[0][0] > window:
             self.recent.popleft()
         if self.seconds0 is None:
             self.seconds0 = train_seconds
@@ -471,7 +479,8 @@ class TimeBudgetPlanner:
             new.warmup_steps = max(planned, step)
             note = _warmup_note(self.recipe, total, planned) or f"warm-up {planned} steps"
             if planned < step:
-                note = f"warm-up {step} steps: it ended at step {step}, where the re-planned {total}-step run wanted {planned}"
+                note = (f"warm-up {step} steps: it ended at step {step}, where the re-planned {total}-step run wanted "
+                        f"{planned}")
             if self.first_warmup is not None and new.warmup_steps != self.first_warmup:
                 note += f" (re-planned while it lasted; the first measurement planned {self.first_warmup})"
             warmup_notes = [note]
@@ -481,10 +490,11 @@ class TimeBudgetPlanner:
         new.expected_train_seconds = train_seconds + (total - step) / max(rate, 1e-12)
         where = f"at step {step} ({train_seconds:.0f} s of {self.bud.value:.0f} s)"
         if self.announced_rate is None:
-            lines.append(f"time budget: measured {rate:.3g} steps/s -> about {total:,} steps, warm-up {new.warmup_steps:,}, "
-                         f"checkpoints at steps {', '.join(str(v) for v in new.checkpoint_steps.values())}; re-planned "
-                         f"as the speed changes. A time budget's step count follows the machine's speed and load, so it "
-                         f"does not reproduce (a step budget does)")
+            lines.append(f"time budget: measured {rate:.3g} steps/s -> about {total:,} steps, warm-up "
+                         f"{new.warmup_steps:,}, checkpoints at steps "
+                         f"{', '.join(str(v) for v in new.checkpoint_steps.values())}; re-planned as the speed "
+                         "changes. A time budget's step count follows the machine's speed and load, so it does not "
+                         "reproduce (a step budget does)")
             self.announced_rate = rate
             self.first_warmup = new.warmup_steps
         elif max(rate / self.announced_rate, self.announced_rate / max(rate, 1e-12)) >= SPEED_CHANGE_FACTOR:
@@ -493,8 +503,8 @@ class TimeBudgetPlanner:
             self.announced_rate = rate
         if total > fit and not self.stretched:
             self._event(lines, f"the budget's time is nearly spent {where} with {len(FRACTIONS) - len(written)} "
-                        f"checkpoint(s) still to write: the run takes {total - fit} step(s) more than fit, so that each "
-                        "checkpoint has its own step")
+                        f"checkpoint(s) still to write: the run takes {total - fit} step(s) more than fit, so that "
+                        "each checkpoint has its own step")
             self.stretched = True
         new.notes = warmup_notes + list(self.events)
         new.resumed_with_changes = old.resumed_with_changes

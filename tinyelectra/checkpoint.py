@@ -4,21 +4,22 @@
 A checkpoint directory (fraction x 10^4 in its name, e.g. ckpt-0625 = 6.25% of the budget) holds:
   discriminator.safetensors  `Electra.discriminator_state_dict()` (absent for objective "mlm")
   generator.safetensors      `Electra.generator_state_dict()`
-  config.json                {"format": "tinyelectra-checkpoint", "format_version": 1, "recipe": {...}, "objective": ...,
-                             "checksums": "sha256.json"} (the marker: without it, written before checksums existed)
+  config.json                {"format": "tinyelectra-checkpoint", "format_version": 1, "recipe": {...},
+                             "objective": ..., "checksums": "sha256.json"} (the marker: without it, written before
+                             checksums existed)
   meta.json                  step, fraction, tokens_seen, train_flops_paper, train_flops_hardware, train_seconds (the
                              budget's clock; wall_seconds before issue 13), eval, ...
   tokenizer/                 written by `tinyelectra.tokenizer.Tokenizer.save()`
-  sha256.json                the sha256 of the weights, config.json and meta.json, checked on load (files.verify_sha256);
-                             its absence is damage where config.json says it was written, and so is an entry missing
-                             for one of these files
+  sha256.json                the sha256 of the weights, config.json and meta.json, checked on load
+                             (files.verify_sha256); its absence is damage where config.json says it was written, and
+                             so is an entry missing for one of these files
 
 And a run's exact-resume state, `RUN/state/step-N/` (model.safetensors, optimizer.pt read back with
 `torch.load(weights_only=True)`, trainer.json: step, clocks, data cursor, plan, recipe, the checksums marker;
-sha256.json), named by
-`RUN/state/LATEST`. Not here: transformers' formats (hf.py). Everything is written into `NAME.tmp-<pid>`, fsynced, then
-renamed into place (files.staged_dir), so a crash never leaves half a checkpoint or a LATEST pointing at an incomplete state; a file
-damaged afterwards is a one-line error naming it, never a silently different model.
+sha256.json), named by `RUN/state/LATEST`. Not here: transformers' formats (hf.py). Everything is written into
+`NAME.tmp-<pid>`, fsynced, then renamed into place (files.staged_dir), so a crash never leaves half a checkpoint or a
+LATEST pointing at an incomplete state; a file damaged afterwards is a one-line error naming it, never a silently
+different model.
 """
 
 from __future__ import annotations
@@ -102,7 +103,8 @@ def save_checkpoint(directory: Path, model, recipe: Recipe, meta: dict[str, Any]
             _save_tensors(model.discriminator_state_dict(), tmp / "discriminator.safetensors", {"format": "pt"})
         _save_tensors(model.generator_state_dict(), tmp / "generator.safetensors", {"format": "pt"})
         _write_json(tmp / "config.json", {
-            "format": FORMAT, "format_version": FORMAT_VERSION, "recipe": recipe.to_dict(), "objective": model.objective,
+            "format": FORMAT, "format_version": FORMAT_VERSION, "recipe": recipe.to_dict(),
+            "objective": model.objective,
             CHECKSUMS_KEY: SHA256_FILE,
         })
         _write_json(tmp / "meta.json", meta)
@@ -133,7 +135,8 @@ def read_checkpoint_config(directory: Path) -> tuple[Recipe, str]:
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         model_type = raw.get("model_type") if isinstance(raw, dict) else None
         if model_type == "electra":
-            raise UserError(f"{d}: a transformers ELECTRA directory, not a tinyelectra checkpoint (load it with tinyelectra.hf)")
+            raise UserError(f"{d}: a transformers ELECTRA directory, not a tinyelectra checkpoint (load it with "
+                            "tinyelectra.hf)")
         if model_type:
             raise UserError(f"{d}: config.json describes a {model_type!r} model, not a tinyelectra ELECTRA checkpoint")
         raise UserError(f"{d}: not a tinyelectra checkpoint (config.json has no \"format\": \"{FORMAT}\")")
@@ -145,9 +148,11 @@ def read_checkpoint_config(directory: Path) -> tuple[Recipe, str]:
     recipe = recipe_from_dict(raw["recipe"], where=f"{cfg_path} recipe")
     objective = raw.get("objective")
     if objective not in ("electra", "mlm"):
-        raise UserError(f"{cfg_path}: objective {objective!r} is not ELECTRA's (\"electra\") or the MLM baseline (\"mlm\")")
+        raise UserError(f"{cfg_path}: objective {objective!r} is not ELECTRA's (\"electra\") or the MLM baseline "
+                        "(\"mlm\")")
     if objective != recipe.objective.kind:
-        raise UserError(f"{cfg_path}: objective {objective!r} disagrees with its recipe's objective.kind {recipe.objective.kind!r}")
+        raise UserError(f"{cfg_path}: objective {objective!r} disagrees with its recipe's objective.kind "
+                        f"{recipe.objective.kind!r}")
     return recipe, objective
 
 
@@ -174,7 +179,8 @@ def check_vocab_rows(rows: int, vocab_size: int, where: Path) -> None:
     """The word-embedding rows in the weights must equal the vocabulary size in the config (the one check, for our
     checkpoints and transformers' directories alike; the tokenizer's side is `check_tokenizer`)."""
     if rows != vocab_size:
-        raise UserError(f"{where}: vocabulary size mismatch: weights have {rows} word embeddings, config says vocab_size {vocab_size}")
+        raise UserError(f"{where}: vocabulary size mismatch: weights have {rows} word embeddings, config says "
+                        f"vocab_size {vocab_size}")
 
 
 def check_tokenizer(tokenizer_dir: Path, vocab_size: int) -> None:
@@ -213,7 +219,8 @@ def read_meta(directory: Path) -> dict[str, Any]:
 def verify_checkpoint(directory: Path) -> None:
     """A checkpoint's files against its sha256.json (required where its config.json says one was written)."""
     verify_sha256(directory, "the checkpoint", required=written_with_checksums(Path(directory) / "config.json"),
-                  guards=CHECKPOINT_FILES)  # not the tokenizer: it may be replaced (its size is checked, check_tokenizer)
+                  # not the tokenizer: it may be replaced (its size is checked, check_tokenizer)
+                  guards=CHECKPOINT_FILES)
 
 
 def load_checkpoint(directory: Path):

@@ -57,32 +57,38 @@ def _main(
 @app.command()
 def prepare(
     corpus: list[str] = typer.Option(
-        ..., "--corpus", metavar="SOURCE", help="Text sources: files, folders, globs, .gz/.bz2/.xz, .jsonl (text field), .parquet, "
-        "WikiExtractor output, hf:NAME[:CONFIG], or 'builtin' (offline smoke-test corpus). Repeat or list several."
+        ..., "--corpus", metavar="SOURCE", help="Text sources: files, folders, globs, .gz/.bz2/.xz, .jsonl (text "
+        "field), .parquet, WikiExtractor output, hf:NAME[:CONFIG], or 'builtin' (offline smoke-test corpus). Repeat "
+        "or list several."
     ),
-    out: Path = typer.Option(..., "--out", metavar="DIR", help="Output data directory (shards, tokenizer, manifest.json)."),
+    out: Path = typer.Option(..., "--out", metavar="DIR",
+                             help="Output data directory (shards, tokenizer, manifest.json)."),
     tokenizer: Optional[str] = typer.Option(
-        None, "--tokenizer", metavar="FILE", help="Use this vocab.txt, tokenizer.json or SentencePiece .model instead of training one."
+        None, "--tokenizer", metavar="FILE",
+        help="Use this vocab.txt, tokenizer.json or SentencePiece .model instead of training one."
     ),
     tokenizer_type: str = typer.Option(
-        "wordpiece", "--tokenizer-type", metavar="wordpiece|sentencepiece", help="Train a 'wordpiece' (BERT's) or a 'sentencepiece' model "
-        "([PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4; text kept as written, runs of spaces included, so decode returns it)."
+        "wordpiece", "--tokenizer-type", metavar="wordpiece|sentencepiece", help="Train a 'wordpiece' (BERT's) or a "
+        "'sentencepiece' model ([PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4; text kept as written, runs of spaces "
+        "included, so decode returns it)."
     ),
     vocab_size: int = typer.Option(30522, "--vocab-size", metavar="N", help="Size of the vocabulary to train."),
     seq_len: int = typer.Option(128, "--seq-len", metavar="N", help="Tokens per example, 8 to 512."),
     casing: str = typer.Option(
-        "auto", "--casing", metavar="auto|uncased|cased", help="WordPiece normalisation: 'uncased' (lower-case and strip accents, as the paper), "
-        "'cased', or 'auto': uncased only for English-like text, cased when uncased would strip accents, kana voicing "
-        "marks or Hangul syllables. The choice and its reason go into manifest.json."
+        "auto", "--casing", metavar="auto|uncased|cased", help="WordPiece normalisation: 'uncased' (lower-case and "
+        "strip accents, as the paper), 'cased', or 'auto': uncased only for English-like text, cased when uncased "
+        "would strip accents, kana voicing marks or Hangul syllables. The choice and its reason go into manifest.json."
     ),
     character_coverage: float = typer.Option(
-        CHARACTER_COVERAGE, "--character-coverage", metavar="SHARE", help="Share of character occurrences the WordPiece alphabet (at "
-        "least 1,000 characters when present, at most a third of the vocabulary) or the SentencePiece model covers; "
-        "rarer characters become [UNK] (or byte pieces)."
+        CHARACTER_COVERAGE, "--character-coverage", metavar="SHARE", help="Share of character occurrences the "
+        "WordPiece alphabet (at least 1,000 characters when present, at most a third of the vocabulary) or the "
+        "SentencePiece model covers; rarer characters become [UNK] (or byte pieces)."
     ),
-    sentencepiece_model: str = typer.Option("unigram", "--sentencepiece-model", metavar="unigram|bpe", help="'unigram' or 'bpe' (with --tokenizer-type sentencepiece)."),
+    sentencepiece_model: str = typer.Option("unigram", "--sentencepiece-model", metavar="unigram|bpe",
+                                            help="'unigram' or 'bpe' (with --tokenizer-type sentencepiece)."),
     byte_fallback: bool = typer.Option(
-        True, "--byte-fallback/--no-byte-fallback", help="SentencePiece: spell characters outside the model as UTF-8 byte pieces instead of [UNK]."
+        True, "--byte-fallback/--no-byte-fallback",
+        help="SentencePiece: spell characters outside the model as UTF-8 byte pieces instead of [UNK]."
     ),
     pack_documents: bool = typer.Option(
         False, "--pack-documents", help="Let short documents share examples (for text of short paragraphs or records, "
@@ -92,9 +98,11 @@ def prepare(
     force: bool = typer.Option(False, "--force", help="Replace the dataset in an output directory that holds a "
                                "different one (its own files only: anything else there stays, and is listed)."),
     seed: int = typer.Option(0, "--seed", metavar="N", help="Seed of the example builder's random choices."),
-    validation_fraction: float = typer.Option(0.01, "--validation-fraction", metavar="SHARE", help="Share of documents held out for validation."),
+    validation_fraction: float = typer.Option(0.01, "--validation-fraction", metavar="SHARE",
+                                              help="Share of documents held out for validation."),
     tokenizer_sample_mb: float = typer.Option(
-        32.0, "--tokenizer-sample-mb", metavar="MB", help="Train the tokenizer on the first N MB of text (0 = all of it, held in memory; more is slower)."
+        32.0, "--tokenizer-sample-mb", metavar="MB",
+        help="Train the tokenizer on the first N MB of text (0 = all of it, held in memory; more is slower)."
     ),
 ) -> None:
     """Turn raw text into a tokenizer and packed ELECTRA pre-training examples.
@@ -122,23 +130,26 @@ def prepare(
 @app.command()
 def train(
     budget: str = typer.Option(
-        ..., "--budget", metavar="BUDGET", help="Wall clock on this machine (4d, 36h, 90m, 1h30m, 45s), paper-convention FLOPs (1.4e18flops), "
-        "steps (62500steps, 1Msteps), or 'paper' (the recipe's full schedule). Step and FLOP budgets reproduce a run "
-        "(the same steps; bit-identical weights with --set train.deterministic=true); a time budget does not, by "
-        "design: how many steps fit depends on the machine's speed and load."
+        ..., "--budget", metavar="BUDGET", help="Wall clock on this machine (4d, 36h, 90m, 1h30m, 45s), "
+        "paper-convention FLOPs (1.4e18flops), steps (62500steps, 1Msteps), or 'paper' (the recipe's full schedule). "
+        "Step and FLOP budgets reproduce a run (the same steps; bit-identical weights with --set "
+        "train.deterministic=true); a time budget does not, by design: how many steps fit depends on the machine's "
+        "speed and load."
     ),
     data: Optional[Path] = typer.Option(
-        None, "--data", metavar="DIR", help="A directory written by `tinyelectra prepare`. Without --data or --corpus the run trains "
-        "on the built-in smoke-test corpus (about 2 MB of Python's own documentation: for trying things, not for "
-        "pre-training)."),
-    corpus: Optional[list[str]] = typer.Option(None, "--corpus", metavar="SOURCE", help="Prepare these sources first (cached under the run)."),
+        None, "--data", metavar="DIR", help="A directory written by `tinyelectra prepare`. Without --data or --corpus "
+        "the run trains on the built-in smoke-test corpus (about 2 MB of Python's own documentation: for trying "
+        "things, not for pre-training)."),
+    corpus: Optional[list[str]] = typer.Option(None, "--corpus", metavar="SOURCE",
+                                               help="Prepare these sources first (cached under the run)."),
     recipe: str = typer.Option(
-        "electra-small", "--recipe", metavar="NAME|FILE", help="A shipped recipe's name (`tinyelectra recipe` lists them) or a .toml path. "
-        "The default, electra-small, is the paper's model with its 1M-step schedule (4 days on a V100); 'tiny' is a "
-        "small CPU recipe."),
+        "electra-small", "--recipe", metavar="NAME|FILE", help="A shipped recipe's name (`tinyelectra recipe` lists "
+        "them) or a .toml path. The default, electra-small, is the paper's model with its 1M-step schedule (4 days on "
+        "a V100); 'tiny' is a small CPU recipe."),
     gpu: Optional[int] = typer.Option(None, "--gpu", metavar="INDEX", help="CUDA device index."),
     device: Optional[str] = typer.Option(None, "--device", metavar="DEVICE", help="'cpu' (or a torch device string)."),
-    out: Optional[Path] = typer.Option(None, "--out", metavar="DIR", help="Run directory (default runs/RECIPE-BUDGET)."),
+    out: Optional[Path] = typer.Option(None, "--out", metavar="DIR",
+                                       help="Run directory (default runs/RECIPE-BUDGET)."),
     resume: bool = typer.Option(
         False, "--resume", help="Continue the run in --out where it stopped (from step 0 if it stopped during "
         "start-up, before its first resume state). A finished run is left as it is."),
@@ -149,8 +160,9 @@ def train(
         "without it, and never a file no record lists, at any depth; a run folder of an older tinyelectra (no "
         "record) is refused."),
     init: Optional[Path] = typer.Option(
-        None, "--init", metavar="DIR", help="Start from these weights (continued pre-training): a tinyelectra checkpoint, a "
-        "`tinyelectra export` directory, or a transformers ELECTRA discriminator directory. Shapes must match the recipe."
+        None, "--init", metavar="DIR", help="Start from these weights (continued pre-training): a tinyelectra "
+        "checkpoint, a `tinyelectra export` directory, or a transformers ELECTRA discriminator directory. Shapes must "
+        "match the recipe."
     ),
     stop_after: Optional[list[str]] = typer.Option(
         None, "--stop-after", metavar="STEPS|TIME", help="End this command early, cleanly, with the schedule left as "
@@ -163,7 +175,8 @@ def train(
         False, "--initial-checkpoint", help="Also write ckpt-0000: the run's weights at step 0, before any training, "
         "with their held-out evaluation: the no-pre-training control that `tinyelectra glue` fine-tunes beside the "
         "others."),
-    set_: Optional[list[str]] = typer.Option(None, "--set", metavar="SECTION.KEY=VALUE", help="Override a recipe field: section.key=value (repeatable)."),
+    set_: Optional[list[str]] = typer.Option(None, "--set", metavar="SECTION.KEY=VALUE",
+                                             help="Override a recipe field: section.key=value (repeatable)."),
 ) -> None:
     """Pre-train within a budget; checkpoints at 6.25%, 12.5%, 25%, 50% and 100% of it.
 
@@ -194,11 +207,15 @@ def train(
 
 @app.command()
 def flops(
-    recipe: str = typer.Option("electra-small", "--recipe", metavar="NAME|FILE", help="A shipped recipe's name (`tinyelectra recipe` lists them) or a .toml path."),
+    recipe: str = typer.Option("electra-small", "--recipe", metavar="NAME|FILE",
+                               help="A shipped recipe's name (`tinyelectra recipe` lists them) or a .toml path."),
     steps: Optional[int] = typer.Option(None, "--steps", metavar="N", help="Training steps (default: the recipe's)."),
-    batch: Optional[int] = typer.Option(None, "--batch", metavar="N", help="Sequences per step (default: the recipe's)."),
-    seq_len: Optional[int] = typer.Option(None, "--seq-len", metavar="N", help="Tokens per sequence (default: the recipe's)."),
-    set_: Optional[list[str]] = typer.Option(None, "--set", metavar="SECTION.KEY=VALUE", help="Override a recipe field: section.key=value."),
+    batch: Optional[int] = typer.Option(None, "--batch", metavar="N",
+                                        help="Sequences per step (default: the recipe's)."),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", metavar="N",
+                                          help="Tokens per sequence (default: the recipe's)."),
+    set_: Optional[list[str]] = typer.Option(None, "--set", metavar="SECTION.KEY=VALUE",
+                                             help="Override a recipe field: section.key=value."),
 ) -> None:
     """FLOPs of a recipe in the paper's convention and the hardware convention (for MFU)."""
     from tinyelectra.flops import flops_command
@@ -210,7 +227,8 @@ def flops(
 def recipe(
     first: Optional[str] = typer.Argument(None, metavar="list|show|NAME", hidden=True),
     second: Optional[str] = typer.Argument(None, metavar="NAME", hidden=True),
-    set_: Optional[list[str]] = typer.Option(None, "--set", metavar="SECTION.KEY=VALUE", help="Override a recipe field: section.key=value (repeatable)."),
+    set_: Optional[list[str]] = typer.Option(None, "--set", metavar="SECTION.KEY=VALUE",
+                                             help="Override a recipe field: section.key=value (repeatable)."),
 ) -> None:
     """Print a recipe as a run would use it (after --set), as TOML that --recipe accepts; or list the shipped ones.
 
@@ -231,14 +249,18 @@ def recipe(
 @app.command()
 def export(
     checkpoint: Path = typer.Argument(..., metavar="CHECKPOINT", hidden=True),
-    out: Path = typer.Option(..., "--out", metavar="DIR", help="New output directory: discriminator/ (ElectraForPreTraining) and generator/ "
-                             "(ElectraForMaskedLM), each with tokenizer files; an MLM checkpoint writes generator/ only."),
+    out: Path = typer.Option(..., "--out", metavar="DIR", help="New output directory: discriminator/ "
+                             "(ElectraForPreTraining) and generator/ (ElectraForMaskedLM), each with tokenizer files; "
+                             "an MLM checkpoint writes generator/ only."),
     language: Optional[list[str]] = typer.Option(
-        None, "--language", metavar="CODE", help="Language code(s) for the model card's metadata (default: those prepare guessed "
-        "from the text's scripts: ko, ja, zh, en)."),
-    license_id: Optional[str] = typer.Option(None, "--license", metavar="ID", help="License of the weights for the model card (e.g. apache-2.0, cc-by-sa-4.0)."),
+        None, "--language", metavar="CODE", help="Language code(s) for the model card's metadata (default: those "
+        "prepare guessed from the text's scripts: ko, ja, zh, en)."),
+    license_id: Optional[str] = typer.Option(
+        None, "--license", metavar="ID",
+        help="License of the weights for the model card (e.g. apache-2.0, cc-by-sa-4.0)."),
 ) -> None:
-    """Write a checkpoint as transformers ElectraForPreTraining / ElectraForMaskedLM directories (from_pretrained loads them offline).
+    """Write a checkpoint as transformers ElectraForPreTraining / ElectraForMaskedLM directories (from_pretrained loads
+    them offline).
 
     CHECKPOINT is a fraction checkpoint directory (e.g. runs/X/ckpt-10000).
     """
@@ -249,36 +271,44 @@ def export(
 
 @app.command()
 def glue(
-    checkpoint: Path = typer.Option(..., "--checkpoint", metavar="DIR", help="A run directory (every fraction), one checkpoint, or a transformers ELECTRA directory."),
+    checkpoint: Path = typer.Option(
+        ..., "--checkpoint", metavar="DIR",
+        help="A run directory (every fraction), one checkpoint, or a transformers ELECTRA directory."),
     glue_dir: Optional[Path] = typer.Option(None, "--glue-dir", metavar="DIR", help="The classic glue_data directory."),
     hf: bool = typer.Option(False, "--hf", help="Read GLUE through Hugging Face `datasets` (needs the hub)."),
     task_file: Optional[list[Path]] = typer.Option(
-        None, "--task-file", metavar="FILE", help="A task of your own (KLUE, JGLUE, CLUE, ASSIN, ...): a TOML file naming its TSV/CSV/JSONL "
-        "files, text column(s), label column and metric (tinyelectra/docs/glue.md). Repeatable; without --glue-dir/--hf "
-        "only these run."),
-    tasks: str = typer.Option("all", "--tasks", metavar="TASKS", help="Comma-separated tasks, or 'all' (those with data)."),
+        None, "--task-file", metavar="FILE", help="A task of your own (KLUE, JGLUE, CLUE, ASSIN, ...): a TOML file "
+        "naming its TSV/CSV/JSONL files, text column(s), label column and metric (tinyelectra/docs/glue.md). "
+        "Repeatable; without --glue-dir/--hf only these run."),
+    tasks: str = typer.Option("all", "--tasks", metavar="TASKS",
+                              help="Comma-separated tasks, or 'all' (those with data)."),
     seeds: int = typer.Option(3, "--seeds", metavar="N", help="Fine-tuning seeds per task; medians are reported."),
     task_seeds: Optional[str] = typer.Option(
-        None, "--task-seeds", metavar="TASK=N,...", help="Fewer seeds for some tasks: their first N of --seeds (a plan cut "
-        "to fit a time limit); glue.json records them."),
+        None, "--task-seeds", metavar="TASK=N,...", help="Fewer seeds for some tasks: their first N of --seeds (a "
+        "plan cut to fit a time limit); glue.json records them."),
     released_lr: Optional[str] = typer.Option(
         None, "--released-lr", metavar="TASKS", help="Fine-tune these tasks a second time with the released code's "
-        "learning rate and weight decay (1e-4 and 0.01 for Small; not the paper's), into OUT/<checkpoint>/released-lr/."),
-    out: Optional[Path] = typer.Option(None, "--out", metavar="DIR", help="Where OUT/<checkpoint>/glue.json goes (default: RUN/glue for a run or its checkpoints, else CHECKPOINT/glue)."),
+        "learning rate and weight decay (1e-4 and 0.01 for Small; not the paper's), into "
+        "OUT/<checkpoint>/released-lr/."),
+    out: Optional[Path] = typer.Option(
+        None, "--out", metavar="DIR", help="Where OUT/<checkpoint>/glue.json goes (default: RUN/glue for a run or its "
+        "checkpoints, else CHECKPOINT/glue)."),
     gpu: Optional[int] = typer.Option(None, "--gpu", metavar="INDEX", help="CUDA device index."),
     device: Optional[str] = typer.Option(None, "--device", metavar="DEVICE", help="'cpu' (or a torch device string)."),
-    max_train_rows: Optional[int] = typer.Option(None, "--max-train-rows", metavar="N", help="Use only the first N training rows per task (quick checks)."),
+    max_train_rows: Optional[int] = typer.Option(None, "--max-train-rows", metavar="N",
+                                                 help="Use only the first N training rows per task (quick checks)."),
     skip_bad_labels: bool = typer.Option(
         False, "--skip-bad-labels", help="Skip rows whose label is not one of the task's (or a score out of range) "
         "instead of stopping at the first; how many were skipped is printed beside the score."),
     config: Optional[Path] = typer.Option(
-        None, "--config", metavar="FILE", help="A TOML file whose [finetune] table sets the keys below (a file of its own, or a recipe "
-        "TOML that carries one); --set applies on top."),
+        None, "--config", metavar="FILE", help="A TOML file whose [finetune] table sets the keys below (a file of its "
+        "own, or a recipe TOML that carries one); --set applies on top."),
     set_: Optional[list[str]] = typer.Option(
-        None, "--set", metavar="KEY=VALUE", help="Override a fine-tuning setting, finetune.key=value as train's section.key=value (the section may be left out): lr, layerwise (intended|official|none), "
-        "layerwise_decay, weight_decay, warmup_fraction, clip_norm, batch_size, batching (random|length), max_length, "
-        "epochs, dropout, eval_batch_size, precision, seed, test_predictions, step (auto|eager|static|graphs), "
-        "length_bucket, concurrent."
+        None, "--set", metavar="KEY=VALUE", help="Override a fine-tuning setting, finetune.key=value as train's "
+        "section.key=value (the section may be left out): lr, layerwise (intended|official|none), layerwise_decay, "
+        "weight_decay, warmup_fraction, clip_norm, batch_size, batching (random|length), max_length, epochs, dropout, "
+        "eval_batch_size, precision, seed, test_predictions, step (auto|eager|static|graphs), length_bucket, "
+        "concurrent."
     ),
 ) -> None:
     """Fine-tune checkpoints on GLUE with the paper's protocol; medians over seeds.
@@ -300,7 +330,8 @@ def glue(
 @app.command()
 def report(
     run_dir: Path = typer.Argument(..., metavar="RUN_DIR", hidden=True),
-    out: Optional[Path] = typer.Option(None, "--out", metavar="DIR", help="Where report.md, report.json and plots go (default: RUN_DIR)."),
+    out: Optional[Path] = typer.Option(None, "--out", metavar="DIR",
+                                       help="Where report.md, report.json and plots go (default: RUN_DIR)."),
 ) -> None:
     """FLOPs-versus-GLUE report beside the paper's Table 1: report.md, report.json, PNG plots.
 
@@ -370,7 +401,8 @@ def _usage_error_line(e) -> str:
     message = e.format_message()
     if type(e) is click_errors.BadParameter and param is not None and param.opts:  # a value that is not of its type
         typed = [v for flag in param.opts for v in _values_typed(sys.argv[1:], flag)]
-        message = f"{param.opts[0]}{f' {typed[0]!r}' if len(typed) == 1 else ''}: {e.message[:1].lower()}{e.message[1:]}"
+        message = (f"{param.opts[0]}{f' {typed[0]!r}' if len(typed) == 1 else ''}: "
+                   f"{e.message[:1].lower()}{e.message[1:]}")
     return f"{_one_line(message).rstrip('.')}; see {' '.join(['tinyelectra', *reversed(names)])} --help"
 
 

@@ -44,7 +44,8 @@ class ModelConfig:
     sharing: str = "embeddings"  # embeddings (paper) | all (generator == discriminator encoder) | none
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "embedding_size", "hidden_size", "num_layers", "num_heads", "ffn_size", "max_positions"):
+        for name in ("vocab_size", "embedding_size", "hidden_size", "num_layers", "num_heads", "ffn_size",
+                     "max_positions"):
             _check(getattr(self, name) > 0, f"model.{name}", "must be positive")
         _check(self.type_vocab_size >= 2, "model.type_vocab_size", "must be >= 2 (segments A and B have ids 0 and 1)")
         _check(0.0 < self.layer_norm_eps < 1.0, "model.layer_norm_eps", "must be in (0, 1)")
@@ -60,9 +61,10 @@ class ModelConfig:
             hidden = self._generator_hidden()
             heads = max(1, hidden // 64)
             _check(hidden % heads == 0, "model.generator_fraction",
-                   f"gives a generator of hidden size {hidden} (round({self.hidden_size} x {self.generator_fraction:g})) "
-                   f"with {heads} heads (hidden // 64, the official rule), which do not divide it; choose a "
-                   "model.hidden_size or model.generator_fraction whose generator size is a multiple of its heads")
+                   f"gives a generator of hidden size {hidden} (round({self.hidden_size} x "
+                   f"{self.generator_fraction:g})) with {heads} heads (hidden // 64, the official rule), which do not "
+                   "divide it; choose a model.hidden_size or model.generator_fraction whose generator size is a "
+                   "multiple of its heads")
 
     def _generator_hidden(self) -> int:
         return max(1, int(round(self.hidden_size * self.generator_fraction)))
@@ -136,7 +138,8 @@ class TrainConfig:
     micro_batch_size: int = 0  # sequences per forward/backward; 0 = whole batch (GPU: fitted automatically)
     grad_checkpointing: bool = False
     precision: str = "auto"  # auto (bf16 if supported, else fp16 on CUDA, fp32 on CPU) | bf16 | fp16 | fp32
-    compile: str = "auto"  # auto (CUDA only) | on | off | reduce-overhead (inductor + CUDA graphs, one process, one micro-batch)
+    # auto (CUDA only) | on | off | reduce-overhead (inductor + CUDA graphs, one process, one micro-batch)
+    compile: str = "auto"
     # | regional (each repeated block compiled once, the rest eager) | regional-graph (regional + the whole step as one
     # CUDA graph; needs update = flat): opt-in, runtime.choose_compile
     update: str = "per-tensor"  # per-tensor (torch's fused AdamW per tensor; compiled under CUDA graphs) | flat (flat
@@ -153,7 +156,8 @@ class TrainConfig:
     # (inverse CDF on the CPU, Gumbel-max on a GPU) | inverse-cdf (one random number per masked slot) | gumbel-max
     sampler: str = "auto"
     # attention: how padded batches reach attention (model.Encoder): mask (a boolean padding mask to SDPA, which rules
-    # out FlashAttention) | varlen (the rows' lengths: FlashAttention's variable-length kernel, Ampere+ GPUs in bf16/fp16)
+    # out FlashAttention) | varlen (the rows' lengths: FlashAttention's variable-length kernel, Ampere+ GPUs in
+    # bf16/fp16)
     attention: str = "mask"
 
     def __post_init__(self) -> None:
@@ -162,14 +166,16 @@ class TrainConfig:
         _check(8 <= self.seq_len <= 512, "train.seq_len", "must be between 8 and 512")
         for name in ("micro_batch_size", "eval_rows", "seed"):
             _check(getattr(self, name) >= 0, f"train.{name}", "must be >= 0")
-        _check(self.precision in ("auto", "bf16", "fp16", "fp32"), "train.precision", "must be auto, bf16, fp16 or fp32")
+        _check(self.precision in ("auto", "bf16", "fp16", "fp32"), "train.precision",
+               "must be auto, bf16, fp16 or fp32")
         _check(self.compile in ("auto", "on", "off", "reduce-overhead", "regional", "regional-graph"), "train.compile",
                "must be auto, on, off, reduce-overhead, regional or regional-graph")
         _check(self.update in ("per-tensor", "flat"), "train.update", "must be per-tensor or flat")
         _check(self.compile != "regional-graph" or self.update == "flat", "train.compile",
                "regional-graph captures the flat update: add --set train.update=flat")
         _check(self.strategy in ("ddp", "deepspeed"), "train.strategy", "must be ddp or deepspeed")
-        _check(self.sampler in ("auto", "inverse-cdf", "gumbel-max"), "train.sampler", "must be auto, inverse-cdf or gumbel-max")
+        _check(self.sampler in ("auto", "inverse-cdf", "gumbel-max"), "train.sampler",
+               "must be auto, inverse-cdf or gumbel-max")
         _check(self.attention in ("mask", "varlen"), "train.attention", "must be mask or varlen")
 
     @property
@@ -195,7 +201,8 @@ RUNTIME_SETTINGS = ("train.micro_batch_size", "train.grad_checkpointing", "train
 
 @dataclass(frozen=True)
 class DataConfig:
-    """How `train --corpus` (and the built-in corpus) are prepared; `tinyelectra prepare` has the full set of options."""
+    """How `train --corpus` (and the built-in corpus) are prepared; `tinyelectra prepare` has the full set of
+    options."""
 
     tokenizer: str = ""  # a vocab.txt / tokenizer.json / SentencePiece .model; empty = train a WordPiece
     # auto: uncased (the paper's) for English-like text, cased where uncased normalisation would strip accents, kana
@@ -291,7 +298,8 @@ def _coerce(value: Any, typ: type, where: str, shown: str = "") -> Any:
     shown = shown or repr(value)
     if isinstance(value, float) and not math.isfinite(value):
         raise UserError(f"{where}: {shown} is not a finite number")
-    if typ in (int, float) and isinstance(value, int) and not isinstance(value, bool) and not -INT_LIMIT < value < INT_LIMIT:
+    if (typ in (int, float) and isinstance(value, int) and not isinstance(value, bool)
+            and not -INT_LIMIT < value < INT_LIMIT):
         raise UserError(f"{where}: {shown} is out of range (at most {INT_LIMIT - 1:.3e})")
     if typ is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
@@ -334,7 +342,8 @@ def recipe_from_dict(raw: dict[str, Any], where: str = "recipe") -> Recipe:
     sections = {s: cls(**section_values(cls, raw.get(s, {}), f"{where}: [{s}]")) for s, cls in SECTIONS.items()}
     recipe = Recipe(name=name, description=str(raw.get("description", "")), deviations=tuple(deviations), **sections)
     if recipe.train.seq_len > recipe.model.max_positions:
-        raise UserError(f"{where}: train.seq_len {recipe.train.seq_len} exceeds model.max_positions {recipe.model.max_positions}")
+        raise UserError(f"{where}: train.seq_len {recipe.train.seq_len} exceeds model.max_positions "
+                        f"{recipe.model.max_positions}")
     if recipe.objective.num_masked(recipe.train.seq_len) < 1:
         raise UserError(f"{where}: objective.mask_prob {recipe.objective.mask_prob:g} chooses no position of "
                         f"train.seq_len {recipe.train.seq_len} tokens (int((mask_prob + 0.005) x seq_len) = 0)")
@@ -345,7 +354,8 @@ def differences(a: Any, b: Any, path: str = "") -> list[tuple[str, Any, Any]]:
     """Where two JSON-like values (recipes, prepare requests) differ: (key, value in `a`, value in `b`) for each
     differing leaf, keys dotted ("optim.lr") and list items indexed ("inputs[3].size_bytes")."""
     if isinstance(a, dict) and isinstance(b, dict):
-        return [d for k in sorted(set(a) | set(b)) for d in differences(a.get(k), b.get(k), f"{path}.{k}" if path else k)]
+        return [d for k in sorted(set(a) | set(b))
+                for d in differences(a.get(k), b.get(k), f"{path}.{k}" if path else k)]
     if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
         return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{path}[{i}]")]
     return [] if a == b else [(path, a, b)]
@@ -443,6 +453,7 @@ def recipe_command(name: str | None, overrides: list[str]) -> None:
     """`tinyelectra recipe [NAME] [--set ...]`: print the resolved recipe as TOML, or list the shipped recipes."""
     if name is None:
         for shipped, path in recipe_files().items():
-            print(f"{shipped:20} {_first_clause(str(tomllib.loads(path.read_text(encoding='utf-8')).get('description', '')))}")
+            print(f"{shipped:20} "
+                  f"{_first_clause(str(tomllib.loads(path.read_text(encoding='utf-8')).get('description', '')))}")
         return
     print(recipe_toml(load_recipe(name, overrides)), end="")

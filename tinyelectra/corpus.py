@@ -75,7 +75,8 @@ def resolve_inputs(specs: list[str]) -> list[Input]:
                 raise UserError(f"--corpus {spec}: expected hf:NAME or hf:NAME:CONFIG")
             local = Path(name.partition(":")[0]).expanduser()  # hf:DIR: `datasets` reads a folder on this machine
             files = [(str(q.relative_to(local)), q.stat()) for q in (_files_in(local) if local.is_dir() else [])]
-            inputs.append(Input(spec, "hf", name, local_files=tuple((f, st.st_size, st.st_mtime_ns) for f, st in files)))
+            inputs.append(Input(spec, "hf", name,
+                                local_files=tuple((f, st.st_size, st.st_mtime_ns) for f, st in files)))
             continue
         p = Path(spec).expanduser()
         if p.is_file():
@@ -107,7 +108,8 @@ def _file_kind(p: Path) -> str:
 
 def _files_in(folder: Path) -> list[Path]:
     """The files under `folder`, recursively, sorted; hidden ones (a part starting with ".") left out."""
-    return sorted(q for q in folder.rglob("*") if q.is_file() and not any(s.startswith(".") for s in q.relative_to(folder).parts))
+    return sorted(q for q in folder.rglob("*") if q.is_file()
+                  and not any(s.startswith(".") for s in q.relative_to(folder).parts))
 
 
 @dataclass
@@ -194,7 +196,8 @@ class CorpusReader:
         done_before = self.stats.input_bytes_done
         replaced_before = _REPLACED[0]
         with open(path, "rb") as raw:
-            stream = (gzip.GzipFile(fileobj=raw) if suffix == ".gz" else COMPRESSION[suffix](raw)) if suffix in COMPRESSION else raw
+            stream = ((gzip.GzipFile(fileobj=raw) if suffix == ".gz" else COMPRESSION[suffix](raw))
+                      if suffix in COMPRESSION else raw)
             lines = _block_lines(stream, raw, self.stats, done_before, damage)
             if inner in (".jsonl", ".json"):
                 yield from jsonl_documents(lines, inp.path)
@@ -228,7 +231,8 @@ def _read_upto(stream, size: int, damage: list) -> bytes:
     return b"".join(parts)
 
 
-def _block_lines(stream, raw, stats: ReadStats, done_before: int, damage: list, block_bytes: int = 4 << 20) -> Iterator[str]:
+def _block_lines(stream, raw, stats: ReadStats, done_before: int, damage: list,
+                 block_bytes: int = 4 << 20) -> Iterator[str]:
     """The lines of a binary stream, decoded as UTF-8 in 4 MiB blocks (several times faster than a text wrapper's
     line iterator); lines end at "\n" only, as in the official builder's reader. Updates the progress position.
     A read error (a damaged compressed file) ends the lines at the last whole one before it, noted in `damage`."""
@@ -400,7 +404,8 @@ def _read_builtin_documents() -> Iterator[Document]:
         if (stdlib / f"{name}.py").is_file():
             files.append(stdlib / f"{name}.py")
         elif (stdlib / name).is_dir():
-            files += sorted(q for q in (stdlib / name).rglob("*.py") if not BUILTIN_EXCLUDED_PARTS & set(q.relative_to(stdlib).parts))
+            files += sorted(q for q in (stdlib / name).rglob("*.py")
+                            if not BUILTIN_EXCLUDED_PARTS & set(q.relative_to(stdlib).parts))
         for path in files:
             try:
                 tree = ast.parse(path.read_bytes())

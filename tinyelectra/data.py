@@ -86,8 +86,8 @@ class Batch:
     full_rows: np.ndarray | None = None
 
     def to(self, device, non_blocking: bool = False) -> "Batch":
-        return Batch(*(t.to(device, non_blocking=non_blocking) for t in (self.input_ids, self.token_type_ids, self.attention_mask)),
-                     full_rows=self.full_rows)
+        return Batch(*(t.to(device, non_blocking=non_blocking)
+                       for t in (self.input_ids, self.token_type_ids, self.attention_mask)), full_rows=self.full_rows)
 
     def pin_memory(self) -> "Batch":
         return Batch(*(t.pin_memory() for t in (self.input_ids, self.token_type_ids, self.attention_mask)),
@@ -179,8 +179,9 @@ class PretrainData:
         try:
             return np.load(self.path / name, mmap_mode="r", allow_pickle=False)
         except (ValueError, OSError, EOFError) as e:
-            raise UserError(f"{self.path / name}: damaged ({str(e).splitlines()[0][:120] if str(e) else type(e).__name__}); "
-                            "prepare the data again") from None
+            raise UserError(f"{self.path / name}: damaged "
+                            f"({str(e).splitlines()[0][:120] if str(e) else type(e).__name__}); prepare the data "
+                            "again") from None
 
     def check_files(self) -> dict[str, dict]:
         """Every shard file read whole, once per process, in one pass: its token ids against the vocabulary (a damaged
@@ -309,7 +310,8 @@ class BatchLoader:
 
         self._stop = threading.Event()
         self._queue = queue.Queue(maxsize=self.prefetch)
-        self._thread = threading.Thread(target=self._producer, args=(self._epoch, self._batch_index, self._queue, self._stop),
+        self._thread = threading.Thread(target=self._producer,
+                                        args=(self._epoch, self._batch_index, self._queue, self._stop),
                                         name="tinyelectra-batches", daemon=True)
         self._thread.start()
 
@@ -346,7 +348,8 @@ class BatchLoader:
 
     def state_dict(self) -> dict:
         """A JSON-able cursor: the batch the next __next__ returns."""
-        return {"epoch": self._epoch, "batch_index": self._batch_index, "seed": self.seed, "batch_size": self.batch_size,
+        return {"epoch": self._epoch, "batch_index": self._batch_index, "seed": self.seed,
+                "batch_size": self.batch_size,
                 "num_rows": self.num_rows}
 
     def load_state_dict(self, d: dict) -> None:

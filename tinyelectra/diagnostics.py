@@ -36,9 +36,8 @@ from tinyelectra.metrics import roc_auc
 UNIGRAM_SAMPLE_ROWS = 20_000  # training rows counted for the unigram baseline (~2.5M tokens at T = 128)
 DISC_MARGIN = 0.01  # a discriminator has "left its prior" when its accuracy beats all-"original" by this much
 MLM_MARGIN = 0.02  # a generator / masked LM has "left the unigram level" when it beats it by this much
-# a discriminator "uses context" when its matched AUC on unigram draws reaches this; discriminators without context
-# measured 0.46-0.53 (enwiki, 328 held-out rows of 128: 0.48-0.51; a generated grammar, 256 rows of 32: 0.46-0.53;
-# the built-in corpus, 152 rows: 0.49-0.51)
+# a discriminator "uses context" when its matched AUC on unigram draws reaches this, above the 0.46-0.53 measured
+# without context (benchmarks/lab/README.md)
 CONTEXT_AUC = 0.55
 
 
@@ -73,7 +72,8 @@ def evaluate(model, data, recipe: Recipe, special: SpecialIds, device: torch.dev
     for start in range(0, rows, micro):
         b = data.batch("validation", np.arange(start, min(start + micro, rows))).to(device)
         torch.manual_seed(start)
-        m = mask_batch(b.input_ids, b.token_type_ids, b.attention_mask, recipe.objective, special, recipe.model.vocab_size)
+        m = mask_batch(b.input_ids, b.token_type_ids, b.attention_mask, recipe.objective, special,
+                       recipe.model.vocab_size)
         with autocast:
             t = loss_terms(model, m, recipe.objective, capture=capture)
         sums["mlm_sum"] += t.mlm_sum.item()
@@ -124,11 +124,11 @@ class Ranked:
 
 
 def verdict(ev: dict) -> dict:
-    """learned (bool), learning (the kinds seen, in words) and verdict (one line) for an `evaluate` result. Three kinds, each from the number that
-    shows it: frequency cues (the discriminator beats its all-original prior: it spots a weak generator's odd words,
-    which token identity alone gives away), context through the generator (its masked-word accuracy beats the unigram
-    answer) and context in the discriminator (its matched AUC on unigram draws). A masked LM is judged by its
-    predictions. Warns when the held-out rows are too few for the numbers to mean much."""
+    """learned (bool), learning (the kinds seen, in words) and verdict (one line) for an `evaluate` result. Three kinds,
+    each from the number that shows it: frequency cues (the discriminator beats its all-original prior: it spots a weak
+    generator's odd words, which token identity alone gives away), context through the generator (its masked-word
+    accuracy beats the unigram answer) and context in the discriminator (its matched AUC on unigram draws). A masked LM
+    is judged by its predictions. Warns when the held-out rows are too few for the numbers to mean much."""
     if "gen_acc" not in ev:
         return {"learned": False, "learning": "nothing to judge", "verdict": "no held-out rows to judge"}
     electra = "disc_acc" in ev

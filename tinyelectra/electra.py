@@ -74,7 +74,8 @@ class LossTerms:
 
     mlm_sum: Tensor  # sum over used slots of the generator / MLM cross-entropy
     disc_sum: Tensor  # sum over real tokens of the discriminator BCE (0 for MLM)
-    stats: dict[str, Tensor]  # sums: mlm_correct, mlm_count, disc_correct, disc_count, replaced, predicted, true_positive
+    # sums: mlm_correct, mlm_count, disc_correct, disc_count, replaced, predicted, true_positive
+    stats: dict[str, Tensor]
 
 
 def mask_batch(
@@ -105,7 +106,8 @@ def mask_batch(
     u = torch.rand(B, N, device=dev, generator=generator)
     random_tokens = torch.randint(0, vocab_size, (B, N), device=dev, generator=generator)
     new = torch.where(u < cfg.mask_token_fraction, torch.full_like(targets, special.mask), targets)
-    new = torch.where((u >= cfg.mask_token_fraction) & (u < cfg.mask_token_fraction + cfg.random_token_fraction), random_tokens, new)
+    new = torch.where((u >= cfg.mask_token_fraction) & (u < cfg.mask_token_fraction + cfg.random_token_fraction),
+                      random_tokens, new)
     new = torch.where(weights > 0, new, targets)  # unused slots write the original token back
     masked_ids = input_ids.scatter(1, positions, new)
     return Masked(input_ids, masked_ids, token_type_ids, attention_mask, positions, targets, weights, full)
@@ -124,7 +126,8 @@ def sample_tokens(logits: Tensor, temperature: float, generator: torch.Generator
     "auto", inverse CDF on the CPU outside torch.compile (torch's CPU generator is serial, ~4 ns a number: V = 30522
     numbers per masked slot cost more than the whole search, benchmarks/NOTES.md) and Gumbel-max elsewhere, until a
     card's A/B run (issue 33) shows which is faster there."""
-    logits = logits.float()  # fp16 Gumbel noise gives NaN/inf (the official code, fp32 only, never met it): always fp32 here
+    # fp16 Gumbel noise gives NaN/inf (the official code, fp32 only, never met it): always fp32 here
+    logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature
     if sampler == "inverse-cdf" or (sampler == "auto" and cpu_fast_path(logits)):
@@ -197,7 +200,8 @@ def mlm_terms(model: Electra, m: Masked) -> tuple[Tensor, LossTerms]:
     logits = model.generator_logits(m.masked_ids, m.token_type_ids, m.encoder_mask, m.positions).float()  # (B, N, V)
     ce = F.cross_entropy(logits.flatten(0, 1), m.targets.flatten(), reduction="none").view_as(m.weights)  # (B, N)
     with torch.no_grad():
-        stats = {"mlm_correct": ((logits.argmax(-1) == m.targets).float() * m.weights).sum(), "mlm_count": m.weights.sum()}
+        stats = {"mlm_correct": ((logits.argmax(-1) == m.targets).float() * m.weights).sum(),
+                 "mlm_count": m.weights.sum()}
     return logits, LossTerms(mlm_sum=(ce * m.weights).sum(), disc_sum=ce.new_zeros(()), stats=stats)
 
 

@@ -63,7 +63,8 @@ def os_error_line(e: OSError) -> str:
     """'PATH: No space left on device' — the file and the system's reason, on one line; for a WriteError also what
     was being written and that nothing half-written was kept."""
     where = f"{e.filename}: " if e.filename is not None else ""
-    what = f" while writing the {e.what} (nothing half-written was kept)" if isinstance(e, WriteError) and e.what else ""
+    what = (f" while writing the {e.what} (nothing half-written was kept)"
+            if isinstance(e, WriteError) and e.what else "")
     return f"{where}{e.strerror or e}{what}"
 
 
@@ -254,7 +255,8 @@ def verify_sha256(directory: Path, what: str, required: bool, guards: tuple[str,
     return True
 
 
-CHECKSUMS_KEY = "checksums"  # in the JSON file that describes a checkpoint or resume state: "sha256.json" = one is written
+# in the JSON file that describes a checkpoint or resume state: "sha256.json" = one is written
+CHECKSUMS_KEY = "checksums"
 
 
 def written_with_checksums(described_by: Path) -> bool:

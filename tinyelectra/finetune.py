@@ -175,7 +175,8 @@ def depth_key(param_name: str) -> str:
 def layerwise_groups(model, fc: FinetuneConfig) -> list[dict]:
     """Parameter groups with their `lr_scale` (layer-wise decay) and weight decay (none on LayerNorm and biases)."""
     cfg = model.cfg
-    scales = layerwise_lr_scales(cfg.num_layers, fc.decay(cfg.hidden_size), official_off_by_one=fc.layerwise == "official")
+    scales = layerwise_lr_scales(cfg.num_layers, fc.decay(cfg.hidden_size),
+                                 official_off_by_one=fc.layerwise == "official")
     groups: dict[tuple[str, bool], dict] = {}
     for name, p in model.named_parameters():
         key = depth_key(name)
@@ -279,7 +280,8 @@ class Finetuner:
         loss = F.mse_loss(out.float().squeeze(-1), target) if regression else F.cross_entropy(out.float(), target)
         self.scaler.scale(loss).backward()
         self.optimizer.set_lr(lr)
-        apply_update(self.params, self.optimizer, self.scaler, self.clip_norm)  # the trainer's unscale, clip, step (optim.py)
+        # the trainer's unscale, clip, step (optim.py)
+        apply_update(self.params, self.optimizer, self.scaler, self.clip_norm)
         return loss
 
 
@@ -302,7 +304,8 @@ def step_mode(fc: FinetuneConfig, device, precision: str) -> tuple[str, str]:
         if not cuda:
             return "eager", "auto: eager on the CPU (each batch padded to its longest row: no work on padding)"
         if precision == "fp16":
-            return "eager", "auto: eager under fp16 (its loss scaler checks for overflow on the host, which a CUDA graph cannot)"
+            return "eager", ("auto: eager under fp16 (its loss scaler checks for overflow on the host, which a CUDA "
+                             "graph cannot)")
         return "graphs", "auto: CUDA graphs on a CUDA device (fixed shapes, one launch per step)"
     if fc.step in ("static", "graphs") and precision == "fp16":
         raise UserError(f"finetune.step={fc.step} does not run under fp16 (its loss scaler checks for overflow on the "
@@ -505,7 +508,8 @@ class FinetuneJob:
     def __init__(self, backbone, task: TaskSpec | str, enc: EncodedTask, fc: FinetuneConfig, seed: int, device,
                  precision: str, mode: str = "eager", data: DeviceSplit | None = None, stream=None,
                  shared_rng: bool = False, on_step: Callable[[int, float | None], None] | None = None) -> None:
-        self.task, self.seed, self.fc, self.device, self.mode, self.stream = get_task(task), seed, fc, device, mode, stream
+        self.task, self.seed, self.fc = get_task(task), seed, fc
+        self.device, self.mode, self.stream = device, mode, stream
         self.on_step = on_step
         self.t0 = time.perf_counter()
         self.run = Finetuner(backbone, self.task, fc, seed, device, precision, shared_rng=shared_rng)
@@ -517,7 +521,8 @@ class FinetuneJob:
         lengths = enc.train.lengths
         if mode == "eager":
             self.train = enc.train
-            self.batches = batch_indices(n, fc.batch_size, self.total, seed, lengths if fc.batching == "length" else None)
+            self.batches = batch_indices(n, fc.batch_size, self.total, seed,
+                                         lengths if fc.batching == "length" else None)
             self.losses: list[float] = []
             self.note = "eager: each batch padded to its longest row"
         else:
@@ -543,7 +548,8 @@ class FinetuneJob:
                 self.on_step(self.done, None)
             return self.done >= self.total
         idx = next(self.batches)  # padded to this batch's longest row
-        lr = lr_at(self.done, self.run.peak_lr, self.warmup, self.total)  # step 0 at lr_at(0) = 0, as the official schedule
+        # step 0 at lr_at(0) = 0, as the official schedule
+        lr = lr_at(self.done, self.run.peak_lr, self.warmup, self.total)
         with _stream(self.stream):
             loss = self.run.step(self.train.batch(idx), lr)
         self.done += 1
@@ -558,7 +564,8 @@ class FinetuneJob:
                 done = self.done
                 first = done - (done - 1) % LOSS_EVERY if self.device.type == "cpu" else done  # the steps read
                 where = f"step {done}" if first == done else f"steps {first}-{done}"
-                raise self._diverged(f"the {self.task.name} loss is {self.last_loss} in {where} of {self.total}", done - 1)
+                raise self._diverged(f"the {self.task.name} loss is {self.last_loss} in {where} of {self.total}",
+                                     done - 1)
         if self.on_step is not None:
             self.on_step(self.done, self.last_loss if report_now else None)
         return self.done >= self.total
@@ -617,7 +624,8 @@ def run_jobs(units: list[Unit], start: Callable[[Unit, Any], FinetuneJob], done:
     """Run one job per unit of work, `start(unit, stream)` building it when a slot frees up, up to `concurrent` in
     flight, one step of each in turn; `done(unit, job)` takes each as its last step is launched (finish, evaluate,
     record). On CUDA with more than one in flight each job has its own stream, and no job starts while the memory left
-    is under twice the largest one's so far. Returns what ran: jobs, most in flight, steps, seconds, steps per second."""
+    is under twice the largest one's so far. Returns what ran: jobs, most in flight, steps, seconds, steps per
+    second."""
     cuda = device.type == "cuda"
     pending, active = list(units), []
     footprint, most, steps = 0, 0, 0

@@ -190,7 +190,8 @@ def hardware_forward_flops_per_sequence(model: ModelConfig, objective: Objective
     return hardware_inference_flops(model, seq_len) + generator
 
 
-def hardware_train_flops_per_step(model: ModelConfig, objective: ObjectiveConfig, batch_size: int, seq_len: int) -> float:
+def hardware_train_flops_per_step(model: ModelConfig, objective: ObjectiveConfig, batch_size: int,
+                                  seq_len: int) -> float:
     """Matmul FLOPs of one optimizer step over `batch_size` sequences (the recipe's global batch, whatever the
     micro-batching): forward + backward = 3 × forward. Divide by batch_size × seq_len for FLOPs per token
     (the `hw_flops_per_token` that `mfu` takes). Sampling, losses and the optimizer update are not matmuls."""
@@ -339,7 +340,8 @@ class FlopsSummary:
         return self.train_flops_hardware_per_step * self.steps
 
 
-def summarize(model: ModelConfig, objective: ObjectiveConfig, batch_size: int, seq_len: int, steps: int) -> FlopsSummary:
+def summarize(model: ModelConfig, objective: ObjectiveConfig, batch_size: int, seq_len: int,
+              steps: int) -> FlopsSummary:
     """Every FLOP number `tinyelectra flops` prints, for a model and objective at batch × seq_len × steps."""
     return FlopsSummary(
         batch_size=batch_size,
@@ -366,7 +368,8 @@ def recipe_for_flops(
     """Load the recipe with its --set overrides, then apply --steps/--batch/--seq-len on top: a value the recipe
     cannot take is an error naming the option typed (not the train.* key it sets)."""
     recipe = load_recipe(recipe_name, overrides)
-    for value, flag, key in ((steps, "--steps", "steps"), (batch, "--batch", "batch_size"), (seq_len, "--seq-len", "seq_len")):
+    for value, flag, key in ((steps, "--steps", "steps"), (batch, "--batch", "batch_size"),
+                             (seq_len, "--seq-len", "seq_len")):
         if value is None:
             continue
         if not 0 < value < INT_LIMIT:  # an int setting must fit int64
@@ -408,13 +411,15 @@ def flops_command(
     table.add_column("quantity")
     table.add_column("paper", justify="right")
     table.add_column("hardware", justify="right")
-    table.add_row("train FLOPs per step", format_flops(s.train_flops_paper_per_step), format_flops(s.train_flops_hardware_per_step))
+    table.add_row("train FLOPs per step", format_flops(s.train_flops_paper_per_step),
+                  format_flops(s.train_flops_hardware_per_step))
     table.add_row(
         "train FLOPs per token",
         format_flops(s.train_flops_paper_per_step / s.tokens_per_step),
         format_flops(s.train_flops_hardware_per_step / s.tokens_per_step),
     )
-    table.add_row(f"train FLOPs total ({s.steps:,} steps)", format_flops(s.train_flops_paper), format_flops(s.train_flops_hardware))
+    table.add_row(f"train FLOPs total ({s.steps:,} steps)", format_flops(s.train_flops_paper),
+                  format_flops(s.train_flops_hardware))
     table.add_row(
         "inference FLOPs per sequence (discriminator)",
         format_flops(s.inference_flops_paper_per_sequence),

@@ -3,7 +3,8 @@
 Not here: one fine-tuning run, its settings and how its steps run (finetune.py), GLUE files and pair encoding
 (glue_data.py), metrics (metrics.py), the network (model.Classifier), loading weights (hf.load_backbone), the report.
 
-Protocol (the paper's fine-tuning appendix; official configure_finetuning.py and model/optimization.py), each knob a `--set key=value`:
+Protocol (the paper's fine-tuning appendix; official configure_finetuning.py and model/optimization.py), each knob a
+`--set key=value`:
 - peak LR by model size, decided by the hidden size: <= 256 Small 3e-4, <= 768 Base 1e-4, larger Large 5e-5;
 - layer-wise LR decay 0.8 (Large 0.9): depth 0 = embeddings (and the E->H projection), layer j = depth j+1, the
   head on top. "intended" (default) puts the head at depth L+1, so the top layer gets lr * decay; "official" puts
@@ -117,7 +118,8 @@ def find_checkpoints(path: Path) -> list[CheckpointRef]:
     if not p.exists():
         raise UserError(f"--checkpoint {p}: no such directory")
     if not p.is_dir():
-        raise UserError(f"--checkpoint {p}: not a directory (a run, a ckpt-* directory or a transformers ELECTRA directory)")
+        raise UserError(f"--checkpoint {p}: not a directory (a run, a ckpt-* directory or a transformers ELECTRA "
+                        "directory)")
     if is_checkpoint(p):
         in_run = CKPT_NAME.match(p.name) is not None and (p.parent / "plan.json").is_file()
         return [CheckpointRef(p, p.name, "tinyelectra", p.parent if in_run else None)]
@@ -132,7 +134,8 @@ def find_checkpoints(path: Path) -> list[CheckpointRef]:
         read_hf_config(p / "discriminator")
         return [CheckpointRef(p / "discriminator", p.name, "transformers", None)]
     if (p / "plan.json").is_file():
-        raise UserError(f"--checkpoint {p}: a run without fraction checkpoints yet (ckpt-0625 appears at 6.25% of the budget)")
+        raise UserError(f"--checkpoint {p}: a run without fraction checkpoints yet (ckpt-0625 appears at 6.25% of the "
+                        "budget)")
     raise UserError(f"--checkpoint {p}: not a run directory (with ckpt-* inside), a tinyelectra checkpoint or a "
                     "transformers ELECTRA directory (config.json with model_type \"electra\")")
 
@@ -266,7 +269,8 @@ def parse_task_seeds(spec: str | None, tasks: list[str], seeds: int) -> dict[str
         try:
             count, name = int(n), name.strip() if name.strip() in tasks else get_task(name.strip()).name
         except (UserError, ValueError):
-            raise UserError(f"--task-seeds {spec}: expected TASK=N[,TASK=N] with a task and a whole number, got {part!r}") from None
+            raise UserError(f"--task-seeds {spec}: expected TASK=N[,TASK=N] with a task and a whole number, got "
+                            f"{part!r}") from None
         task = _task_name(name, tasks, f"--task-seeds {spec}")
         if task in out:
             raise UserError(f"--task-seeds {spec}: {task} is given twice; give each task once")
@@ -333,7 +337,8 @@ def task_averages(tasks: dict[str, dict]) -> dict[str, Any]:
 
 def majority_class_baseline(data: TaskData) -> dict[str, Any] | None:
     """For a classification task: the primary dev split's scores when every row gets the training rows' most frequent
-    class (the score a model that learned nothing reaches; 0 Matthews correlation by definition). None for regression."""
+    class (the score a model that learned nothing reaches; 0 Matthews correlation by definition). None for
+    regression."""
     spec = data.task
     if spec.is_regression:
         return None
@@ -407,11 +412,12 @@ class Session:
             "padding": padding,
             "step": f"{self.mode} ({self.mode_why})" if self.mode_why else self.mode,
             "concurrent_jobs": self.concurrent if self.concurrent == 1 else
-                               f"up to {self.concurrent}, each on its own CUDA stream; their dropout masks come from one "
-                               "shared generator, so a seed's masks depend on the jobs beside it (reproducible for the "
-                               "same command)",
+                               f"up to {self.concurrent}, each on its own CUDA stream; their dropout masks come from "
+                               "one shared generator, so a seed's masks depend on the jobs beside it (reproducible "
+                               "for the same command)",
             "batching": "random batches each epoch (paper)" if fc.batching == "random" else
-                        f"length-grouped: groups of {MEGABATCH} batches sorted by length, batches shuffled (not the paper's)",
+                        f"length-grouped: groups of {MEGABATCH} batches sorted by length, batches shuffled (not the "
+                        "paper's)",
             "max_train_rows": self.settings.max_train_rows,
             "test_predictions_from": "the median seed by dev paper score (lower middle for an even count)",
         }
@@ -428,12 +434,13 @@ class CheckpointRun:
         self.name = ref.name + (f" ({session.arm})" if session.arm else "")
         self.backbone = load_backbone(ref.path)
         if self.backbone.tokenizer_dir is None:
-            raise UserError(f"{ref.path}: no tokenizer files beside the weights (tokenizer/ or tokenizer.json / vocab.txt); "
-                            "fine-tuning needs the pre-training tokenizer")
+            raise UserError(f"{ref.path}: no tokenizer files beside the weights (tokenizer/ or tokenizer.json / "
+                            "vocab.txt); fine-tuning needs the pre-training tokenizer")
         self.tokenizer = Tokenizer.load(self.backbone.tokenizer_dir)
         cfg = self.backbone.config
         if session.fc.max_length > cfg.max_positions:
-            raise UserError(f"--set max_length={session.fc.max_length} exceeds the model's {cfg.max_positions} positions")
+            raise UserError(f"--set max_length={session.fc.max_length} exceeds the model's {cfg.max_positions} "
+                            "positions")
         self.folder = session.out_dir / ref.name / session.arm
         self.target = self.folder / "glue.json"
         seeds = session.seeds
@@ -443,13 +450,15 @@ class CheckpointRun:
             "checkpoint": {"name": ref.name, "path": str(ref.path.resolve()), "kind": ref.kind,
                            "run_dir": None if ref.run_dir is None else str(ref.run_dir.resolve())},
             "meta": checkpoint_meta(ref),
-            "model": {"hidden_size": cfg.hidden_size, "num_layers": cfg.num_layers, "embedding_size": cfg.embedding_size,
+            "model": {"hidden_size": cfg.hidden_size, "num_layers": cfg.num_layers,
+                      "embedding_size": cfg.embedding_size,
                       "vocab_size": cfg.vocab_size, "size": size_defaults(cfg.hidden_size)[0]},
             "seeds": seeds, **({"task_seeds": fewer} if fewer else {}),
             "tasks": {}, "averages": {}, "skipped_tasks": dict(session.skipped), "data": {},
             "protocol": session.protocol(cfg.hidden_size),
             "device": device_name(session.device, threads=True), "precision": session.precision,
-            "precision_reason": session.precision_reason, "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "precision_reason": session.precision_reason, "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
             "platform": platform.platform(), "command": session.settings.command, "complete": False,
         }
         previous, previous_seeds = _reusable(self.target, self.result)
@@ -475,7 +484,8 @@ class CheckpointRun:
                 if data.test:  # a reused seed's test predictions are needed if it is the median one
                     finished = {k: r for k, r in finished.items() if self._outputs_path(task, k).is_file()}
                 if finished:
-                    self.console.print(f"[dim]{self.name} {task}: reusing {len(finished)} finished seed(s) from {self.target}[/]")
+                    self.console.print(f"[dim]{self.name} {task}: reusing {len(finished)} finished seed(s) from "
+                                       f"{self.target}[/]")
             self.records[task] = dict(finished)
             self.test_outputs[task] = {k: self._load_outputs(data, k) for k in finished}
             self.todo[task] = [k for k in task_seeds if k not in finished]
@@ -543,7 +553,8 @@ class CheckpointRun:
         seed_results = [self.records[task][k] for k in seeds]
         entry = {"epochs": fc.task_epochs(data.task), "train_rows": len(enc.train), "steps_per_epoch": per_epoch,
                  "steps": steps, "peak_lr": fc.peak_lr(self.backbone.config.hidden_size),
-                 "truncated_train_rows": enc.train.truncated, "seeds": seed_results, **summarize_task(data.task, seed_results),
+                 "truncated_train_rows": enc.train.truncated, "seeds": seed_results,
+                 **summarize_task(data.task, seed_results),
                  "majority_class": majority_class_baseline(data), "skipped_rows": data.skipped_rows()}
         if not data.task.is_regression:
             entry["one_class_seeds"] = [s["seed"] for s in seed_results if s.get("one_class")]
@@ -620,7 +631,8 @@ def _reusable(target: Path, fresh: dict[str, Any]) -> tuple[dict[str, tuple[dict
         return {}, {}
     tasks = {t: (v, (old.get("data") or {}).get(t)) for t, v in (old.get("tasks") or {}).items()
              if t in fresh["protocol"]["epochs"]}
-    partial = {t: v for t, v in (old.get("partial") or {}).items() if t in fresh["protocol"]["epochs"] and t not in tasks}
+    partial = {t: v for t, v in (old.get("partial") or {}).items()
+               if t in fresh["protocol"]["epochs"] and t not in tasks}
     return tasks, partial
 
 
@@ -632,7 +644,8 @@ def _kept(path: Path) -> str:
         return f"nothing finished was written yet ({path})"
     tasks = list(result.get("tasks") or {})
     seeds = sum(len(v.get("seeds", [])) for v in (result.get("partial") or {}).values())
-    parts = ([f"finished tasks {', '.join(tasks)}"] if tasks else []) + ([f"{seeds} finished seed(s) of unfinished tasks"] if seeds else [])
+    parts = (([f"finished tasks {', '.join(tasks)}"] if tasks else [])
+             + ([f"{seeds} finished seed(s) of unfinished tasks"] if seeds else []))
     return f"kept {' and '.join(parts) or 'nothing finished yet'} in {path}"
 
 
@@ -649,7 +662,8 @@ def _task_line(name: str, key: str, entry: dict) -> str:
             f"{_fmt(entry['std_paper'])} (seeds {scores})")
     if one := entry.get("one_class_seeds"):
         classes = sorted({s["one_class"] for s in entry["seeds"] if s.get("one_class")})
-        line += f"; ONE CLASS for every dev row: {len(one)} of {len(entry['seeds'])} seeds ({', '.join(map(repr, classes))})"
+        line += (f"; ONE CLASS for every dev row: {len(one)} of {len(entry['seeds'])} seeds "
+                 f"({', '.join(map(repr, classes))})")
     if key in GLUE_TASK_NAMES and entry["glue_metric"] != entry["paper_metric"]:
         line += f"; GLUE leaderboard {METRIC_TITLES[entry['glue_metric']]} {_fmt(entry['median_glue'])}"
     if majority := entry.get("majority_class"):
@@ -675,7 +689,8 @@ class JobProgress:
     for all the jobs in flight: `clock` is shared)."""
 
     def __init__(self, progress: Progress, bar, console, what: str, steps: int, clock: dict) -> None:
-        self.progress, self.bar, self.console, self.what, self.steps, self.clock = progress, bar, console, what, steps, clock
+        self.progress, self.bar, self.console = progress, bar, console
+        self.what, self.steps, self.clock = what, steps, clock
         self.plain = not console.is_terminal
         self.t0 = time.perf_counter()
         self.loss: float | None = None
@@ -732,8 +747,8 @@ class Scheduler:
                 self.splits[key] = device_split(enc.train, data.task.is_regression, s.fc.length_bucket,
                                                 run.backbone.config.max_positions, s.device)
             split = self.splits[key]
-        return FinetuneJob(run.backbone, data.task, enc, run.session.fc, seed, s.device, s.precision, s.mode, data=split,
-                           stream=stream, shared_rng=s.concurrent > 1, on_step=show)
+        return FinetuneJob(run.backbone, data.task, enc, run.session.fc, seed, s.device, s.precision, s.mode,
+                           data=split, stream=stream, shared_rng=s.concurrent > 1, on_step=show)
 
     def done(self, unit: tuple[CheckpointRun, TaskData, int], job: FinetuneJob) -> None:
         run, data, seed = unit
@@ -748,7 +763,8 @@ class Scheduler:
         """Every job; returns what ran (finetune.run_jobs) with the step mode."""
         s = self.s
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"),
-                   TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), TextColumn("loss {task.fields[loss]}"))
+                   TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                   TextColumn("loss {task.fields[loss]}"))
         with Progress(*columns, console=s.console, transient=False, disable=not s.console.is_terminal) as progress:
             self.progress, self.bars = progress, {}
             for run, data, _ in self.units:
@@ -758,7 +774,8 @@ class Scheduler:
             stats = run_jobs(self.units, self.start, self.done, s.concurrent, s.device)
         if stats["steps"]:
             s.console.print(f"fine-tuned {stats['jobs']} job(s), {stats['steps']:,} steps in {stats['seconds']:.0f} s "
-                            f"({stats['steps_per_second']:.1f} steps/s, at most {stats['most_in_flight']} at once; {s.mode})")
+                            f"({stats['steps_per_second']:.1f} steps/s, at most {stats['most_in_flight']} at once; "
+                            f"{s.mode})")
         return {"step": s.mode, **stats}
 
 
@@ -812,17 +829,20 @@ def glue_command(settings: GlueSettings) -> list[Path]:
     refs, s, released = _session(settings, console)
     sessions = [s, s.released(released)] if released else [s]
     console.print(f"fine-tuning {len(refs)} checkpoint(s) x {len(s.data)} task(s) ({', '.join(s.data)}) x "
-                  f"{settings.seeds} seed(s) on {device_name(s.device, threads=True)}, {s.precision} ({s.precision_reason}); "
-                  f"steps: {s.mode} ({s.mode_why}), up to {s.concurrent} job(s) at once; results in {s.out_dir}"
-                  + (f"; again with the released code's lr {RELEASED['lr']:g} and weight decay {RELEASED['weight_decay']:g}: "
-                     f"{', '.join(released)}" if released else ""))
+                  f"{settings.seeds} seed(s) on {device_name(s.device, threads=True)}, {s.precision} "
+                  f"({s.precision_reason}); steps: {s.mode} ({s.mode_why}), up to {s.concurrent} job(s) at once; "
+                  f"results in {s.out_dir}"
+                  + (f"; again with the released code's lr {RELEASED['lr']:g} and weight decay "
+                     f"{RELEASED['weight_decay']:g}: {', '.join(released)}" if released else ""))
     runs: list[CheckpointRun] = []
     # one writer per --out (runfolder.py); on its record before the first byte, what glue writes there per checkpoint
     # (and per arm: OUT/<checkpoint>/released-lr for --released-lr)
-    folders = [glob.escape(ref.name) + (f"/{session.arm}" if session.arm else "") for session in sessions for ref in refs]
+    folders = [glob.escape(ref.name) + (f"/{session.arm}" if session.arm else "")
+               for session in sessions for ref in refs]
     with holding(s.out_dir, "--out", reserves=[glob.escape(ref.name) for ref in refs]):
         record = Written(s.out_dir, "glue")
-        record.add(*(f"{f}/{w}" for f in folders for w in ("glue.json", ".glue.json.*.tmp", "partial/*", "submission/*")),
+        record.add(*(f"{f}/{w}" for f in folders for w in ("glue.json", ".glue.json.*.tmp", "partial/*",
+                                                           "submission/*")),
                    kind="glob")
         record.add(*(f"{f}{w}" for f in folders for w in ("", "/partial", "/submission")), kind="dir")
         try:

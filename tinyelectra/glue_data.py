@@ -285,7 +285,8 @@ def _custom_rows(path: Path, required: list[str], where: str) -> tuple[list[dict
         rows = [dict(zip(header, r)) if len(r) == len(header) else None for r in table[1:]]
     missing = [c for c in required if c not in present]
     if missing:
-        raise UserError(f"{where}: {path} has no column {missing[0]!r} (it has: {', '.join(sorted(present)) or 'none'})")
+        raise UserError(f"{where}: {path} has no column {missing[0]!r} "
+                        f"(it has: {', '.join(sorted(present)) or 'none'})")
     return rows, 1 if suffix == ".jsonl" else 2  # .tsv and .csv: the first row follows the header
 
 
@@ -400,8 +401,9 @@ class GlueSplit:
         bad = [m for m in self.malformed if m.bad_label]
         if bad and not skip:
             more = f", and {len(bad) - 1} more such row{'s' if len(bad) > 2 else ''}" if len(bad) > 1 else ""
-            raise UserError(f"{bad[0]} ({self.task.name} {self.split}{more}); correct the data (or a task file's labels), "
-                            "or skip such rows with --skip-bad-labels (their count is then printed beside the score)")
+            raise UserError(f"{bad[0]} ({self.task.name} {self.split}{more}); correct the data (or a task file's "
+                            "labels), or skip such rows with --skip-bad-labels (their count is then printed beside "
+                            "the score)")
         return len(bad)
 
     def select(self, indices: Sequence[int] | np.ndarray) -> "GlueSplit":

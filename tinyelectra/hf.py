@@ -76,7 +76,8 @@ def read_hf_config(directory: Path) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise UserError(f"{path}: not a model configuration")
     if raw.get("format") == "tinyelectra-checkpoint":
-        raise UserError(f"{d}: a tinyelectra checkpoint, not a transformers directory (use load_checkpoint or `tinyelectra export`)")
+        raise UserError(f"{d}: a tinyelectra checkpoint, not a transformers directory (use load_checkpoint or "
+                        "`tinyelectra export`)")
     model_type = raw.get("model_type")
     if model_type != "electra":
         raise UserError(f"{d}: config.json describes a {model_type!r} model, not ELECTRA (model_type \"electra\")")
@@ -99,7 +100,8 @@ def model_config_from_hf(where: Path) -> tuple[dict[str, Any], ModelConfig]:
     try:
         return raw, ModelConfig(
             vocab_size=get("vocab_size"), embedding_size=raw.get("embedding_size", hidden), hidden_size=hidden,
-            num_layers=get("num_hidden_layers"), num_heads=get("num_attention_heads"), ffn_size=get("intermediate_size"),
+            num_layers=get("num_hidden_layers"), num_heads=get("num_attention_heads"),
+            ffn_size=get("intermediate_size"),
             max_positions=get("max_position_embeddings"), type_vocab_size=get("type_vocab_size"),
             dropout=float(get("hidden_dropout_prob")), attention_dropout=float(get("attention_probs_dropout_prob")),
             layer_norm_eps=float(get("layer_norm_eps")), generator_fraction=1.0,
@@ -201,7 +203,7 @@ def to_hf_generator(model, pad_token_id: int = 0):
     return _hf_model("ElectraForMaskedLM", model.gen_cfg, generator_to_hf(model), pad_token_id)
 
 
-# ---------------------------------------------------------------------------------------------------- reading transformers dirs
+# -------------------------------------------------------------------------------------------- reading transformers dirs
 @contextlib.contextmanager
 def quiet_transformers() -> Iterator[None]:
     """transformers' load reports and progress bars off for the block (we check what was loaded ourselves)."""
@@ -307,13 +309,14 @@ def electra_from_hf(discriminator_dir: Path, generator_dir: Path | None = None, 
         sd_g = _load_hf(ElectraForMaskedLM, gd, raw_g).state_dict()
         g_emb, g_enc = backbone_from_hf(_sub(sd_g, "electra."), gen_cfg.num_layers)
         if not torch.equal(sd_g["generator_lm_head.weight"], sd_g["electra.embeddings.word_embeddings.weight"]):
-            raise UserError(f"{gd}: generator output layer is not tied to its word embeddings (tinyelectra always ties them)")
+            raise UserError(f"{gd}: generator output layer is not tied to its word embeddings (tinyelectra always ties "
+                            "them)")
         shared = all(torch.equal(emb[k], g_emb[k]) for k in emb)
         sharing = "embeddings" if shared else "none"
         if not shared and gen_cfg.embedding_size != gen_cfg.hidden_size:
             raise UserError(f"{gd}: the generator's embeddings differ from the discriminator's, so they are untied; an "
-                            f"untied generator has embeddings of its own hidden width ({gen_cfg.hidden_size}, the official "
-                            f"layout), not {gen_cfg.embedding_size}")
+                            f"untied generator has embeddings of its own hidden width ({gen_cfg.hidden_size}, the "
+                            f"official layout), not {gen_cfg.embedding_size}")
         parts += [("gen_embeddings", g_emb), ("generator_encoder", g_enc),
                   ("gen_head", {o: sd_g[h] for o, h in _GEN_HEAD})]
     full_cfg = dataclasses.replace(disc_cfg, generator_fraction=fraction, sharing=sharing)
@@ -378,13 +381,14 @@ def _model_card(kind: str, cls_name: str, recipe, meta: dict[str, Any], language
               for k in ("step", "fraction", "tokens_seen", "train_flops_paper", "train_flops_hardware", "train_seconds")
               if k in meta]
     lines += [
-        "", "train_flops_paper counts FLOPs in the ELECTRA paper's convention (dense embedding look-ups, backward = forward).",
+        "", "train_flops_paper counts FLOPs in the ELECTRA paper's convention (dense embedding look-ups, backward = "
+        "forward).",
         "", "```python", f"from transformers import {cls_name}, AutoTokenizer",
         f"model = {cls_name}.from_pretrained(PATH)", "tokenizer = AutoTokenizer.from_pretrained(PATH)", "```", "",
     ]
     if kind == "generator" and recipe.objective.kind == "electra" and recipe.model.generator_fraction < 1.0:
-        lines += [f"This generator is {recipe.model.generator_fraction:g}x the discriminator's width: it exists to train "
-                  "the discriminator, which is the model to fine-tune.", ""]
+        lines += [f"This generator is {recipe.model.generator_fraction:g}x the discriminator's width: it exists to "
+                  "train the discriminator, which is the model to fine-tune.", ""]
     lines += [f"Language: {', '.join(languages)} ({language_source})." if languages else
               "Language: not recorded (`tinyelectra export --language CODE` adds it).",
               f"License: {license_id}." if license_id else
@@ -420,7 +424,8 @@ def export(model, recipe, meta: dict[str, Any], tokenizer_dir: Path | None, out_
     # before its first byte to its end; each part appears only complete (staged_dir inside --out)
     with holding(out_dir, "--out", reserves=("discriminator", "generator")):
         written = Written(out_dir, "export")
-        held = [*written.foreign(out_dir), *(p for p in (out_dir / "discriminator", out_dir / "generator") if p.exists())]
+        held = [*written.foreign(out_dir), *(p for p in (out_dir / "discriminator", out_dir / "generator")
+                                             if p.exists())]
         for what in sorted(held)[:1]:
             raise UserError(f"--out {out_dir}: already exists and is not empty ({what.relative_to(out_dir)}); choose a "
                             "new directory")
@@ -454,7 +459,8 @@ def _export(model, recipe, meta: dict[str, Any], tokenizer_dir: Path | None, out
     return [out_dir / kind for kind, _, _ in parts]
 
 
-def export_command(checkpoint: Path, out_dir: Path, languages: list[str] | None = None, license_id: str | None = None) -> None:
+def export_command(checkpoint: Path, out_dir: Path, languages: list[str] | None = None,
+                   license_id: str | None = None) -> None:
     """`tinyelectra export CKPT --out DIR [--language CODE ...] [--license ID]`. Refuses a checkpoint without its
     tokenizer (an export that cannot encode text is not usable)."""
     from safetensors import SafetensorError

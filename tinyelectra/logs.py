@@ -50,8 +50,8 @@ class Log:
                 self.once("TensorBoard: not installed, so metrics go to metrics.jsonl only "
                           "(pip install 'tinyelectra[tensorboard]' adds RUN/tensorboard)")
             except Exception as e:  # installed but broken: said once, the run goes on
-                self.once(f"TensorBoard: unavailable ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}); "
-                          "metrics go to metrics.jsonl only")
+                self.once(f"TensorBoard: unavailable ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0][:120] if str(e) else ''}); metrics go to metrics.jsonl only")
         return self.tb
 
     def once(self, text: str) -> None:
@@ -96,10 +96,12 @@ class Log:
         from tinyelectra.runtime import device_name
 
         provisional = plan.status == "provisional"
-        t = Table(title=f"plan: {recipe.name}, budget {plan.budget}" + (" (steps planned once the speed is measured)" if provisional else ""),
+        t = Table(title=f"plan: {recipe.name}, budget {plan.budget}"
+                  + (" (steps planned once the speed is measured)" if provisional else ""),
                   show_header=False, title_justify="left")
         if provisional:
-            t.add_row("steps", "as many as fit: planned from the speed measured over the first steps, then re-planned as it changes")
+            t.add_row("steps", "as many as fit: planned from the speed measured over the first steps, then re-planned "
+                               "as it changes")
         else:
             t.add_row("steps", f"{plan.total_steps:,} (warm-up {plan.warmup_steps:,})")
         if plan.stop:  # where this command ends the run: the schedule stays as planned
@@ -115,8 +117,8 @@ class Log:
             t.add_row("FLOPs, paper convention", format_flops(plan.train_flops_paper))
             t.add_row("FLOPs, hardware convention", format_flops(plan.train_flops_hardware))
         if plan.budget_seconds:
-            t.add_row("wall-clock budget", f"{plan.budget_seconds:,.0f} s of training time (not reproducible: the steps "
-                      "that fit depend on the machine's speed and load)")
+            t.add_row("wall-clock budget", f"{plan.budget_seconds:,.0f} s of training time (not reproducible: the "
+                      "steps that fit depend on the machine's speed and load)")
         t.add_row("model", f"{count_parameters(model):,} parameters, {precision} on {device_name(device)}")
         self.console.print(t)
         for note in plan.notes:
@@ -127,8 +129,8 @@ class Log:
         t = Table(title="FLOPs report", show_header=False, title_justify="left")
         t.add_row("steps / tokens", f"{s['steps']:,} / {s['tokens_seen']:,}")
         if s.get("stopped"):
-            t.add_row("stopped", f"by {s['stopped']['why']} at {100 * s['stopped']['fraction_of_schedule']:.4g}% of the "
-                      f"schedule ({plan.schedule_text()}; learning rate {s['stopped']['lr']:.3g})")
+            t.add_row("stopped", f"by {s['stopped']['why']} at {100 * s['stopped']['fraction_of_schedule']:.4g}% of "
+                      f"the schedule ({plan.schedule_text()}; learning rate {s['stopped']['lr']:.3g})")
         if s.get("data_repetition"):
             r = s["data_repetition"]
             unique = f" of {r['unique_tokens']:,} unique tokens" if r.get("unique_tokens") else ""
@@ -139,7 +141,8 @@ class Log:
         t.add_row("training time", f"{s['train_seconds']:.1f} s{budget_txt}")
         t.add_row("excluded", f"checkpoints/eval/state {s['excluded_seconds']['checkpoints_eval_state']:.1f} s")
         written = [f"{n}@{s['checkpoint_steps'][n]:,}" for n in s["checkpoints"]]
-        written += [f"{s['stopped']['checkpoint']}@{s['stopped']['step']:,} (where it stopped)"] if s.get("stopped") else []
+        if s.get("stopped"):
+            written += [f"{s['stopped']['checkpoint']}@{s['stopped']['step']:,} (where it stopped)"]
         written = ([f"{s['initial_checkpoint']}@0 (initial weights)"] if s.get("initial_checkpoint") else []) + written
         t.add_row("checkpoints", ", ".join(dict.fromkeys(written)) or "none")
         if s["median_tokens_per_second"] is not None:
@@ -214,7 +217,8 @@ class Progress:
     def replan(self, plan: Plan) -> None:
         self.plan = plan
         if self.main:
-            self.bar.update(self.task, total=plan.total_steps, counter=self._counter(self.step), eta=self._eta(self.step))
+            self.bar.update(self.task, total=plan.total_steps, counter=self._counter(self.step),
+                            eta=self._eta(self.step))
 
     def update(self, step: int, rec: dict) -> None:
         if not self.main:

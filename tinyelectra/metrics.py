@@ -144,7 +144,8 @@ def roc_auc(scores, labels, groups=None) -> float:
     tie_starts = np.flatnonzero(new_group | np.r_[True, s[1:] != s[:-1]])  # a tie: same group, same score
     tie_sizes = np.diff(np.append(tie_starts, len(s)))
     group_sizes = np.diff(np.append(group_starts, len(s)))
-    ranks = np.repeat(tie_starts + (tie_sizes + 1) / 2.0, tie_sizes) - np.repeat(group_starts, group_sizes)  # 1.. in group
+    # 1.. in group
+    ranks = np.repeat(tie_starts + (tie_sizes + 1) / 2.0, tie_sizes) - np.repeat(group_starts, group_sizes)
     n_pos = np.add.reduceat(y.astype(np.float64), group_starts)
     pairs = float((n_pos * (group_sizes - n_pos)).sum())
     if pairs == 0:

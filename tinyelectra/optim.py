@@ -56,8 +56,10 @@ class PaperAdam(torch.optim.AdamW):
     Each parameter group counts its own steps (`paper_step` in the group, saved with the optimizer state): torch
     counts per parameter, and an engine may step the groups one at a time (DeepSpeed's ZeRO does)."""
 
-    def __init__(self, params: Iterable, lr: float, betas: tuple[float, float], eps: float, weight_decay: float, fused: bool | None = None):
-        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=fused, foreach=None if fused else True)
+    def __init__(self, params: Iterable, lr: float, betas: tuple[float, float], eps: float, weight_decay: float,
+                 fused: bool | None = None):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=fused,
+                         foreach=None if fused else True)
         for g in self.param_groups:
             g["paper_lr"], g["paper_eps"], g["paper_wd"], g["paper_step"] = g["lr"], g["eps"], g["weight_decay"], 0
         # fp16 loss scaling: a fused kernel would skip an overflowing update *inside* the kernel (torch's own step
@@ -133,7 +135,7 @@ def total_norm(tensors: list[torch.Tensor], ord: float = 2.0, how: str = "stack"
     by torch's multi-tensor kernel (`_foreach_norm`), then the norm of those. `how`:
       "stack": as written here, traced by torch.compile: inductor calls `_foreach_norm` (3 + 1 launches for ~300
                tensors on CUDA) and lowers the `torch.stack` of its ~300 0-dim results into one copy kernel per tensor
-               (286 + 20 `triton_poi_fused_stack` launches per step in the H200 profile, 0.33 ms of 10.8).
+               (the H200 profile: benchmarks/results/h200-2026-11-26/README.md).
       "one-op": the same three calls as one custom operator (`tinyelectra::total_norm`) that inductor does not look
                into: eager `_foreach_norm`, aten's stack (batched copies: a few launches) and the last norm.
     The same mathematics; the last reduction's summation order may differ (float rounding). Which one pays is for a
@@ -182,7 +184,8 @@ class GraphSafeUpdate:
                  device: torch.device | None = None, scaler: torch.amp.GradScaler | None = None,
                  grad_norm: str | None = None) -> None:
         if not isinstance(optimizer, PaperAdam):
-            raise UserError(f"a graph-safe update needs the paper's Adam (optim.name = adam), not {type(optimizer).__name__}")
+            raise UserError("a graph-safe update needs the paper's Adam (optim.name = adam), not "
+                            f"{type(optimizer).__name__}")
         self.optimizer = optimizer
         self.clip_norm = float(clip_norm)
         self.grad_norm = grad_norm or grad_norm_setting()
@@ -193,7 +196,8 @@ class GraphSafeUpdate:
                                for g in optimizer.param_groups)
         self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
         if self.scaler is not None:
-            self.scaler.scale(torch.zeros((), device=first.device))  # creates its scale and growth tracker on the device
+            # creates its scale and growth tracker on the device
+            self.scaler.scale(torch.zeros((), device=first.device))
             self.scaling = (float(self.scaler.get_growth_factor()), float(self.scaler.get_backoff_factor()),
                             int(self.scaler.get_growth_interval()))
         self.compiled = compile_setting != "off"
@@ -205,7 +209,8 @@ class GraphSafeUpdate:
     def note(self) -> str:
         what = "clip + paper Adam" + (" + fp16 loss scaling on the device" if self.scaler is not None else "")
         norm = "" if self.grad_norm == "stack" else f", gradient norm as {self.grad_norm}"
-        return f"update: {what} as one graph-safe function{norm}, " + compile_note(self.fn, self._note).replace("compile: ", "", 1)
+        return (f"update: {what} as one graph-safe function{norm}, "
+                + compile_note(self.fn, self._note).replace("compile: ", "", 1))
 
     def _step(self, params, grads, exp_avgs, exp_avg_sqs, steps, lrs, scaling=()) -> None:
         """The step on per-group lists (`_lists`), `lrs` 0-dim tensors, `scaling` fp16's (scale, growth tracker) or ().
@@ -223,7 +228,8 @@ class GraphSafeUpdate:
             if not scaling:
                 total = total_norm(flat, 2.0, self.grad_norm)
             clip = torch.clamp(self.clip_norm / (total + 1e-6), max=1.0)
-            coef = clip if coef is None else coef * clip  # inv_scale * clip: exact, so (g * inv) * clip == g * (inv * clip)
+            # inv_scale * clip: exact, so (g * inv) * clip == g * (inv * clip)
+            coef = clip if coef is None else coef * clip
         if coef is not None:
             # scaled copies: CUDA graphs are skipped for a function that writes in place to an input whose address is
             # not static ("mutated inputs"), and the gradients are new tensors every step
@@ -234,7 +240,8 @@ class GraphSafeUpdate:
                     paper_adam_foreach_(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], lrs[i], beta1, beta2, eps, wd)
                     torch._foreach_add_(steps[i], 1.0)
                 else:
-                    paper_adam_masked_(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], lrs[i], beta1, beta2, eps, wd, skip)
+                    paper_adam_masked_(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], lrs[i], beta1, beta2, eps, wd,
+                                       skip)
                     torch._foreach_add_(steps[i], (~skip).float())
         if scaling:  # torch._amp_update_scale_'s rule, with tensors
             growth, backoff, interval = self.scaling
@@ -245,7 +252,8 @@ class GraphSafeUpdate:
             tracker.copy_(torch.where(skip | due, torch.zeros_like(tracker), clean))
 
     def _lists(self) -> tuple:
-        """Per group: the parameters with gradients, their gradients and state (created as torch's fused AdamW would)."""
+        """Per group: the parameters with gradients, their gradients and state (created as torch's fused AdamW
+        would)."""
         out: tuple = ([], [], [], [], [])
         for g in self.optimizer.param_groups:
             ps = [p for p in g["params"] if p.grad is not None]
@@ -316,11 +324,11 @@ class FlatUpdate:
     """The update as one pass (train.update = flat): the weights, Adam's two moments and the step counts in flat fp32
     buffers, each parameter (and each optimizer state tensor) a view into them, parameter group by parameter group;
     each step the gradients gathered into a flat buffer of their own (one multi-tensor copy, `torch._foreach_copy_`,
-    into a buffer allocated once: a fresh 57 MB `torch.cat` per step cost 5x the copy on the CPU), the clip's global
-    norm one reduction over it, and the paper's Adam one pass of torch's fused AdamW kernel per parameter group (two
-    for pre-training: decay, no decay) — eager aten kernels, out of inductor, about ten launches per step whatever the
-    number of parameters (the compiled per-tensor update launched 337 on the H100). No host sync: the learning rates
-    are 0-dim device tensors filled before the step, so the step can be captured in a CUDA graph as it is.
+    into a buffer allocated once, cheaper than a fresh `torch.cat` per step), the clip's global norm one reduction over
+    it, and the paper's Adam one pass of torch's fused AdamW kernel per parameter group (two for pre-training: decay,
+    no decay) — eager aten kernels, out of inductor, about ten launches per step whatever the number of parameters
+    (the per-tensor update's grow with depth; both counted in benchmarks/NOTES.md, issue 33). No host sync: the learning
+    rates are 0-dim device tensors filled before the step, so the step can be captured in a CUDA graph as it is.
 
     The paper's Adam on torch's fused kernel: run at a step count of 2^40 (NO_BIAS_CORRECTION_STEP) the kernel's bias
     corrections are exactly 1, so it computes m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p = p (1 - lr wd) -
@@ -342,7 +350,8 @@ class FlatUpdate:
 
     def __init__(self, optimizer: PaperAdam, clip_norm: float, scaler: torch.amp.GradScaler | None = None) -> None:
         if not isinstance(optimizer, PaperAdam):
-            raise UserError(f"train.update=flat needs the paper's Adam (optim.name = adam), not {type(optimizer).__name__}")
+            raise UserError("train.update=flat needs the paper's Adam (optim.name = adam), not "
+                            f"{type(optimizer).__name__}")
         self.optimizer, self.clip_norm = optimizer, float(clip_norm)
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
         if any(p.dtype != torch.float32 for p in self.params) or len({p.device for p in self.params}) != 1:
@@ -388,7 +397,8 @@ class FlatUpdate:
         resume state, or steps taken by another update); a parameter without state starts at zero."""
         for i, (p, (a, b)) in enumerate(zip(self.params, self.spans)):
             st = self.optimizer.state[p]
-            views = {"step": self.steps[i], "exp_avg": self.exp_avg[a:b].view_as(p), "exp_avg_sq": self.exp_avg_sq[a:b].view_as(p)}
+            views = {"step": self.steps[i], "exp_avg": self.exp_avg[a:b].view_as(p),
+                     "exp_avg_sq": self.exp_avg_sq[a:b].view_as(p)}
             for k, view in views.items():
                 if k in st and st[k] is not view:
                     view.copy_(st[k].reshape(view.shape))
@@ -428,7 +438,8 @@ class FlatUpdate:
         else:
             self.steps.add_(1.0 - found_inf)
             growth, backoff, interval = self.scaling
-            torch._amp_update_scale_(self.scaler._scale, self.scaler._growth_tracker, found_inf, growth, backoff, interval)
+            torch._amp_update_scale_(self.scaler._scale, self.scaler._growth_tracker, found_inf, growth, backoff,
+                                     interval)
 
     def finish(self) -> None:
         """The host's part after a step: the groups' step counts (`paper_step`; a step fp16 skipped on the device is
@@ -444,7 +455,8 @@ class FlatUpdate:
         self.finish()
 
     def snapshot(self) -> list[torch.Tensor]:
-        """Copies of everything a step changes (weights, moments, step counts, fp16's scale): `restore` puts them back."""
+        """Copies of everything a step changes (weights, moments, step counts, fp16's scale): `restore` puts them
+        back."""
         extra = [self.scaler._scale, self.scaler._growth_tracker] if self.scaler is not None else []
         return [t.clone() for t in (self.weights, self.exp_avg, self.exp_avg_sq, self.steps, *extra)]
 
@@ -474,7 +486,8 @@ class TorchAdamW(torch.optim.AdamW):
             g["lr"] = lr * g.get("lr_scale", 1.0)
 
 
-def build_optimizer(model_or_groups: nn.Module | list[dict], cfg: OptimConfig, device_type: str) -> torch.optim.Optimizer:
+def build_optimizer(model_or_groups: nn.Module | list[dict], cfg: OptimConfig,
+                    device_type: str) -> torch.optim.Optimizer:
     """The recipe's optimizer over `model`'s parameters (or given groups, e.g. layer-wise LR groups)."""
     groups = param_groups(model_or_groups, cfg.weight_decay) if isinstance(model_or_groups, nn.Module) \
         else model_or_groups
@@ -494,11 +507,13 @@ def build_optimizer(model_or_groups: nn.Module | list[dict], cfg: OptimConfig, d
 
 
 def layerwise_lr_scales(num_layers: int, decay: float, official_off_by_one: bool = False) -> dict[str, float]:
-    """Learning-rate multipliers by depth for fine-tuning (the paper's fine-tuning appendix; official model/optimization.py).
+    """Learning-rate multipliers by depth for fine-tuning (the paper's fine-tuning appendix; official
+    model/optimization.py).
 
     Depth 0 is the embeddings (and the E->H projection), layer j is depth j+1, the task head is the top.
     The paper's intended form puts the head at depth L+1, so the top layer gets decay^1; the official code puts
     it at L+2, so the top layer gets decay^2 (its maintainer confirmed the off-by-one).
     Returns {"embeddings": s, "head": 1.0, "layer.0": s, ...}."""
     top = num_layers + 2 if official_off_by_one else num_layers + 1
-    return {"embeddings": decay**top, "head": 1.0, **{f"layer.{j}": decay ** (top - (j + 1)) for j in range(num_layers)}}
+    return {"embeddings": decay**top, "head": 1.0,
+            **{f"layer.{j}": decay ** (top - (j + 1)) for j in range(num_layers)}}

@@ -21,8 +21,8 @@ PAPER = "Clark et al., ELECTRA (ICLR 2020, arXiv 2003.10555)"
 TABLE1_SOURCE = f"{PAPER}, Table 1 (ELECTRA-Small partially trained, GLUE dev, 8 tasks without WNLI)"
 OFFICIAL_README = "google-research/electra README, GLUE dev results (ELECTRA-Small-OWT: OpenWebText, 1M steps)"
 PYTORCH_README = "richarddwang/electra_pytorch README (ELECTRA-Small on OpenWebText, mean of 10 fine-tuning runs)"
-REPLICATION_6_25 = ("a public PyTorch replication of ELECTRA-Small's 6.25% point (one V100, 6 h, transformers' Trainer, "
-                    "OpenWebText), as quoted in tinyelectra's issue 34 (not in ../shared/REFERENCE.md)")
+REPLICATION_6_25 = ("a public PyTorch replication of ELECTRA-Small's 6.25% point (one V100, 6 h, transformers' "
+                    "Trainer, OpenWebText), as quoted in tinyelectra's issue 34 (not in ../shared/REFERENCE.md)")
 
 # Tasks of the paper's GLUE score, in the paper's column order.
 PAPER_TASKS: tuple[str, ...] = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte")
@@ -100,7 +100,8 @@ ANCHORS: dict[str, PerTaskRow] = {
         {"cola": 38.0, "sst2": 63.9, "mrpc": 67.5, "stsb": 69.9, "rte": 60.3}, 66.8, REPLICATION_6_25),  # 66.8: GLUE-8
 }
 
-# Fine-tuning run-to-run standard deviation on the small tasks (the PyTorch reproduction's runs), for reading our seed spreads.
+# Fine-tuning run-to-run standard deviation on the small tasks (the PyTorch reproduction's runs), for reading our seed
+# spreads.
 FINETUNE_STD = {"rte": 1.9, "cola": 1.3}
 
 

@@ -33,7 +33,8 @@ def _metric(rep: dict[str, Any], task: str) -> str:
 
 
 def plot_glue(rep: dict[str, Any], path: Path) -> bool:
-    """GLUE against FLOPs (log), fraction and training time, ours beside the paper's Table 1. False when nothing to plot."""
+    """GLUE against FLOPs (log), fraction and training time, ours beside the paper's Table 1. False when nothing to
+    plot."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -64,7 +65,8 @@ def plot_glue(rep: dict[str, Any], path: Path) -> bool:
                 ax_avg.annotate(fmt_fraction(c["fraction"]), (xi, yi), textcoords="offset points",
                                 xytext=(2, -11 if k % 2 == 0 else 6), fontsize=7)
     for r in t1:
-        ax_avg.annotate(fmt_fraction(r["fraction"]), (r["train_flops_paper"], r["glue_dev"]), textcoords="offset points",
+        ax_avg.annotate(fmt_fraction(r["fraction"]), (r["train_flops_paper"], r["glue_dev"]),
+                        textcoords="offset points",
                         xytext=(-8, 6), fontsize=7, color="tab:gray")
     ax_avg.set(xscale="log", xlabel="pre-training FLOPs (paper convention)", ylabel="GLUE dev score (paper metrics)",
                title="GLUE average vs. pre-training compute")
@@ -147,7 +149,8 @@ def plot_curves(records: list[dict], events: list[dict], rep: dict[str, Any], pa
     def series(key):
         return _unzip([(r["step"], r[key]) for r in records if r.get(key) is not None])
 
-    for ax, key, title in ((ax_g, "gen_loss", "generator MLM loss"), (ax_d, "disc_loss", "discriminator loss (per token)")):
+    for ax, key, title in ((ax_g, "gen_loss", "generator MLM loss"),
+                           (ax_d, "disc_loss", "discriminator loss (per token)")):
         x, y = series(key)
         if x:
             ax.plot(x, y, color="tab:blue" if key == "gen_loss" else "tab:orange")
@@ -166,7 +169,8 @@ def plot_curves(records: list[dict], events: list[dict], rep: dict[str, Any], pa
                 ax.axvline(e["step"], color="gray", linestyle=":", linewidth=1)
         ax.set_xlim(0, max(steps) * 1.02)
     if events:
-        ax_g.text(0.99, 0.98, "dotted: fraction checkpoints", transform=ax_g.transAxes, ha="right", va="top", fontsize=8)
+        ax_g.text(0.99, 0.98, "dotted: fraction checkpoints", transform=ax_g.transAxes, ha="right", va="top",
+                  fontsize=8)
     recipe = (rep.get("recipe") or {}).get("name", "")
     fig.suptitle(f"pre-training curves ({recipe}, {len(records)} log steps)", fontsize=11)
     _save_fig(fig, path)

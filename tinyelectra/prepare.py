@@ -302,7 +302,8 @@ def prepare(
 
             # 1. tokenizer: a sample of the text decides the casing (and trains the tokenizer)
             t0 = time.perf_counter()
-            sample_mb = tokenizer_sample_mb if tokenizer is None else min(tokenizer_sample_mb or PROFILE_SAMPLE_MB, PROFILE_SAMPLE_MB)
+            sample_mb = tokenizer_sample_mb if tokenizer is None else min(
+                tokenizer_sample_mb or PROFILE_SAMPLE_MB, PROFILE_SAMPLE_MB)
             sample = _sample_lines(reader, sample_mb)
             sample_chars = sum(map(len, sample))
             if not any(line.strip() for line in sample):  # before a tokenizer is trained on nothing
@@ -317,27 +318,31 @@ def prepare(
                 reason = f"from the given tokenizer ({'uncased' if lowercase else 'cased'})"
                 warning = choose_casing("uncased", profile)[2] if lowercase else None
             elif tokenizer_type == "sentencepiece":
-                lowercase, reason, warning = False, "SentencePiece keeps the text as written (cased, normalization identity)", None
+                lowercase, warning = False, None
+                reason = "SentencePiece keeps the text as written (cased, normalization identity)"
                 say(f"training a {vocab_size}-entry SentencePiece {sentencepiece_model} model on {what} of the text "
                     f"(character coverage {character_coverage:g}, byte fallback {'on' if byte_fallback else 'off'})")
                 tokenizer = Tokenizer.train_sentencepiece(sample, vocab_size, sentencepiece_model, character_coverage,
-                                                          byte_fallback, threads=workers or len(os.sched_getaffinity(0)))
+                                                          byte_fallback,
+                                                          threads=workers or len(os.sched_getaffinity(0)))
             else:
                 lowercase, reason, warning = choose_casing(casing, profile)
                 say(f"training a {vocab_size}-entry WordPiece on {what} of the text, "
                     f"{'uncased' if lowercase else 'cased'} ({reason})")
                 tokenizer = Tokenizer.train(sample, vocab_size, lowercase, character_coverage)
                 alphabet = tokenizer.alphabet
-                if alphabet["coverage"] < character_coverage and alphabet["characters"] == alphabet["limit_from_vocab_size"]:
+                if (alphabet["coverage"] < character_coverage
+                        and alphabet["characters"] == alphabet["limit_from_vocab_size"]):
                     warn(f"the {vocab_size}-entry vocabulary has room for {alphabet['characters']:,} of the text's "
-                         f"{alphabet['distinct_characters']:,} characters (covering {100 * alphabet['coverage']:.2f}% of "
-                         f"their occurrences; the rest become [UNK]); a larger --vocab-size covers more")
+                         f"{alphabet['distinct_characters']:,} characters (covering {100 * alphabet['coverage']:.2f}% "
+                         "of their occurrences; the rest become [UNK]); a larger --vocab-size covers more")
             if warning:
                 warn(warning)
             del sample
             tokenizer_seconds = time.perf_counter() - t0
             tokenizer.save(tmp / "tokenizer")
-            casing_record = {"lowercase": lowercase, "requested": casing if tokenizer_path is None else None, "reason": reason}
+            casing_record = {"lowercase": lowercase, "requested": casing if tokenizer_path is None else None,
+                             "reason": reason}
             write_json(tmp / "tokenizer" / PROFILE_FILE, {"casing": casing_record, "languages": profile["languages"],
                                                             "scripts": profile["scripts"]})
             dtype = "uint16" if tokenizer.vocab_size <= 2**16 else "uint32"
@@ -345,7 +350,8 @@ def prepare(
             # 2. examples
             t1 = time.perf_counter()
             writers = {s: _ShardWriter(tmp, s, rows_per_shard) for s in SPLITS}
-            totals = {"documents": [0, 0], "lines": 0, "line_tokens": 0, "examples": [0, 0], "single_segment_rows": [0, 0],
+            totals = {"documents": [0, 0], "lines": 0, "line_tokens": 0, "examples": [0, 0],
+                      "single_segment_rows": [0, 0],
                       "single_segment_draws": 0, "random_target_draws": 0, "filled": [0, 0]}  # filled: real tokens
             settings = {"seq_len": seq_len, "seed": seed, "validation_fraction": validation_fraction, "dtype": dtype,
                         "pack_documents": pack_documents}
@@ -371,25 +377,30 @@ def prepare(
                                 f"{skipped}); is it empty?")
 
             seconds = time.perf_counter() - started
-            fill = [filled / max(examples * seq_len, 1) for filled, examples in zip(totals["filled"], totals["examples"])]
-            # text tokens: the real ones less [CLS] and one [SEP] per example, and a second [SEP] per two-segment example
-            tokens = [f - 3 * e + s for f, e, s in zip(totals["filled"], totals["examples"], totals["single_segment_rows"])]
+            fill = [filled / max(examples * seq_len, 1)
+                    for filled, examples in zip(totals["filled"], totals["examples"])]
+            # text tokens: the real ones less [CLS] and one [SEP] per example, and a second [SEP] per two-segment
+            # example
+            tokens = [f - 3 * e + s for f, e, s in zip(totals["filled"], totals["examples"],
+                                                       totals["single_segment_rows"])]
             manifest = {
                 "format_version": FORMAT_VERSION, "created_by": f"tinyelectra {__version__}", "request": request,
                 "command": command, "sources": _summarize_sources(inputs), "skipped_inputs": reader.stats.skipped,
                 "invalid_utf8_replaced": reader.stats.replaced_invalid_bytes,
-                "documents_cut": reader.stats.documents_cut,  # longer than corpus.MAX_DOCUMENT_CHARS: continued as new ones
+                # longer than corpus.MAX_DOCUMENT_CHARS: continued as new ones
+                "documents_cut": reader.stats.documents_cut,
                 "text_bytes": reader.stats.text_bytes, "documents": dict(zip(SPLITS, totals["documents"])),
                 "lines": totals["lines"], "examples": dict(zip(SPLITS, totals["examples"])),
                 "tokens": dict(zip(SPLITS, tokens)),  # text tokens stored in examples (no specials, no padding)
-                # all tokens of all lines: the official builder cuts each example's segments to fit T, so a corpus of long
-                # lines (paragraphs) keeps only part of its tokens
+                # all tokens of all lines: the official builder cuts each example's segments to fit T, so a corpus of
+                # long lines (paragraphs) keeps only part of its tokens
                 "line_tokens": totals["line_tokens"],
                 "single_segment_rows": dict(zip(SPLITS, totals["single_segment_rows"])),
                 # real tokens ([CLS], [SEP] and text) per token slot of the examples; the rest is padding
                 "fill_ratio": dict(zip(SPLITS, (round(f, 4) for f in fill))),
                 "pack_documents": pack_documents,
-                "builder_draws": {"single_segment": totals["single_segment_draws"], "random_target": totals["random_target_draws"]},
+                "builder_draws": {"single_segment": totals["single_segment_draws"],
+                                  "random_target": totals["random_target_draws"]},
                 "seq_len": seq_len, "dtype": dtype, "seed": seed, "validation_fraction": validation_fraction,
                 "tokenizer": {
                     "kind": tokenizer.kind, "fingerprint": tokenizer.fingerprint(), "vocab_size": tokenizer.vocab_size,
@@ -402,8 +413,10 @@ def prepare(
                                           "character_coverage": character_coverage}}
                        if tokenizer_path is None and tokenizer_type == "sentencepiece" else {}),
                 },
-                "splits": {s: {"rows": sum(x["rows"] for x in w.shards), "shards": w.shards} for s, w in writers.items()},
-                "seconds": {"tokenizer": round(tokenizer_seconds, 3), "examples": round(build_seconds, 3), "total": round(seconds, 3)},
+                "splits": {s: {"rows": sum(x["rows"] for x in w.shards), "shards": w.shards}
+                           for s, w in writers.items()},
+                "seconds": {"tokenizer": round(tokenizer_seconds, 3), "examples": round(build_seconds, 3),
+                            "total": round(seconds, 3)},
                 "text_mb_per_second": round(reader.stats.text_bytes / 1e6 / seconds, 3), "workers": n_workers,
                 "python": platform.python_version(),
             }
@@ -413,14 +426,16 @@ def prepare(
             shutil.rmtree(tmp, ignore_errors=True)
             if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
                 written = sum(w.bytes_written for w in writers.values()) / 1e6
-                raise UserError(f"{(e.strerror or 'write failed').lower()} while writing {out_dir} ({written:.0f} MB of shards were written, "
-                                f"now removed); free some space or choose another --out") from None
+                raise UserError(f"{(e.strerror or 'write failed').lower()} while writing {out_dir} ({written:.0f} MB "
+                                "of shards were written, now removed); free some space or choose another "
+                                "--out") from None
             raise UserError(f"--out {out_dir}: {os_error_line(e)} (nothing was left behind)") from None
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         finally:
-            tidy_record(out_dir, out_dir / STAGING)  # its record entry, gone with it (no record when nothing was written)
+            # its record entry, gone with it (no record when nothing was written)
+            tidy_record(out_dir, out_dir / STAGING)
         ex, kept = manifest["examples"], sum(tokens)
         say(
             f"{sum(manifest['documents'].values()):,} documents, {kept:,} tokens "
@@ -435,8 +450,9 @@ def prepare(
             per_doc = kept / max(sum(totals["documents"]), 1)
             advice = ("add --pack-documents so that short documents share examples" if not pack_documents else
                       "the text itself is short; a smaller --seq-len fits it better")
-            say(f"warning: only {100 * fill[0]:.0f}% of the token slots hold text, {100 * (1 - fill[0]):.0f}% are padding: "
-                f"documents average {per_doc:.0f} tokens for examples of {seq_len} (a blank line ends a document); {advice}")
+            say(f"warning: only {100 * fill[0]:.0f}% of the token slots hold text, {100 * (1 - fill[0]):.0f}% are "
+                f"padding: documents average {per_doc:.0f} tokens for examples of {seq_len} (a blank line ends a "
+                f"document); {advice}")
         return manifest
 
 
@@ -519,7 +535,8 @@ def _dataset_files(out_dir: Path) -> set[Path]:
     tokenizer = out_dir / "tokenizer"
     listed = [out_dir / "manifest.json", *(out_dir / n for n in names if "/" not in n and n not in (".", ".."))]
     return {p for p in listed if p.is_file() and not p.is_symlink()} | \
-        ({p for p in tokenizer.rglob("*") if p.is_file() and not p.is_symlink()} if tokenizer.is_dir() and not tokenizer.is_symlink() else set())
+        ({p for p in tokenizer.rglob("*") if p.is_file() and not p.is_symlink()}
+         if tokenizer.is_dir() and not tokenizer.is_symlink() else set())
 
 
 def _check_out_dir(out_dir: Path, request: dict, force: bool) -> dict | None:
@@ -551,8 +568,8 @@ def _check_out_dir(out_dir: Path, request: dict, force: bool) -> dict | None:
     for p in others:  # a file of one's own where the new dataset's go: never replaced
         name = p.relative_to(out_dir).as_posix()
         if name in ("manifest.json", "tokenizer") or re.fullmatch(r"(train|validation)-\d{5}\.(ids|meta)\.npy", name):
-            raise UserError(f"--out {out_dir}: {p.relative_to(out_dir)} is not what tinyelectra wrote there, and the new "
-                            "dataset would replace it; move it away, or choose another --out")
+            raise UserError(f"--out {out_dir}: {p.relative_to(out_dir)} is not what tinyelectra wrote there, and the "
+                            "new dataset would replace it; move it away, or choose another --out")
     return None
 
 
@@ -565,17 +582,20 @@ def _put_in_place(tmp: Path, out_dir: Path, written: Written, say) -> None:
         (out_dir / "manifest.json").unlink(missing_ok=True)
         for p in old:
             p.unlink(missing_ok=True)
-        for d in sorted({q for p in old for q in p.parents if out_dir in q.parents}, key=lambda q: len(q.parts), reverse=True):
+        for d in sorted({q for p in old for q in p.parents if out_dir in q.parents}, key=lambda q: len(q.parts),
+                        reverse=True):
             with contextlib.suppress(OSError):
                 d.rmdir()  # tokenizer/, when that was all it held
         tidy_record(out_dir)
-        kept = [p.relative_to(out_dir).as_posix() for p in foreign(out_dir, out_dir, ("prepare",)) if tmp not in p.parents]
+        kept = [p.relative_to(out_dir).as_posix() for p in foreign(out_dir, out_dir, ("prepare",))
+                if tmp not in p.parents]
         say(f"replaced the dataset in {out_dir}: deleted its {len(old)} files (manifest.json, the shards, tokenizer/)"
             + (f"; kept everything else: {', '.join(kept[:8])}{f' and {len(kept) - 8} more' if len(kept) > 8 else ''}"
                if kept else ""))
     new = sorted(tmp.rglob("*"))
     for p in new:  # a file of one's own where one of the dataset's goes (tokenizer/vocab.txt): never replaced
-        if not p.is_dir() and (target := out_dir / p.relative_to(tmp)).exists() and target not in _dataset_files(out_dir):
+        if (not p.is_dir() and (target := out_dir / p.relative_to(tmp)).exists()
+                and target not in _dataset_files(out_dir)):
             raise UserError(f"--out {out_dir}: {target.relative_to(out_dir)} is not what tinyelectra wrote there, and "
                             "the new dataset would replace it; move it away, or choose another --out")
     written.add(*(out_dir / p.relative_to(tmp) for p in new if not p.is_dir()))

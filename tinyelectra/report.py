@@ -31,7 +31,8 @@ from tinyelectra.plots import fmt_fraction, plot_curves, plot_glue
 
 FORMAT = "tinyelectra-report"
 CURVE_KEYS = ("gen_loss", "disc_loss", "gen_acc", "disc_acc")
-HELDOUT_KEYS = ("disc_acc", "baseline_acc", "disc_auc", "disc_auc_matched", "disc_auc_context_matched", "disc_precision",
+HELDOUT_KEYS = ("disc_acc", "baseline_acc", "disc_auc", "disc_auc_matched", "disc_auc_context_matched",
+                "disc_precision",
                 "disc_recall", "gen_acc", "unigram_acc")  # numbers; the verdict's text is "learning"
 
 
@@ -100,7 +101,8 @@ def _possible(obj: dict, ranges: dict[str, tuple[float, float]], where: str, not
             out.pop(k)
             why = "not a finite number" if not math.isfinite(x) else "negative" if high == math.inf else \
                 f"outside the {low:g}..{high:g} such a score can take"
-            notes.append(f"{where}: {k} is {x!r}, {why}: left out of this report (the file was changed by hand or damaged)")
+            notes.append(f"{where}: {k} is {x!r}, {why}: left out of this report (the file was changed by hand or "
+                         "damaged)")
     return out
 
 
@@ -132,7 +134,8 @@ def _typed_fields(summary: dict, path: Path) -> tuple[dict, list[str]]:
         if ok and key.startswith("resumed_with"):
             ok = all(isinstance(c, dict) and {"key", "old", "new", "step"} <= c.keys() for c in value)
         if ok and key == "checkpoints_off_fraction":
-            ok = all(isinstance(o, dict) and _is_number(o.get("fraction_of_steps")) and "why" in o for o in value.values())
+            ok = all(isinstance(o, dict) and _is_number(o.get("fraction_of_steps")) and "why" in o
+                     for o in value.values())
         if not ok:
             kept.pop(key)
             odd.append(f"{key} is {_kind_of(value)}, not {_KIND_WORDS[kind]}"
@@ -153,7 +156,8 @@ def _metrics_record(line: str) -> dict | None:
     ev = rec.get("eval") or {}  # a checkpoint event's held-out diagnostics
     if not isinstance(ev, dict) or ev.get("learned") not in (True, False, None):
         return None
-    numbers = [rec.get(k) for k in (*CURVE_KEYS, "tokens_per_second", "train_seconds")] + [ev.get(k) for k in HELDOUT_KEYS]
+    numbers = ([rec.get(k) for k in (*CURVE_KEYS, "tokens_per_second", "train_seconds")]
+               + [ev.get(k) for k in HELDOUT_KEYS])
     return rec if isinstance(rec.get("step"), int) and all(x is None or _is_number(x) for x in numbers) else None
 
 
@@ -223,15 +227,18 @@ def _task_entries(path: Path, raw: dict, notes: list[str]) -> dict[str, dict]:
         seeds = [_possible(_numbers(s, ("paper_score",), path), {"paper_score": paper_range},
                            f"{path}: {task} seed {s['seed']}", notes) for s in t["seeds"]]
         majority = t.get("majority_class") and _possible(_numbers(t["majority_class"], ("paper_score",), path),
-                                                         {"paper_score": paper_range}, f"{path}: {task} majority class", notes)
+                                                         {"paper_score": paper_range},
+                                                         f"{path}: {task} majority class", notes)
         tasks[task] = {
-            **{k: t.get(k) for k in ("paper_metric", "glue_metric", "median_paper", "std_paper", "median_glue", "std_glue")},
+            **{k: t.get(k) for k in ("paper_metric", "glue_metric", "median_paper", "std_paper", "median_glue",
+                                     "std_glue")},
             "seed_paper_scores": [s.get("paper_score") for s in seeds], "seeds": [s["seed"] for s in seeds],
             "one_class": [s.get("one_class") for s in seeds], "train_seconds": sum(s["train_seconds"] for s in seeds),
             "majority_class": majority or None,
         }
         for split, e in (t.get("splits") or {}).items():
-            tasks[task].setdefault("splits", {})[split] = {"median_paper": e["median_paper"], "std_paper": e["std_paper"]}
+            tasks[task].setdefault("splits", {})[split] = {"median_paper": e["median_paper"],
+                                                           "std_paper": e["std_paper"]}
     return tasks
 
 
@@ -262,7 +269,8 @@ def _glue_entry(path: Path, glue: dict, notes: list[str]) -> dict[str, Any]:
         "train_seconds": train_seconds_of(meta),
         "tasks": tasks, "released_lr": {"settings": {k: (arm_doc.get("protocol") or {}).get("settings", {}).get(k)
                                                      for k in ("lr", "weight_decay")},
-                                        "tasks": _task_entries(arm, arm_doc.get("tasks") or {}, notes)} if arm_doc else None,
+                                        "tasks": _task_entries(arm, arm_doc.get("tasks") or {}, notes)}
+                       if arm_doc else None,
         "average_paper": averages.get("paper"), "average_glue": averages.get("glue"),
         "finetune": {"device": glue.get("device"), "precision": glue.get("precision"),
                      **{k: protocol.get(k)
@@ -304,7 +312,8 @@ def build_report(run_dir: Path) -> dict[str, Any]:
 
     checkpoints = [_checkpoint_entry(p, _read_json(p), odd) for p in glue_paths]
     checkpoints.sort(key=lambda c: (c["fraction"] is None, c["fraction"] or 0.0, c["name"]))
-    off_fraction = (summary or {}).get("checkpoints_off_fraction") or {}  # a run too short (or re-planned) for its fractions
+    # a run too short (or re-planned) for its fractions
+    off_fraction = (summary or {}).get("checkpoints_off_fraction") or {}
     for c in checkpoints:
         c["fraction_off"] = off_fraction.get(c["name"])
     tasks_seen = _task_order({t for c in checkpoints for t in c["tasks"]})
@@ -329,7 +338,8 @@ def build_report(run_dir: Path) -> dict[str, Any]:
         "finished": summary is not None,
         "last_log": {k: last.get(k) for k in ("step", *CURVE_KEYS, "tokens_per_second") if k in last},
         "log_records": len(records),
-        "checkpoint_events": [{**{k: e.get(k) for k in ("name", "step", "fraction")}, "train_seconds": train_seconds_of(e)}
+        "checkpoint_events": [{**{k: e.get(k) for k in ("name", "step", "fraction")},
+                               "train_seconds": train_seconds_of(e)}
                               for e in events],
     }
     plan_facts = None if plan is None else {k: plan.get(k) for k in (
@@ -340,8 +350,10 @@ def build_report(run_dir: Path) -> dict[str, Any]:
         "pretraining_precision": done.get("precision") or _first(events, "precision"),
         "pretraining_runtime": done.get("runtime") or {},  # compile (or its fallback), attention kernel
         "finetuning_devices": sorted({c["finetune"]["device"] for c in checkpoints if c["finetune"]["device"]}),
-        "finetuning_precisions": sorted({c["finetune"]["precision"] for c in checkpoints if c["finetune"]["precision"]}),
-        "finetuning_batching": sorted({c["finetune"]["batching"] for c in checkpoints if c["finetune"].get("batching")}),
+        "finetuning_precisions": sorted({c["finetune"]["precision"] for c in checkpoints
+                                         if c["finetune"]["precision"]}),
+        "finetuning_batching": sorted({c["finetune"]["batching"] for c in checkpoints
+                                       if c["finetune"].get("batching")}),
     }
     heldout = [_heldout_entry(e) for e in events if e.get("eval")]
     # what is odd in the files read: in the notes, and on stderr (report_command)
@@ -365,9 +377,9 @@ def build_report(run_dir: Path) -> dict[str, Any]:
     if changed := (summary or plan or {}).get("resumed_with_changes"):
         notes.append(f"NOT THE RECIPE'S RUN: settings changed on --resume ({changes_text(changed)}; summary.json)")
     if runtime := (summary or plan or {}).get("resumed_with_runtime_changes"):
-        notes.append(f"runtime settings changed on --resume ({changes_text(runtime)}; summary.json): still the recipe's "
-                     "run, computed another way (a changed micro-batch or compile mode also draws other masks, samples "
-                     "or dropout from there on, so the losses are not an unchanged run's bit for bit)")
+        notes.append(f"runtime settings changed on --resume ({changes_text(runtime)}; summary.json): still the "
+                     "recipe's run, computed another way (a changed micro-batch or compile mode also draws other "
+                     "masks, samples or dropout from there on, so the losses are not an unchanged run's bit for bit)")
     incomplete = [c["name"] for c in checkpoints if not c["complete"]]
     if incomplete:
         notes.append(f"GLUE still running or interrupted for: {', '.join(incomplete)}")
@@ -446,21 +458,26 @@ def render_markdown(rep: dict[str, Any]) -> str:
         for h in rep["heldout"]:
             gain = None if h["disc_acc"] is None or h["baseline_acc"] is None else h["disc_acc"] - h["baseline_acc"]
             rows.append([_v(h["name"]), _v(h["step"]),
-                         "-" if h["disc_acc"] is None else f"{h['disc_acc']:.4f} ({h['baseline_acc']:.4f}, {gain:+.4f})",
+                         "-" if h["disc_acc"] is None
+                         else f"{h['disc_acc']:.4f} ({h['baseline_acc']:.4f}, {gain:+.4f})",
                          "-" if h["disc_auc"] is None else f"{h['disc_auc']:.3f}",
                          "-" if h["disc_auc_matched"] is None else
                          f"{h['disc_auc_matched']:.3f} / {h['disc_auc_context_matched']:.3f}",
                          "-" if h["disc_recall"] is None else f"{h['disc_precision']:.3f} / {h['disc_recall']:.3f}",
-                         "-" if h["gen_acc"] is None else f"{h['gen_acc']:.4f} ({_v(h['unigram_acc'] and round(h['unigram_acc'], 4))})",
+                         "-" if h["gen_acc"] is None else f"{h['gen_acc']:.4f} "
+                         f"({_v(h['unigram_acc'] and round(h['unigram_acc'], 4))})",
                          {True: "learned", False: "**NOT LEARNED YET**", None: "-"}[h["learned"]]
-                         + (f": {h['learning']}" if h["learned"] and h["learning"] else "")])  # older runs: no 'learning'
-        L += _table(["pre-training checkpoint", "step", "discriminator acc. (all-original prior, gain)", "disc. ROC-AUC",
+                         # older runs: no 'learning'
+                         + (f": {h['learning']}" if h["learned"] and h["learning"] else "")])
+        L += _table(["pre-training checkpoint", "step", "discriminator acc. (all-original prior, gain)",
+                     "disc. ROC-AUC",
                      "disc. AUC matched by token id (generator's / unigram draws)", "disc. precision / recall",
                      "generator / MLM acc. (unigram)", "verdict"], rows)
         L += ["", "What each number shows: discriminator accuracy over its all-\"original\" prior and its raw AUC, "
-              "frequency cues (a weak generator's odd words give themselves away by their identity); generator accuracy "
-              "over the unigram answer, context learned through the generator; the AUC matched by token id (replaced "
-              "vs original occurrences of the same word; 0.5 = none) on unigram draws, context in the discriminator.", ""]
+              "frequency cues (a weak generator's odd words give themselves away by their identity); generator "
+              "accuracy over the unigram answer, context learned through the generator; the AUC matched by token id "
+              "(replaced vs original occurrences of the same word; 0.5 = none) on unigram draws, context in the "
+              "discriminator.", ""]
 
     L += ["## GLUE per checkpoint (ours)", ""]
     cks = rep["checkpoints"]
@@ -469,8 +486,8 @@ def render_markdown(rep: dict[str, Any]) -> str:
     else:
         tasks = rep["tasks"]
         label = next((c["average_paper"]["label"] for c in cks if c["average_paper"]), "average")
-        header = ["checkpoint", "fraction", "step", "FLOPs (paper)", "training time"] + [task_title(t) for t in tasks] + \
-                 ["average (paper metrics)", "average (GLUE metrics)"]
+        header = (["checkpoint", "fraction", "step", "FLOPs (paper)", "training time"] + [task_title(t) for t in tasks]
+                  + ["average (paper metrics)", "average (GLUE metrics)"])
         rows = []
         for c in cks:
             r = [c["name"], fmt_fraction(c["fraction"]) + ("*" if c.get("fraction_off") else ""), _v(c["step"]),
@@ -490,8 +507,8 @@ def render_markdown(rep: dict[str, Any]) -> str:
               "class (classification tasks):", ""]
         for c in cks:
             arm = c.get("released_lr") or {"tasks": {}}
-            arms = {f"{t} (--released-lr: lr {arm['settings']['lr']}, weight decay {arm['settings']['weight_decay']})": e
-                    for t, e in arm["tasks"].items()}
+            arms = {f"{t} (--released-lr: lr {arm['settings']['lr']}, "
+                    f"weight decay {arm['settings']['weight_decay']})": e for t, e in arm["tasks"].items()}
             for t, e in [(task_title(t), c["tasks"][t]) for t in tasks if t in c["tasks"]] + list(arms.items()):
                 scores = ", ".join(f"seed {s}: {fmt_score(v)}" + (f" (ONE CLASS: {one!r} for every row)" if one else "")
                                    for s, v, one in zip(e["seeds"], e["seed_paper_scores"], e.get("one_class") or ()))
@@ -525,7 +542,8 @@ def render_markdown(rep: dict[str, Any]) -> str:
         rows = []
         for t in (t for t in rep["tasks"] if t in GLUE_TASK_NAMES):  # tasks the paper reports
             ours = final["tasks"].get(t) or {}
-            rows.append([task_title(t), get_task(t).paper_metric, fmt_score_std(ours.get("median_paper"), ours.get("std_paper"))]
+            rows.append([task_title(t), get_task(t).paper_metric,
+                         fmt_score_std(ours.get("median_paper"), ours.get("std_paper"))]
                         + [fmt_score(r["scores"].get(t)) for r in rep["paper"]["per_task"]]
                         + [fmt_score((ours.get("majority_class") or {}).get("paper_score"))])
         L += _table(header, rows)
@@ -533,7 +551,8 @@ def render_markdown(rep: dict[str, Any]) -> str:
         L += ["", f"Per-task sources: {sources}.", ""]
     if v := rep.get("verdict"):
         sources = "; ".join(f"{a['anchor']}: {a['source']}" for a in v["anchors"])
-        L += [f"**Verdict ({v['checkpoint']}, computed):** {v['words']}." + (f" Anchors: {sources}." if sources else ""), ""]
+        L += [f"**Verdict ({v['checkpoint']}, computed):** {v['words']}."
+              + (f" Anchors: {sources}." if sources else ""), ""]
     if rep["plots"]:
         L += ["## Plots", "", *(f"![{p}]({p})" for p in rep["plots"]), ""]
     L += ["## Notes", "", *(f"- {n}" for n in rep["notes"]), ""]

@@ -167,7 +167,8 @@ class OutputLock:
                 os.close(fd)
                 if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                     raise UserError(f"{flag} {self.directory}: in use by {_holder_text(holder, self.lock_file)}; "
-                                    f"one command writes a folder at a time: wait for it, or choose another {flag}") from None
+                                    "one command writes a folder at a time: wait for it, or choose another "
+                                    f"{flag}") from None
                 raise
             try:  # the file locked must still be the one at the path (an ending holder deletes it while locked)
                 same = os.path.samestat(os.fstat(fd), os.stat(self.lock_file, follow_symlinks=False))
@@ -179,10 +180,10 @@ class OutputLock:
         self.fd = fd
         left = _read_record(fd)  # a record still there: its process ended without releasing (killed)
         if left:
+            host = "this machine" if left.get("host") == socket.gethostname() else left.get("host")
+            since = ", since " + left["started_utc"] if left.get("started_utc") else ""
             print(f"· {flag} {self.directory}: taking over the lock left by {left.get('command') or 'a process'} "
-                  f"(pid {left.get('pid')} on {'this machine' if left.get('host') == socket.gethostname() else left.get('host')}"
-                  f"{', since ' + left['started_utc'] if left.get('started_utc') else ''}), which ended without "
-                  "releasing it", file=sys.stderr)
+                  f"(pid {left.get('pid')} on {host}{since}), which ended without releasing it", file=sys.stderr)
         self.record = {"command": command, "pid": os.getpid(), "host": socket.gethostname(),
                        "started_utc": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "reserves": reserves}
         self._write_record()
@@ -230,7 +231,8 @@ def user_of(folder: Path) -> str | None:
 
 
 @contextlib.contextmanager
-def holding(directory: Path, flag: str, enabled: bool = True, reserves: Iterable[str] = ()) -> Iterator[OutputLock | None]:
+def holding(directory: Path, flag: str, enabled: bool = True,
+            reserves: Iterable[str] = ()) -> Iterator[OutputLock | None]:
     """Hold the lock on the output folder `directory` (given as `flag`, e.g. "--out") for the block; a folder in use,
     or inside a held one under a name its holder writes, is a one-line UserError naming who uses it. `reserves`: the
     names (shell patterns) this command writes in the folder, which no other command may take as its own folder
@@ -365,7 +367,8 @@ def covered(folder: Path, by: Iterable[str] | None = None, under: Path | None = 
             continue
         if path.is_dir() and not path.is_symlink() and not temporaries:
             dirs.add(path)
-        for staged in [*path.parent.glob(f"{glob.escape(path.name)}.tmp-*"), *path.parent.glob(f"{glob.escape(path.name)}.old-*")]:
+        for staged in [*path.parent.glob(f"{glob.escape(path.name)}.tmp-*"),
+                       *path.parent.glob(f"{glob.escape(path.name)}.old-*")]:
             if staged.is_dir() and not staged.is_symlink():
                 more_files, more_dirs = _tree(staged)
                 files |= more_files
@@ -379,8 +382,12 @@ def covered(folder: Path, by: Iterable[str] | None = None, under: Path | None = 
 def delete_temporaries(folder: Path, by: str) -> None:
     """What writes of `by` in FOLDER left half-done when their process was killed (never renamed into place, so never
     read): the temporary names of what the record lists."""
-    files, dirs = covered(folder, (by,), temporaries=True)
-    for p in files:
+    _remove(*covered(folder, (by,), temporaries=True))
+
+
+def _remove(files: set[Path], dirs: set[Path]) -> None:
+    """Delete `files` (one already gone is no error), then those of `dirs` left empty, the deepest first."""
+    for p in sorted(files):
         with contextlib.suppress(FileNotFoundError):
             p.unlink()
     for d in sorted(dirs, key=lambda p: len(p.parts), reverse=True):
@@ -392,7 +399,8 @@ def foreign(folder: Path, under: Path, by: Iterable[str] | None = None) -> list[
     """What lies under `under` (inside FOLDER) that FOLDER's record does not list (by `by`): files, links, anything
     but folders; FOLDER's own lock and record are not counted."""
     ours, _ = covered(folder, by, under)
-    found, _ = _tree(Path(under)) if Path(under).is_dir() else ({Path(under)}, set())  # (a link given as --out: its folder)
+    # (a link given as --out: its folder)
+    found, _ = _tree(Path(under)) if Path(under).is_dir() else ({Path(under)}, set())
     own = {Path(folder) / n for n in BOOKKEEPING}
     return sorted(p for p in found if p not in ours and p not in own and (p.exists() or p.is_symlink()))
 
@@ -402,12 +410,7 @@ def delete_recorded(folder: Path, by: Iterable[str] | None = None, under: Path |
     empty; everything else stays, at any depth. The record then keeps only what is still there. Returns the files
     deleted."""
     files, dirs = covered(folder, by, under)
-    for p in sorted(files):
-        with contextlib.suppress(FileNotFoundError):
-            p.unlink()
-    for d in sorted(dirs, key=lambda p: len(p.parts), reverse=True):
-        with contextlib.suppress(OSError):
-            d.rmdir()
+    _remove(files, dirs)
     tidy_record(Path(folder), under)
     return sorted(files)
 
@@ -465,7 +468,8 @@ def delete_run(run_dir: Path) -> tuple[list[str], list[str]]:
     for p in sorted(run_dir.iterdir()):
         if p.name in BOOKKEEPING:
             continue
-        if p.is_dir() and not p.is_symlink() and p.name + "/" in tops:  # partly the run's: what is left of it, file by file
+        # partly the run's: what is left of it, file by file
+        if p.is_dir() and not p.is_symlink() and p.name + "/" in tops:
             kept += [q.relative_to(run_dir).as_posix() for q in sorted(_tree(p)[0])]
         else:
             kept.append(p.name)
@@ -489,13 +493,14 @@ def _describe(record: dict) -> str:
     rows = record.get("rows") or {}
     return (f"{record.get('path')} (fingerprint {str(record.get('fingerprint'))[:12]}, {rows.get('train', '?'):,} "
             f"training rows of {record.get('seq_len')} tokens, a {record.get('vocab_size')}-entry vocabulary)"
-            if isinstance(rows.get("train"), int) else f"{record.get('path')} (fingerprint {str(record.get('fingerprint'))[:12]})")
+            if isinstance(rows.get("train"), int) else f"{record.get('path')} (fingerprint "
+            f"{str(record.get('fingerprint'))[:12]})")
 
 
 def _saved_record(run_dir: Path, state: dict | None) -> tuple[dict | None, str]:
     """The record of the data a run trained on, and where it was read: its resume state's (checked with the state's
-    sha256.json), else RUN/dataset.json (runs of an earlier tinyelectra, whose resume state did not hold it); (None, "") when
-    neither exists."""
+    sha256.json), else RUN/dataset.json (runs of an earlier tinyelectra, whose resume state did not hold it); (None, "")
+    when neither exists."""
     if state is not None and "data" in state:
         saved, where = state["data"], "its resume state"
     else:
@@ -530,21 +535,27 @@ def check_data(run_dir: Path, data, state: dict | None) -> str:
                 "checked against it: continuing, and recording it in dataset.json for the next --resume")
     now = data_record(data)
     if saved["fingerprint"] != now["fingerprint"]:
-        why = next((f"{k} {saved.get(k)!r} here, {now.get(k)!r} given" for k in ("tokenizer", "vocab_size", "seq_len", "rows")
-                    if saved.get(k) != now.get(k)), "the same sizes, other content")
+        why = next((f"{k} {saved.get(k)!r} here, {now.get(k)!r} given"
+                    for k in ("tokenizer", "vocab_size", "seq_len", "rows") if saved.get(k) != now.get(k)),
+                   "the same sizes, other content")
         raise UserError(f"--resume: {run_dir} was trained on {_describe(saved)}, this command gives {_describe(now)}: "
-                        f"other data ({why}); resume with the run's data, or start a new run (another --out, or --force)")
+                        f"other data ({why}); resume with the run's data, or start a new run (another --out, or "
+                        "--force)")
     files = saved.get("files")
-    if not isinstance(files, dict):  # recorded by an earlier tinyelectra: the fingerprint covers the shards' sha256 where
-        return ("" if now.get("content") == "the shards' sha256" else  # the manifest holds them (bytes checked)
+    # recorded by an earlier tinyelectra: the fingerprint covers the shards' sha256 where the manifest holds them
+    # (bytes checked)
+    if not isinstance(files, dict):
+        return ("" if now.get("content") == "the shards' sha256" else
                 f"{run_dir} recorded its data without the shards' sha256 (prepared before they were recorded), so the "
                 f"bytes of {data.path} cannot be checked against it: continuing")
     for name, was in files.items():
-        if not isinstance(was, dict) or now["files"].get(name) != {"bytes": was.get("bytes"), "sha256": was.get("sha256")}:
+        if not isinstance(was, dict) or now["files"].get(name) != {"bytes": was.get("bytes"),
+                                                                   "sha256": was.get("sha256")}:
             got = now["files"].get(name)
             how = ("it is not in the data given" if got is None else
                    f"{was.get('bytes')} bytes with sha256 {str(was.get('sha256'))[:12]} then, {got['bytes']} bytes "
                    f"with sha256 {got['sha256'][:12]} now" if isinstance(was, dict) else "its record is damaged")
-            raise UserError(f"--resume: {Path(data.path) / name} is not the file {run_dir} trained on ({how}): the data "
-                            "changed since; resume with the run's data, or start a new run (another --out, or --force)")
+            raise UserError(f"--resume: {Path(data.path) / name} is not the file {run_dir} trained on ({how}): the "
+                            "data changed since; resume with the run's data, or start a new run (another --out, or "
+                            "--force)")
     return ""

@@ -105,7 +105,8 @@ class Launch:
 
     def __init__(self, recipe: Recipe, bud: budgeting.Budget, stops: list[budgeting.Stop], run_dir: Path,
                  device: torch.device, dist: Dist, command: str, clock: Callable[[], float]) -> None:
-        self.recipe, self.bud, self.stops, self.run_dir, self.device, self.dist = recipe, bud, stops, run_dir, device, dist
+        self.recipe, self.bud, self.stops = recipe, bud, stops
+        self.run_dir, self.device, self.dist = run_dir, device, dist
         self.command = command  # as given: the lines that say how to continue quote it
         self.clock = clock  # measures training time (tests pass a simulated one)
         self.log = Log(run_dir, dist.main)
@@ -121,7 +122,8 @@ class Launch:
         run_dir, written = self.run_dir, self.written
         written.add(*(run_dir / n for n in ("recipe.json", "plan.json", "summary.json", "metrics.jsonl", DATASET_FILE)))
         written.add(run_dir / "tensorboard", kind="dir")
-        written.add(f"tensorboard/events.out.tfevents.*.{glob.escape(socket.gethostname())}.{os.getpid()}.*", kind="glob")
+        written.add(f"tensorboard/events.out.tfevents.*.{glob.escape(socket.gethostname())}.{os.getpid()}.*",
+                    kind="glob")
 
     @contextlib.contextmanager
     def failures_during_startup(self, resume: bool) -> Iterator[None]:
@@ -132,8 +134,9 @@ class Launch:
         except RuntimeError as e:
             if (asked := allocation_failure(e)) is None:
                 raise
-            raise UserError(out_of_memory_line(asked, self.device, self.recipe, self.micro, where="during start-up")
-                            + _out_of_memory_next(self.command, self.run_dir, self.recipe, self.micro, resume)) from None
+            raise UserError(
+                out_of_memory_line(asked, self.device, self.recipe, self.micro, where="during start-up")
+                + _out_of_memory_next(self.command, self.run_dir, self.recipe, self.micro, resume)) from None
         except Interrupted as e:
             where = (f"its resume state ({self.run_dir / 'state'}) is unchanged; continue with: {self.continue_with}"
                      if resume else "no resume state yet: run the same command again to start it"
@@ -255,7 +258,8 @@ class RunState:
             self.sums[k].fill_(v)
         self.state_saved: tuple[int, Path] | None = (self.step, start.state_dir) if start.state_dir else None
         self.stopped = ""  # "stopped by SIGTERM" once the loop's own stop is under way
-        self.unigram: Tensor | None = None  # the training rows' word frequencies, for the held-out evaluation's baselines
+        # the training rows' word frequencies, for the held-out evaluation's baselines
+        self.unigram: Tensor | None = None
         self._starting_writes(start, initial_checkpoint)
 
         # the loop's clocks, from here: training time is `clock() - clock_t0`, moved on by excluded time. A resumed
@@ -290,7 +294,8 @@ class RunState:
                      f"{budgeting.INITIAL_CHECKPOINT} is written when a run starts (start over with --force for it)")
         if not self.resumed or changes or start.runtime_changes:
             self.save_state()
-        for event, these in (("resumed_with_changes", changes), ("resumed_with_runtime_changes", start.runtime_changes)):
+        for event, these in (("resumed_with_changes", changes),
+                             ("resumed_with_runtime_changes", start.runtime_changes)):
             if these:
                 log.metrics({"event": event, "step": self.step, "changes": these})
         if dist.main:
@@ -446,7 +451,8 @@ class RunState:
         self.process_seconds.evaluation += timed * (write_t0 - eval_t0)
         meta = {"name": name, "step": step, "fraction": fraction,
                 "fraction_of_steps": step / plan.total_steps if plan.total_steps else None,
-                "fraction_of_budget_seconds": self.train_seconds / self.bud.value if plan.budget_kind == "time" else None,
+                "fraction_of_budget_seconds": (self.train_seconds / self.bud.value if plan.budget_kind == "time"
+                                               else None),
                 "tokens_seen": self.tokens_seen(),
                 "train_flops_paper": step * plan.train_flops_paper_per_step,
                 "train_flops_hardware": step * plan.train_flops_hardware_per_step,
@@ -471,7 +477,8 @@ class RunState:
         """ckpt-0000: the run's weights at step 0, before any training (those the first resume state holds), with
         the held-out evaluation of untrained weights: the no-pre-training control for GLUE."""
         ev = self._save_checkpoint(budgeting.INITIAL_CHECKPOINT, 0.0, {
-            "note": "the run's initial weights (step 0, before any training): the no-pre-training control"}, startup=True)
+            "note": "the run's initial weights (step 0, before any training): the no-pre-training control"},
+                                   startup=True)
         self.log.once(checkpoint_line(budgeting.INITIAL_CHECKPOINT, ev))
 
     def write_stop_checkpoint(self, why: str) -> None:
@@ -533,20 +540,26 @@ class RunState:
             "train_flops_paper": step * plan.train_flops_paper_per_step,
             "train_flops_hardware": step * plan.train_flops_hardware_per_step,
             "train_seconds": train_seconds, "budget_seconds": plan.budget_seconds,
-            "excluded_seconds": {"startup_and_first_step": None if self.resumed else round(process_seconds.startup or 0.0, 3),
-                                 "checkpoints_eval_state": round(self.other_seconds, 3)},  # the whole run's, resumes included
+            # the whole run's, resumes included
+            "excluded_seconds": {"startup_and_first_step": (None if self.resumed
+                                                            else round(process_seconds.startup or 0.0, 3)),
+                                 "checkpoints_eval_state": round(self.other_seconds, 3)},
             "process_seconds": {k: None if v is None else round(v, 3)  # this process's, from train()'s entry
                                 for k, v in dataclasses.asdict(process_seconds).items()},
             # the prepared data trained on: its path, fingerprint and files (runfolder.py; rank 0 read them)
             "data": data_record(parts.data) if dist.main else None,
             # how often the data repeats: passes over the training rows, and the unique text tokens they hold
-            "data_repetition": {"train_rows": rows, "unique_tokens": (parts.data.manifest.get("tokens") or {}).get("train"),
+            "data_repetition": {"train_rows": rows,
+                                "unique_tokens": (parts.data.manifest.get("tokens") or {}).get("train"),
                                 "passes": step * recipe.train.batch_size / rows},
             "precision": parts.precision, "device": device_name(device), "parameters": count_parameters(parts.model),
-            "checkpoints": list(fractions_of_steps), "checkpoint_steps": {n: plan.checkpoint_steps[n] for n in fractions_of_steps},
+            "checkpoints": list(fractions_of_steps),
+            "checkpoint_steps": {n: plan.checkpoint_steps[n] for n in fractions_of_steps},
             "checkpoint_fractions_of_steps": fractions_of_steps,
-            "checkpoints_off_fraction": off_fraction,  # name -> its fraction, its share of the steps, and why they differ
-            "initial_checkpoint": budgeting.INITIAL_CHECKPOINT if is_checkpoint(self.run_dir / budgeting.INITIAL_CHECKPOINT) else None,
+            # name -> its fraction, its share of the steps, and why they differ
+            "checkpoints_off_fraction": off_fraction,
+            "initial_checkpoint": (budgeting.INITIAL_CHECKPOINT
+                                   if is_checkpoint(self.run_dir / budgeting.INITIAL_CHECKPOINT) else None),
             "resumed_with_changes": plan.resumed_with_changes,  # settings a --resume changed: step, key, old, new
             "resumed_with_runtime_changes": plan.resumed_with_runtime_changes,  # config.RUNTIME_SETTINGS it changed
             "final_lr": self.lr_at(step),
@@ -558,19 +571,20 @@ class RunState:
             # speed and memory: this process's logging windows after its first (start-up and compilation left out)
             "median_tokens_per_second": median_tokens_per_second(self.window_records),
             "peak_gpu_memory_gib": None if peak_gib is None else round(peak_gib, 3),  # tensors (max_memory_allocated)
-            # what the caching allocator held: tensors, cached blocks and CUDA graphs' private pools (max_memory_reserved)
+            # what the caching allocator held: tensors, cached blocks and CUDA graphs' private pools
+            # (max_memory_reserved)
             "peak_gpu_memory_reserved_gib": None if reserved_gib is None else round(reserved_gib, 3),
             "host_sync_per_step": engine.host_sync_note,
         }
         if off_fraction:
-            self.log.once(f"checkpoints off their fractions: {budgeting.fractions_off_text(off_fraction)} (summary.json: "
-                          "checkpoints_off_fraction)")
+            self.log.once(f"checkpoints off their fractions: {budgeting.fractions_off_text(off_fraction)} "
+                          "(summary.json: checkpoints_off_fraction)")
         if stop:
             onward = _rerun_command(self.command, self.run_dir, ["--resume"], drop_stop=True)
             self.log.once(f"stopped by {stopped_by} at step {step:,}, {100 * stop['fraction_of_schedule']:.4g}% of the "
                           f"schedule ({plan.schedule_text()}; learning rate there {stop['lr']:.3g}): "
-                          f"{self.saved_text()}; checkpoint {stop['checkpoint']}; continue with: {onward} (with another "
-                          "--stop-after, or none to run to the end)")
+                          f"{self.saved_text()}; checkpoint {stop['checkpoint']}; continue with: {onward} (with "
+                          "another --stop-after, or none to run to the end)")
         if dist.main:
             plan.save(self.run_dir / "plan.json")  # a time budget's plan as it ended (the steps that fitted)
             write_json(self.run_dir / "summary.json", summary)
@@ -599,7 +613,8 @@ class RunState:
             self.progress.close()
             if (asked := allocation_failure(e)) is None:
                 raise
-            what = out_of_memory_line(asked, self.device, self.recipe, self.parts.micro, where=f"after step {self.step}")
+            what = out_of_memory_line(asked, self.device, self.recipe, self.parts.micro,
+                                      where=f"after step {self.step}")
             resumable = self.state_saved is not None
             then = _out_of_memory_next(self.command, self.run_dir, self.recipe, self.parts.micro, resumable)
             raise UserError(f"{what}; training stopped: {self.saved_text()}{then}") from None
@@ -640,7 +655,8 @@ def log_record(step: int, sums: dict[str, Tensor], dist: Dist, lr: float, tokens
         torch.distributed.all_reduce(vec)
     s = dict(zip(STAT_KEYS, vec.tolist()))  # host sync: only on log steps
     rec: dict = {"step": step, "lr": lr, "tokens_seen": tokens_seen, "train_seconds": round(train_seconds, 3),
-                 "tokens_per_second": round(tokens_per_second, 1), "positions_per_second": round(positions_per_second, 1),
+                 "tokens_per_second": round(tokens_per_second, 1),
+                 "positions_per_second": round(positions_per_second, 1),
                  "train_flops_paper": step * plan.train_flops_paper_per_step,
                  "train_flops_hardware": step * plan.train_flops_hardware_per_step,
                  "gen_loss": s["mlm_sum"] / max(s["mlm_count"], 1.0)}
@@ -657,7 +673,8 @@ def log_record(step: int, sums: dict[str, Tensor], dist: Dist, lr: float, tokens
 # the lines that say how a run stopped, and what comes next
 
 
-def _rerun_command(command: str, run_dir: Path, extra: list[str], without_set: str = "", drop_stop: bool = False) -> str:
+def _rerun_command(command: str, run_dir: Path, extra: list[str], without_set: str = "",
+                   drop_stop: bool = False) -> str:
     """The command given, with --out (when it had none), without --force, --resume, a `--set KEY=...` whose key
     is `without_set` and (`drop_stop`) its --stop-after, then the words `extra`."""
     import shlex
@@ -696,7 +713,8 @@ def _diverged_line(what: str, lr: float, peak_lr: float, state_saved: tuple[int,
             f"after it ({_saved_text(state_saved, done)}). Try a lower learning rate, e.g. half the peak, and {how}")
 
 
-def next_commands(run_dir: Path, device: torch.device, last_checkpoint: str, stopped: bool = False) -> list[tuple[str, str]]:
+def next_commands(run_dir: Path, device: torch.device, last_checkpoint: str,
+                  stopped: bool = False) -> list[tuple[str, str]]:
     """What a finished (or `stopped`) run is for, as (command, what it does) for this run's paths, shell-quoted:
     export, fine-tune every checkpoint (the stop's) on GLUE (on this run's device), report."""
     import shlex
@@ -708,7 +726,8 @@ def next_commands(run_dir: Path, device: torch.device, last_checkpoint: str, sto
         (f"tinyelectra export {last} --out {shlex.quote(str(run_dir / 'hf'))}",
          f"the {'checkpoint where it stopped' if stopped else 'final checkpoint'} as a transformers model"),
         (f"tinyelectra glue --checkpoint {last if stopped else run} --glue-dir GLUE_DIR {where}",
-         f"fine-tune {'it' if stopped else 'each checkpoint'} on GLUE (GLUE_DIR: the classic glue_data folder; or --hf instead)"),
+         f"fine-tune {'it' if stopped else 'each checkpoint'} on GLUE (GLUE_DIR: the classic glue_data folder; or --hf "
+         "instead)"),
         (f"tinyelectra report {run}", "after glue: GLUE against FLOPs, beside the paper's Table 1"),
     ]
 
@@ -753,7 +772,8 @@ def _out_of_memory_next(command: str, run_dir: Path, recipe: Recipe, micro: int 
     continuing from its resume state (`resumable`: --resume) or run again (no state yet). When only a smaller model
     is left, a run with a resume state says that this is another run (--force)."""
     if micro is None or (micro == 1 and recipe.train.grad_checkpointing):
-        return "; a smaller model is another run: start over with --force (or choose another --out)" if resumable else ""
+        return ("; a smaller model is another run: start over with --force (or choose another --out)" if resumable
+                else "")
     setting, what = ((f"train.micro_batch_size={micro // 2}", "half the micro-batch") if micro > 1
                      else ("train.grad_checkpointing=true", "gradient checkpointing"))
     again = _rerun_command(command, run_dir, [*(["--resume"] if resumable else []), "--set", setting],

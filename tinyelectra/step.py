@@ -50,7 +50,8 @@ class Dist:
     @classmethod
     def from_env(cls) -> "Dist":
         """torchrun sets RANK / WORLD_SIZE / LOCAL_RANK; a plain process is rank 0 of 1."""
-        return cls(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0)))
+        return cls(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
+                   int(os.environ.get("LOCAL_RANK", 0)))
 
     def leave(self) -> None:
         if self.enabled and torch.distributed.is_initialized():
@@ -156,8 +157,9 @@ class Engine:
     (unscale, clip, step, update the loss scale on the host); with train.update=flat, optim.FlatUpdate on every path
     (eager, about ten kernels, between inductor's graphs). train.compile=regional / regional-graph: the repeated
     blocks compiled one by one (runtime.compile_regions); regional-graph also captures the whole step
-    (`CapturedStep`). DeepSpeed (ZeRO-2, optional CPU offload): its engine does the data parallelism, accumulation boundary, clipping and loss scaling; our loss is already a mean
-    over the whole global batch, so DeepSpeed must not divide it by the accumulation steps again."""
+    (`CapturedStep`). DeepSpeed (ZeRO-2, optional CPU offload): its engine does the data parallelism, accumulation
+    boundary, clipping and loss scaling; our loss is already a mean over the whole global batch, so DeepSpeed must not
+    divide it by the accumulation steps again."""
 
     def __init__(self, model: Electra, recipe: Recipe, optimizer, scaler, dist: Dist, device: torch.device,
                  precision: str, micro: int, accum: int) -> None:
@@ -178,11 +180,13 @@ class Engine:
             try:
                 import deepspeed
             except ImportError:
-                raise UserError("train.strategy=deepspeed needs DeepSpeed: pip install 'tinyelectra[deepspeed]'") from None
+                raise UserError("train.strategy=deepspeed needs DeepSpeed: "
+                                "pip install 'tinyelectra[deepspeed]'") from None
             config = {
                 "train_batch_size": tr.batch_size, "train_micro_batch_size_per_gpu": micro,
                 "gradient_accumulation_steps": accum, "gradient_clipping": self.clip_norm,
-                "zero_optimization": {"stage": 2, **({"offload_optimizer": {"device": "cpu"}} if tr.deepspeed_offload else {})},
+                "zero_optimization": {"stage": 2,
+                                      **({"offload_optimizer": {"device": "cpu"}} if tr.deepspeed_offload else {})},
                 "zero_allow_untested_optimizer": True, "zero_force_ds_cpu_optimizer": False,
                 "bf16": {"enabled": precision == "bf16"}, "fp16": {"enabled": precision == "fp16", "loss_scale": 0},
                 "steps_per_print": 1 << 30,
@@ -198,13 +202,15 @@ class Engine:
                     os.environ.setdefault(k, v)
             self.ds, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=config)
             self.forward = self.ds
-            self.strategy_note = f"strategy: DeepSpeed ZeRO-2{' with optimizer state offloaded to the CPU' if tr.deepspeed_offload else ''}"
+            offload = " with optimizer state offloaded to the CPU" if tr.deepspeed_offload else ""
+            self.strategy_note = f"strategy: DeepSpeed ZeRO-2{offload}"
             self._compile_note = "compile: off (DeepSpeed's engine)"
             return
         if tr.update == "flat":  # before DDP and compilation: the parameters become views of one flat buffer
             self.flat_update = FlatUpdate(optimizer, self.clip_norm, scaler)
         if dist.enabled:
-            module = nn.parallel.DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None)
+            module = nn.parallel.DistributedDataParallel(module,
+                                                         device_ids=[device.index] if device.type == "cuda" else None)
         self.module = module
         if self.choice.regional:
             self.forward, self._compile_note = runtime.compile_regions(module, compile_regions_of(model), device)
@@ -218,7 +224,8 @@ class Engine:
         if self.choice.cuda_graphs:
             if device.type == "cuda" and hasattr(self.forward, "before_call"):
                 # each step's forward starts a new generation of CUDA graph memory: the previous step's outputs
-                # (already added to the metric sums) are dead; the gradients feeding the update are not (no marker there)
+                # (already added to the metric sums) are dead; the gradients feeding the update are not (no marker
+                # there)
                 self.forward.before_call = torch.compiler.cudagraph_mark_step_begin
             if self.flat_update is not None:
                 pass  # eager between the graphs, no host sync
@@ -228,7 +235,8 @@ class Engine:
                 self.graph_update = GraphSafeUpdate(optimizer, self.clip_norm, self.choice.mode, device, scaler=scaler)
         if self.choice.whole_step_graph:
             self.captured = CapturedStep(self)
-        self.strategy_note = f"strategy: {'DDP over ' + str(dist.world) + ' processes' if dist.enabled else 'one process'}"
+        self.strategy_note = ("strategy: "
+                              f"{'DDP over ' + str(dist.world) + ' processes' if dist.enabled else 'one process'}")
 
     @property
     def compiles(self) -> bool:
@@ -237,7 +245,8 @@ class Engine:
 
     @property
     def compile_note(self) -> str:
-        """What runs, as it stands now, and why (for "auto"): a compilation that failed and fell back to eager says so."""
+        """What runs, as it stands now, and why (for "auto"): a compilation that failed and fell back to eager says
+        so."""
         note = runtime.compile_note(self.forward, self._compile_note)
         note += f"; {self._why}" if self.ds is None and self._why else ""
         update = next((u.note for u in (self.flat_update, self.graph_update) if u is not None), self._update_note)
@@ -301,11 +310,12 @@ class Engine:
                 self.captured.give_up(e)
             capture_s = time.perf_counter() - t1
             record["seconds"] = round(time.perf_counter() - t0, 1)
-        record["split"] = {**runtime.compile_time_split(), "capture_s": None if capture_s is None else round(capture_s, 3)}
+        record["split"] = {**runtime.compile_time_split(),
+                           "capture_s": None if capture_s is None else round(capture_s, 3)}
         variants = ("each region compiled once per shape and mask kind" if self.choice.regional else
                     "two graphs per compiled step: batches with padding (attention mask) and without")
-        return {**record, "line": f"compiling took {record['seconds']:.1f} s (start-up, outside the budget; {variants}); "
-                                  f"{runtime.compile_split_line(record['split'])}; {cache_line}"}
+        return {**record, "line": f"compiling took {record['seconds']:.1f} s (start-up, outside the budget; "
+                                  f"{variants}); {runtime.compile_split_line(record['split'])}; {cache_line}"}
 
     def accumulating(self, last: bool):
         """DDP: reduce gradients only after the last micro-batch of a step."""

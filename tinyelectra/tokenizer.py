@@ -72,13 +72,15 @@ def _bert_normalizer(lowercase: bool):
     """strip_accents follows lowercase, as in BERT: cased keeps both case and accents."""
     from tokenizers import normalizers
 
-    return normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=lowercase, lowercase=lowercase)
+    return normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=lowercase,
+                                      lowercase=lowercase)
 
 
 def _wordpiece_tokenizer(vocab: dict[str, int], lowercase: bool):
     from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
 
-    hf = HFTokenizer(models.WordPiece(vocab, unk_token="[UNK]", continuing_subword_prefix="##", max_input_chars_per_word=100))
+    hf = HFTokenizer(models.WordPiece(vocab, unk_token="[UNK]", continuing_subword_prefix="##",
+                                      max_input_chars_per_word=100))
     hf.normalizer = _bert_normalizer(lowercase)
     hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     hf.decoder = decoders.WordPiece(prefix="##")
@@ -164,7 +166,8 @@ class Tokenizer:
         if found:
             return int(found[0])
         how = ("; `tinyelectra prepare --tokenizer-type sentencepiece` trains one that has them (or train yours with "
-               "pad_id=0 pad_piece=[PAD] unk_id=1 unk_piece=[UNK] control_symbols=[CLS],[SEP],[MASK])") if self._sp is not None else ""
+               "pad_id=0 pad_piece=[PAD] unk_id=1 unk_piece=[UNK] control_symbols=[CLS],[SEP],[MASK])"
+               if self._sp is not None else "")
         raise UserError(
             f"tokenizer {self.source or '(trained)'} has no {spellings[0]} token (also looked for {spellings[1]}); "
             f"ELECTRA needs all five special tokens [PAD], [UNK], [CLS], [SEP], [MASK]{how}"
@@ -193,7 +196,8 @@ class Tokenizer:
             try:
                 hf = HFTokenizer.from_file(str(p))
             except Exception as e:  # tokenizers raises a bare Exception on malformed JSON
-                raise UserError(f"--tokenizer {p}: not a tokenizers JSON file ({str(e).splitlines()[0][:200]})") from None
+                raise UserError(f"--tokenizer {p}: not a tokenizers JSON file "
+                                f"({str(e).splitlines()[0][:200]})") from None
             return cls(hf=hf, source=str(p))
         if p.suffix == ".txt":
             vocab = _read_vocab_txt(p)
@@ -220,12 +224,14 @@ class Tokenizer:
         # (most frequent characters, ties by code point) and register every "##c" up front as a trainer special token.
         if not 0.0 < character_coverage <= 1.0:
             raise UserError(f"--character-coverage {character_coverage}: must be in (0, 1]")
-        alphabet, alphabet_facts = _alphabet(lines, character_coverage, max(1, (vocab_size - len(RESERVED_TOKENS)) // 3))
+        alphabet, alphabet_facts = _alphabet(lines, character_coverage,
+                                             max(1, (vocab_size - len(RESERVED_TOKENS)) // 3))
         hf = HFTokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##"))
         hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         trainer = trainers.WordPieceTrainer(
             vocab_size=vocab_size, min_frequency=2, special_tokens=RESERVED_TOKENS + ["##" + c for c in alphabet],
-            initial_alphabet=alphabet, limit_alphabet=len(alphabet), continuing_subword_prefix="##", show_progress=False,
+            initial_alphabet=alphabet, limit_alphabet=len(alphabet), continuing_subword_prefix="##",
+            show_progress=False,
         )
         hf.train_from_iterator(lines, trainer, length=len(lines))
         del lines
@@ -273,8 +279,10 @@ class Tokenizer:
             most = re.search(r"value <= (\d+)", str(e))
             if most:
                 raise UserError(f"--vocab-size {vocab_size} is too large for this text: SentencePiece can make at most "
-                                f"{most.group(1)} pieces of it; choose a smaller --vocab-size or give more text") from None
-            raise UserError(f"SentencePiece training failed: {str(e).strip().splitlines()[0][:300]}") from None
+                                f"{most.group(1)} pieces of it; choose a smaller --vocab-size or give more "
+                                "text") from None
+            raise UserError("SentencePiece training failed: "
+                            f"{str(e).strip().splitlines()[0][:300]}") from None
         return cls(sp_model_bytes=model.getvalue(), source=f"trained SentencePiece ({model_type})")
 
     # ------------------------------------------------------------------ encoding
@@ -548,7 +556,7 @@ def _read_vocab_txt(path: Path) -> dict[str, int]:
     return vocab
 
 
-# ---------------------------------------------------------------------------------------------------- SentencePiece -> tokenizers
+# ------------------------------------------------------------------------------------------ SentencePiece -> tokenizers
 def _varint(b: bytes, i: int) -> tuple[int, int]:
     x = shift = 0
     while True:
@@ -576,7 +584,8 @@ def _proto_fields(b: bytes) -> Iterable[tuple[int, Any]]:
         yield number, value
 
 
-# sentencepiece_model.proto: ModelProto.pieces = 1 (piece = 1, score = 2, type = 3), .trainer_spec = 2, .normalizer_spec = 3
+# sentencepiece_model.proto: ModelProto.pieces = 1 (piece = 1, score = 2, type = 3), .trainer_spec = 2,
+# .normalizer_spec = 3
 SP_NORMAL, SP_UNKNOWN, SP_CONTROL, SP_USER_DEFINED, SP_UNUSED, SP_BYTE = 1, 2, 3, 4, 5, 6
 _SETTINGS = {  # name: (ModelProto field: 2 trainer_spec or 3 normalizer_spec, the field in it, the proto's default)
     "model_type": (2, 3, 1), "split_by_whitespace": (2, 22, 1), "treat_whitespace_as_suffix": (2, 24, 0),
@@ -607,12 +616,14 @@ def _sentencepiece_to_tokenizers(model: bytes, specials: list[str]):
 
     pieces, cfg = read_sentencepiece(model)
     if cfg["treat_whitespace_as_suffix"]:
-        raise UserError("SentencePiece models trained with treat_whitespace_as_suffix cannot be written for transformers")
+        raise UserError("SentencePiece models trained with treat_whitespace_as_suffix cannot be written for "
+                        "transformers")
     vocab = {p: i for i, (p, _, _) in enumerate(pieces)}
     unk = next((i for i, (_, _, kind) in enumerate(pieces) if kind == SP_UNKNOWN), 0)
     byte_fallback = bool(cfg["byte_fallback"])
     if cfg["model_type"] == 1:  # unigram: the same Viterbi over the same scores
-        hf = HFTokenizer(models.Unigram([(p, score) for p, score, _ in pieces], unk_id=unk, byte_fallback=byte_fallback))
+        hf = HFTokenizer(models.Unigram([(p, score) for p, score, _ in pieces], unk_id=unk,
+                                        byte_fallback=byte_fallback))
     elif cfg["model_type"] == 2:  # BPE: SentencePiece merges the pair whose merged piece scores highest (= lowest id)
         merges = sorted(  # every split of a normal piece into two pieces; ties: by id, then left piece's id
             (-score, i, vocab[piece[:k]], piece[:k], piece[k:])
@@ -622,7 +633,8 @@ def _sentencepiece_to_tokenizers(model: bytes, specials: list[str]):
         hf = HFTokenizer(models.BPE(vocab, [(left, right) for *_, left, right in merges], unk_token=pieces[unk][0],
                                     fuse_unk=True, byte_fallback=byte_fallback))
     else:
-        raise UserError(f"SentencePiece model type {cfg['model_type']} (word or char) cannot be written for transformers")
+        raise UserError(f"SentencePiece model type {cfg['model_type']} (word or char) cannot be written for "
+                        "transformers")
     steps = [normalizers.Precompiled(cfg["precompiled_charsmap"])] if cfg["precompiled_charsmap"] else []
     prefix = bool(cfg["add_dummy_prefix"])
     if cfg["remove_extra_whitespaces"]:

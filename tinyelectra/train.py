@@ -4,10 +4,11 @@ Sections of `train`: set-up (`set_up`: the data, the model, its step) -> plan an
 -> finish (`RunState.finish`: summary.json). The loop, one step at a time: `mask_step`, `global_counts`, the learning
 rate, `train_step` (step.py: the step, its Engine, compile and CUDA-graph policy; benchmarks/throughput.py times the
 same), the clocks, the time budget's re-plan, a log line, a --stop-after reached (`RunState.stop_reached`), the
-fraction checkpoints (checkpoint.due_checkpoints), the stop's checkpoint and the resume states that are due. What the loop keeps between steps, what it writes and the divergence guard are
-runstate.py's; the run folder's state when the command starts (`open_run_dir`) is here.
-The resume state holds everything needed to continue exactly; all randomness of a step is derived from (seed, step,
-first global row of the micro-batch), so a resumed, an accumulating and a DDP run draw the same for the same rows.
+fraction checkpoints (checkpoint.due_checkpoints), the stop's checkpoint and the resume states that are due. What the
+loop keeps between steps, what it writes and the divergence guard are runstate.py's; the run folder's state when the
+command starts (`open_run_dir`) is here. The resume state holds everything needed to continue exactly; all randomness of
+a step is derived from (seed, step, first global row of the micro-batch), so a resumed, an accumulating and a DDP run
+draw the same for the same rows.
 
 Host syncs: log steps, checkpoints and resume states, and the device is waited for at the end of the first step and
 of a time budget's calibration steps (host clocks otherwise time kernel launches); fp16 adds the loss scaler's
@@ -42,9 +43,11 @@ from tinyelectra.files import check_writable, path_part
 from tinyelectra.logs import make_console
 from tinyelectra.model import Electra, attention_kernel
 from tinyelectra.optim import build_optimizer
-from tinyelectra.runfolder import BOOKKEEPING, DATASET_FILE, DERIVED_BY, RECORD_NAME, check_data, covered, delete_run, foreign, holding
+from tinyelectra.runfolder import (BOOKKEEPING, DATASET_FILE, DERIVED_BY, RECORD_NAME, check_data, covered, delete_run,
+                                   foreign, holding)
 from tinyelectra.runstate import Launch, Parts, RunState, comparable_settings
-from tinyelectra.step import Dist, Engine, PretrainStep, fit_micro_batch, global_counts, mask_step, probe_step, train_step
+from tinyelectra.step import (Dist, Engine, PretrainStep, fit_micro_batch, global_counts, mask_step, probe_step,
+                              train_step)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -96,7 +99,8 @@ def train_command(
             dist.leave()
             return None
         data_path = resolve_data(data_dir, corpus, recipe, run_dir, dist, force=force)
-        if corpus and not notes and mode != "resume":  # --corpus with the recipe's data.tokenizer: its vocabulary decides too
+        # --corpus with the recipe's data.tokenizer: its vocabulary decides too
+        if corpus and not notes and mode != "resume":
             recipe = adopt_data_vocab(recipe, data_path, overrides, notes)
         if dist.main:
             for note in notes:
@@ -195,8 +199,8 @@ def open_run_dir(run_dir: Path, resume: bool, force: bool, recipe: Recipe, bud: 
     # a name the run writes, holding something else: never replaced unasked
     taken = [p.name for p in others if p.name in TRAIN_WRITES or CKPT_NAME.match(p.name)]
     if taken:
-        raise UserError(f"--out {run_dir}: {taken[0]} is not what tinyelectra writes under that name, and the run would "
-                        "replace it; move it away, or choose another --out")
+        raise UserError(f"--out {run_dir}: {taken[0]} is not what tinyelectra writes under that name, and the run "
+                        "would replace it; move it away, or choose another --out")
     if others and not has_run:
         what = ("a prepared dataset (give it as --data)" if (run_dir / "manifest.json").is_file() else
                 f"files that are not a tinyelectra run ({', '.join(p.name for p in others[:3])}"
@@ -211,9 +215,11 @@ def open_run_dir(run_dir: Path, resume: bool, force: bool, recipe: Recipe, bud: 
             if mine := foreign(run_dir, run_dir / name, ("train",)) if (run_dir / name).is_dir() else []:
                 raise UserError(f"--force: {run_dir / name} holds {mine[0].relative_to(run_dir)}"
                                 f"{f' and {len(mine) - 1} more' if len(mine) > 1 else ''}, which the run's record does "
-                                f"not list, and the new run writes {name} again: move it away first (nothing was deleted)")
+                                f"not list, and the new run writes {name} again: move it away first (nothing was "
+                                "deleted)")
         deleted, kept = delete_run(run_dir)  # --corpus data (prepare's) is checked, not deleted
-        kept_text = f"; kept everything else: {', '.join(kept[:12])}{f' and {len(kept) - 12} more' if len(kept) > 12 else ''}" if kept else ""
+        more = f" and {len(kept) - 12} more" if len(kept) > 12 else ""
+        kept_text = f"; kept everything else: {', '.join(kept[:12])}{more}" if kept else ""
         say(f"--force: deleted the earlier run in {run_dir} ({', '.join(deleted)}){kept_text}")
         has_run, ckpts = False, []
     check_writable(run_dir, "--out")
@@ -252,11 +258,12 @@ def open_run_dir(run_dir: Path, resume: bool, force: bool, recipe: Recipe, bud: 
                 "starting this one")
             return "start"
         kept = f"; kept {', '.join(ckpts)} until the run writes them again" if ckpts else ""
-        say(f"{run_dir}: the run stopped before its first resume state (during start-up): starting it again from step 0{kept}")
+        say(f"{run_dir}: the run stopped before its first resume state (during start-up): starting it again from step "
+            f"0{kept}")
         return "start"
     if finished:
-        say(f"{run_dir} already holds this run, finished ({info['step']:,} steps; {', '.join(ckpts) or 'no checkpoints'}): "
-            "nothing to do. To train it again from the start: --force")
+        say(f"{run_dir} already holds this run, finished ({info['step']:,} steps; "
+            f"{', '.join(ckpts) or 'no checkpoints'}): nothing to do. To train it again from the start: --force")
         return "done"
     if not resume:
         raise UserError(f"{run_dir} holds an unfinished run (resume state at step {info['step']:,}"
@@ -357,7 +364,8 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
     written into recipe.json's deviations, so reports show them. `initial_checkpoint`: write ckpt-0000, the weights
     at step 0. `clock` measures training time (tests pass a simulated one to change the speed at will)."""
     launch = Launch(recipe, bud, stops or [], run_dir, device, dist, command, clock)  # the run before its set-up
-    # --- set-up, plan, resume: out of memory or an interruption here is one line saying what is kept -------------------
+    # --- set-up, plan, resume: out of memory or an interruption here is one line saying what is kept
+    # -------------------
     with launch.failures_during_startup(resume):
         p = set_up(launch, data_dir, init, resume)  # the data, the model, its optimizer and step, this process's loader
         # a new plan (recipe.json, plan.json) or the resume state's; ckpt-0000 if asked; a resume state
@@ -413,7 +421,8 @@ def set_up(launch: Launch, data_dir: Path, init: Path | None, resume: bool) -> P
     if resume and dist.main:  # the data the run trained on, file by file, or one line naming both
         state_dir = latest_state(launch.run_dir)
         log.once(check_data(launch.run_dir, data, read_state_info(state_dir) if state_dir is not None else None))
-    log.once(f"warning: {data_dir}: {heldout}" if (heldout := heldout_warning(data.num_rows("validation"), None)) else "")
+    log.once(f"warning: {data_dir}: {heldout}"
+             if (heldout := heldout_warning(data.num_rows("validation"), None)) else "")
     special = SpecialIds.from_tokenizer(data.tokenizer)
     precision, precision_reason = runtime.pick_precision(tr.precision, device)
     log.once(f"precision: {precision} ({precision_reason}); {runtime.configure_matmul(precision, device)}")
@@ -442,7 +451,8 @@ def set_up(launch: Launch, data_dir: Path, init: Path | None, resume: bool) -> P
     log.once(compiled.pop("line"))  # how long compiling took, and where its cache is
     log.once(engine.host_sync_note or "")
     attention = attention_kernel(recipe.model, micro, tr.seq_len, device, runtime.autocast_dtype(precision, device),
-                                 compiled=engine.compile_note.startswith("compile: torch.compile"), attention=tr.attention)
+                                 compiled=engine.compile_note.startswith("compile: torch.compile"),
+                                 attention=tr.attention)
     log.once(attention["summary"])
     log.once(f"batch: {tr.batch_size} sequences x {tr.seq_len} tokens per step = {dist.world} process(es) x "
              f"{accum} micro-batch(es) of {micro}")
@@ -465,14 +475,16 @@ def initial_weights(path: Path, recipe: Recipe) -> Electra:
     if is_checkpoint(path):
         model, ckpt_recipe, _ = load_checkpoint(path)
         if ckpt_recipe.model != recipe.model:
-            raise UserError(f"--init {path}: {difference_text(differences(dataclasses.asdict(ckpt_recipe.model), dataclasses.asdict(recipe.model), 'model')[0])}")
+            first = differences(dataclasses.asdict(ckpt_recipe.model), dataclasses.asdict(recipe.model), "model")[0]
+            raise UserError(f"--init {path}: {difference_text(first)}")
         return model
     export = (path / "discriminator").is_dir()  # a `tinyelectra export` directory
     gen = path / "generator" if export and (path / "generator").is_dir() else None
     model, _ = electra_from_hf(path / "discriminator" if export else path, gen, cfg=recipe.model)
     if model.cfg.sharing != recipe.model.sharing:
-        raise UserError(f"--init {path}: its generator and discriminator embeddings are {'not ' if model.cfg.sharing == 'none' else ''}"
-                        f"shared, the recipe says sharing = {recipe.model.sharing!r}")
+        raise UserError(f"--init {path}: its generator and discriminator embeddings are "
+                        f"{'not ' if model.cfg.sharing == 'none' else ''}shared, the recipe says sharing = "
+                        f"{recipe.model.sharing!r}")
     return model
 
 
@@ -485,9 +497,11 @@ def _check_data(data, recipe: Recipe, data_dir: Path, main: bool) -> None:
     if data.seq_len != recipe.train.seq_len:
         raise UserError(
             f"{data_dir} holds {data.seq_len}-token examples but recipe {recipe.name} trains on train.seq_len = "
-            f"{recipe.train.seq_len}; prepare again with --seq-len {recipe.train.seq_len} or --set train.seq_len={data.seq_len}")
+            f"{recipe.train.seq_len}; prepare again with --seq-len {recipe.train.seq_len} or --set "
+            f"train.seq_len={data.seq_len}")
     if data.num_rows("train") < recipe.train.batch_size:
-        raise UserError(f"{data_dir} has {data.num_rows('train')} training examples, fewer than one batch of {recipe.train.batch_size}")
+        raise UserError(f"{data_dir} has {data.num_rows('train')} training examples, fewer than one batch of "
+                        f"{recipe.train.batch_size}")
     if main:  # every shard's bytes read now: a damaged one stops the set-up, not step 1 or the first checkpoint
         data.check_files()
 

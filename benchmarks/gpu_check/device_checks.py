@@ -1,8 +1,10 @@
 """What the machine is and whether the GPU path works: the GPU suite's `env`, `checks` and `glue_speed` stages.
 
     python -m benchmarks.gpu_check.device_checks env [--mode gpu|smoke] [--out-dir D] [--name env]
-    python -m benchmarks.gpu_check.device_checks checks [--device cuda --recipe electra-small --batch 128 ...] [--out-dir D]
-    python -m benchmarks.gpu_check.device_checks finetune --checkpoint CKPT [--device cuda] [--layouts eager:1,graphs:8,3xgraphs:10]
+    python -m benchmarks.gpu_check.device_checks checks [--device cuda --recipe electra-small --batch 128 ...] \
+        [--out-dir D]
+    python -m benchmarks.gpu_check.device_checks finetune --checkpoint CKPT [--device cuda] \
+        [--layouts eager:1,graphs:8,3xgraphs:10]
 
 env: Python, packages, GPU, driver, C compiler, the inductor cache at the start; and the two ceilings the suite
 reads MFU against beside the datasheet's peak: a bf16 8192 x 8192 x 8192 matrix product (2 n^3 FLOPs) and a 1 GiB
@@ -59,7 +61,8 @@ CHECK_LENGTHS = (16, 37, 64, 100, 128, 192)  # GLUE-like; 64 and 192 are 64 mod 
 
 
 def seconds_per_call(fn, device: torch.device, calls: int = 10, rounds: int = 5, warmup: int = 3) -> float:
-    """Median seconds of one call over `rounds` rounds of `calls` back to back: CUDA events on a GPU, else the host clock."""
+    """Median seconds of one call over `rounds` rounds of `calls` back to back: CUDA events on a GPU, else the host
+    clock."""
     for _ in range(warmup):
         fn()
     synchronize(device)
@@ -97,7 +100,8 @@ def ceilings(device: torch.device, mode: str) -> dict:
     return {"gemm": f"{n} x {n} x {n} {str(dtype).replace('torch.', '')}, random data", "gemm_tflops": gemm_tflops,
             "datasheet_bf16_tflops": datasheet / 1e12 if datasheet else None,
             "gemm_share_of_datasheet": gemm_tflops * 1e12 / datasheet if datasheet else None,
-            "copy": f"{size['copy_bytes'] / 2**20:.0f} MiB fp32, device to device", "copy_gb_per_s": 2 * size["copy_bytes"] / copy_s / 1e9,
+            "copy": f"{size['copy_bytes'] / 2**20:.0f} MiB fp32, device to device",
+            "copy_gb_per_s": 2 * size["copy_bytes"] / copy_s / 1e9,
             "timing": "CUDA events, median of 5 rounds of 10 after 3 warm-ups" if device.type == "cuda" else
                       "host clock on the CPU (smoke: not a ceiling)"}
 
@@ -107,8 +111,10 @@ def env(args, argv: list[str]) -> dict:
     cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     info: dict = {"mode": mode, "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                   "python": platform.python_version(), "platform": platform.platform(), "executable": sys.executable,
-                  "cpu_count": os.cpu_count(), "c_compiler": shutil.which("cc") or shutil.which("gcc") or "none (Triton needs one)",
-                  "inductor_cache": cache, "inductor_cache_empty_at_start": not (cache and Path(cache).is_dir() and any(Path(cache).iterdir()))}
+                  "cpu_count": os.cpu_count(), "c_compiler": shutil.which("cc") or shutil.which("gcc")
+                  or "none (Triton needs one)",
+                  "inductor_cache": cache, "inductor_cache_empty_at_start": not (
+                      cache and Path(cache).is_dir() and any(Path(cache).iterdir()))}
     for pkg in PACKAGES:  # from the installed metadata: importing transformers or tensorboard here would take seconds
         try:
             info[pkg] = metadata.version(pkg)
@@ -118,19 +124,23 @@ def env(args, argv: list[str]) -> dict:
     device = torch.device("cuda" if mode == "gpu" and info["cuda_available"] else "cpu")
 
     def save() -> Path:
-        return write_result(args.name, info, device, out_dir=args.out_dir, command=command_line("benchmarks.gpu_check.device_checks", argv))
+        return write_result(args.name, info, device, out_dir=args.out_dir,
+                            command=command_line("benchmarks.gpu_check.device_checks", argv))
 
     if mode == "gpu" and not info["cuda_available"]:
         save()
         raise SystemExit("no CUDA GPU visible to torch: the GPU stages will fail (use --cpu-smoke on a CPU)")
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        info.update(cuda=torch.version.cuda, gpu=torch.cuda.get_device_name(device), gpu_count=torch.cuda.device_count(),
+        info.update(cuda=torch.version.cuda, gpu=torch.cuda.get_device_name(device),
+                    gpu_count=torch.cuda.device_count(),
                     gpu_memory_gib=props.total_memory / 2**30, compute_capability=f"{props.major}.{props.minor}",
                     multiprocessors=props.multi_processor_count, cudnn=torch.backends.cudnn.version())
         try:
-            info["nvidia_smi"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
-                                                 "--format=csv,noheader"], capture_output=True, text=True, timeout=10).stdout.strip()
+            info["nvidia_smi"] = subprocess.run(["nvidia-smi",
+                                                 "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
+                                                 "--format=csv,noheader"], capture_output=True, text=True,
+                                                timeout=10).stdout.strip()
         except (OSError, subprocess.SubprocessError) as e:
             info["nvidia_smi"] = f"unavailable ({e})"
     info["ceilings"] = ceilings(device, mode)
@@ -139,7 +149,8 @@ def env(args, argv: list[str]) -> dict:
     info["tinyelectra_from"] = os.path.dirname(tinyelectra.__file__)
     path = save()
     c = info["ceilings"]
-    share = f" ({c['gemm_share_of_datasheet']:.0%} of the datasheet's {c['datasheet_bf16_tflops']:.0f})" if c["gemm_share_of_datasheet"] else ""
+    share = (f" ({c['gemm_share_of_datasheet']:.0%} of the datasheet's {c['datasheet_bf16_tflops']:.0f})"
+             if c["gemm_share_of_datasheet"] else "")
     print(f"{info.get('gpu', 'cpu')}: torch {info['torch']}; matrix product {c['gemm_tflops']:.1f} TFLOP/s{share}; "
           f"copy {c['copy_gb_per_s']:.0f} GB/s -> {path}")
     return info
@@ -159,17 +170,20 @@ def checks(args, argv: list[str]) -> dict:
         call()
         losses.append(float(step.last_loss))  # a host sync: the step has finished
         seconds.append(time.perf_counter() - t0)
-    dtypes = [runtime.autocast_dtype(p, device) for p in dict.fromkeys((precision, "fp32"))]  # pre-training, GLUE's fp32
+    # pre-training, GLUE's fp32
+    dtypes = [runtime.autocast_dtype(p, device) for p in dict.fromkeys((precision, "fp32"))]
     safety = gradient_safety(device, dtypes, list(CHECK_LENGTHS))
     payload = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "recipe": args.recipe,
                "overrides": args.set, "precision": precision, "batch_size": batch, "seq_len": args.seq_len,
                "train_step": {"losses": losses, "seconds": seconds, "finite": all(map(math.isfinite, losses)),
-                              "what": "the trainer's step (TrainerStep), eager, synthetic batches; the first includes warm-up"},
+                              "what": "the trainer's step (TrainerStep), eager, synthetic batches; the first includes "
+                              "warm-up"},
                "sdpa_gradients": safety}
     path = write_result(args.name or "checks", payload, device, out_dir=args.out_dir,
                         command=command_line("benchmarks.gpu_check.device_checks", argv))
-    print(f"training step: losses {', '.join(f'{x:.4f}' for x in losses)} in {', '.join(f'{s:.2f}' for s in seconds)} s; "
-          f"SDPA gradients safe: {', '.join(safety['safe']) or 'none'}; unsafe: {', '.join(safety['unsafe']) or 'none'} -> {path}")
+    print(f"training step: losses {', '.join(f'{x:.4f}' for x in losses)} in {', '.join(f'{s:.2f}' for s in seconds)} "
+          f"s; SDPA gradients safe: {', '.join(safety['safe']) or 'none'}; unsafe: "
+          f"{', '.join(safety['unsafe']) or 'none'} -> {path}")
     if not payload["train_step"]["finite"]:
         raise SystemExit("the training step's loss is not finite")
     return payload
@@ -179,12 +193,15 @@ def parse_layout(text: str) -> dict:
     """`[Px]MODE:K` -> {"layout", "processes", "mode", "concurrent"}; a ValueError names what is wrong."""
     m = re.fullmatch(r"(?:(\d+)x)?(eager|static|graphs):(\d+)", text.strip())
     if not m or int(m.group(3)) < 1 or (m.group(1) is not None and int(m.group(1)) < 1):
-        raise ValueError(f"layout {text!r}: expected [Px]MODE:K, e.g. graphs:8 or 3xgraphs:10 (MODE eager, static or graphs)")
-    return {"layout": text.strip(), "processes": int(m.group(1) or 1), "mode": m.group(2), "concurrent": int(m.group(3))}
+        raise ValueError(f"layout {text!r}: expected [Px]MODE:K, e.g. graphs:8 or 3xgraphs:10 (MODE eager, static or "
+                         "graphs)")
+    return {"layout": text.strip(), "processes": int(m.group(1) or 1), "mode": m.group(2),
+            "concurrent": int(m.group(3))}
 
 
 def synthetic_task(vocab_size: int, width: int, rows: int, seed: int = 0):
-    """An SST-2-shaped task (two classes) of `rows` random rows, every one exactly `width` tokens, [CLS] A [SEP] B [SEP]."""
+    """An SST-2-shaped task (two classes) of `rows` random rows, every one exactly `width` tokens, [CLS] A [SEP] B
+    [SEP]."""
     import numpy as np  # noqa: PLC0415
 
     from tinyelectra.finetune import EncodedTask  # noqa: PLC0415
@@ -215,8 +232,10 @@ def measure_layout(backbone, device: torch.device, precision: str, mode: str, co
     fc = FinetuneConfig(precision=precision, step=mode, concurrent=concurrent, epochs=FINETUNE_STEPS_PER_JOB / 10,
                         test_predictions=False)
     t_setup = time.perf_counter()
-    data = None if mode == "eager" else device_split(task.train, False, fc.length_bucket, backbone.config.max_positions, device)
-    streams = [torch.cuda.Stream(device) if device.type == "cuda" and concurrent > 1 else None for _ in range(concurrent)]
+    data = (None if mode == "eager"
+            else device_split(task.train, False, fc.length_bucket, backbone.config.max_positions, device))
+    streams = [torch.cuda.Stream(device) if device.type == "cuda"
+               and concurrent > 1 else None for _ in range(concurrent)]
     jobs = [FinetuneJob(backbone, "sst2", task, fc, seed, device, precision, mode, data=data, stream=streams[seed],
                         shared_rng=concurrent > 1) for seed in range(concurrent)]
     for _ in range(3):  # eager: the first calls set up kernels and the allocator; static and graphs: warm
@@ -239,7 +258,8 @@ def measure_layout(backbone, device: torch.device, precision: str, mode: str, co
         steps += len(jobs)
     synchronize(device)
     elapsed = time.perf_counter() - t0
-    out = {"mode": mode, "concurrent": concurrent, "steps": steps, "seconds": elapsed, "steps_per_second": steps / elapsed,
+    out = {"mode": mode, "concurrent": concurrent, "steps": steps, "seconds": elapsed,
+           "steps_per_second": steps / elapsed,
            "setup_seconds": setup_s, "step": jobs[0].note, "memory_reserved_gib": memory / 2**30 if memory else None}
     if start_at is not None:
         out.update(start_unix=start_at, end_unix=start_at + elapsed)
@@ -270,7 +290,8 @@ def finetune_speed(args, argv: list[str]) -> dict:
     if args.worker:  # one process of a multi-process layout
         layout = layouts[0]
         folder = Path(args.worker)
-        got = measure_layout(backbone, device, precision, layout["mode"], layout["concurrent"], args.width, args.seconds,
+        got = measure_layout(backbone, device, precision, layout["mode"], layout["concurrent"], args.width,
+                             args.seconds,
                              (folder, args.worker_index, args.workers))
         (folder / f"worker-{args.worker_index}.json").write_text(json.dumps(got))
         return got
@@ -280,7 +301,8 @@ def finetune_speed(args, argv: list[str]) -> dict:
     for layout in layouts:  # the result is written after each layout: a stage stopped at its limit keeps the rest
         t0 = time.perf_counter()
         if layout["processes"] == 1:
-            got = measure_layout(backbone, device, precision, layout["mode"], layout["concurrent"], args.width, args.seconds)
+            got = measure_layout(backbone, device, precision, layout["mode"], layout["concurrent"], args.width,
+                                 args.seconds)
         else:
             got = _measure_processes(layout, args, Path(tempfile.mkdtemp(prefix="glue-speed.")))
         got.update(layout=layout["layout"], processes=layout["processes"], wall_seconds=time.perf_counter() - t0)
@@ -338,7 +360,8 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16"))
     f.add_argument("--width", type=int, default=128, help="tokens per row (the widest bucket)")
     f.add_argument("--seconds", type=float, default=2.0, help="the timed window of each layout")
-    f.add_argument("--layouts", default="graphs:32,3xgraphs:10,graphs:8,graphs:1,eager:1", help="[Px]MODE:K, comma-separated")
+    f.add_argument("--layouts", default="graphs:32,3xgraphs:10,graphs:8,graphs:1,eager:1",
+                   help="[Px]MODE:K, comma-separated")
     f.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     f.add_argument("--name", default="glue_speed", help="result file name")
     f.add_argument("--out-dir", default=None)

@@ -1,5 +1,6 @@
 """Does the GLUE plan fit the time the --finish command has, and what runs if it does not: the arithmetic the suite's
-glue stage does before it starts (benchmarks/gpu_check/suite.py), kept here so that tests check it against hand-computed numbers.
+glue stage does before it starts (benchmarks/gpu_check/suite.py), kept here so that tests check it against hand-computed
+numbers.
 
 `tinyelectra glue` runs its jobs (checkpoint x task x seed) round-robin in one process, one step of each job in flight
 per round, longest first, at most `concurrent` in flight (finetune.run_jobs): every job in flight advances at the same
@@ -28,12 +29,14 @@ H100_STEPS_PER_S = {
     8: 269.0,  # glue_speed.json, layout graphs:8 (the same padding)
     12: 364.2,  # glue.log: ckpt-10000 sst2 seed 1 from step 1,711 (101 s) to 3,532 (161 s) with 12 jobs in flight
     #             (6 SST-2, 6 STS-B): 1,821 steps / 60 s = 30.35 steps/s a job
-    30: 358.0,  # glue.log: ckpt-0000 cola seed 1 at step 359 after 30 s with all 30 jobs in flight: 358 / 30 = 11.93 a job
+    # glue.log: ckpt-0000 cola seed 1 at step 359 after 30 s with all 30 jobs in flight: 358 / 30 = 11.93 a job
+    30: 358.0,
 }
 # Time outside the steps, measured in the same run (SOURCE) unless said:
 STARTUP_S = 15.0  # process start to the first job's set-up: glue_speed's process took 7 s beyond its layouts' wall
-#                   time (60.2 s stage, 53.2 s of layouts: imports, CUDA, a checkpoint, exit); reading and tokenizing the
-#                   five training sets took 3.3 s on a 2-core CPU; two checkpoints to load: rounded up (unmeasured whole)
+#                   time (60.2 s stage, 53.2 s of layouts: imports, CUDA, a checkpoint, exit); reading and tokenizing
+#                   the five training sets took 3.3 s on a 2-core CPU; two checkpoints to load: rounded up (unmeasured
+#                   whole)
 JOB_SETUP_S = 0.55  # one job's set-up (classifier, optimizer, CUDA-graph capture), the host busy: glue.json's
 #                     train_seconds (from set-up) minus glue.log's step time (from step 1) fall by 0.42-0.72 s a job
 #                     down the creation order (STS-B 11.7 s, CoLA 7.4 s, RTE 3.8 s, MRPC 1.3 s)
@@ -120,12 +123,15 @@ def fit(steps_per_seed: dict[str, int], seeds: int, checkpoints: int, available_
     fits = plan is not None and plan["seconds"] <= budget
     trims = [f"{t} dropped" if t not in kept else f"{t} {kept[t]} seed{'s' if kept[t] > 1 else ''} of {seeds}"
              for t in sorted(steps_per_seed, key=lambda t: -steps_per_seed[t]) if kept.get(t) != seeds] if fits else []
-    return {"fits": fits, "seeds": kept if fits else {}, "dropped": [t for t in steps_per_seed if t not in kept] if fits else list(steps_per_seed),
-            "trims": trims, "concurrent": plan["concurrent"] if fits else None, "estimate_s": plan["seconds"] if fits else None,
+    return {"fits": fits, "seeds": kept if fits else {},
+            "dropped": [t for t in steps_per_seed if t not in kept] if fits else list(steps_per_seed),
+            "trims": trims, "concurrent": plan["concurrent"] if fits else None,
+            "estimate_s": plan["seconds"] if fits else None,
             "task_ends_s": plan["task_ends_s"] if fits else {}, "jobs": sum(kept.values()) * checkpoints if fits else 0,
             "steps": sum(steps_per_seed[t] * n * checkpoints for t, n in kept.items()) if fits else 0,
             "available_s": available_s, "margin": margin, "budget_s": budget, "tried": tried,
-            "full_plan": {"seconds": full["seconds"], "concurrent": full["concurrent"], "all_at_once_s": full["all_at_once_s"],
+            "full_plan": {"seconds": full["seconds"], "concurrent": full["concurrent"],
+                          "all_at_once_s": full["all_at_once_s"],
                           "jobs": seeds * checkpoints * len(steps_per_seed),
                           "steps": sum(s * seeds * checkpoints for s in steps_per_seed.values())},
             "model": {"steps_per_s_by_jobs_in_flight": table, "startup_s": STARTUP_S, "job_setup_s": JOB_SETUP_S,
@@ -140,19 +146,21 @@ def fit_with_extras(steps_per_seed: dict[str, int], extras: dict[str, int], seed
         f = fit({**steps_per_seed, **extras}, seeds, checkpoints, available_s, table, margin)
         if f["fits"] and not f["trims"]:
             return {**f, "extras": list(extras), "extras_dropped": []}
-    return {**fit(steps_per_seed, seeds, checkpoints, available_s, table, margin), "extras": [], "extras_dropped": list(extras)}
+    return {**fit(steps_per_seed, seeds, checkpoints, available_s, table, margin), "extras": [],
+            "extras_dropped": list(extras)}
 
 
 def describe(f: dict) -> str:
     """One line: the plan against its time, what was trimmed and why."""
     full = f["full_plan"]
-    head = (f"{full['jobs']} jobs, {full['steps']:,} steps: modeled {full['seconds']:.0f} s with up to {full['concurrent']} "
-            f"in flight (all at once: {full['all_at_once_s']:.0f} s) against {f['budget_s']:.0f} s ({f['margin']:.0%} of "
-            f"the {f['available_s']:.0f} s left)")
-    extras = f"; left out to fit: {', '.join(f['extras_dropped'])} (run only when time allows)" if f.get("extras_dropped") else ""
+    head = (f"{full['jobs']} jobs, {full['steps']:,} steps: modeled {full['seconds']:.0f} s with up to "
+            f"{full['concurrent']} in flight (all at once: {full['all_at_once_s']:.0f} s) against {f['budget_s']:.0f} "
+            f"s ({f['margin']:.0%} of the {f['available_s']:.0f} s left)")
+    extras = (f"; left out to fit: {', '.join(f['extras_dropped'])} (run only when time allows)"
+              if f.get("extras_dropped") else "")
     if not f["fits"]:
         return f"{head}: does not fit, not even one seed of one task"
     if not f["trims"]:
         return f"{head}: runs whole{extras}"
-    return (f"{head}{extras}: TRIMMED to fit ({', '.join(f['trims'])}; the longest task's seeds go first): {f['jobs']} jobs, "
-            f"{f['steps']:,} steps, modeled {f['estimate_s']:.0f} s with up to {f['concurrent']} in flight")
+    return (f"{head}{extras}: TRIMMED to fit ({', '.join(f['trims'])}; the longest task's seeds go first): {f['jobs']} "
+            f"jobs, {f['steps']:,} steps, modeled {f['estimate_s']:.0f} s with up to {f['concurrent']} in flight")

@@ -1,9 +1,9 @@
 """The data the GPU run needs that git does not hold, packed to travel beside the working tree, and unpacked there.
 
-    python -m benchmarks.gpu_check.pack build [DIR] [--shared ../shared/data] [--shards 400]   # -> DIR (default .lease/)
-    python -m benchmarks.gpu_check.pack build DIR --smoke                                      # a toy pack for --cpu-smoke
-    python -m benchmarks.gpu_check.pack unpack DIR WORK                  # -> WORK/pretrain (prepared data), WORK/glue (tasks)
-    python -m benchmarks.gpu_check.pack measure [--shards 20]            # tokens per MiB: this packing against alternatives
+    python -m benchmarks.gpu_check.pack build [DIR] [--shared ../shared/data] [--shards 400]  # -> DIR (or .lease/)
+    python -m benchmarks.gpu_check.pack build DIR --smoke                     # a toy pack for --cpu-smoke
+    python -m benchmarks.gpu_check.pack unpack DIR WORK    # -> WORK/pretrain (prepared data), WORK/glue (tasks)
+    python -m benchmarks.gpu_check.pack measure [--shards 20]  # tokens per MiB: this packing against alternatives
 
 A pack is three files:
 - pretrain.tar.xz: `tinyelectra prepare` of the first --shards enwiki files at the electra-small recipe's
@@ -19,9 +19,9 @@ A pack is three files:
   tokenizer's fingerprint, the command and commit that built it).
 It must fit beside the checkout in the 64 MiB a GPU command carries: `build` measures the checkout (the files git
 tracks or would track: what the device tool sends) and the pack, and refuses (an error, and the previous pack left
-as it was) when together they leave less than TRAVEL_MARGIN_BYTES, or the pack alone is over LIMIT_BYTES. `--smoke` builds the toy pack of the
-CPU smoke run: the first enwiki shard at a 2,048-entry vocabulary and 32-token rows (10% of its documents held out),
-and the first 40 training and 20 dev rows of each task.
+as it was) when together they leave less than TRAVEL_MARGIN_BYTES, or the pack alone is over LIMIT_BYTES. `--smoke`
+builds the toy pack of the CPU smoke run: the first enwiki shard at a 2,048-entry vocabulary and 32-token rows (10% of
+its documents held out), and the first 40 training and 20 dev rows of each task.
 """
 
 from __future__ import annotations
@@ -85,7 +85,8 @@ def build(out_dir: Path, shared: Path, shards: int, smoke: bool) -> dict:
     enwiki, glue = shared / "enwiki", shared / "glue"
     shard_files = sorted(enwiki.glob("*.gz")) if enwiki.is_dir() else []
     if not shard_files or not glue.is_dir():
-        raise UserError(f"--shared {shared}: expected enwiki/*.gz and glue/ (the project's data folder, ../shared/data)")
+        raise UserError(f"--shared {shared}: expected enwiki/*.gz and glue/ (the project's data folder, "
+                        "../shared/data)")
     from benchmarks.common import git_commit  # noqa: PLC0415
 
     from tinyelectra.config import load_recipe  # noqa: PLC0415
@@ -110,7 +111,8 @@ def build(out_dir: Path, shared: Path, shards: int, smoke: bool) -> dict:
                    *(["--validation-fraction", str(SMOKE["validation_fraction"])] if smoke else [])]
         subprocess.run(prepare, check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
         data = work / "pretrain"
-        write_tar_xz(stage / "pretrain.tar.xz", [(p, f"pretrain/{p.relative_to(data)}") for p in data.rglob("*") if p.is_file()])
+        write_tar_xz(stage / "pretrain.tar.xz", [(p, f"pretrain/{p.relative_to(data)}") for p in data.rglob("*")
+                                                 if p.is_file()])
         tasks, glue_files = {}, []
         for name in TASKS:
             spec = get_task(name)
@@ -131,7 +133,8 @@ def build(out_dir: Path, shared: Path, shards: int, smoke: bool) -> dict:
             tasks[name] = {"dir": spec.dir_name, "train_rows": rows["train"], "dev_rows": rows["dev"]}
         write_tar_xz(stage / "glue.tar.xz", glue_files)
         manifest = json.loads((data / "manifest.json").read_text())
-        files = {n: {"bytes": (stage / n).stat().st_size, "sha256": sha256_of(stage / n)} for n in ("pretrain.tar.xz", "glue.tar.xz")}
+        files = {n: {"bytes": (stage / n).stat().st_size, "sha256": sha256_of(stage / n)}
+                 for n in ("pretrain.tar.xz", "glue.tar.xz")}
         doc = {
             "format": FORMAT, "format_version": 1, "kind": "smoke" if smoke else "gpu",
             "pretrain": {"shards": [p.name for p in shard_files[:shards]], "tokens": manifest["tokens"],
@@ -148,12 +151,13 @@ def build(out_dir: Path, shared: Path, shards: int, smoke: bool) -> dict:
         checkout = checkout_bytes()
         doc["checkout_bytes"] = checkout
         if doc["total_bytes"] > LIMIT_BYTES:
-            raise UserError(f"the pack would be {doc['total_bytes'] / 2**20:.1f} MiB, over its {LIMIT_BYTES / 2**20:.0f} MiB "
-                            f"(the repository and the pack travel in 64 MiB): use fewer --shards than {shards}")
+            raise UserError(f"the pack would be {doc['total_bytes'] / 2**20:.1f} MiB, over its "
+                            f"{LIMIT_BYTES / 2**20:.0f} MiB (the repository and the pack travel in 64 MiB): use fewer "
+                            f"--shards than {shards}")
         if checkout is not None and checkout + doc["total_bytes"] > TRAVEL_BYTES - TRAVEL_MARGIN_BYTES:
-            raise UserError(f"the pack ({doc['total_bytes'] / 2**20:.1f} MiB) and the checkout ({checkout / 2**20:.1f} MiB) "
-                            f"would leave less than {TRAVEL_MARGIN_BYTES / 2**20:.0f} MiB of the {TRAVEL_BYTES / 2**20:.0f} MiB "
-                            f"a GPU command carries: use fewer --shards than {shards}")
+            raise UserError(f"the pack ({doc['total_bytes'] / 2**20:.1f} MiB) and the checkout ({checkout / 2**20:.1f} "
+                            f"MiB) would leave less than {TRAVEL_MARGIN_BYTES / 2**20:.0f} MiB of the "
+                            f"{TRAVEL_BYTES / 2**20:.0f} MiB a GPU command carries: use fewer --shards than {shards}")
         shutil.rmtree(work)
         (stage / "pack.json").write_text(json.dumps(doc, indent=2) + "\n")
         if out_dir.exists():
@@ -171,22 +175,25 @@ def describe(doc: dict, where: Path) -> None:
     train_tokens = p["tokens"]["train"]
     sizes = ", ".join(f"{n} {f['bytes'] / 2**20:.1f} MiB" for n, f in doc["files"].items())
     checkout = doc.get("checkout_bytes")
-    travel = f"; with the checkout's {checkout / 2**20:.1f} MiB: {(checkout + doc['total_bytes']) / 2**20:.1f} MiB of the " \
-             f"{TRAVEL_BYTES / 2**20:.0f} MiB a GPU command carries" if checkout else ""
-    print(f"pack {where}: {doc['total_bytes'] / 2**20:.1f} MiB of {doc['limit_bytes'] / 2**20:.0f} MiB ({sizes}){travel}")
+    travel = (f"; with the checkout's {checkout / 2**20:.1f} MiB: {(checkout + doc['total_bytes']) / 2**20:.1f} MiB of "
+              f"the {TRAVEL_BYTES / 2**20:.0f} MiB a GPU command carries" if checkout else "")
+    print(f"pack {where}: {doc['total_bytes'] / 2**20:.1f} MiB of {doc['limit_bytes'] / 2**20:.0f} MiB "
+          f"({sizes}){travel}")
     print(f"  pre-training: {train_tokens:,} tokens in {p['examples']['train']:,} rows of {p['seq_len']} "
-          f"({len(p['shards'])} enwiki shards; {p['tokens']['validation']:,} held-out tokens), a {p['vocab_size']:,}-entry "
-          f"WordPiece (fingerprint {p['tokenizer_fingerprint'][:12]})")
+          f"({len(p['shards'])} enwiki shards; {p['tokens']['validation']:,} held-out tokens), a "
+          f"{p['vocab_size']:,}-entry WordPiece (fingerprint {p['tokenizer_fingerprint'][:12]})")
     if doc["kind"] == "gpu":
         seconds = suite.gpu_plan("run")["pretrain_train_s"]
         low, high = (rate * seconds for rate in suite.EXPECTED_TOKENS_PER_S)
         paper = suite.PAPER_POINT_STEPS * 128 * 128
         print(f"  the GPU run trains at least {seconds} s (more when earlier stages finish early): at "
               f"{suite.EXPECTED_TOKENS_PER_S[0] / 1e6:.1f}M-{suite.EXPECTED_TOKENS_PER_S[1] / 1e6:.1f}M tokens/s, "
-              f"{low / 1e6:.0f}M-{high / 1e6:.0f}M tokens = {low / train_tokens:.1f}-{high / train_tokens:.1f} passes over them "
-              f"(the paper's 6.25% point, {paper / 1e9:.2f}B tokens, would be {paper / train_tokens:.0f} passes)")
+              f"{low / 1e6:.0f}M-{high / 1e6:.0f}M tokens = {low / train_tokens:.1f}-{high / train_tokens:.1f} passes "
+              f"over them (the paper's 6.25% point, {paper / 1e9:.2f}B tokens, would be {paper / train_tokens:.0f} "
+              "passes)")
     tasks = doc["glue"]["tasks"]
-    print("  GLUE: " + ", ".join(f"{t} ({v['train_rows']:,} train / {v['dev_rows']:,} dev rows)" for t, v in tasks.items()))
+    print("  GLUE: " + ", ".join(f"{t} ({v['train_rows']:,} train / {v['dev_rows']:,} dev rows)"
+                                 for t, v in tasks.items()))
 
 
 def unpack(lease: Path, work: Path) -> dict:
@@ -199,7 +206,8 @@ def unpack(lease: Path, work: Path) -> dict:
         raise UserError(f"{info}: not a tinyelectra GPU pack")
     for name, f in doc["files"].items():
         if not (lease / name).is_file() or sha256_of(lease / name) != f["sha256"]:
-            raise UserError(f"{lease / name}: missing or not the file pack.json describes (sha256); build the pack again")
+            raise UserError(f"{lease / name}: missing or not the file pack.json describes (sha256); build the pack "
+                            "again")
     work.mkdir(parents=True, exist_ok=True)
     for name in doc["files"]:
         with tarfile.open(lease / name) as tar:
@@ -228,10 +236,12 @@ def _alternatives(data: Path, text_files: list[Path]) -> dict[str, Callable[[], 
     manifest = json.loads((data / "manifest.json").read_text())
     shards = [(np.load(data / sh["ids"]), np.load(data / sh["meta"]))
               for split in manifest["splits"].values() for sh in split["shards"]]
-    side = [p.read_bytes() for p in sorted((data / "tokenizer").rglob("*")) if p.is_file()] + [(data / "manifest.json").read_bytes()]
+    side = ([p.read_bytes() for p in sorted((data / "tokenizer").rglob("*")) if p.is_file()]
+            + [(data / "manifest.json").read_bytes()])
     metas = [meta.tobytes() for _, meta in shards]
     # each row's tokens without its padding, concatenated (the rows are rebuilt from them and the meta's lengths)
-    real = np.concatenate([rows[np.arange(rows.shape[1])[None, :] < meta[:, 1:]] for rows, meta in shards]).astype(np.uint16)
+    real = np.concatenate([rows[np.arange(rows.shape[1])[None, :] < meta[:, 1:]]
+                           for rows, meta in shards]).astype(np.uint16)
     order = np.argsort(-np.bincount(real, minlength=65536), kind="stable").astype(np.uint16)  # by frequency
     rank = np.empty(65536, dtype=np.uint16)
     rank[order] = np.arange(65536, dtype=np.uint16)
@@ -269,7 +279,8 @@ def _alternatives(data: Path, text_files: list[Path]) -> dict[str, Callable[[], 
         "the prepared folder, tar.gz 9": lambda: tarred("w:gz", compresslevel=9),
         "the prepared folder, xz with LZMA2 lp=1 pb=1 lc=0 (2-byte symbols)": lambda: xz(
             [p.read_bytes() for p in sorted(data.rglob("*")) if p.is_file()], lp=1, pb=1, lc=0),
-        "real tokens only (padding dropped, rows rebuilt on unpack), uint16, xz 9": lambda: xz([real.tobytes(), *metas, *side]),
+        "real tokens only (padding dropped, rows rebuilt on unpack), uint16, xz 9":
+            lambda: xz([real.tobytes(), *metas, *side]),
         "real tokens only, LZMA2 lp=1 pb=1 lc=0": lambda: xz([real.tobytes(), *metas, *side], lp=1, pb=1, lc=0),
         "real tokens only, uint16 as two byte planes (high bytes, then low), xz 9": lambda: xz(
             [real.view(np.uint8)[1::2].tobytes(), real.view(np.uint8)[0::2].tobytes(), *metas, *side]),
@@ -319,7 +330,8 @@ def measure(shared: Path, shards: int, work: Path) -> dict:
         t1 = time.perf_counter()
         _decompress(blob)
         t2 = time.perf_counter()
-        out[name] = {"bytes": len(blob), "tokens_per_mib": tokens / (len(blob) / 2**20), "bytes_per_token": len(blob) / tokens,
+        out[name] = {"bytes": len(blob), "tokens_per_mib": tokens / (len(blob) / 2**20),
+                     "bytes_per_token": len(blob) / tokens,
                      "compress_seconds": round(t1 - t0, 2), "read_back_seconds": round(t2 - t1, 2)}
         print(f"{name}: {len(blob) / 2**20:.2f} MiB, {out[name]['tokens_per_mib'] / 1e6:.3f}M tokens/MiB", flush=True)
     current = next(iter(out.values()))["tokens_per_mib"]
@@ -336,12 +348,14 @@ def parser() -> suite.OneLineParser:
     sub = ap.add_subparsers(dest="command", required=True, parser_class=suite.OneLineParser)
     b = sub.add_parser("build", help="build a pack from the project's data folder")
     b.add_argument("dir", nargs="?", default=str(ROOT / ".lease"), help="where the pack goes (default .lease/)")
-    b.add_argument("--shared", default=os.environ.get("TINYELECTRA_SHARED_DATA") or str(ROOT.parent / "shared" / "data"),
+    b.add_argument("--shared", default=os.environ.get("TINYELECTRA_SHARED_DATA")
+                   or str(ROOT.parent / "shared" / "data"),
                    help="the data folder (default $TINYELECTRA_SHARED_DATA, else ../shared/data)")
     b.add_argument("--shards", type=int, default=DEFAULT_SHARDS, help="enwiki shards to prepare (sorted by name)")
     b.add_argument("--smoke", action="store_true", help="the toy pack of the CPU smoke run")
     m = sub.add_parser("measure", help="tokens per MiB of the current packing against alternatives")
-    m.add_argument("--shared", default=os.environ.get("TINYELECTRA_SHARED_DATA") or str(ROOT.parent / "shared" / "data"))
+    m.add_argument("--shared", default=os.environ.get("TINYELECTRA_SHARED_DATA")
+                   or str(ROOT.parent / "shared" / "data"))
     m.add_argument("--shards", type=int, default=20, help="enwiki shards to prepare and pack (sorted by name)")
     m.add_argument("--work", default="/tmp/tinyelectra-pack-measure", help="where the shards are prepared")
     u = sub.add_parser("unpack", help="check and extract a pack")

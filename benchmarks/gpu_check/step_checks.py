@@ -2,7 +2,8 @@
 decide the step's defaults, each check with its own time limit, skipped once the deadline is near. ELECTRA-Small,
 128 x 128, on the card's precision (bf16 where it has bf16).
 
-    python -m benchmarks.gpu_check.step_checks [--deadline 540] [--out-dir benchmarks/results/step-checks] [--only parity,both]
+    python -m benchmarks.gpu_check.step_checks [--deadline 540] [--out-dir benchmarks/results/step-checks] \
+        [--only parity,both]
 
   parity     loss_check.py --compile auto: the CUDA-graph step computes the eager step (exit 1 stops everything)
   both       throughput.py --compile auto --sides both --profile 2: tinyelectra and transformers each at its best
@@ -32,20 +33,24 @@ from benchmarks import ROOT, child_env
 
 SHAPE = ["--device", "cuda", "--recipe", "electra-small", "--batch", "128", "--seq-len", "128"]
 TIMING = ["--rounds", "6", "--warmup", "2", "--calls-per-round", "20", "--profile", "2"]
-# (name, module of benchmarks/, arguments, limit in seconds): the cold compile with CUDA graphs took 112 s on an H200 (one graph;
-# the step now has two, with and without an attention mask); the later checks find most of it in the cache
+# (name, module of benchmarks/, arguments, limit in seconds): the cold compile with CUDA graphs took 112 s on an H200
+# (one graph; the step now has two, with and without an attention mask); the later checks find most of it in the cache
 CHECKS = [
     ("parity", "loss_check", [*SHAPE, "--compile", "auto", "--steps", "20"], 300),
     ("both", "throughput", [*SHAPE, "--compile", "auto", "--sides", "both", *TIMING], 300),
-    ("grad_norm", "throughput", [*SHAPE, "--compile", "auto", "--sides", "tinyelectra", "--grad-norm", "one-op", *TIMING], 180),
-    ("no_padding", "throughput", [*SHAPE, "--compile", "auto", "--sides", "tinyelectra", "--padding", "none", *TIMING], 180),
+    ("grad_norm", "throughput",
+     [*SHAPE, "--compile", "auto", "--sides", "tinyelectra", "--grad-norm", "one-op", *TIMING], 180),
+    ("no_padding", "throughput",
+     [*SHAPE, "--compile", "auto", "--sides", "tinyelectra", "--padding", "none", *TIMING], 180),
     ("fp16_parity", "loss_check", [*SHAPE, "--precision", "fp16", "--compile", "auto", "--steps", "20"], 300),
-    ("fp16", "throughput", [*SHAPE, "--precision", "fp16", "--compile", "auto", "--sides", "tinyelectra", *TIMING], 240),
+    ("fp16", "throughput",
+     [*SHAPE, "--precision", "fp16", "--compile", "auto", "--sides", "tinyelectra", *TIMING], 240),
 ]
 
 
 def plan(deadline_s: float, elapsed_s: float, limit_s: float) -> float | None:
-    """The time a check may take: its limit, cut to what is left before the deadline; None when under a minute is left."""
+    """The time a check may take: its limit, cut to what is left before the deadline; None when under a minute is
+    left."""
     left = deadline_s - elapsed_s
     return None if left < 60 else min(limit_s, left)
 
@@ -82,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         (out / "step_checks.json").write_text(json.dumps(record, indent=2) + "\n")
         print(f"{name}: exit {rc} in {seconds} s", flush=True)
         if name == "parity" and rc != 0:
-            print("the parity check failed: the CUDA-graph step does not compute the eager step; stopping", file=sys.stderr)
+            print("the parity check failed: the CUDA-graph step does not compute the eager step; stopping",
+                  file=sys.stderr)
             return 1
     (out / "step_checks.json").write_text(json.dumps(record, indent=2) + "\n")
     return 0

@@ -1,9 +1,9 @@
 """The GPU suite behind benchmarks/gpu_suite.sh: the paper's first point in one lease, as two prepared commands run
 back to back on the same warm machine, each under its own deadline and each leaving three files.
 
-    python -m benchmarks.gpu_check.suite run [--cpu-smoke] [--lease DIR] [--out DIR] [--work DIR]            # the first command
-    python -m benchmarks.gpu_check.suite run --finish [--cpu-smoke] [--out DIR] [--work DIR]                # the second command
-    python -m benchmarks.gpu_check.suite summary DIR                                      # the table again, from an archive
+    python -m benchmarks.gpu_check.suite run [--cpu-smoke] [--lease DIR] [--out DIR] [--work DIR]  # the first command
+    python -m benchmarks.gpu_check.suite run --finish [--cpu-smoke] [--out DIR] [--work DIR]      # the second command
+    python -m benchmarks.gpu_check.suite summary DIR                        # the table again, from an archive
 
 The first (RUN, 560 s): unpack (the pack from --lease), env (machine, measured ceilings), checks (a training step,
 SDPA gradients per backend), parity (fail fast: eager vs CUDA-graph training losses, benchmarks/loss_check.py, on a
@@ -20,15 +20,15 @@ The second (--finish, 280 s) finds that run (or says in one line that it is not 
 training sets of CoLA, SST-2, MRPC, STS-B and RTE, the paper's protocol, 3 seeds, the last checkpoint and `ckpt-0000`
 side by side in one process; CoLA again at the released code's learning rate when the whole plan fits with it) with
 all the time the deadline leaves. Before it starts, its plan is checked against that
-time on its critical path (benchmarks/gpu_check/glue_fit.py: the jobs round-robin in one process, at the steps/s measured on the
-H100 for each number of jobs in flight), the cap on jobs in flight set to the one the model finds fastest, and when
-it does not fit it is trimmed in a stated order (the longest task's seeds first, a task dropped last), said in one
-line and in finish.json (glue_fit). Its layout is the default (DEFAULT_LAYOUT: the fastest the H100 measured), so no
-measurement sits before it. Then, with time left: glue_early (a checkpoint at a quarter of the run, fitted the same
-way), glue_fp32 (bf16 fine-tuning checked against fp32 on three tasks), the extras (transformers compiled with CUDA
-graphs, tinyelectra vs transformers eager, fp16) and glue_speed (fine-tuning steps/s per layout: processes x jobs in
-flight, for the next lease's default). Its table gives each side's seeds that answered one class, the two sides
-compared by one rule (tinyelectra.metrics.compare_seeds) and the verdict against the paper, computed
+time on its critical path (benchmarks/gpu_check/glue_fit.py: the jobs round-robin in one process, at the steps/s
+measured on the H100 for each number of jobs in flight), the cap on jobs in flight set to the one the model finds
+fastest, and when it does not fit it is trimmed in a stated order (the longest task's seeds first, a task dropped last),
+said in one line and in finish.json (glue_fit). Its layout is the default (DEFAULT_LAYOUT: the fastest the H100
+measured), so no measurement sits before it. Then, with time left: glue_early (a checkpoint at a quarter of the run,
+fitted the same way), glue_fp32 (bf16 fine-tuning checked against fp32 on three tasks), the extras (transformers
+compiled with CUDA graphs, tinyelectra vs transformers eager, fp16) and glue_speed (fine-tuning steps/s per layout:
+processes x jobs in flight, for the next lease's default). Its table gives each side's seeds that answered one class,
+the two sides compared by one rule (tinyelectra.metrics.compare_seeds) and the verdict against the paper, computed
 (metrics.verdict_against_anchors).
 
 Every stage is a process (or, for glue, the processes of its layout) under its own time limit, recorded whatever
@@ -79,7 +79,8 @@ POINT_SHARE = 0.0625  # `pretrain` stops at this share of its recipe's schedule 
 # (weights and optimizer fp32; fp32 is checked against it on three tasks when time allows: glue_fp32), no test-set
 # predictions (the pack holds no test sets). The smoke run: 16 rows per task, fixed-shape steps without CUDA graphs.
 GLUE = {"gpu": {"seeds": 3, "max_train_rows": None, "settings": ("precision=bf16", "test_predictions=false")},
-        "smoke": {"seeds": 3, "max_train_rows": 16, "settings": ("precision=fp32", "test_predictions=false", "step=static")}}
+        "smoke": {"seeds": 3, "max_train_rows": 16,
+                  "settings": ("precision=fp32", "test_predictions=false", "step=static")}}
 GLUE_FP32_TASKS = ("cola", "mrpc", "rte")  # the small tasks: about 7,000 steps in true fp32 (TF32 off)
 # the glue stage's second learning rate (`glue --released-lr`: the released code's 1e-4, weight decay 0.01), when the
 # whole plan fits with it (glue_fit.fit_with_extras; always on the smoke run): CoLA predicted one class at 3e-4
@@ -87,7 +88,8 @@ RELEASED_LR_TASKS = ("cola",)
 EARLY_CHECKPOINT = "ckpt-2500"  # glue_early: a quarter of the run
 # glue_speed: the layouts measured ([P processes x] step mode : jobs in flight per process), after the GLUE stages: it
 # tells the next lease's default. The processes split the seeds, so P divides GLUE's seeds.
-GLUE_LAYOUTS = {"gpu": "graphs:32,3xgraphs:10,graphs:8,graphs:1,eager:1",  # the likeliest first: a stopped stage keeps them
+# the likeliest first: a stopped stage keeps them
+GLUE_LAYOUTS = {"gpu": "graphs:32,3xgraphs:10,graphs:8,graphs:1,eager:1",
                 "smoke": "static:4,3xstatic:2,static:1,eager:1"}
 DEFAULT_LAYOUT = {"gpu": "graphs:32", "smoke": "static:4"}  # glue's layout (glue_speed runs after it)
 DEFAULT_WHY = {"gpu": "the default: the fastest of the five layouts glue_speed measured on the H100 on 2026-11-26 "
@@ -132,7 +134,8 @@ def glue_plan(train_rows: dict[str, int], seeds: int, checkpoints: int, batch_si
     for task, rows in train_rows.items():
         n = rows * (2 if get_task(task).swap_pairs else 1)
         per_epoch, steps = plan_steps(n, fc.batch_size, fc.task_epochs(task))
-        tasks[task] = {"rows_in_file": rows, "train_rows": n, "epochs": fc.task_epochs(task), "steps_per_epoch": per_epoch,
+        tasks[task] = {"rows_in_file": rows, "train_rows": n, "epochs": fc.task_epochs(task),
+                       "steps_per_epoch": per_epoch,
                        "steps_per_seed": steps, "jobs": seeds * checkpoints, "steps": steps * seeds * checkpoints}
     return {"tasks": tasks, "seeds": seeds, "checkpoints": checkpoints, "jobs": sum(t["jobs"] for t in tasks.values()),
             "steps": sum(t["steps"] for t in tasks.values())}
@@ -143,7 +146,8 @@ def parse_layout(text: str) -> dict:
     m = re.fullmatch(r"(?:(\d+)x)?(eager|static|graphs):(\d+)", text.strip())
     if not m or int(m.group(3)) < 1 or int(m.group(1) or 1) < 1:
         raise ValueError(f"layout {text!r}: expected [Px]MODE:K, e.g. graphs:8 or 3xgraphs:10")
-    return {"layout": text.strip(), "processes": int(m.group(1) or 1), "mode": m.group(2), "concurrent": int(m.group(3))}
+    return {"layout": text.strip(), "processes": int(m.group(1) or 1), "mode": m.group(2),
+            "concurrent": int(m.group(3))}
 
 
 def pick_layout(measured: dict | None, seeds: int, mode: str, forced: str | None = None) -> dict:
@@ -151,7 +155,8 @@ def pick_layout(measured: dict | None, seeds: int, mode: str, forced: str | None
     the seeds (when it ran before), else DEFAULT_LAYOUT; with the measured aggregate steps/s and why it was picked."""
     if forced:
         return {**parse_layout(forced), "steps_per_second": None, "why": f"SUITE_GLUE_LAYOUT={forced}"}
-    fits = [r for r in (measured or {}).get("layouts", []) if seeds % r.get("processes", 1) == 0 and r.get("steps_per_second")]
+    fits = [r for r in (measured or {}).get("layouts", []) if seeds % r.get("processes", 1) == 0
+            and r.get("steps_per_second")]
     if not fits:
         return {**parse_layout(DEFAULT_LAYOUT[mode]), "steps_per_second": None,
                 "why": DEFAULT_WHY[mode]}
@@ -233,14 +238,16 @@ def pretrain_stops(left_s: float, steps_per_second: float | None) -> tuple[int, 
     train_s = max(stop_s - PRETRAIN_STARTUP_S, 0)
     stops = [f"{PAPER_POINT_STEPS}steps", f"{stop_s}s"]
     if not steps_per_second:
-        return stage, stops, f"the paper's 62,500 steps or {stop_s} s, whichever first (the speed stage measured no rate)"
+        return stage, stops, (f"the paper's 62,500 steps or {stop_s} s, whichever first (the speed stage measured no "
+                              "rate)")
     fit = steps_per_second * train_s
     if fit >= PAPER_POINT_STEPS:
-        return stage, stops, (f"the speed stage's {steps_per_second:.0f} steps/s reach the paper's {PAPER_POINT_STEPS:,} "
-                              f"steps in about {PAPER_POINT_STEPS / steps_per_second:.0f} s of the {train_s} s of training")
+        return stage, stops, (f"the speed stage's {steps_per_second:.0f} steps/s reach the paper's "
+                              f"{PAPER_POINT_STEPS:,} steps in about {PAPER_POINT_STEPS / steps_per_second:.0f} s of "
+                              f"the {train_s} s of training")
     return stage, stops, (f"about {fit:,.0f} steps fit in {train_s} s of training at the speed stage's "
-                          f"{steps_per_second:.0f} steps/s: {fit / PAPER_POINT_STEPS:.0%} of the paper's {PAPER_POINT_STEPS:,}; "
-                          f"it stops after {stop_s} s")
+                          f"{steps_per_second:.0f} steps/s: {fit / PAPER_POINT_STEPS:.0%} of the paper's "
+                          f"{PAPER_POINT_STEPS:,}; it stops after {stop_s} s")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -249,14 +256,17 @@ def pretrain_stops(left_s: float, steps_per_second: float | None) -> tuple[int, 
 
 SIZES = {
     "gpu": {"device": ["--device", "cuda"], "train_device": ["--gpu", "0"], "model": ["--recipe", "electra-small"],
-            "batch": "128", "seq_len": "128", "fp16": "fp16", "parity": ["--steps", "20", "--set", "model.num_layers=2"],
+            "batch": "128", "seq_len": "128", "fp16": "fp16", "parity": [
+                "--steps", "20", "--set", "model.num_layers=2"],
             "timing": ["--rounds", "8", "--warmup", "2", "--calls-per-round", "20"], "profile": ["--profile", "2"],
             "glue_speed": ["--device", "cuda", "--precision", "bf16", "--width", "128", "--seconds", "2"]},
     "smoke": {"device": ["--device", "cpu", "--threads", "1"], "train_device": ["--device", "cpu"],
-              "model": ["--recipe", "tiny", "--set", "model.num_layers=1"], "batch": "2", "seq_len": "16", "fp16": "fp32",
+              "model": ["--recipe", "tiny", "--set", "model.num_layers=1"], "batch": "2", "seq_len": "16",
+              "fp16": "fp32",
               "parity": ["--steps", "3"], "profile": ["--profile", "2"],
               "timing": ["--rounds", "2", "--warmup", "1", "--calls-per-round", "2", "--no-memory"],
-              "glue_speed": ["--device", "cpu", "--precision", "fp32", "--width", "32", "--seconds", "0.5", "--threads", "1"]},
+              "glue_speed": ["--device", "cpu", "--precision", "fp32", "--width", "32", "--seconds", "0.5",
+                             "--threads", "1"]},
 }
 
 
@@ -267,8 +277,8 @@ def _module(name: str) -> list[str]:
 
 def _step(run: "Run", *extra: str, precision: str = "bf16") -> list[str]:
     z = SIZES[run.mode]
-    return [*z["device"], *z["model"], "--batch", z["batch"], "--seq-len", z["seq_len"], "--precision", precision, *extra,
-            "--out-dir", str(run.stage_dir)]
+    return [*z["device"], *z["model"], "--batch", z["batch"], "--seq-len", z["seq_len"], "--precision", precision,
+            *extra, "--out-dir", str(run.stage_dir)]
 
 
 def _throughput(run: "Run", name: str, compile_mode: str, sides: str, profile: bool = False, **step) -> list[str]:
@@ -296,7 +306,8 @@ def compile_mode(run: "Run") -> str:
 
 def stage_parity(run: "Run") -> list[str]:
     z = SIZES[run.mode]
-    return [run.python, *_module("loss_check"), *_step(run, "--compile", "reduce-overhead", *z["parity"]), "--name", "parity"]
+    return [run.python, *_module("loss_check"), *_step(run, "--compile", "reduce-overhead", *z["parity"]),
+            "--name", "parity"]
 
 
 def stage_speed(run: "Run") -> list[str]:
@@ -313,7 +324,8 @@ def why_eager(speed: dict, train_s: int | None) -> str | None:
     inductor cache the speed stage filled; should that ever miss, it would compile cold inside its own limit, and
     a compile longer than the training budget would leave it little time to train or to write its checkpoints."""
     if not speed.get("compiled"):
-        return f"compilation did not work in the speed stage ({speed.get('compile_note') or 'the speed stage did not finish'})"
+        return ("compilation did not work in the speed stage "
+                f"({speed.get('compile_note') or 'the speed stage did not finish'})")
     cold = speed.get("first_call_s")
     if train_s is not None and cold is not None and cold > train_s:
         return (f"the speed stage's cold compile took {cold:.0f} s, more than pretrain's {train_s} s of training "
@@ -356,7 +368,8 @@ def stage_pretrain(run: "Run") -> list[str] | str:
 
 
 def initial_checkpoint(run: "Run") -> Path:
-    """ckpt-0000, the no-pre-training side of GLUE: the pre-training run's own initial weights (--initial-checkpoint)."""
+    """ckpt-0000, the no-pre-training side of GLUE: the pre-training run's own initial weights
+    (--initial-checkpoint)."""
     return run.work / "pretrain" / "ckpt-0000"
 
 
@@ -383,7 +396,8 @@ def fit_glue(run: "Run", stage: str, layout: dict, tasks: list[str], checkpoints
     if run.mode != "gpu":
         return "not modeled on the CPU smoke run (the rates are the H100's)"
     if layout["processes"] != 1 or layout["mode"] != "graphs" or precision != "bf16":
-        return f"not modeled for {layout['layout']} in {precision} (the rates are one process's with CUDA graphs in bf16)"
+        return (f"not modeled for {layout['layout']} in {precision} (the rates are one process's with CUDA graphs in "
+                "bf16)")
     rows = {t: _get(_load(run.pack / "pack.json"), "glue", "tasks", t, "train_rows") for t in tasks}
     if not all(rows.values()):
         return "not modeled (the pack does not give every task's training rows)"
@@ -402,7 +416,8 @@ def _glue_layout_commands(run: "Run", stage: str, checkpoint: Path, tasks: list[
     layout = run.layout or pick_layout(_load(run.stage_dir / "glue_speed.json"), seeds, run.mode,
                                        os.environ.get("SUITE_GLUE_LAYOUT"))
     run.layout = layout
-    precision = next((s.split("=")[1] for s in reversed((*GLUE[run.mode]["settings"], *extra)) if s.startswith("precision=")), "")
+    precision = next((s.split("=")[1] for s in reversed((*GLUE[run.mode]["settings"], *extra))
+                      if s.startswith("precision=")), "")
     released = tuple(t for t in released if t in tasks)
     fit = fit_glue(run, stage, layout, tasks, checkpoints, precision, released)
     run.glue_fits[stage] = fit if isinstance(fit, dict) else {"modeled": False, "why": fit}
@@ -422,9 +437,9 @@ def _glue_layout_commands(run: "Run", stage: str, checkpoint: Path, tasks: list[
     commands = []
     for p in range(layout["processes"]):
         seed_sets = (f"seed={p * per}",) if layout["processes"] > 1 else ()
-        commands.append([run.python, "-m", "tinyelectra", *glue_args(run.mode, checkpoint, run.pack / "glue", tasks, out / f"p{p}",
-                                                                      device, per, (*mode_sets, *seed_sets, *extra), task_seeds,
-                                                                      list(released))])
+        commands.append([run.python, "-m", "tinyelectra",
+                         *glue_args(run.mode, checkpoint, run.pack / "glue", tasks, out / f"p{p}", device, per,
+                                    (*mode_sets, *seed_sets, *extra), task_seeds, list(released))])
     run.note(stage, f"layout {layout['layout']} ({layout['why']})")
     run.note(stage, f"plan: {glue_fit.describe(fit)}" if isinstance(fit, dict) else f"plan {fit}")
     if isinstance(fit, dict) and fit["trims"]:
@@ -459,7 +474,8 @@ def stage_glue_early(run: "Run") -> list[list[str]] | str:
         return f"no {EARLY_CHECKPOINT}"
     if found[-1] == EARLY_CHECKPOINT:
         return f"{EARLY_CHECKPOINT} is the run's last checkpoint: the glue stage ran on it"
-    return _glue_layout_commands(run, "glue_early", run.work / "pretrain" / EARLY_CHECKPOINT, tasks, run.work / "glue-early")
+    return _glue_layout_commands(run, "glue_early", run.work / "pretrain" / EARLY_CHECKPOINT, tasks,
+                                 run.work / "glue-early")
 
 
 def stage_glue_fp32(run: "Run") -> list[list[str]] | str:
@@ -474,13 +490,15 @@ def stage_glue_speed(run: "Run") -> list[str] | str:
     init = initial_checkpoint(run)
     if not (init / "config.json").is_file():
         return "no ckpt-0000 to measure with (pretrain did not write its initial weights)"
-    return [run.python, *_module("gpu_check.device_checks"), "finetune", "--checkpoint", str(init), *SIZES[run.mode]["glue_speed"],
+    return [run.python, *_module("gpu_check.device_checks"), "finetune", "--checkpoint", str(init),
+            *SIZES[run.mode]["glue_speed"],
             "--layouts", GLUE_LAYOUTS[run.mode], "--out-dir", str(run.stage_dir), "--name", "glue_speed"]
 
 
 STAGES = {  # stage -> its command(s) (or why it cannot run), built when the stage starts
     "unpack": lambda r: [r.python, *_module("gpu_check.pack"), "unpack", str(r.lease), str(r.pack)],
-    "env": lambda r: [r.python, *_module("gpu_check.device_checks"), "env", "--mode", r.mode, "--out-dir", str(r.stage_dir)],
+    "env": lambda r: [r.python, *_module("gpu_check.device_checks"), "env", "--mode", r.mode, "--out-dir",
+                      str(r.stage_dir)],
     "checks": lambda r: [r.python, *_module("gpu_check.device_checks"), "checks", *_step(r)],
     "parity": stage_parity,
     "speed": stage_speed,
@@ -531,7 +549,8 @@ class Run:
         (self.stage_dir / "logs").mkdir(parents=True, exist_ok=True)
         self.log = open(out_dir / self.files[0], "w", encoding="utf-8")  # noqa: SIM115 - open for the whole run
         site = installed_copy(work)  # first on the stages' path: the package as users install it
-        self.env = child_env({**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
+        self.env = child_env({**os.environ,
+                              "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
                               "PYTHONUNBUFFERED": "1", "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor-cache")})
         if mode == "smoke":  # one thread per process; inductor's aot_eager backend (no C++ compile on a busy CPU)
             self.env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TINYELECTRA_COMPILE_BACKEND="aot_eager")
@@ -571,7 +590,8 @@ class Run:
                 out.write(f"[suite] {name}: {' '.join(command)}\n")
                 out.flush()
                 # in the work folder: `python -m` and `-c` put the current folder first on the path, and the checkout's
-                # tinyelectra/ (no recipes in it) would shadow the installed copy on a machine where nothing is installed
+                # tinyelectra/ (no recipes in it) would shadow the installed copy on a machine where nothing is
+                # installed
                 procs.append(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                               cwd=self.work, env=self.env, start_new_session=True))  # stopped whole
             logs.append(log)
@@ -593,7 +613,8 @@ class Run:
             procs, logs = self._start(name, commands)
             rc, status = self.wait(procs, t0 + limit)
         except Exception as e:  # noqa: BLE001 - recorded; the next stages and the summary still run
-            return self.record(name, "failed", None, time.monotonic() - t0, limit or 0, f"the suite: {type(e).__name__}: {e}",
+            return self.record(name, "failed", None, time.monotonic() - t0, limit or 0,
+                               f"the suite: {type(e).__name__}: {e}",
                                commands)
         return self.finished(name, procs, logs, rc, status, t0, limit, commands)
 
@@ -670,10 +691,12 @@ def collect(run: Run) -> None:
     the second: every glue.json (--released-lr's too)."""
     if run.command == "run":
         pre = run.work / "pretrain"
-        wanted = [pre / n for n in ("plan.json", "summary.json", "metrics.jsonl", "recipe.json")] + sorted(pre.glob("ckpt-*/meta.json"))
+        wanted = ([pre / n for n in ("plan.json", "summary.json", "metrics.jsonl", "recipe.json")]
+                  + sorted(pre.glob("ckpt-*/meta.json")))
         wanted += [run.pack / "pack.json"]
     else:
-        wanted = sorted(run.work.glob("glue*/p*/*/glue.json")) + sorted(run.work.glob("glue*/p*/*/released-lr/glue.json"))
+        wanted = (sorted(run.work.glob("glue*/p*/*/glue.json"))
+                  + sorted(run.work.glob("glue*/p*/*/released-lr/glue.json")))
     for src in wanted:
         if src.is_file():
             dst = run.stage_dir / src.relative_to(run.work)
@@ -701,7 +724,8 @@ def close(run: Run, interrupted: str | None) -> int:
         text = table(doc)
     except Exception as e:  # noqa: BLE001 - the records and the files are what the lease leaves: keep them
         doc = {"benchmark": "gpu_suite", "mode": run.mode, "command": run.command, "seconds": round(seconds, 1),
-               "deadline_s": run.deadline_s, "interrupted": interrupted, "gpu_plan_total_s": gpu_plan(run.command)["total_s"],
+               "deadline_s": run.deadline_s, "interrupted": interrupted,
+               "gpu_plan_total_s": gpu_plan(run.command)["total_s"],
                "stages": run.records, "summary_error": f"{type(e).__name__}: {e}"}
         text = "\n".join([f"[suite] {r['stage']}: {r['status']} ({r['seconds']} s) {r['note']}" for r in run.records]
                          + [f"summary failed ({type(e).__name__}: {e}): the stages' files are in the archive"])
@@ -739,14 +763,16 @@ def _prepare_work(work: Path, fresh: bool) -> None:
             if p.name != LOCK_NAME:
                 shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
     work.mkdir(parents=True, exist_ok=True)
-    (work / WORK_MARK).write_text("a work folder of benchmarks/gpu_check/suite.py: emptied at the start of every first command\n")
+    (work / WORK_MARK).write_text("a work folder of benchmarks/gpu_check/suite.py: emptied at the start of every first "
+                                  "command\n")
 
 
 def _out_dir(args, mode: str, work: Path) -> tuple[Path, str]:
     """--out, else $OUT, else benchmarks/results/<mode>-<stamp>/; checked writable and outside the work folder `work`
     (one line and exit 2 if not)."""
     env_out = os.environ.get("OUT")
-    chosen = args.out or env_out or str(ROOT / "benchmarks" / "results" / f"{mode}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
+    chosen = args.out or env_out or str(ROOT / "benchmarks" / "results"
+                                        / f"{mode}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
     why = "--out" if args.out else "$OUT" if env_out else "default"
     if args.out and env_out and Path(args.out).resolve() != Path(env_out).resolve():
         why = f"--out (it wins over $OUT={env_out})"
@@ -776,7 +802,8 @@ def run_suite(args) -> int:
         first = _load(work / "run.json")
         if first is None:
             _fail(f"no run to finish in {work} (run.json not found): run `bash benchmarks/gpu_suite.sh"
-                  f"{' --cpu-smoke' if mode == 'smoke' else ''}` first on this machine; --finish continues what it left")
+                  f"{' --cpu-smoke' if mode == 'smoke' else ''}` first on this machine; --finish continues what it "
+                  "left")
         if first.get("mode") != mode:
             _fail(f"{work / 'run.json'}: the run there is a {first.get('mode')} run, not a {mode} one")
     elif mode == "gpu":
@@ -784,8 +811,8 @@ def run_suite(args) -> int:
         if not info.is_file():
             _fail(f"{info} not found: build the pack first (bash benchmarks/gpu_suite.sh --pack)")
         if (kind := (_load(info) or {}).get("kind")) != "gpu":
-            _fail(f"{info}: a {kind or 'unknown'} pack, not the GPU run's (its rows would not fit electra-small): build it "
-                  "with bash benchmarks/gpu_suite.sh --pack")
+            _fail(f"{info}: a {kind or 'unknown'} pack, not the GPU run's (its rows would not fit electra-small): "
+                  "build it with bash benchmarks/gpu_suite.sh --pack")
     out_dir, out_why = _out_dir(args, mode, work)
     from tinyelectra.errors import UserError  # noqa: PLC0415
     from tinyelectra.runfolder import holding  # noqa: PLC0415
@@ -809,8 +836,8 @@ def _run_suite(mode: str, command: str, work: Path, lease: Path | None, out_dir:
             f"{out_dir} ({out_why})")
     if mode == "smoke" and command == "run" and lease is None:  # the toy pack (seconds), before the stages
         with open(run.stage_dir / "logs" / "smoke_pack.log", "w", encoding="utf-8") as f:
-            built = subprocess.run([run.python, *_module("gpu_check.pack"), "build", str(run.lease), "--smoke"], stdout=f,
-                                   stderr=subprocess.STDOUT, cwd=ROOT, env=run.env)
+            built = subprocess.run([run.python, *_module("gpu_check.pack"), "build", str(run.lease), "--smoke"],
+                                   stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=run.env)
         if built.returncode != 0:
             run.say("[suite] could not build the smoke pack (it needs ../shared/data): see logs/smoke_pack.log")
     for name in run.plan:
@@ -855,7 +882,8 @@ def side_figures(doc: dict | None, side: str, env: dict | None) -> dict | None:
     peak = s.get("peak_memory_bytes")
     measured = _get(env, "ceilings", "gemm_tflops")
     return {"tokens_per_s": s["tokens_per_s"], "mfu_datasheet": s.get("hardware_mfu"),
-            "mfu_measured_peak": mfu(s["tokens_per_s"], doc.get("hardware_flops_per_token"), measured * 1e12 if measured else None),
+            "mfu_measured_peak": mfu(s["tokens_per_s"], doc.get("hardware_flops_per_token"),
+                                     measured * 1e12 if measured else None),
             "peak_memory_gib": peak / 2**30 if peak else None, "compile_note": s.get("compile_note"),
             "first_call_s": s.get("first_call_s"),
             "attention_dispatcher": _get(s, "attention_dispatcher", "summary") or s.get("attention_dispatcher"),
@@ -863,7 +891,8 @@ def side_figures(doc: dict | None, side: str, env: dict | None) -> dict | None:
             "kernel_launches_per_step": _get(s, "profile", "kernel_launches_per_step"),
             "cuda_graphs": _get(s, "cuda_graphs", "label"),
             "measured_as": f"{doc.get('device')}, {doc.get('recipe')} {' '.join(doc.get('overrides') or [])}, batch "
-                           f"{doc.get('batch_size')} x {doc.get('seq_len')}, {doc.get('precision')}, compile {doc.get('compile')}",
+                           f"{doc.get('batch_size')} x {doc.get('seq_len')}, {doc.get('precision')}, compile "
+                           f"{doc.get('compile')}",
             "complete": doc.get("complete")}
 
 
@@ -898,15 +927,19 @@ def along_the_run(records: list[dict], checkpoints: dict[str, dict]) -> dict:
     for name, c in checkpoints.items():
         ev = c.get("eval") or {}
         prior = prior_loss(ev.get("replaced_frac"))
-        marks[name] = {"step": c.get("step"), "loss_over_prior": ev["disc_loss"] / prior if prior and ev.get("disc_loss") is not None else None,
+        marks[name] = {"step": c.get("step"), "loss_over_prior": ev["disc_loss"] / prior if prior
+                       and ev.get("disc_loss") is not None else None,
                        "recall": ev.get("disc_recall"), "auc_matched": ev.get("disc_auc_matched"),
                        "auc_unigram_matched": ev.get("disc_auc_context_matched"),
-                       "generator_over_unigram": ev["gen_acc"] / ev["unigram_acc"] if ev.get("gen_acc") and ev.get("unigram_acc") else None}
+                       "generator_over_unigram": ev["gen_acc"] / ev["unigram_acc"] if ev.get("gen_acc")
+                       and ev.get("unigram_acc") else None}
     return {"loss_over_prior": {"first": curve[0] if curve else None, "last": curve[-1] if curve else None,
                                 "every_1000": [c for c in curve if c[0] % 1000 == 0]},
-            "left_prior_at_step": left, "left_prior_rule": f"median of {SMOOTH_RECORDS} logged steps under {LEFT_PRIOR} to the end",
+            "left_prior_at_step": left,
+            "left_prior_rule": f"median of {SMOOTH_RECORDS} logged steps under {LEFT_PRIOR} to the end",
             "early_dip": {"step": dip[0], "loss_over_prior": dip[1]} if dip else None, "checkpoints": marks,
-            "published_end": "published 1M-step runs end at 0.44-0.48 of the all-original loss (../shared/REFERENCE.md)"}
+            "published_end": ("published 1M-step runs end at 0.44-0.48 of the all-original loss "
+                              "(../shared/REFERENCE.md)")}
 
 
 def paper_point(steps: int | None, tokens: float | None, flops_paper: float | None) -> dict:
@@ -918,7 +951,8 @@ def paper_point(steps: int | None, tokens: float | None, flops_paper: float | No
     row, small = TABLE1[0], load_recipe("electra-small")
     tokens_at = row.steps * 128 * 128
     peak, warmup, total = small.optim.lr, small.optim.warmup_steps, small.train.steps
-    return {"paper_steps": row.steps, "paper_tokens": tokens_at, "paper_flops": row.train_flops_paper, "paper_glue": row.glue_dev,
+    return {"paper_steps": row.steps, "paper_tokens": tokens_at, "paper_flops": row.train_flops_paper,
+            "paper_glue": row.glue_dev,
             "paper_lr": peak * min(1.0, row.steps / warmup) * (1 - row.steps / total),
             "steps_fraction": steps / row.steps if steps is not None else None,
             "tokens_fraction": tokens / tokens_at if tokens else None,
@@ -932,7 +966,8 @@ def pretrain_figures(d: Path, pack: dict | None, record: dict | None) -> dict:
     early (no summary.json): from metrics.jsonl."""
     summary = _load(d / "pretrain" / "summary.json") or {}
     plan = _load(d / "pretrain" / "plan.json") or {}
-    lines = (d / "pretrain" / "metrics.jsonl").read_text().splitlines() if (d / "pretrain" / "metrics.jsonl").is_file() else []
+    metrics = d / "pretrain" / "metrics.jsonl"
+    lines = metrics.read_text().splitlines() if metrics.is_file() else []
     records = []
     for x in lines:
         try:
@@ -970,7 +1005,8 @@ def pretrain_figures(d: Path, pack: dict | None, record: dict | None) -> dict:
             "compile": _get(summary, "runtime", "compile"), "attention": _get(summary, "runtime", "attention"),
             "median_tokens_per_second": summary.get("median_tokens_per_second"),
             "peak_gpu_memory_gib": summary.get("peak_gpu_memory_gib"),
-            "metrics_median_tokens_per_second": statistics.median(r["tokens_per_second"] for r in steps[1:]) if len(steps) > 1 else None,
+            "metrics_median_tokens_per_second": (statistics.median(r["tokens_per_second"] for r in steps[1:])
+                                                 if len(steps) > 1 else None),
             "checkpoints": {n: {"step": c.get("step"), "eval": c.get("eval")} for n, c in ckpts.items()},
             "along_the_run": along_the_run(steps, ckpts),
             "paper_point": paper_point(step, tokens, flops_paper),
@@ -987,10 +1023,12 @@ def glue_results(folder: Path, arm: str = "") -> dict[str, dict[str, dict]]:
         doc = _load(path) or {}
         name = path.parents[1 if arm else 0].name
         entries = {t: (e.get("seeds") or [], e) for t, e in (doc.get("tasks") or {}).items()}
-        entries.update({t: (p.get("seeds") or [], {}) for t, p in (doc.get("partial") or {}).items() if t not in entries})
+        entries.update({t: (p.get("seeds") or [], {}) for t, p in (doc.get("partial") or {}).items()
+                        if t not in entries})
         for task, (seeds, entry) in entries.items():
             t = out.setdefault(name, {}).setdefault(task, {"scores": {}, "metric": entry.get("paper_metric"),
-                                                           "protocol": doc.get("protocol"), "precision": doc.get("precision"),
+                                                           "protocol": doc.get("protocol"),
+                                                           "precision": doc.get("precision"),
                                                            "loss_curves": {}})
             t["metric"] = t["metric"] or entry.get("paper_metric")
             t["scores"].update({s["seed"]: s["paper_score"] for s in seeds})
@@ -1033,17 +1071,20 @@ def glue_table(sides: dict[str, dict[str, dict]], pretrained: str | None, none: 
                 t["majority class"] = v["majority_class"]
     order = {t: i for i, t in enumerate(PAPER_TASKS)}  # the paper's column order, whatever order the jobs ended in
     tasks = dict(sorted(tasks.items(), key=lambda kv: order.get(kv[0], len(order))))
-    both = [t for t, v in tasks.items() if _get(v, "pre-trained", "median") is not None and _get(v, "no pre-training", "median") is not None]
+    both = [t for t, v in tasks.items() if _get(v, "pre-trained", "median") is not None
+            and _get(v, "no pre-training", "median") is not None]
     mine = [t for t, v in tasks.items() if _get(v, "pre-trained", "median") is not None]
     averages = {label: statistics.fmean(tasks[t][label]["median"] for t in both) if both else None for label in names}
-    averages["paper"] = statistics.fmean(tasks[t]["paper"] for t in both) if both and all(tasks[t]["paper"] for t in both) else None
+    averages["paper"] = (statistics.fmean(tasks[t]["paper"] for t in both)
+                         if both and all(tasks[t]["paper"] for t in both) else None)
     for t in both:
         v = tasks[t]
         v["comparison"] = compare_seeds(*(list(sides[n][t]["scores"].values()) for n in (pretrained, none)),
                                         majority=v.get("majority class"))
     wins = [t for t in both if tasks[t]["comparison"]["difference"] > 0]
     clear = [t for t in wins if tasks[t]["comparison"]["beyond_spread"]]
-    return {"checkpoint": pretrained, "no_pretraining": none, "tasks": tasks, "averages_over": both, "averages": averages,
+    return {"checkpoint": pretrained, "no_pretraining": none, "tasks": tasks, "averages_over": both,
+            "averages": averages,
             "pretrained_tasks": mine, "wins": wins, "wins_beyond_spread": clear, "paper_source": PER_TASK[0].source,
             "verdict": verdict_against_anchors({t: _get(v, "pre-trained", "median") for t, v in tasks.items()})}
 
@@ -1056,10 +1097,12 @@ def summarize(d: Path, records: list[dict], mode: str, command: str, seconds: fl
     env = docs.get("env") or _get(first, "env")
     plan = gpu_plan(command)
     doc = {
-        "benchmark": "gpu_suite", "mode": mode, "command": command, "git_commit": _git_commit(_load(d / "pack" / "pack.json")),
+        "benchmark": "gpu_suite", "mode": mode, "command": command,
+        "git_commit": _git_commit(_load(d / "pack" / "pack.json")),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "device": (env or {}).get("gpu") or ("cpu" if env else None), "torch": (env or {}).get("torch"),
-        "seconds": round(seconds, 1), "deadline_s": deadline_s, "within_deadline": seconds <= deadline_s, "interrupted": interrupted,
+        "seconds": round(seconds, 1), "deadline_s": deadline_s, "within_deadline": seconds <= deadline_s,
+        "interrupted": interrupted,
         "gpu_plan": plan["stages"], "gpu_plan_total_s": plan["total_s"], "stages": records,
     }
     if command == "run":
@@ -1068,18 +1111,23 @@ def summarize(d: Path, records: list[dict], mode: str, command: str, seconds: fl
         pretrain = pretrain_figures(d, pack, next((r for r in records if r["stage"] == "pretrain"), None))
         rate = pretrain["metrics_median_tokens_per_second"]
         doc.update(env=env, ceilings=_get(env, "ceilings"), checks=docs.get("checks"), pack=pack,
-                   parity={**{k: _get(docs.get("parity"), k) for k in ("max_abs_loss_difference", "max_rel_loss_difference", "finite")},
-                           **{k: (next((r for r in records if r["stage"] == "parity"), None) or {}).get(k) for k in ("status", "rc")}},
+                   parity={**{k: _get(docs.get("parity"), k)
+                              for k in ("max_abs_loss_difference", "max_rel_loss_difference", "finite")},
+                           **{k: (next((r for r in records if r["stage"] == "parity"), None) or {}).get(k)
+                              for k in ("status", "rc")}},
                    speed={"tinyelectra CUDA graphs": speed}, pretrain=pretrain,
                    targets={"pretrain tokens/s >= 2.0M (floor), 2.5M (goal)": [rate, rate >= 2.0e6 if rate else None],
-                            "speed stage tokens/s >= 2.0M": [(speed or {}).get("tokens_per_s"),
-                                                             (speed or {}).get("tokens_per_s", 0) >= 2.0e6 if speed else None]},
+                            "speed stage tokens/s >= 2.0M": [
+                                (speed or {}).get("tokens_per_s"),
+                                (speed or {}).get("tokens_per_s", 0) >= 2.0e6 if speed else None]},
                    gpu_plan_pretrain_train_s=plan["pretrain_train_s"])
-        doc["unmeasured"] = [k for k, v in {"speed": speed, "pretrain": pretrain["steps"], "parity": doc["parity"]["status"]}.items() if v is None]
+        doc["unmeasured"] = [k for k, v in {"speed": speed, "pretrain": pretrain["steps"],
+                                            "parity": doc["parity"]["status"]}.items() if v is None]
     else:
         env_first = _get(first, "env")
         speeds = {"tinyelectra CUDA graphs (first command)": _get(first, "speed", "tinyelectra CUDA graphs"),
-                  "transformers compiled + CUDA graphs": side_figures(docs.get("hf_compiled"), "transformers", env_first),
+                  "transformers compiled + CUDA graphs": side_figures(
+                      docs.get("hf_compiled"), "transformers", env_first),
                   "tinyelectra eager": side_figures(docs.get("eager"), "tinyelectra", env_first),
                   "transformers eager": side_figures(docs.get("eager"), "transformers", env_first),
                   "tinyelectra fp16 CUDA graphs": side_figures(docs.get("fp16"), "tinyelectra", env_first)}
@@ -1092,9 +1140,11 @@ def summarize(d: Path, records: list[dict], mode: str, command: str, seconds: fl
         released = glue_results(d / "glue", "released-lr")
         early = glue_results(d / "glue-early")
         fp32 = glue_results(d / "glue-fp32")
-        fine_tuning = [ft for v in (sides.get(pretrained) or sides.get("ckpt-0000") or {}).values() for ft in v.get("fine_tuning", [])][:1]
+        fine_tuning = [ft for v in (sides.get(pretrained) or sides.get("ckpt-0000") or {}).values()
+                       for ft in v.get("fine_tuning", [])][:1]
         cap = GLUE[mode]["max_train_rows"]
-        rows = {t: min(v.get("train_rows") or 0, cap or 1 << 40) for t, v in (_get(first, "pack", "glue", "tasks") or {}).items()}
+        rows = {t: min(v.get("train_rows") or 0, cap or 1 << 40)
+                for t, v in (_get(first, "pack", "glue", "tasks") or {}).items()}
         gp = glue_plan(rows, GLUE[mode]["seeds"], len(names)) if rows and all(rows.values()) else None
         layout = next((r for r in records if r["stage"] == "glue"), {})
         doc.update(first_command={k: _get(first, k) for k in ("date_utc", "seconds", "device", "git_commit")},
@@ -1102,23 +1152,28 @@ def summarize(d: Path, records: list[dict], mode: str, command: str, seconds: fl
                    glue_released_lr=glue_table(released, pretrained, "ckpt-0000" if "ckpt-0000" in released else None)
                    if released else None,
                    cola_loss_curves={f"{n} ({arm})": _get(r, n, "cola", "loss_curves") for arm, r in
-                                     (("paper's lr", sides), ("released lr", released)) for n in names if _get(r, n, "cola")},
+                                     (("paper's lr", sides), ("released lr", released)) for n in names
+                                     if _get(r, n, "cola")},
                    glue_early=glue_table(early, next(iter(early), None), None) if early else None,
                    glue_fp32=fp32_check(fp32, sides, pretrained) if fp32 else None,
                    glue_plan=gp, glue_run={"stage_seconds": layout.get("seconds"), "status": layout.get("status"),
                                            "fine_tuning": fine_tuning[0] if fine_tuning else None,
                                            # start-up, set-up and evaluations around the steps: glue_fit's constants
                                            "seconds_outside_steps": layout["seconds"] - fine_tuning[0]["seconds"]
-                                           if fine_tuning and layout.get("seconds") and fine_tuning[0].get("seconds") else None},
+                                           if fine_tuning and layout.get("seconds")
+                                           and fine_tuning[0].get("seconds") else None},
                    glue_speed=docs.get("glue_speed"), speed=speeds,
-                   ratios={"tinyelectra CUDA graphs / transformers compiled + CUDA graphs": ours / theirs if ours and theirs else None,
-                           "eager (paired rounds in one process)": _get(docs.get("eager"), "speedup", "median_of_round_ratios")})
+                   ratios={"tinyelectra CUDA graphs / transformers compiled + CUDA graphs": ours / theirs if ours
+                           and theirs else None,
+                           "eager (paired rounds in one process)": _get(
+                               docs.get("eager"), "speedup", "median_of_round_ratios")})
         doc["unmeasured"] = [k for k, v in speeds.items() if v is None] + \
-            [f"GLUE {t} {side}" for t, v in glue["tasks"].items() for side in ("pre-trained", "no pre-training") if _get(v, side, "median") is None]
+            [f"GLUE {t} {side}" for t, v in glue["tasks"].items() for side in ("pre-trained", "no pre-training")
+             if _get(v, side, "median") is None]
     if mode == "smoke":
-        doc["note"] = ("CPU smoke run: every stage at toy size on the CPU (one layer of the tiny recipe, a toy pack); compile "
-                       "stages use the aot_eager backend, fp16 runs fp32, CUDA graphs do not exist: it checks the machinery, "
-                       "and none of these figures is a GPU figure")
+        doc["note"] = ("CPU smoke run: every stage at toy size on the CPU (one layer of the tiny recipe, a toy pack); "
+                       "compile stages use the aot_eager backend, fp16 runs fp32, CUDA graphs do not exist: it checks "
+                       "the machinery, and none of these figures is a GPU figure")
     return doc
 
 
@@ -1128,13 +1183,15 @@ def fp32_check(fp32: dict, bf16: dict, name: str | None) -> dict:
     out = {}
     for task, v in (fp32.get(name) or {}).items():
         a, b = spread(list(v["scores"].values())), spread(list((_get(bf16, name, task, "scores") or {}).values()))
-        out[task] = {"fp32": a, "bf16": b, "difference": a["median"] - b["median"] if a["median"] is not None and b["median"] is not None else None}
+        out[task] = {"fp32": a, "bf16": b, "difference": a["median"] - b["median"] if a["median"] is not None
+                     and b["median"] is not None else None}
     return {"checkpoint": name, "tasks": out}
 
 
 def _git_commit(pack: dict | None) -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, cwd=ROOT).stdout.strip()
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=ROOT).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         if os.environ.get("SUITE_GIT_COMMIT"):
             return f"{os.environ['SUITE_GIT_COMMIT']} (SUITE_GIT_COMMIT)"
@@ -1147,10 +1204,12 @@ def _n(x, fmt: str = "{:,.0f}", none: str = "-") -> str:
 
 def _header(doc: dict) -> list[str]:
     what = "first command" if doc["command"] == "run" else "second command (--finish)"
-    out = [f"== tinyelectra GPU suite, {what} ({doc['mode']}): {doc['device'] or 'device unknown'}, torch {doc['torch'] or '-'}, "
-           f"commit {str(doc['git_commit'])[:12]}; {doc['seconds']:.0f} s of {doc['deadline_s']} s"
+    out = [f"== tinyelectra GPU suite, {what} ({doc['mode']}): {doc['device'] or 'device unknown'}, torch "
+           f"{doc['torch'] or '-'}, commit {str(doc['git_commit'])[:12]}; {doc['seconds']:.0f} s of "
+           f"{doc['deadline_s']} s"
            + (f"; INTERRUPTED ({doc['interrupted']})" if doc["interrupted"] else "")]
-    out.append("stages: " + ", ".join(f"{r['stage']} {r['status']}" + (f" {r['seconds']:.0f}s" if r["status"] != "skipped" else "")
+    out.append("stages: " + ", ".join(f"{r['stage']} {r['status']}"
+                                      + (f" {r['seconds']:.0f}s" if r["status"] != "skipped" else "")
                                       for r in doc["stages"]))
     return out
 
@@ -1160,14 +1219,16 @@ def _pretrain_lines(p: dict | None) -> list[str]:
         return ["pretrain: no step recorded (see its stage)"]
     pp, sc, st = p.get("paper_point") or {}, p.get("schedule") or {}, p.get("stopped") or {}
     stop = (f"stopped by {st['why']} at {st['fraction_of_schedule']:.2%} of it (learning rate {st['lr']:.3g})" if st
-            else "finished" if p.get("status") == "finished" else "STOPPED by its stage's limit (no checkpoint where it stopped)")
-    out = [f"pretrain: {_n(p['steps'])} steps of a {_n(sc.get('total_steps'))}-step schedule (warm-up {_n(sc.get('warmup_steps'))}, "
-           f"--budget {sc.get('budget') or p.get('budget')}), {stop}; "
+            else "finished" if p.get("status") == "finished" else "STOPPED by its stage's limit (no checkpoint where "
+            "it stopped)")
+    out = [f"pretrain: {_n(p['steps'])} steps of a {_n(sc.get('total_steps'))}-step schedule (warm-up "
+           f"{_n(sc.get('warmup_steps'))}, --budget {sc.get('budget') or p.get('budget')}), {stop}; "
            f"{_n(p['tokens_seen'] / 1e6 if p['tokens_seen'] else None, '{:.1f}')}M tokens = "
-           f"{_n(p['passes_over_pack'], '{:.1f}')} passes over the pack's {_n((p.get('pack_tokens') or 0) / 1e6 or None, '{:.1f}')}M "
-           f"unique tokens (repeated data; the paper saw each token about once) in {_n(p['train_seconds'], '{:.0f}')} s of "
-           f"training, +{_n(p['overhead_s'], '{:.0f}')} s start-up and checkpoints; "
-           f"{_n(p['metrics_median_tokens_per_second'])} tokens/s median"]
+           f"{_n(p['passes_over_pack'], '{:.1f}')} passes over the pack's "
+           f"{_n((p.get('pack_tokens') or 0) / 1e6 or None, '{:.1f}')}M unique tokens (repeated data; the paper saw "
+           f"each token about once) in {_n(p['train_seconds'], '{:.0f}')} s of training, "
+           f"+{_n(p['overhead_s'], '{:.0f}')} s start-up and checkpoints; {_n(p['metrics_median_tokens_per_second'])} "
+           "tokens/s median"]
     out.append(f"  against the paper's 6.25% point ({pp.get('paper_steps', 0):,} steps of its 1M, learning rate there "
                f"{_n(pp.get('paper_lr'), '{:.3g}')}, {(pp.get('paper_tokens') or 0) / 1e9:.2f}B tokens, "
                f"{_n(pp.get('paper_flops'), '{:.2g}')} FLOPs, GLUE {pp.get('paper_glue')}): reached steps "
@@ -1176,13 +1237,17 @@ def _pretrain_lines(p: dict | None) -> list[str]:
     a = p.get("along_the_run") or {}
     last = (a.get("loss_over_prior") or {}).get("last")
     dip = a.get("early_dip") or {}
+    left = "at step " + format(a["left_prior_at_step"], ",") if a.get("left_prior_at_step") is not None else "not yet"
     out.append(f"  discriminator loss / all-original loss (1.0 = prior; published 1M-step runs end at 0.44-0.48): "
                f"{_n(last[1] if last else None, '{:.3f}')} at step {_n(last[0] if last else None)}; left the prior "
-               f"{'at step ' + format(a['left_prior_at_step'], ',') if a.get('left_prior_at_step') is not None else 'not yet'} "
-               f"({a.get('left_prior_rule')}); early dip {_n(dip.get('loss_over_prior'), '{:.3f}')} at step {_n(dip.get('step'))} (frequency cues)")
-    out.append(f"  {'held-out':<12}{'step':>8}{'loss/prior':>12}{'recall':>8}{'AUC matched':>13}{'AUC unigram':>13}{'gen/unigram':>13}")
+               f"{left} "
+               f"({a.get('left_prior_rule')}); early dip {_n(dip.get('loss_over_prior'), '{:.3f}')} at step "
+               f"{_n(dip.get('step'))} (frequency cues)")
+    out.append(f"  {'held-out':<12}{'step':>8}{'loss/prior':>12}{'recall':>8}{'AUC matched':>13}{'AUC unigram':>13}"
+               f"{'gen/unigram':>13}")
     for name, c in (a.get("checkpoints") or {}).items():
-        out.append(f"  {name:<12}{_n(c['step']):>8}{_n(c['loss_over_prior'], '{:.3f}'):>12}{_n(c['recall'], '{:.3f}'):>8}"
+        out.append(f"  {name:<12}{_n(c['step']):>8}{_n(c['loss_over_prior'], '{:.3f}'):>12}"
+                   f"{_n(c['recall'], '{:.3f}'):>8}"
                    f"{_n(c['auc_matched'], '{:.3f}'):>13}{_n(c['auc_unigram_matched'], '{:.3f}'):>13}"
                    f"{_n(c['generator_over_unigram'], '{:.2f}x'):>13}")
     return out
@@ -1202,14 +1267,16 @@ def _glue_lines(g: dict, header: bool = True) -> list[str]:
     out = [f"  {'task (metric)':<24}{'pre-trained':>20}{'no pre-training':>20}{'paper':>8}{'majority':>10}"
            f"{'one class':>11}"] if header else []
     for task, v in g["tasks"].items():
-        one = ", ".join(f"{v['one class'][s]}/{v[s]['seeds']}" if v["one class"].get(s) is not None and v.get(s) else "-"
+        one = ", ".join(f"{v['one class'][s]}/{v[s]['seeds']}" if v["one class"].get(s) is not None
+                        and v.get(s) else "-"
                         for s in ("pre-trained", "no pre-training"))
         out.append(f"  {task + ' (' + str(v.get('metric')) + ')':<24}{_cell(v.get('pre-trained')):>20}"
                    f"{_cell(v.get('no pre-training')):>20}{_n(v.get('paper'), '{:.1f}'):>8}"
                    f"{_n(v.get('majority class'), '{:.1f}'):>10}{one:>11}")
     a = g["averages"]
     if header:
-        out.append(f"  {'average of ' + str(len(g['averages_over'])) + ' tasks':<24}{_n(a.get('pre-trained'), '{:.1f}'):>20}"
+        out.append(f"  {'average of ' + str(len(g['averages_over'])) + ' tasks':<24}"
+                   f"{_n(a.get('pre-trained'), '{:.1f}'):>20}"
                    f"{_n(a.get('no pre-training'), '{:.1f}'):>20}{_n(a.get('paper'), '{:.1f}'):>8}")
     return out + [f"  {task}, pre-trained vs none: {v['comparison']['words']}" for task, v in g["tasks"].items()
                   if "comparison" in v]
@@ -1220,22 +1287,30 @@ def table(doc: dict) -> str:
     out = _header(doc)
     if doc["command"] == "run":
         c = doc["ceilings"] or {}
-        share = f" ({c['gemm_share_of_datasheet']:.0%} of the datasheet's {c['datasheet_bf16_tflops']:.0f})" if c.get("gemm_share_of_datasheet") else ""
-        out.append(f"ceilings: matrix product {_n(c.get('gemm_tflops'), '{:.3g}')} TFLOP/s{share}; copy {_n(c.get('copy_gb_per_s'))} GB/s")
+        share = (f" ({c['gemm_share_of_datasheet']:.0%} of the datasheet's {c['datasheet_bf16_tflops']:.0f})"
+                 if c.get("gemm_share_of_datasheet") else "")
+        out.append(f"ceilings: matrix product {_n(c.get('gemm_tflops'), '{:.3g}')} TFLOP/s{share}; copy "
+                   f"{_n(c.get('copy_gb_per_s'))} GB/s")
         ch = doc["checks"] or {}
         sdpa = ch.get("sdpa_gradients") or {}
-        out.append(f"checks: training step {'finite' if _get(ch, 'train_step', 'finite') else 'NOT finite or not run'}; SDPA gradients "
-                   f"safe: {', '.join(sdpa.get('safe') or []) or '-'}; unsafe: {', '.join(sdpa.get('unsafe') or []) or 'none'}")
+        out.append("checks: training step "
+                   f"{'finite' if _get(ch, 'train_step', 'finite') else 'NOT finite or not run'}; SDPA gradients safe: "
+                   f"{', '.join(sdpa.get('safe') or []) or '-'}; unsafe: "
+                   f"{', '.join(sdpa.get('unsafe') or []) or 'none'}")
         par = doc["parity"]
-        verdict = {"ok": "the CUDA graphs compute the eager step", "failed": "MISMATCH: pretrain ran without CUDA graphs"
-                   if par.get("rc") == 1 else "failed (see its log)"}.get(par.get("status") or "", par.get("status") or "not run")
+        verdict = {"ok": "the CUDA graphs compute the eager step",
+                   "failed": "MISMATCH: pretrain ran without CUDA graphs"
+                   if par.get("rc") == 1 else "failed (see its log)"}.get(par.get("status") or "",
+                                                                          par.get("status") or "not run")
         out.append(f"parity (loss_check.py, eager vs the compiled CUDA-graph step): {verdict}; max loss difference "
-                   f"{_n(par.get('max_abs_loss_difference'), '{:.3g}')} (relative {_n(par.get('max_rel_loss_difference'), '{:.3g}')})")
+                   f"{_n(par.get('max_abs_loss_difference'), '{:.3g}')} (relative "
+                   f"{_n(par.get('max_rel_loss_difference'), '{:.3g}')})")
         s = doc["speed"]["tinyelectra CUDA graphs"] or {}
-        out.append(f"speed ({s.get('measured_as', 'not measured').split(', compile')[0]}): {_n(s.get('tokens_per_s'))} tokens/s, "
-                   f"MFU {_n(s.get('mfu_datasheet'), '{:.1%}')} of the datasheet, {_n(s.get('mfu_measured_peak'), '{:.1%}')} of the "
-                   f"measured peak; peak memory {_n(s.get('peak_memory_gib'), '{:.2f}')} GiB; cold compile {_n(s.get('first_call_s'), '{:.0f}')} s; "
-                   f"{s.get('cuda_graphs') or 'CUDA graphs: not measured'}")
+        out.append(f"speed ({s.get('measured_as', 'not measured').split(', compile')[0]}): {_n(s.get('tokens_per_s'))} "
+                   f"tokens/s, MFU {_n(s.get('mfu_datasheet'), '{:.1%}')} of the datasheet, "
+                   f"{_n(s.get('mfu_measured_peak'), '{:.1%}')} of the measured peak; peak memory "
+                   f"{_n(s.get('peak_memory_gib'), '{:.2f}')} GiB; cold compile {_n(s.get('first_call_s'), '{:.0f}')} "
+                   f"s; {s.get('cuda_graphs') or 'CUDA graphs: not measured'}")
         out += _pretrain_lines(doc["pretrain"])
         out.append("next: bash benchmarks/gpu_suite.sh --finish (GLUE on this run's last checkpoint and ckpt-0000)")
     else:
@@ -1245,30 +1320,33 @@ def table(doc: dict) -> str:
         fit = _get(doc, "glue_fit", "glue") or {}
         if "fits" in fit:
             plan = (f"modeled {_n(fit['estimate_s'], '{:.0f}')} s with up to {_n(fit['concurrent'])} in flight, of "
-                    f"{fit['available_s']:.0f} s" + (f"; TRIMMED to fit: {', '.join(fit['trims'])} (the whole plan: modeled "
-                                                       f"{fit['full_plan']['seconds']:.0f} s)" if fit["trims"] else ""))
+                    f"{fit['available_s']:.0f} s" + (f"; TRIMMED to fit: {', '.join(fit['trims'])} (the whole plan: "
+                                                       f"modeled {fit['full_plan']['seconds']:.0f} "
+                                                       "s)" if fit["trims"] else ""))
         else:
             plan = fit.get("why") or "not planned"
-        out.append(f"GLUE: {_n(gp.get('jobs'))} jobs, {_n(gp.get('steps'))} steps planned (full training sets, 3 or 10 epochs, batch 32); "
-                   f"layout {lay.get('layout', '-')}; {plan}; ran {_n(_get(doc, 'glue_run', 'stage_seconds'), '{:.0f}')} s "
+        out.append(f"GLUE: {_n(gp.get('jobs'))} jobs, {_n(gp.get('steps'))} steps planned (full training sets, 3 or 10 "
+                   f"epochs, batch 32); layout {lay.get('layout', '-')}; {plan}; ran "
+                   f"{_n(_get(doc, 'glue_run', 'stage_seconds'), '{:.0f}')} s "
                    f"({_n(ft.get('steps_per_second'), '{:.0f}')} steps/s)")
         pre = doc.get("pretrain") or {}
         passes = (f" ({_n(pre.get('passes_over_pack'), '{:.1f}')} passes over the pack's "
                   f"{_n((pre.get('pack_tokens') or 0) / 1e6 or None, '{:.1f}')}M tokens)") if g["checkpoint"] else ""
-        out.append(f"GLUE dev, median (min..max) over seeds: {g['checkpoint'] or 'no pre-trained checkpoint'}{passes} vs no "
-                   f"pre-training (ckpt-0000: the same run's initial weights), same card, same processes; paper: {g['paper_source']}")
+        out.append(f"GLUE dev, median (min..max) over seeds: {g['checkpoint'] or 'no pre-trained checkpoint'}{passes} "
+                   "vs no pre-training (ckpt-0000: the same run's initial weights), same card, same processes; paper: "
+                   f"{g['paper_source']}")
         out += _glue_lines(g)
         if g["averages_over"]:
             gap = g["averages"]["pre-trained"] - g["averages"]["no pre-training"]
             clear = g["wins_beyond_spread"]
-            out.append(f"verdict: pre-training beats no pre-training on {len(g['wins'])} of {len(g['averages_over'])} tasks "
-                       f"({len(clear)} beyond the seeds' spread{': ' + ', '.join(clear) if clear else ''}), average "
-                       f"{gap:+.1f} points")
+            out.append(f"verdict: pre-training beats no pre-training on {len(g['wins'])} of {len(g['averages_over'])} "
+                       f"tasks ({len(clear)} beyond the seeds' spread{': ' + ', '.join(clear) if clear else ''}), "
+                       f"average {gap:+.1f} points")
         else:
             out.append("verdict: no GLUE comparison (a side is missing: see stages)")
         if (g.get("verdict") or {}).get("ours") is not None:
-            out.append(f"against the paper ({g['checkpoint']}, computed): {g['verdict']['words']}; the paper's GLUE-8 at "
-                       f"its 6.25% point: {_get(doc, 'pretrain', 'paper_point', 'paper_glue') or 74.1}")
+            out.append(f"against the paper ({g['checkpoint']}, computed): {g['verdict']['words']}; the paper's GLUE-8 "
+                       f"at its 6.25% point: {_get(doc, 'pretrain', 'paper_point', 'paper_glue') or 74.1}")
         for side, curves in (doc.get("cola_loss_curves") or {}).items():
             seed, curve = min((curves or {}).items(), default=(None, None))
             if curve:
@@ -1283,9 +1361,11 @@ def table(doc: dict) -> str:
                 f"{t} {_cell(v.get('pre-trained'))}" for t, v in e["tasks"].items()))
         if f := doc.get("glue_fp32"):
             out.append("bf16 vs fp32 fine-tuning (medians): " + ", ".join(
-                f"{t} {_cell(v['bf16'])} vs {_cell(v['fp32'])} ({_n(v['difference'], '{:+.1f}')})" for t, v in f["tasks"].items()))
+                f"{t} {_cell(v['bf16'])} vs {_cell(v['fp32'])} ({_n(v['difference'], '{:+.1f}')})"
+                for t, v in f["tasks"].items()))
         sp, r = doc["speed"], doc["ratios"]
-        out.append("speed (the pre-training step, tokens/s): " + "; ".join(f"{k} {_n((v or {}).get('tokens_per_s'))}" for k, v in sp.items())
+        out.append("speed (the pre-training step, tokens/s): "
+                   + "; ".join(f"{k} {_n((v or {}).get('tokens_per_s'))}" for k, v in sp.items())
                    + "; ratios: " + "; ".join(f"{k} {_n(v, '{:.2f}x')}" for k, v in r.items()))
     if doc.get("note"):
         out.append(f"note: {doc['note']}")
@@ -1313,7 +1393,8 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--lease", default=None, help="the pack (default .lease/; --cpu-smoke: a toy pack it builds)")
     r.add_argument("--out", default=None, help="where the three files go (wins over $OUT; default $OUT, else "
                                                "benchmarks/results/<mode>-<stamp>/)")
-    r.add_argument("--work", default=None, help="the work folder the two commands share (default .lease-run/, or $SUITE_WORK)")
+    r.add_argument("--work", default=None,
+                   help="the work folder the two commands share (default .lease-run/, or $SUITE_WORK)")
     s = sub.add_parser("summary", help="print the table of an extracted archive")
     s.add_argument("dir")
     return ap

@@ -44,8 +44,8 @@ def score_run(run_dir: Path, data: PretrainData, rows: int, micro: int = 64) -> 
 
 def markdown(title: str, rows: list[dict]) -> str:
     lines = [f"# {title}", "", f"Held-out rows per checkpoint: {rows[0]['rows'] if rows else 0}.", "",
-             "| checkpoint | step | disc. acc − prior | AUC (own generator), raw / matched | context AUC (unigram draws), "
-             "raw / matched | recall | gen. acc (unigram) | verdict |", "|---|---|---|---|---|---|---|---|"]
+             "| checkpoint | step | disc. acc − prior | AUC (own generator), raw / matched | context AUC (unigram "
+             "draws), raw / matched | recall | gen. acc (unigram) | verdict |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['checkpoint']} | {r['step']} | {r['disc_acc'] - r['baseline_acc']:+.4f} | "
                      f"{r['disc_auc']:.3f} / {r['disc_auc_matched']:.3f} | {r['disc_auc_context']:.3f} / "

@@ -6,8 +6,8 @@ write. By its identity alone such a draw looks like any original token, so a hel
 discriminator uses context, but only once token identity is taken out: [CLS]/[SEP] are never replaced and a draw
 equal to the original counts as "original" (more often for frequent words), so a scorer of identity alone ranks above
 0.5 on every real token. The matched AUC (replaced vs original occurrences of the same token id, specials left out:
-diagnostics.py) is the context number; the raw one is shown beside it. (In a full ELECTRA run the early generator writes *unlikely* words, which a
-discriminator spots by identity alone; once the generator improves, only context is left: see
+diagnostics.py) is the context number; the raw one is shown beside it. (In a full ELECTRA run the early generator writes
+*unlikely* words, which a discriminator spots by identity alone; once the generator improves, only context is left: see
 benchmarks/lab/results/mini_electra_checkpoints_cpu.md, where the AUC falls from 0.80 to 0.55 as the generator learns.)
 
 Two implementations of the same discriminator (a recipe's model, `mini` by default) train side by side, each in its
@@ -150,7 +150,8 @@ def write_markdown(json_path: Path) -> Path:
     r = json.loads(Path(json_path).read_text())
     te, hf_ = r["evals"]["tinyelectra"], r["evals"]["transformers"]
     tokens = f"{te[0]['tokens']:,} tokens, " if "tokens" in te[0] else ""
-    lines = [f"# Does the discriminator learn context? ({r['recipe']}, {r['steps']} steps of {r['batch_size']} rows)", "",
+    lines = [f"# Does the discriminator learn context? ({r['recipe']}, {r['steps']} steps of {r['batch_size']} rows)",
+             "",
              f"{r['what']}. Optimizer: {r['optimizer']}, peak lr {r['lr']}. Held-out: {r['evaluation']} "
              f"({tokens}all-original prior {te[0]['prior']:.4f}). Machine: {r['machine']['cpu']}, "
              f"commit {r['git_commit'][:7]}, `{r['command']}`.", "",
@@ -169,7 +170,8 @@ def write_markdown(json_path: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> dict | None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", required=True, help="a prepared data directory (tinyelectra prepare)")
     ap.add_argument("--recipe", default="mini", help="whose model shape (default mini)")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a recipe field")
@@ -178,7 +180,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads per implementation (each runs in its own process)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads per implementation (each runs in its own process)")
     ap.add_argument("--name", default="disc_context_cpu")
     ap.add_argument("--out-dir", type=Path, default=None, help="where NAME.json goes (default benchmarks/lab/results)")
     ap.add_argument("--arm-only", choices=ARMS, help=argparse.SUPPRESS)  # internal: one implementation, JSON on stdout
@@ -187,7 +190,8 @@ def main(argv: list[str] | None = None) -> dict | None:
         print(json.dumps(train_arm(args)))
         return None
     argv = sys.argv[1:] if argv is None else argv
-    procs = {arm: subprocess.Popen([sys.executable, "-m", __spec__.name, *argv, "--arm-only", arm], stdout=subprocess.PIPE,
+    procs = {arm: subprocess.Popen([sys.executable, "-m", __spec__.name, *argv, "--arm-only", arm],
+                                   stdout=subprocess.PIPE,
                                   text=True, env=child_env())
              for arm in ARMS}
     evals = {}
@@ -202,12 +206,16 @@ def main(argv: list[str] | None = None) -> dict | None:
                 "discriminator vs transformers' ElectraForPreTraining, same batches, corruptions and optimizer",
         "recipe": args.recipe, "data": args.data, "steps": args.steps, "batch_size": args.batch_size, "lr": args.lr,
         "torch_threads_per_implementation": args.threads, "seed": args.seed,
-        "optimizer": f"torch AdamW (bias-corrected), weight decay 0.01, {WARMUP_STEPS}-step warm-up then constant, clip 1.0",
-        "evaluation": f"up to {EVAL_BATCHES} x {args.batch_size} validation rows (the same on both sides), every real token",
+        "optimizer": f"torch AdamW (bias-corrected), weight decay 0.01, {WARMUP_STEPS}-step warm-up then constant, "
+        "clip 1.0",
+        "evaluation": f"up to {EVAL_BATCHES} x {args.batch_size} validation rows (the same on both sides), every real "
+        "token",
         "recipe_overrides": args.set,
         "evals": evals,
-        "final_auc_difference_tinyelectra_minus_transformers": round(last["tinyelectra"]["auc"] - last["transformers"]["auc"], 4),
-        "final_auc_gain_ratio_tinyelectra_over_transformers": auc_gain_ratio(last["tinyelectra"]["auc"], last["transformers"]["auc"]),
+        "final_auc_difference_tinyelectra_minus_transformers": round(
+            last["tinyelectra"]["auc"] - last["transformers"]["auc"], 4),
+        "final_auc_gain_ratio_tinyelectra_over_transformers": auc_gain_ratio(
+            last["tinyelectra"]["auc"], last["transformers"]["auc"]),
     }
     path = write_result(args.name, payload, out_dir=args.out_dir or RESULTS, command=command_line(__spec__.name, argv))
     write_markdown(path)

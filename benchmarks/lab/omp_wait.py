@@ -48,7 +48,8 @@ VARIANTS = {  # name -> the environment libgomp sees (on top of one without any 
 }
 OPENMP_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_DISPLAY_ENV")
 DEMAND_BAND = {"quiet": (0.0, 0.2), "busy": (0.8, 1.25)}  # runnable threads besides the measured process
-SPIN = "import os\nos.sched_setaffinity(0, {{{core}}})\np = os.getppid()\nwhile os.getppid() == p: pass"  # ends with its parent
+# ends with its parent
+SPIN = "import os\nos.sched_setaffinity(0, {{{core}}})\np = os.getppid()\nwhile os.getppid() == p: pass"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -83,7 +84,8 @@ def top_demand(before: dict[str, int], after: dict[str, int], seconds: float, co
     out = []
     for pid, ns in sorted(per_pid.items(), key=lambda kv: -kv[1])[:count]:
         try:
-            cmd = " ".join(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").split())[:80]
+            raw = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cmd = " ".join(raw.split())[:80]
         except OSError:
             cmd = "(ended)"
         out.append(f"{cmd or pid} ({ns / 1e9 / seconds:.2f})")
@@ -116,8 +118,10 @@ def child(args) -> None:
     device = torch.device("cpu")
     runtime.tune_cpu()  # as the trainer does
     runtime.configure_matmul("fp32", device)
-    recipe = load_recipe(args.recipe, [f"train.batch_size={args.batch}", f"train.seq_len={args.seq_len}", "train.compile=off"])
-    step = TrainerStep(recipe, device, "fp32", Batches(args.data, recipe.model.vocab_size, args.batch, args.seq_len, device))
+    recipe = load_recipe(args.recipe, [f"train.batch_size={args.batch}", f"train.seq_len={args.seq_len}",
+                                       "train.compile=off"])
+    step = TrainerStep(recipe, device, "fp32",
+                       Batches(args.data, recipe.model.vocab_size, args.batch, args.seq_len, device))
     step.first_call()
     for _ in range(args.warmup):
         step()
@@ -129,7 +133,8 @@ def child(args) -> None:
         seconds.append(time.perf_counter() - t)
     after, window = runnable_ns(os.getpid()), time.perf_counter() - t0
     print(json.dumps({"tokens_per_s": args.batch * args.seq_len / statistics.median(seconds),
-                      "others_demand": round(demand(before, after, window), 3), "others_top": top_demand(before, after, window),
+                      "others_demand": round(demand(before, after, window), 3),
+                      "others_top": top_demand(before, after, window),
                       "torch_threads": torch.get_num_threads(), "step_seconds": [round(s, 4) for s in seconds],
                       "data": step.batches.source}))
 
@@ -138,14 +143,18 @@ def measure(args, variant: str) -> dict:
     """One child process under `variant`'s environment; its result with the load around it."""
     env = {k: v for k, v in os.environ.items() if k not in OPENMP_VARIABLES}
     env.update(VARIANTS[variant], OMP_DISPLAY_ENV="VERBOSE")
-    cmd = [sys.executable, "-m", __spec__.name, "--child", "--recipe", args.recipe, "--batch", str(args.batch), "--seq-len",
-           str(args.seq_len), "--warmup", str(args.warmup), "--steps", str(args.steps), *(["--data", args.data] if args.data else [])]
+    cmd = [sys.executable, "-m", __spec__.name, "--child", "--recipe", args.recipe, "--batch", str(args.batch),
+           "--seq-len",
+           str(args.seq_len), "--warmup", str(args.warmup), "--steps", str(args.steps),
+           *(["--data", args.data] if args.data else [])]
     load_before, t0 = load_1min(), time.perf_counter()
     proc = subprocess.run(cmd, env=child_env(env), capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"error: {variant}: the measuring process failed:\n{proc.stderr[-3000:]}")
-    shown = dict(line.strip().split(" = ", 1) for line in proc.stderr.splitlines() if " = " in line and line.startswith("  "))
-    libgomp = {k: shown[k].strip("'") for k in ("GOMP_SPINCOUNT", "OMP_NUM_THREADS") if k in shown}  # its OMP_WAIT_POLICY
+    shown = dict(line.strip().split(" = ", 1) for line in proc.stderr.splitlines() if " = " in line
+                 and line.startswith("  "))
+    # its OMP_WAIT_POLICY
+    libgomp = {k: shown[k].strip("'") for k in ("GOMP_SPINCOUNT", "OMP_NUM_THREADS") if k in shown}
     # line says PASSIVE when the variable is unset: the spin count is what it does
     return {"variant": variant, "environment": VARIANTS[variant], "libgomp": libgomp, "load_1min_before": load_before,
             "load_1min_after": load_1min(), "process_seconds": round(time.perf_counter() - t0, 1),
@@ -187,7 +196,8 @@ def summarize(rounds: list[dict]) -> dict:
            "median_tokens_per_s": {v: round(statistics.median(x), 1) for v, x in tps.items()}}
     for base in ("default", "passive"):
         if base in tps:
-            out[f"ratio_to_{base}"] = {v: round(statistics.median(a / b for a, b in zip(x, tps[base])), 3) for v, x in tps.items()}
+            out[f"ratio_to_{base}"] = {v: round(statistics.median(a / b for a, b in zip(x, tps[base])), 3)
+                                       for v, x in tps.items()}
     return out
 
 
@@ -212,15 +222,18 @@ def run(args) -> None:
                 spin.wait()
         low, high = DEMAND_BAND[args.condition]
         valid = all(low <= m["others_demand"] <= high for m in measurements)
-        section["rounds"].append({"order": order, "busy_source": busy_source, "valid": valid, "measurements": measurements,
+        section["rounds"].append({"order": order, "busy_source": busy_source, "valid": valid,
+                                  "measurements": measurements,
                                   "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
         section["summary"] = summarize(section["rounds"])
         section["complete"] = sum(r["valid"] for r in section["rounds"]) >= args.rounds
         print(f"{key} round {len(section['rounds'])} ({'kept' if valid else 'discarded'}): " + ", ".join(
-            f"{m['variant']} {m['tokens_per_s']:.0f} tok/s (others {m['others_demand']:.2f}, load {m['load_1min_before']})"
+            f"{m['variant']} {m['tokens_per_s']:.0f} tok/s (others {m['others_demand']:.2f}, load "
+            f"{m['load_1min_before']})"
             for m in measurements), flush=True)
         write_result(args.name, {"what": __doc__.split("\n\n")[0], "variants": VARIANTS, "sections": sections},
-                     out_dir=args.out_dir or RESULTS, command="python -m benchmarks.lab.omp_wait (per section: `command`)")
+                     out_dir=args.out_dir or RESULTS,
+                     command="python -m benchmarks.lab.omp_wait (per section: `command`)")
 
 
 def main() -> None:
@@ -233,7 +246,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10, help="timed steps per measurement")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq-len", type=int, default=128)
-    ap.add_argument("--data", default=None, help="prepared data (default: the built-in corpus for tiny, else synthetic batches)")
+    ap.add_argument("--data", default=None,
+                    help="prepared data (default: the built-in corpus for tiny, else synthetic batches)")
     ap.add_argument("--quiet-load", type=float, default=0.3)
     ap.add_argument("--poll-seconds", type=float, default=30.0)
     ap.add_argument("--name", default="omp_wait_cpu")

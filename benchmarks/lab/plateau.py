@@ -20,13 +20,17 @@ end to the other one switch at a time (singly and cumulatively) and back, then t
 CPU recipes' optimizer.
 
     python -m benchmarks.lab.plateau run --data grammar0,grammar1,grammar2 --steps 2000 --arms electra,plain,...
-    python -m benchmarks.lab.plateau run --data enwiki --steps 2000 --arms ...   # data/enwiki10-v8k (benchmarks/README.md)
+    python -m benchmarks.lab.plateau run --data enwiki --steps 2000 --arms ...
+                                        # data/enwiki10-v8k (benchmarks/README.md)
     python -m benchmarks.lab.plateau check     # -> plateau_check_cpu.json: the equivalences, gradient RMS per layer
     python -m benchmarks.lab.plateau analyse   # -> plateau_attention_cpu.json: what trained weights attend to
     python -m benchmarks.lab.plateau report    # -> plateau_cpu.json and .md: the tables and every run's curve
-    python -m benchmarks.lab.plateau corpus --data grammar0 --out grammar0.txt   # the grammar as text, for full runs
-    python -m benchmarks.lab.plateau tiny --data grammar0 --steps 2500 --set optim.lr=3e-4   # tests/test_plateau.py's run
-    python -m benchmarks.lab.plateau prior --data RUN,RUN --out NAME   # full runs: when the discriminator left its prior
+    python -m benchmarks.lab.plateau corpus --data grammar0 --out grammar0.txt
+                                        # the grammar as text, for full runs
+    python -m benchmarks.lab.plateau tiny --data grammar0 --steps 2500 --set optim.lr=3e-4
+                                        # tests/test_plateau.py's run
+    python -m benchmarks.lab.plateau prior --data RUN,RUN --out NAME
+                                        # full runs: when the discriminator left its prior
 
 Each (data, arm) run is one process with one torch thread, at most `--parallel` (default 2) at a time, 32 rows a
 step (`--batch-size`; another size or row length is a data key of its own, e.g. grammar0-b8t32), AdamW after a
@@ -79,7 +83,8 @@ class Grammar:
     def __init__(self, seed: int, classes: int = 4, words: int = 16, successors: int = 1) -> None:
         rng = np.random.default_rng(1000 + seed)
         self.classes, self.words = classes, words
-        self.next = np.stack([rng.choice(np.delete(np.arange(classes), c), successors, replace=False) for c in range(classes)])
+        self.next = np.stack([rng.choice(np.delete(np.arange(classes), c), successors, replace=False)
+                              for c in range(classes)])
         zipf = 1.0 / np.arange(1, words + 1)
         self.zipf = zipf / zipf.sum()
         self.vocab_size = 4 + classes * words
@@ -116,7 +121,8 @@ class Batch:
 class Source:
     """Training batches, fixed held-out batches and the unigram distribution, for a grammar or enwiki."""
 
-    def __init__(self, name: str, enwiki: Path | None, batch_size: int, seq_len: int, eval_rows: int, seed: int) -> None:
+    def __init__(self, name: str, enwiki: Path | None, batch_size: int, seq_len: int, eval_rows: int,
+                 seed: int) -> None:
         self.name, self.batch_size = name, batch_size
         self.rng = np.random.default_rng(seed)
         if name.startswith("grammar"):
@@ -130,12 +136,15 @@ class Source:
             from tinyelectra.data import PretrainData  # noqa: PLC0415
 
             if enwiki is None or not (enwiki / "manifest.json").exists():
-                raise UserError(f"enwiki: no prepared directory at {enwiki} (see benchmarks/README.md: data/enwiki10-v8k)")
+                raise UserError(f"enwiki: no prepared directory at {enwiki} (see benchmarks/README.md: "
+                                "data/enwiki10-v8k)")
             self.data = PretrainData(enwiki)
             self.vocab_size, self.special = self.data.vocab_size, SpecialIds.from_tokenizer(self.data.tokenizer)
-            self.seq_len = min(seq_len, self.data.batch("train", np.arange(1)).input_ids.shape[1])  # rows cut to seq_len
+            # rows cut to seq_len
+            self.seq_len = min(seq_len, self.data.batch("train", np.arange(1)).input_ids.shape[1])
             n = min(eval_rows, self.data.num_rows("validation"))
-            self.val = [self._from_data("validation", np.arange(i, min(i + batch_size, n))) for i in range(0, n, batch_size)]
+            self.val = [self._from_data("validation", np.arange(i, min(i + batch_size, n)))
+                        for i in range(0, n, batch_size)]
             ids = self.data.batch("train", np.arange(min(5000, self.data.num_rows("train")))).input_ids.numpy().ravel()
             counts = np.bincount(ids, minlength=self.vocab_size).astype(np.float64)
         else:
@@ -174,7 +183,8 @@ def corrupt(b: Batch, special: SpecialIds, freqs: Tensor, g: torch.Generator) ->
 class Spec:
     """Every difference between the plain encoder and ELECTRA's discriminator (defaults: ELECTRA's, tiny's shape)."""
 
-    init: str = "electra"  # electra: N(0, init_std) weights, zero biases | torch: PyTorch's defaults (as nn.TransformerEncoder)
+    # electra: N(0, init_std) weights, zero biases | torch: PyTorch's defaults (as nn.TransformerEncoder)
+    init: str = "electra"
     init_std: float = 0.02  # ELECTRA's initializer_range
     embedding: int = 64  # E; != hidden: a linear projection E -> hidden (the factorised embedding)
     emb_norm: bool = True  # LayerNorm on the summed embeddings
@@ -309,7 +319,7 @@ def load_from_torch_layer(block: Block, ref: nn.TransformerEncoderLayer) -> None
             mine.bias.copy_(theirs.bias)
 
 
-# ---------------------------------------------------------------------------------------------------- the real implementations
+# --------------------------------------------------------------------------------------------- the real implementations
 def model_config(s: Spec, vocab_size: int, max_positions: int) -> ModelConfig:
     return ModelConfig(vocab_size=vocab_size, embedding_size=s.embedding, hidden_size=s.hidden, num_layers=s.layers,
                        num_heads=s.heads, ffn_size=s.ffn, max_positions=max_positions, dropout=s.dropout,
@@ -351,7 +361,8 @@ class TorchEncoderDisc(nn.Module):
         super().__init__()
         self.word = nn.Embedding(vocab_size, s.hidden)
         self.position = nn.Embedding(max_positions, s.hidden)
-        layer = nn.TransformerEncoderLayer(s.hidden, s.heads, s.ffn, dropout=s.dropout, batch_first=True, norm_first=True)
+        layer = nn.TransformerEncoderLayer(s.hidden, s.heads, s.ffn, dropout=s.dropout, batch_first=True,
+                                           norm_first=True)
         self.encoder = nn.TransformerEncoder(layer, s.layers, norm=nn.LayerNorm(s.hidden), enable_nested_tensor=False)
         self.out = nn.Linear(s.hidden, 1)
         self.dropout = nn.Dropout(s.dropout)
@@ -371,11 +382,13 @@ def arms() -> dict[str, tuple[str, Spec]]:
                     "two-layer head)", ELECTRA),
         "impl:tinyelectra": ("tinyelectra's Electra, discriminator alone", ELECTRA),
         "impl:transformers": ("transformers' ElectraForPreTraining, same config", ELECTRA),
-        "impl:torch": ("torch.nn.TransformerEncoder itself (pre-LN, ReLU, final LN, default init), nn.Linear head", PLAIN),
+        "impl:torch": ("torch.nn.TransformerEncoder itself (pre-LN, ReLU, final LN, default init), nn.Linear head",
+                       PLAIN),
     }
     for k, (plain_v, electra_v) in SWITCHES.items():
         out[f"plain+{k}"] = (f"plain, {k} = {electra_v!r} (ELECTRA's)", dataclasses.replace(PLAIN, **{k: electra_v}))
-        out[f"electra-{k}"] = (f"ELECTRA, {k} = {plain_v!r} (the plain encoder's)", dataclasses.replace(ELECTRA, **{k: plain_v}))
+        out[f"electra-{k}"] = (f"ELECTRA, {k} = {plain_v!r} (the plain encoder's)",
+                               dataclasses.replace(ELECTRA, **{k: plain_v}))
     # the walk, cumulative: plain, then each switch turned to ELECTRA's in turn
     s = PLAIN
     for i, k in enumerate(SWITCHES):
@@ -394,16 +407,19 @@ def arms() -> dict[str, tuple[str, Spec]]:
     out["electra-wd0"] = ("ELECTRA, weight decay 0", dataclasses.replace(ELECTRA, wd=0.0))
     for std in (0.05, 0.1):
         out[f"electra-std{std:g}"] = (f"ELECTRA, initialised N(0, {std:g})", dataclasses.replace(ELECTRA, init_std=std))
-    out["electra-init-act"] = ("ELECTRA, PyTorch's init and ReLU", dataclasses.replace(ELECTRA, init="torch", act="relu"))
+    out["electra-init-act"] = ("ELECTRA, PyTorch's init and ReLU",
+                               dataclasses.replace(ELECTRA, init="torch", act="relu"))
     out["electra-act-norm"] = ("ELECTRA, ReLU and pre-LN", dataclasses.replace(ELECTRA, act="relu", norm="pre"))
     # the tiny recipe's optimizer (the paper's Adam, eps 1e-6, peak 3e-3), with GELU and with ReLU
     recipe_opt = dataclasses.replace(ELECTRA, opt="paper", eps=1e-6, lr=3e-3)
     out["electra-recipeopt"] = ("ELECTRA, tiny's optimizer (the paper's Adam, eps 1e-6, peak lr 3e-3)", recipe_opt)
     out["electra-recipeopt-act"] = ("ELECTRA with ReLU, tiny's optimizer", dataclasses.replace(recipe_opt, act="relu"))
-    out["electra-recipeopt-init"] = ("ELECTRA with PyTorch's init, tiny's optimizer", dataclasses.replace(recipe_opt, init="torch"))
+    out["electra-recipeopt-init"] = ("ELECTRA with PyTorch's init, tiny's optimizer",
+                                     dataclasses.replace(recipe_opt, init="torch"))
     out["electra-recipeopt-init-act"] = ("ELECTRA with PyTorch's init and ReLU, tiny's optimizer",
                                          dataclasses.replace(recipe_opt, init="torch", act="relu"))
-    out["electra-recipeopt-norm"] = ("ELECTRA with pre-LN, tiny's optimizer", dataclasses.replace(recipe_opt, norm="pre"))
+    out["electra-recipeopt-norm"] = ("ELECTRA with pre-LN, tiny's optimizer",
+                                     dataclasses.replace(recipe_opt, norm="pre"))
     out["electra-recipeopt-act-norm"] = ("ELECTRA with ReLU and pre-LN, tiny's optimizer",
                                          dataclasses.replace(recipe_opt, act="relu", norm="pre"))
     plain_opt = dataclasses.replace(PLAIN, opt="paper", eps=1e-6, lr=3e-3)
@@ -414,7 +430,8 @@ def arms() -> dict[str, tuple[str, Spec]]:
     out["electra-recipeopt-lr3e-4"] = ("ELECTRA, the paper's Adam (eps 1e-6) at 3e-4",
                                        dataclasses.replace(recipe_opt, lr=3e-4))
     for name, lr in (("5e-4", 5e-4), ("1e-3", 1e-3)):
-        out[f"electra-recipeopt-lr{name}"] = (f"ELECTRA, the paper's Adam (eps 1e-6) at {name}", dataclasses.replace(recipe_opt, lr=lr))
+        out[f"electra-recipeopt-lr{name}"] = (f"ELECTRA, the paper's Adam (eps 1e-6) at {name}",
+                                              dataclasses.replace(recipe_opt, lr=lr))
     for name, lr in (("3e-4", 3e-4), ("1e-3", 1e-3)):
         out[f"electra-recipeopt-lr{name}-act"] = (f"ELECTRA with ReLU, the paper's Adam (eps 1e-6) at {name}",
                                                   dataclasses.replace(recipe_opt, lr=lr, act="relu"))
@@ -465,7 +482,8 @@ def optimizer(model: nn.Module, s: Spec) -> torch.optim.Optimizer:
         groups = [g for g in split if g["params"]]
     if s.opt == "paper":
         return PaperAdam(groups, lr=s.lr, betas=(0.9, 0.999), eps=s.eps, weight_decay=s.wd)
-    return TorchAdamW(groups, lr=s.lr, eps=s.eps, weight_decay=s.wd)  # torch's AdamW; set_lr: lr x each group's lr_scale
+    # torch's AdamW; set_lr: lr x each group's lr_scale
+    return TorchAdamW(groups, lr=s.lr, eps=s.eps, weight_decay=s.wd)
 
 
 # ---------------------------------------------------------------------------------------------------- one run
@@ -521,7 +539,8 @@ def train_one(args, arm: str, data: str) -> dict:
            "batch_size": args.batch_size, "seq_len": src.seq_len, "vocab_size": src.vocab_size, "seed": args.seed,
            "held_out_rows": sum(len(b.input_ids) for b in src.val), "prior": None, "finished": False,
            "machine": machine(), "git_commit": git_commit(), "command": args.command, "evals": []}
-    doc["prior"] = round(float(1.0 - torch.cat([lab[b.attention_mask] for b, (_, lab) in zip(src.val, src.val_fake)]).mean()), 4)
+    labels = torch.cat([lab[b.attention_mask] for b, (_, lab) in zip(src.val, src.val_fake)])
+    doc["prior"] = round(float(1.0 - labels.mean()), 4)
     start, seconds_before = 0, 0.0
     state_path = WEIGHTS / "state" / f"{key}__{arm.replace(':', '_')}.pt"
     state_path.parent.mkdir(parents=True, exist_ok=True)
@@ -540,12 +559,14 @@ def train_one(args, arm: str, data: str) -> dict:
             doc["resumed_at"] = st["doc"].get("resumed_at", []) + [start]
     t0 = time.perf_counter()
     for step in range(start, args.steps + 1):
-        if (step % args.eval_every == 0 or step == args.steps) and not (doc["evals"] and doc["evals"][-1]["step"] == step):
+        evaluated = doc["evals"] and doc["evals"][-1]["step"] == step
+        if (step % args.eval_every == 0 or step == args.steps) and not evaluated:
             doc["evals"].append({"step": step, **evaluate(model, src),
                                  "seconds": round(seconds_before + time.perf_counter() - t0, 1)})
             doc["finished"] = step == args.steps
             write_json(run_path(key, arm), doc)
-            torch.save({"step": step, "model": model.state_dict(), "opt": opt.state_dict(), "np_rng": src.rng.bit_generator.state,
+            torch.save({"step": step, "model": model.state_dict(), "opt": opt.state_dict(),
+                        "np_rng": src.rng.bit_generator.state,
                         "g_train": g_train.get_state(), "torch_rng": torch.get_rng_state(), "doc": doc}, state_path)
             print(json.dumps({"arm": arm, "data": key, **doc["evals"][-1]}), file=sys.stderr, flush=True)
         if step == args.steps:
@@ -591,15 +612,18 @@ def run_all(args) -> None:
             jobs.append((arm, data))
     running: list[tuple[subprocess.Popen, str, str]] = []
     env = child_env(dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1"))
-    base = [sys.executable, "-m", __spec__.name, "one", "--steps", str(args.steps), "--batch-size", str(args.batch_size),
-            *(["--seq-len", str(args.seq_len)] if args.seq_len else []), "--eval-every", str(args.eval_every), "--eval-rows", str(args.eval_rows),
+    base = [sys.executable, "-m", __spec__.name, "one", "--steps", str(args.steps), "--batch-size",
+            str(args.batch_size),
+            *(["--seq-len", str(args.seq_len)] if args.seq_len else []), "--eval-every", str(args.eval_every),
+            "--eval-rows", str(args.eval_rows),
             "--seed", str(args.seed), "--enwiki", str(args.enwiki), "--command", args.command,
             "--save-at", ",".join(map(str, args.save_at))]
     while jobs or running:
         while jobs and len(running) < args.parallel:
             arm, data = jobs.pop(0)
             print(f"start {data} {arm}", flush=True)
-            running.append((subprocess.Popen([*base, "--arm", arm, "--data", data], env=env, stdout=subprocess.DEVNULL), arm, data))
+            proc = subprocess.Popen([*base, "--arm", arm, "--data", data], env=env, stdout=subprocess.DEVNULL)
+            running.append((proc, arm, data))
         time.sleep(2)
         for item in list(running):
             if item[0].poll() is not None:
@@ -636,7 +660,8 @@ def torch_encoder_from_net(net: Net) -> TorchEncoderDisc:
             layer.self_attn.in_proj_bias.copy_(block.qkv.bias)
             layer.self_attn.out_proj.weight.copy_(block.attn_out.weight)
             layer.self_attn.out_proj.bias.copy_(block.attn_out.bias)
-            for mine, theirs in ((block.ffn_in, layer.linear1), (block.ffn_out, layer.linear2), (block.norm1, layer.norm1),
+            for mine, theirs in ((block.ffn_in, layer.linear1), (block.ffn_out, layer.linear2),
+                                 (block.norm1, layer.norm1),
                                  (block.norm2, layer.norm2)):
                 theirs.weight.copy_(mine.weight)
                 theirs.bias.copy_(mine.bias)
@@ -667,7 +692,8 @@ def grad_norms(model: nn.Module) -> dict[str, float]:
             continue
         parts = name.split(".")
         if parts[0] == "layers":
-            key = f"layer{parts[1]}." + ("attention" if parts[2] in ("qkv", "attn_out") else "ffn" if parts[2].startswith("ffn") else "norm")
+            key = f"layer{parts[1]}." + ("attention" if parts[2] in ("qkv", "attn_out")
+                                         else "ffn" if parts[2].startswith("ffn") else "norm")
         elif parts[0] in ("word", "position", "token_type", "emb_norm"):
             key = "embeddings"
         else:
@@ -697,8 +723,9 @@ def check(args) -> dict:
     l_ours = ours(fake, b.token_type_ids, b.attention_mask)
     l_net = net(fake, b.token_type_ids, b.attention_mask)
     l_hf = theirs(input_ids=fake, token_type_ids=b.token_type_ids, attention_mask=b.attention_mask.long()).logits
-    out["electra_end_forward_max_abs_diff"] = {"net_vs_tinyelectra": float((l_net - l_ours).abs().max().detach()),
-                                               "tinyelectra_vs_transformers": float((l_ours - l_hf).abs().max().detach())}
+    out["electra_end_forward_max_abs_diff"] = {
+        "net_vs_tinyelectra": float((l_net - l_ours).abs().max().detach()),
+        "tinyelectra_vs_transformers": float((l_ours - l_hf).abs().max().detach())}
     # gradients, ours vs transformers, every tensor, through the export mapping
     bce(l_ours, lab).backward()
     bce(l_hf, lab).backward()
@@ -734,7 +761,7 @@ def check(args) -> dict:
     return out
 
 
-# ---------------------------------------------------------------------------------------------------- the tiny recipe itself
+# ----------------------------------------------------------------------------------------------- the tiny recipe itself
 def tiny_curve(overrides: list[str], steps: int, batch_size: int, stop_at: float, data: str = "grammar0", seed: int = 0,
                eval_every: int = 100, warmup: int = 100) -> dict[int, float]:
     """Replaced-token detection alone with the tiny recipe itself (tests/test_plateau.py's check): tinyelectra's
@@ -769,7 +796,7 @@ def tiny_curve(overrides: list[str], steps: int, batch_size: int, stop_at: float
     return curve
 
 
-# ---------------------------------------------------------------------------------------------------- the grammar as text
+# -------------------------------------------------------------------------------------------------- the grammar as text
 def write_corpus(data: str, out: Path, documents: int = 2000, words: int = 300, seed: int = 0) -> Path:
     """The grammar as a text corpus for `tinyelectra prepare` (full ELECTRA runs on it): every id a made-up word of
     two syllables, a document one walk of `words` words in lines of 30, documents between blank lines."""
@@ -783,7 +810,7 @@ def write_corpus(data: str, out: Path, documents: int = 2000, words: int = 300, 
     return out
 
 
-# ---------------------------------------------------------------------------------------------------- what a trained model uses
+# -------------------------------------------------------------------------------------------- what a trained model uses
 @torch.no_grad()
 def attention_offsets(net: Net, ids: Tensor, types: Tensor, mask: Tensor) -> list[dict]:
     """Per layer: the mean attention probability (over heads, queries and rows) on the query's own position and on
@@ -809,8 +836,9 @@ def attention_offsets(net: Net, ids: Tensor, types: Tensor, mask: Tensor) -> lis
                 (("left", -1), ("self", 0), ("right", 1))}
         out.append({k: round(v, 4) for k, v in diag.items()} | {"uniform": round(1.0 / T, 4),
                    "logit_std": round(float(logits.std()), 3), "entropy_over_uniform": round(entropy, 3),
-                   "max_head_left_or_right": round(max(float(torch.diagonal(p[:, h_], offset=o, dim1=-2, dim2=-1).mean())
-                                                       for h_ in range(net.s.heads) for o in (-1, 1)), 4)})
+                   "max_head_left_or_right": round(
+                       max(float(torch.diagonal(p[:, h_], offset=o, dim1=-2, dim2=-1).mean())
+                           for h_ in range(net.s.heads) for o in (-1, 1)), 4)})
         x = block(x, None)
     return out
 
@@ -835,8 +863,10 @@ def analyse(args) -> dict:
         auc = evaluate(net, src)["auc_matched"]
         att = attention_offsets(net, src.val_fake[0][0], b.token_type_ids, b.attention_mask)
         with torch.no_grad():  # every position the mean position vector: the model without word order
-            net.position.weight.copy_(net.position.weight[: src.seq_len].mean(0, keepdim=True).expand_as(net.position.weight))
-        out[f"{key}/{arm}/{step}"] = {"auc_matched": auc, "auc_matched_positions_averaged": evaluate(net, src)["auc_matched"],
+            mean = net.position.weight[: src.seq_len].mean(0, keepdim=True)
+            net.position.weight.copy_(mean.expand_as(net.position.weight))
+        out[f"{key}/{arm}/{step}"] = {"auc_matched": auc,
+                                      "auc_matched_positions_averaged": evaluate(net, src)["auc_matched"],
                                        "attention": att}
         print(path.stem, json.dumps(out[f"{key}/{arm}/{step}"]), flush=True)
     return out
@@ -855,7 +885,8 @@ def left_step(evals: list[dict]) -> int | None:
 
 
 SECTIONS = [
-    ("The two ends, and the real implementations", ["plain", "impl:torch", "electra", "impl:tinyelectra", "impl:transformers"]),
+    ("The two ends, and the real implementations", ["plain", "impl:torch", "electra", "impl:tinyelectra",
+                                                    "impl:transformers"]),
     ("From the plain end, one of ELECTRA's choices at a time", [f"plain+{k}" for k in SWITCHES] + ["plain-dropout"]),
     ("From ELECTRA's end, one choice back to the plain encoder's at a time",
      [f"electra-{k}" for k in SWITCHES] + ["electra-dropout", "electra-init-act", "electra-act-norm"]),
@@ -897,10 +928,10 @@ def report(args) -> Path:
         groups.setdefault(name, []).append(k)
     lines = ["# Why ELECTRA's discriminator sits at its prior: one choice at a time", "",
              findings(path.with_suffix(".md"), payload["what"]), "",
-             payload["what"] + f". Cells: held-out AUC matched by token id (0.5 = no context), the mean over the runs "
-             f"that reached the step (their number in brackets when not all); \"left at\": each run's first evaluated "
-             f"step from which it stays >= {LEFT_AT} (\"-\": never within the run). Machine, commit and command of each "
-             f"run: plateau_cpu.json (`runs`); these tables: commit {git_commit()[:7]}, `{args.command}`.", ""]
+             payload["what"] + ". Cells: held-out AUC matched by token id (0.5 = no context), the mean over the runs "
+             "that reached the step (their number in brackets when not all); \"left at\": each run's first evaluated "
+             f"step from which it stays >= {LEFT_AT} (\"-\": never within the run). Machine, commit and command of "
+             f"each run: plateau_cpu.json (`runs`); these tables: commit {git_commit()[:7]}, `{args.command}`.", ""]
     for gname, keys in sorted(groups.items(), key=lambda kv: (kv[0] != "grammar", kv[0].startswith("enwiki"), kv[0])):
         first = by[next((k, r["arm"]) for r in runs for k in keys if r["key"] == k)]
         lines += [f"## {gname}: {', '.join(keys)} ({first['batch_size']} rows of {first['seq_len']} tokens a step)", ""]
@@ -908,14 +939,16 @@ def report(args) -> Path:
             present = [a for a in names if any((k, a) in by for k in keys)]
             if not present:
                 continue
-            lines += [f"**{title}**", "", "| arm | what | " + " | ".join(str(st) for st in STEPS_SHOWN) + " | left at |",
+            lines += [f"**{title}**", "",
+                      "| arm | what | " + " | ".join(str(st) for st in STEPS_SHOWN) + " | left at |",
                       "|---|---|" + "---|" * (len(STEPS_SHOWN) + 1)]
             for a in present:
                 mine = [by[(k, a)] for k in keys if (k, a) in by]
                 cells = []
                 for st in STEPS_SHOWN:
                     v = [e["auc_matched"] for r in mine for e in r["evals"] if e["step"] == st]
-                    cells.append("-" if not v else f"{sum(v) / len(v):.3f}" + ("" if len(v) == len(mine) else f" ({len(v)})"))
+                    cells.append("-" if not v
+                                 else f"{sum(v) / len(v):.3f}" + ("" if len(v) == len(mine) else f" ({len(v)})"))
                 left = ", ".join(("-" if left_step(r["evals"]) is None else str(left_step(r["evals"])))
                                  + ("" if r["finished"] else " (unfinished)") for r in mine)
                 lines.append(f"| {a} | {arms()[a][0]} | " + " | ".join(cells) + f" | {left} |")
@@ -926,18 +959,21 @@ def report(args) -> Path:
                   "Per layer: the spread (std) of the attention logits and the attention's entropy over uniform "
                   "attention's (1.00 = uniform, 0 = every query on one key); the matched AUC, and the same with every "
                   "position vector replaced by their mean (no word order). `plateau_attention_cpu.json`.", "",
-                  "| model (arm / step) | matched AUC | without word order | logit std by layer | entropy / uniform by layer |",
+                  "| model (arm / step) | matched AUC | without word order | logit std by layer | entropy / uniform by "
+                  "layer |",
                   "|---|---|---|---|---|"]
         for name, m in att["models"].items():
             if not name.startswith("grammar0/"):
                 continue
-            lines.append(f"| {name.removeprefix('grammar0/')} | {m['auc_matched']:.3f} | {m['auc_matched_positions_averaged']:.3f} | "
+            lines.append(f"| {name.removeprefix('grammar0/')} | {m['auc_matched']:.3f} | "
+                         f"{m['auc_matched_positions_averaged']:.3f} | "
                          + " / ".join(f"{x['logit_std']:.2f}" for x in m["attention"]) + " | "
                          + " / ".join(f"{x['entropy_over_uniform']:.2f}" for x in m["attention"]) + " |")
         lines.append("")
     lines += ["## Every run's curve (matched AUC at each evaluated step)", ""]
     for r in runs:
-        lines.append(f"- {r['key']} / {r['arm']}: " + ", ".join(f"{e['step']}: {e['auc_matched']:.3f}" for e in r["evals"]))
+        lines.append(f"- {r['key']} / {r['arm']}: "
+                     + ", ".join(f"{e['step']}: {e['auc_matched']:.3f}" for e in r["evals"]))
     md = path.with_suffix(".md")
     md.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return md
@@ -955,7 +991,8 @@ def findings(md: Path, next_paragraph: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("mode", choices=("run", "one", "check", "analyse", "report", "corpus", "tiny", "prior"))
     ap.add_argument("--arms", type=lambda t: t.split(","), default=list(arms()))
     ap.add_argument("--arm")
@@ -969,7 +1006,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--eval-rows", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--parallel", type=int, default=2)
-    ap.add_argument("--save-at", type=lambda t: [int(x) for x in t.split(",") if x], default=[], help="steps whose weights to keep")
+    ap.add_argument("--save-at", type=lambda t: [int(x) for x in t.split(",") if x], default=[],
+                    help="steps whose weights to keep")
     ap.add_argument("--out", type=Path, help="corpus: the text file to write")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="tiny: a recipe override")
     ap.add_argument("--command", default=None, help=argparse.SUPPRESS)
@@ -991,15 +1029,17 @@ def main(argv: list[str] | None = None) -> None:
             runs.append({"overrides": args.set, "data": data, "seed": args.seed, "batch_size": args.batch_size,
                          "seconds": round(time.perf_counter() - t0, 1), "command": args.command, "curve": curve})
             write_result("plateau_test_config_cpu", {"what": "the tiny recipe's discriminator alone (tinyelectra's "
-                         "Electra, the recipe's optimizer with the overrides), rows of 32 tokens of the grammar, held-out "
-                         "AUC matched by token id every 100 steps until it reaches 0.7", "runs": runs}, out_dir=RESULTS,
+                         "Electra, the recipe's optimizer with the overrides), rows of 32 tokens of the grammar, "
+                         "held-out AUC matched by token id every 100 steps until it reaches "
+                         "0.7", "runs": runs}, out_dir=RESULTS,
                          command=args.command)
     elif args.mode == "prior":  # full runs' discriminator loss against its all-original loss, as the GPU suite reads it
         from benchmarks.gpu_check import suite  # noqa: PLC0415
 
         out = {}
         for d in args.data.split(","):
-            records = [json.loads(line) for line in (Path(d) / "metrics.jsonl").read_text().splitlines() if line.strip()]
+            records = [json.loads(line) for line in (Path(d) / "metrics.jsonl").read_text().splitlines()
+                       if line.strip()]
             out[d] = suite.along_the_run([r for r in records if "disc_loss" in r], {})
         print(write_result(args.out.stem if args.out else "plateau_prior_cpu", {"what": "each run's training "
                            "discriminator loss over its all-original loss (suite.along_the_run)", "runs": out},

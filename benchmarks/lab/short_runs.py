@@ -102,10 +102,12 @@ def arm_facts(run_dir: Path) -> dict:
         rec = json.loads(line) if line.strip() else {}
         if rec.get("event") == "checkpoint":
             e = rec["eval"]
-            checkpoints.append({"name": rec["name"], "step": rec["step"], "gen_over_unigram": e["gen_acc"] / e["unigram_acc"],
+            checkpoints.append({"name": rec["name"], "step": rec["step"],
+                                "gen_over_unigram": e["gen_acc"] / e["unigram_acc"],
                                 "disc_gain": e["disc_acc"] - e["baseline_acc"], **{k: e.get(k) for k in EVAL_KEYS}})
     return {"lr": recipe["optim"]["lr"], "optimizer": recipe["optim"]["name"], "steps": summary["steps"],
-            "warmup_steps": plan["warmup_steps"], "seed": recipe["train"]["seed"], "train_seconds": summary["train_seconds"],
+            "warmup_steps": plan["warmup_steps"], "seed": recipe["train"]["seed"],
+            "train_seconds": summary["train_seconds"],
             "tokens_per_second": summary["tokens_seen"] / summary["train_seconds"], "checkpoints": checkpoints}
 
 
@@ -117,15 +119,15 @@ def render(doc: dict) -> str:
              "Generator: held-out accuracy at the masked slots, and its ratio to always answering the most frequent "
              "word. Matched AUCs: replaced vs original occurrences of the same token id (0.5 = no context), on the "
              "generator's fakes and on unigram draws. Raw AUCs and accuracy over the prior: word frequency counts.", "",
-             "| arm | peak lr | warm-up | seed | step | gen. acc (unigram) | gen / unigram | matched AUC | matched context AUC "
-             "| raw AUC | raw context AUC | disc. acc − prior | tokens/s |",
+             "| arm | peak lr | warm-up | seed | step | gen. acc (unigram) | gen / unigram | matched AUC | matched "
+             "context AUC | raw AUC | raw context AUC | disc. acc − prior | tokens/s |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, a in doc["arms"].items():
         for c in a["checkpoints"]:
-            lines.append(f"| {name} | {a['lr']:g} | {a['warmup_steps']} | {a['seed']} | {c['step']} | {c['gen_acc']:.3f} "
-                         f"({c['unigram_acc']:.3f}) | {c['gen_over_unigram']:.2f} | {c['disc_auc_matched']:.3f} | "
-                         f"{c['disc_auc_context_matched']:.3f} | {c['disc_auc']:.3f} | {c['disc_auc_context']:.3f} | "
-                         f"{c['disc_gain']:+.4f} | {a['tokens_per_second']:,.0f} |")
+            lines.append(f"| {name} | {a['lr']:g} | {a['warmup_steps']} | {a['seed']} | {c['step']} | "
+                         f"{c['gen_acc']:.3f} ({c['unigram_acc']:.3f}) | {c['gen_over_unigram']:.2f} | "
+                         f"{c['disc_auc_matched']:.3f} | {c['disc_auc_context_matched']:.3f} | {c['disc_auc']:.3f} | "
+                         f"{c['disc_auc_context']:.3f} | {c['disc_gain']:+.4f} | {a['tokens_per_second']:,.0f} |")
     lines += ["", f"Command: `{doc['command']}`", ""]
     return "\n".join(lines)
 
@@ -159,7 +161,8 @@ def main(argv: list[str] | None = None) -> dict:
                "threads": args.threads,
                "arms": dict(sorted(arms.items(), key=lambda a: (a[1]["lr"], a[1]["warmup_steps"], a[1]["seed"]))),
                "wall_seconds_this_invocation": time.perf_counter() - started}
-        path = write_result(args.name, doc, torch.device("cpu"), out_dir=Path(args.out_dir) if args.out_dir else RESULTS,
+        path = write_result(args.name, doc, torch.device("cpu"),
+                            out_dir=Path(args.out_dir) if args.out_dir else RESULTS,
                             command=command)
         md = path.with_suffix(".md")
         tmp = md.with_name(f"{md.name}.tmp-{os.getpid()}")
