@@ -129,7 +129,8 @@ FIGURES: list[Figure] = [
       "the trainer's peak memory reserved by torch's allocator (tensors, cache, CUDA-graph pools)"),
     F("h100.train.allocated_gib", (H100_TRAIN,), "peak_gpu_memory_gib", "{:.2f}", "the trainer's peak tensor memory"),
     F("h100.train.share_of_step", (H100_SUMMARY,), lambda s: 100 * s["pretrain"]["median_tokens_per_second"]
-      / s["speed"]["tinyelectra CUDA graphs"]["tokens_per_s"], "{:.0f}", "the trainer's tokens/s over the step alone's, %"),
+      / s["speed"]["tinyelectra CUDA graphs"]["tokens_per_s"], "{:.0f}",
+      "the trainer's tokens/s over the step alone's, %"),
     F("h100.step.tokens_s", (H100_SUMMARY,), "speed.tinyelectra CUDA graphs.tokens_per_s", "{:,.0f}",
       "the step alone with CUDA graphs (throughput --compile reduce-overhead)"),
     F("h100.step.reserved_gib", (H100_SUMMARY,), "speed.tinyelectra CUDA graphs.peak_memory_gib", "{:.2f}",
@@ -149,7 +150,8 @@ FIGURES: list[Figure] = [
     F("h100.passes", (H100_SUMMARY,), "pretrain.passes_over_pack", "{:.1f}", "passes over the pack's tokens"),
     # GLUE dev on the H100: the run's last checkpoint against its own initial weights, 3 seeds, medians
     *[F(f"h100.glue.{task}.{key}", (H100_GLUE,), glue(task, side), "{:.1f}", f"{task} dev, {side}, median of 3 seeds")
-      for task in ("cola", "mrpc", "stsb", "rte") for key, side in (("pre", "pre-trained"), ("none", "no pre-training"))],
+      for task in ("cola", "mrpc", "stsb", "rte")
+      for key, side in (("pre", "pre-trained"), ("none", "no pre-training"))],
     *[F(f"h100.glue.{task}.majority", (H100_GLUE,), f"glue.tasks.{task}.majority class", "{:.1f}",
         f"{task} dev: always answering the training rows' most frequent class") for task in ("mrpc", "rte")],
     # the H200 lease, before CUDA graphs were the trainer's default
@@ -208,7 +210,8 @@ MEASURED_ON = {"H100": "measured (h100-2026-11-26)", "H200": "measured (h200-202
 
 def text_files(root: Path = ROOT) -> list[Path]:
     """The text whose figures are checked: README.md, tinyelectra/docs/*.md and benchmarks/README.md."""
-    return [root / "README.md", *sorted((root / "tinyelectra" / "docs").glob("*.md")), root / "benchmarks" / "README.md"]
+    return [root / "README.md", *sorted((root / "tinyelectra" / "docs").glob("*.md")),
+            root / "benchmarks" / "README.md"]
 
 
 def card_guide() -> str:
@@ -250,7 +253,8 @@ def check(files: list[Path], root: Path = ROOT) -> list[str]:
             if name not in BY_NAME:
                 problems.append(f"{path.name}: figure {name!r} is not in benchmarks/figures.py")
             elif shown != (value := BY_NAME[name].value(root)):
-                problems.append(f"{path.name}: {name} says {shown!r}, its file says {value!r} ({BY_NAME[name].files[0]})")
+                problems.append(f"{path.name}: {name} says {shown!r}, its file says {value!r} "
+                                f"({BY_NAME[name].files[0]})")
         for m in CARDS_BLOCK.finditer(text):
             if m.group(2) != card_guide():
                 problems.append(f"{path.name}: the card guide is not what tinyelectra.runtime.card_policy picks")

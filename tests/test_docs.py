@@ -62,7 +62,8 @@ def test_the_card_guide_is_the_card_policy(tmp_path):
     page = (DOCS / "gpus.md").read_text(encoding="utf-8")
     assert figures.card_guide() in page
     edited = tmp_path / "gpus.md"
-    edited.write_text(page.replace("| T4 | 7.5 | 16 | fp16 + loss scaling |", "| T4 | 7.5 | 16 | bf16 |"), encoding="utf-8")
+    edited.write_text(page.replace("| T4 | 7.5 | 16 | fp16 + loss scaling |", "| T4 | 7.5 | 16 | bf16 |"),
+                      encoding="utf-8")
     assert figures.check([edited]) == ["gpus.md: the card guide is not what tinyelectra.runtime.card_policy picks"]
 
 

@@ -54,7 +54,8 @@ def toy_data(tmp_path_factory) -> Path:
 
 @pytest.fixture()
 def restore_determinism():
-    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic)
+    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark,
+              torch.backends.cudnn.deterministic)
     yield
     torch.use_deterministic_algorithms(before[0])
     torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = before[1], before[2]
@@ -104,7 +105,8 @@ def test_torchrun_on_the_cpu_and_one_process(monkeypatch, tmp_path):
     assert seen["device"] == torch.device("cpu") and seen["backend"] == "gloo"
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(k)
-    assert command_device(monkeypatch, tmp_path / "b", gpu=3)["device"] == torch.device("cuda", 3)  # one process: --gpu N
+    # one process: --gpu N
+    assert command_device(monkeypatch, tmp_path / "b", gpu=3)["device"] == torch.device("cuda", 3)
 
 
 def test_torchrun_with_more_processes_than_gpus_is_one_clear_error(monkeypatch):
@@ -215,10 +217,13 @@ def test_a_compiled_step_that_works_is_labelled_compiled(monkeypatch, toy_data, 
     same aten operators in the same order)."""
     monkeypatch.setenv("TINYELECTRA_COMPILE_BACKEND", "aot_eager")
     on = run_train(toy_data, tmp_path / "on", ["train.compile=on"], steps=2)
-    assert on["runtime"]["compile"] == "compile: torch.compile (aot_eager backend from TINYELECTRA_COMPILE_BACKEND, not inductor, fullgraph)"
-    assert on["runtime"]["attention"] == "attention on the CPU: math (unfused: T x T scores in memory)"  # SDPA, compiled
+    assert on["runtime"]["compile"] == ("compile: torch.compile (aot_eager backend from TINYELECTRA_COMPILE_BACKEND, "
+                                        "not inductor, fullgraph)")
+    # SDPA, compiled
+    assert on["runtime"]["attention"] == "attention on the CPU: math (unfused: T x T scores in memory)"
     ro = run_train(toy_data, tmp_path / "ro", ["train.compile=reduce-overhead"], steps=2)
-    assert ro["runtime"]["compile"].startswith("compile: torch.compile (aot_eager backend") and "no CUDA graphs" in ro["runtime"]["compile"]
+    assert (ro["runtime"]["compile"].startswith("compile: torch.compile (aot_eager backend")
+            and "no CUDA graphs" in ro["runtime"]["compile"])
     assert "update: clip + paper Adam as one graph-safe function, torch.compile (aot_eager" in ro["runtime"]["compile"]
     eager = run_train(toy_data, tmp_path / "off", ["train.compile=off"], steps=2)
     assert eager["runtime"]["attention"].startswith("attention on the CPU: tinyelectra's CPU attention")
@@ -237,7 +242,8 @@ def test_throughput_benchmark_reports_the_fallback(monkeypatch, tmp_path):
     for side in ("tinyelectra", "transformers"):
         assert doc[side]["compile_note"].startswith("compile: failed"), doc[side]["compile_note"]
         assert doc[side]["compiled"] is False
-    assert json.loads((tmp_path / "t.json").read_text())["tinyelectra"]["compile_note"] == doc["tinyelectra"]["compile_note"]
+    assert (json.loads((tmp_path / "t.json").read_text())["tinyelectra"]["compile_note"]
+            == doc["tinyelectra"]["compile_note"])
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -371,7 +377,8 @@ def test_reduce_overhead_compiles_the_step_once_without_graph_breaks(toy_data, t
     assert compiled["mode"] == "reduce-overhead" and compiled["seconds"] > 0 and compiled["cache"]
     recs = [json.loads(x) for x in (tmp_path / "ro" / "metrics.jsonl").read_text().splitlines() if x.strip()]
     lrs = [r["lr"] for r in recs if "event" not in r]
-    assert len(lrs) == 5 and all(a != b for a, b in zip(lrs, lrs[1:])), lrs  # a new learning rate every step, no recompile
+    # a new learning rate every step, no recompile
+    assert len(lrs) == 5 and all(a != b for a, b in zip(lrs, lrs[1:])), lrs
     torch._dynamo.reset()
 
 
@@ -462,7 +469,8 @@ def test_summary_records_the_median_speed_and_the_peak_memory(toy_data, tmp_path
     rates = [r["tokens_per_second"] for r in recs if "event" not in r]
     assert len(rates) == 6 and summary["median_tokens_per_second"] == statistics.median(rates[1:]) > 0
     assert summary["peak_gpu_memory_gib"] is None and summary["host_sync_per_step"] is None
-    assert json.loads((tmp_path / "run" / "summary.json").read_text())["median_tokens_per_second"] == summary["median_tokens_per_second"]
+    assert (json.loads((tmp_path / "run" / "summary.json").read_text())["median_tokens_per_second"]
+            == summary["median_tokens_per_second"])
 
 
 def test_median_tokens_per_second_leaves_out_the_first_window():
@@ -484,7 +492,8 @@ def fp16_on_the_cpu(monkeypatch, init_scale: float) -> list[tuple[float, float]]
     each update's (scale before, scale after)."""
     import functools
 
-    monkeypatch.setattr(runtime, "pick_precision", lambda requested, device: ("fp16", "fp16 autocast (test, on the CPU)"))
+    monkeypatch.setattr(runtime, "pick_precision",
+                        lambda requested, device: ("fp16", "fp16 autocast (test, on the CPU)"))
     monkeypatch.setattr(torch.amp, "GradScaler", functools.partial(torch.amp.GradScaler, init_scale=init_scale))
     scales = []
     real_apply = step_mod.apply_update

@@ -64,15 +64,16 @@ def readme_measures(text: str) -> dict:
     words = [len(s.split()) for s in prose_sentences(text)]
     return {"lines": len(lines),
             "first --gpu 0": next(i for i, line in enumerate(lines, 1) if "--gpu 0" in line),
-            "GPU steps heading": next(i for i, line in enumerate(lines, 1) if line.startswith("## Pre-train on your GPU")),
+            "GPU steps heading": next(i for i, line in enumerate(lines, 1)
+                                      if line.startswith("## Pre-train on your GPU")),
             "sentences": len(words), "median words": statistics.median(words), "longest": max(words)}
 
 
 def test_prose_sentences_are_split_as_a_reader_reads_them():
     text = ("# Title\n\nOne two three. Four `five` six!\nSeven [eight](x.md#y) nine.\n\n| a | b. C |\n\n"
             "- An item, e.g. this one. another.\n1. Step one.\n```sh\nnot. Prose.\n```\nA <!--f:x-->1.5<!--/f--> x.\n")
-    assert prose_sentences(text) == ["One two three.", "Four `five` six!", "Seven eight nine.", "An item, e.g. this one.",
-                                     "another.", "Step one.", "A 1.5 x."]
+    assert prose_sentences(text) == ["One two three.", "Four `five` six!", "Seven eight nine.",
+                                     "An item, e.g. this one.", "another.", "Step one.", "A 1.5 x."]
 
 
 def test_the_readme_reads_in_five_minutes():

@@ -306,7 +306,8 @@ def test_the_card_guide_is_what_the_runtime_picks(fake_gpu, card):
     assert runtime.choose_compile("auto", gpu).mode == "reduce-overhead"  # one process, one micro-batch
     assert runtime.choose_compile("auto", gpu, micro_batches=2).mode == "on"
     assert (varlen_blocker(capability, [64, 64]) == "") == flash
-    with inductor_config.patch(max_autotune=True, max_autotune_gemm_backends="ATEN,TRITON,CPP"):  # a user's max_autotune
+    # a user's max_autotune
+    with inductor_config.patch(max_autotune=True, max_autotune_gemm_backends="ATEN,TRITON,CPP"):
         assert (runtime.configure_inductor_gemms(gpu) != "") == pinned
         assert inductor_utils._use_autotune_backend("TRITON") != pinned
     assert inductor_config.max_autotune is False and inductor_utils.use_aten_gemm_kernels()  # the default: cuBLAS

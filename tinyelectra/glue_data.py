@@ -200,8 +200,9 @@ TASK_FILE_KEYS = {"name", "train", "dev", "test", "text_columns", "label_column"
 
 
 def load_task_file(path: str | Path) -> TaskSpec:
-    """Read a custom task's TOML description (tinyelectra/docs/glue.md, "Tasks of your own"), check its files and columns: its TaskSpec,
-    files included, which reading, fine-tuning, metrics and glue.json then treat as they treat GLUE's."""
+    """Read a custom task's TOML description (tinyelectra/docs/glue.md, "Tasks of your own"), check its files and
+    columns: its TaskSpec, files included, which reading, fine-tuning, metrics and glue.json then treat as they treat
+    GLUE's."""
     path = Path(path)
     raw = read_toml(path, "--task-file ")
     where = f"--task-file {path}"

@@ -155,7 +155,8 @@ class Electra(nn.Module):
             # sharing "all": the generator *is* the discriminator's encoder (same size), not a second module
             self.generator = None if cfg.sharing == "all" else Encoder(self.gen_cfg)
             self.gen_embeddings = Embeddings(self.gen_cfg) if cfg.sharing == "none" else None
-        self.gen_head = GeneratorHead(self.gen_cfg.hidden_size, self.gen_cfg.embedding_size, cfg.vocab_size, cfg.layer_norm_eps)
+        self.gen_head = GeneratorHead(self.gen_cfg.hidden_size, self.gen_cfg.embedding_size, cfg.vocab_size,
+                                      cfg.layer_norm_eps)
         self.apply(init_weights)
 
     @property
@@ -210,8 +211,10 @@ class Electra(nn.Module):
     def generator_state_dict(self) -> dict[str, Tensor]:
         """What `generator.safetensors` holds: the embeddings it reads, its encoder and the MLM head."""
         sd = _prefixed(self, ("embeddings.", "gen_embeddings.", "generator.", "gen_head."))
-        if self.generator is None and self.discriminator is not None:  # sharing "all": the encoder is the discriminator's
-            sd.update({"generator." + k[len("discriminator."):]: v for k, v in _prefixed(self, ("discriminator.",)).items()})
+        # sharing "all": the encoder is the discriminator's
+        if self.generator is None and self.discriminator is not None:
+            sd.update({"generator." + k[len("discriminator."):]: v
+                       for k, v in _prefixed(self, ("discriminator.",)).items()})
         return sd
 
     def load_split_state_dict(self, disc: dict[str, Tensor] | None, gen: dict[str, Tensor]) -> None:
@@ -225,7 +228,8 @@ class Electra(nn.Module):
 
 
 class Classifier(nn.Module):
-    """A fine-tuning model: embeddings + encoder + ([CLS] -> dropout -> linear), the paper's head (not HF's 2-layer one)."""
+    """A fine-tuning model: embeddings + encoder + ([CLS] -> dropout -> linear), the paper's head (not HF's 2-layer
+    one)."""
 
     def __init__(self, cfg: ModelConfig, num_labels: int) -> None:
         super().__init__()
@@ -288,7 +292,8 @@ def varlen_blocker(capability: tuple[int, int], head_dims: list[int]) -> str:
     """Why FlashAttention's variable-length kernel cannot run on a GPU of this compute capability with these head
     sizes ("" when it can): it needs an Ampere or newer GPU and head sizes that are multiples of 8 up to 256."""
     if not card_policy(capability).flash:
-        return f"FlashAttention needs an Ampere or newer GPU (compute capability 8.0+), this one is {capability[0]}.{capability[1]}"
+        return ("FlashAttention needs an Ampere or newer GPU (compute capability 8.0+), "
+                f"this one is {capability[0]}.{capability[1]}")
     bad = sorted({d for d in head_dims if d % 8 or d > 256})
     return f"FlashAttention needs head sizes that are multiples of 8 up to 256, not {bad}" if bad else ""
 
@@ -328,9 +333,11 @@ def attention_kernel(cfg: ModelConfig, batch: int, seq_len: int, device: torch.d
         p = c.attention_dropout if training else 0.0
         if masked and attention == "varlen":
             if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and card_of(device).flash:
-                return {"kernel": "flash (variable length: the rows' lengths)", "flash_eligible": True, "why_not_flash": None}
+                return {"kernel": "flash (variable length: the rows' lengths)", "flash_eligible": True,
+                        "why_not_flash": None}
             return {"kernel": "tinyelectra's variable-length reference (the rows' sequences as a (B, 1, T, T) mask)",
-                    "flash_eligible": False, "why_not_flash": "FlashAttention's varlen kernel needs an Ampere+ GPU (8.0+) and bf16/fp16"}
+                    "flash_eligible": False,
+                    "why_not_flash": "FlashAttention's varlen kernel needs an Ampere+ GPU (8.0+) and bf16/fp16"}
         if device.type == "cpu" and p > 0.0 and not compiled:
             return {"kernel": "tinyelectra's CPU attention (one baddbmm for scale + mask, softmax, dropout, bmm): "
                               "SDPA would take its unfused math path with dropout", "flash_eligible": False,

@@ -38,7 +38,8 @@ def device_name(device: torch.device, threads: bool = False) -> str:
 
     cpuinfo = Path("/proc/cpuinfo")
     lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
-    model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), platform.processor())
+    model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")),
+                 platform.processor())
     return f"CPU ({model}, {os.cpu_count()} cores{f', {torch.get_num_threads()} threads' if threads else ''})"
 
 
@@ -165,11 +166,13 @@ def set_deterministic(enabled: bool) -> str:
         late = torch.cuda.is_available() and torch.cuda.is_initialized()
         os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_DETERMINISTIC[0]
         if late:
-            note = " (CUDA was already initialised in this process: if cuBLAS had run, its workspace is not the fixed one)"
+            note = (" (CUDA was already initialised in this process: if cuBLAS had run, its workspace is not the "
+                    "fixed one)")
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.deterministic = True
-    return f"deterministic: torch deterministic algorithms, CUBLAS_WORKSPACE_CONFIG={os.environ['CUBLAS_WORKSPACE_CONFIG']}{note}"
+    return ("deterministic: torch deterministic algorithms, "
+            f"CUBLAS_WORKSPACE_CONFIG={os.environ['CUBLAS_WORKSPACE_CONFIG']}{note}")
 
 
 def pick_precision(requested: str, device: torch.device) -> tuple[str, str]:
@@ -182,15 +185,18 @@ def pick_precision(requested: str, device: torch.device) -> tuple[str, str]:
             raise UserError("precision fp16 is for CUDA GPUs; on the CPU use fp32 (auto) or bf16")
         if requested == "bf16":  # opt-in: bf16 units ran fine-tuning ~1.8x faster (retired glue_cpu benchmark, 0f79abe)
             if torch.ops.mkldnn._is_mkldnn_bf16_supported():
-                return "bf16", "bf16 autocast on the CPU, as requested (not the paper's fp32; weights and optimizer stay fp32)"
-            return "bf16", ("bf16 autocast on the CPU, as requested, but this CPU has no bf16 units (AVX512-BF16 or AMX): "
-                            "expect it slower than fp32")
+                return "bf16", ("bf16 autocast on the CPU, as requested (not the paper's fp32; weights and optimizer "
+                                "stay fp32)")
+            return "bf16", ("bf16 autocast on the CPU, as requested, but this CPU has no bf16 units "
+                            "(AVX512-BF16 or AMX): expect it slower than fp32")
         return "fp32", "CPU: fp32, the paper's precision (matmuls through oneDNN where available)"
     card = card_of(device)
     if requested == "auto":
         if card.precision == "bf16":
-            return "bf16", f"{card.label} supports bf16: bf16 autocast (same range as fp32, no loss scaling); sampling and losses stay fp32"
-        return "fp16", f"{card.label} has no bf16: fp16 autocast with dynamic loss scaling; sampling and losses stay fp32"
+            return "bf16", (f"{card.label} supports bf16: bf16 autocast (same range as fp32, no loss scaling); "
+                            "sampling and losses stay fp32")
+        return "fp16", (f"{card.label} has no bf16: fp16 autocast with dynamic loss scaling; "
+                        "sampling and losses stay fp32")
     if requested == "bf16" and card.precision != "bf16":
         raise UserError(f"precision bf16: {card.label} has no bf16 (it needs 8.0+: Ampere or newer); use fp16 or auto")
     reason = {"bf16": "bf16 autocast, as requested", "fp16": "fp16 autocast with dynamic loss scaling, as requested",
@@ -342,9 +348,10 @@ def choose_compile(setting: str, device: torch.device, micro_batches: int = 1, p
                             "train.compile=on (or auto)")
         if micro_batches > 1:
             raise UserError(f"train.compile={setting} (CUDA graphs) needs one micro-batch per step; this run "
-                            f"accumulates {micro_batches} micro-batches: use train.compile=on (or auto), or a micro-batch "
-                            "as large as the per-process batch")
-        return CompileChoice(setting, "as requested" + ("" if device.type == "cuda" else " (no CUDA graphs on the CPU)"))
+                            f"accumulates {micro_batches} micro-batches: use train.compile=on (or auto), or a "
+                            "micro-batch as large as the per-process batch")
+        return CompileChoice(setting, "as requested"
+                             + ("" if device.type == "cuda" else " (no CUDA graphs on the CPU)"))
     if device.type != "cuda":
         return CompileChoice("off", "auto: off on the CPU (compile time outweighs the gain for short runs)")
     card = card_of(device)
@@ -353,7 +360,8 @@ def choose_compile(setting: str, device: torch.device, micro_batches: int = 1, p
                                     "capability 7.0+")
     if blocker:
         return CompileChoice("on", f"auto: inductor without CUDA graphs: {blocker}")
-    return CompileChoice("reduce-overhead", "auto: inductor + CUDA graphs (one CUDA device, one process, one micro-batch per step)")
+    return CompileChoice("reduce-overhead",
+                         "auto: inductor + CUDA graphs (one CUDA device, one process, one micro-batch per step)")
 
 
 def configure_inductor_gemms(device: torch.device) -> str:
@@ -399,8 +407,8 @@ def maybe_compile(fn_or_module, mode_setting: str, device: torch.device, fullgra
 
     "on" (or "auto" on CUDA): inductor's default mode. "reduce-overhead": inductor plus CUDA graphs (on a GPU; the
     CPU has none, so there it is the default mode). A training step resolves "auto" with `choose_compile` first
-    (CUDA graphs where they apply) and passes the mode it chose. `fullgraph=True` makes a graph break an error, i.e. a fallback
-    to eager that the note reports, instead of a silently slower, partly compiled step.
+    (CUDA graphs where they apply) and passes the mode it chose. `fullgraph=True` makes a graph break an error, i.e.
+    a fallback to eager that the note reports, instead of a silently slower, partly compiled step.
 
     Compilation is lazy: the forward graph is compiled at the first call, the backward graph (and inductor's kernels)
     at the first backward. The returned object falls back to eager when the first call fails, and when `verify` or
@@ -408,18 +416,21 @@ def maybe_compile(fn_or_module, mode_setting: str, device: torch.device, fullgra
     if mode_setting not in WHOLE_COMPILE_SETTINGS:
         raise UserError(f"compile {mode_setting!r}: use {', '.join(WHOLE_COMPILE_SETTINGS)}")
     if mode_setting == "off" or (mode_setting == "auto" and device.type != "cuda"):
-        why = "off as requested" if mode_setting == "off" else "auto: off on the CPU (compile time outweighs the gain for short runs)"
+        why = ("off as requested" if mode_setting == "off"
+               else "auto: off on the CPU (compile time outweighs the gain for short runs)")
         return fn_or_module, f"compile: {why}"
     if sys.platform == "win32" or not hasattr(torch, "compile"):
         return fn_or_module, "compile: not available on this platform; running eager"
     mode = "reduce-overhead" if mode_setting == "reduce-overhead" else None
     label = "torch.compile (inductor"
     if mode:
-        label += ", mode reduce-overhead: CUDA graphs" if device.type == "cuda" else ", mode reduce-overhead: no CUDA graphs on the CPU"
+        label += (", mode reduce-overhead: CUDA graphs" if device.type == "cuda"
+                  else ", mode reduce-overhead: no CUDA graphs on the CPU")
     backend = os.environ.get("TINYELECTRA_COMPILE_BACKEND", "inductor")  # tests and the CPU smoke run: aot_eager
     kwargs: dict = {"mode": mode} if backend == "inductor" else {"backend": backend}
     if backend != "inductor":
-        label = f"torch.compile ({backend} backend from TINYELECTRA_COMPILE_BACKEND, not inductor{'; no CUDA graphs' if mode else ''}"
+        label = (f"torch.compile ({backend} backend from TINYELECTRA_COMPILE_BACKEND, not inductor"
+                 f"{'; no CUDA graphs' if mode else ''}")
     label += ", fullgraph)" if fullgraph else ")"
     if gemms := configure_inductor_gemms(device):
         label += f"; {gemms}"
@@ -463,7 +474,8 @@ def compile_regions(step, regions: list[nn.Module], device: torch.device):
     kinds = ", ".join(f"{cls.__name__} x{sum(type(r) is cls for r in regions)}" for cls in compiled)
     what = "inductor" if backend == "inductor" else f"{backend} backend from TINYELECTRA_COMPILE_BACKEND, not inductor"
     note = (f"compile: torch.compile per region ({what}, regional: {len(regions)} regions of {len(compiled)} kinds "
-            f"({kinds}), each kind compiled once per shape; the rest eager, fullgraph per region){'; ' + gemms if gemms else ''}")
+            f"({kinds}), each kind compiled once per shape; the rest eager, fullgraph per region)"
+            f"{'; ' + gemms if gemms else ''}")
     wrapped = _CompiledWithFallback(step, step, note, undo=lambda: _uncompile(regions))
     return wrapped, wrapped.note
 
@@ -508,10 +520,10 @@ def compile_time_split(metrics: list | None = None) -> dict:
     cudagraphify = sum(us(m, "runtime_cudagraphify_time_us") for m in metrics)
     return {
         "available": True,
-        "dynamo_s": round(sum(us(m, "dynamo_cumulative_compile_time_us") - us(m, "aot_autograd_cumulative_compile_time_us")
-                              for m in frames), 3),
-        "aot_s": round(sum(us(m, "aot_autograd_cumulative_compile_time_us") - us(m, "inductor_cumulative_compile_time_us")
-                           for m in frames), 3),
+        "dynamo_s": round(sum(us(m, "dynamo_cumulative_compile_time_us")
+                              - us(m, "aot_autograd_cumulative_compile_time_us") for m in frames), 3),
+        "aot_s": round(sum(us(m, "aot_autograd_cumulative_compile_time_us")
+                           - us(m, "inductor_cumulative_compile_time_us") for m in frames), 3),
         "inductor_s": round(sum(us(m, "inductor_cumulative_compile_time_us") for m in frames + backward), 3),
         "backward_s": round(sum(us(m, "backward_cumulative_compile_time_us") for m in backward), 3),
         "cudagraphify_s": round(cudagraphify, 3) if cudagraphify else None,
@@ -613,7 +625,8 @@ def compile_note(obj, default: str) -> str:
     return getattr(obj, "note", default) if isinstance(obj, _CompiledWithFallback) else default
 
 
-SDPA_KERNELS = {0: "math (unfused: T x T scores in memory)", 1: "flash", 2: "memory-efficient", 3: "cuDNN", 4: "overrideable"}
+SDPA_KERNELS = {0: "math (unfused: T x T scores in memory)", 1: "flash", 2: "memory-efficient", 3: "cuDNN",
+                4: "overrideable"}
 
 
 def sdpa_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
@@ -637,7 +650,8 @@ def sdpa_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: to
                 ok = torch.backends.cuda.can_use_flash_attention(params, True)
             out["flash_eligible"] = bool(ok)
             if not ok:
-                out["why_not_flash"] = "; ".join(_short(w.message, 160) for w in caught) or "not eligible (no reason given)"
+                out["why_not_flash"] = ("; ".join(_short(w.message, 160) for w in caught)
+                                        or "not eligible (no reason given)")
         except (AttributeError, RuntimeError, TypeError) as e:
             out["why_not_flash"] = f"unknown ({type(e).__name__}: {_short(e, 120)})"
     return out
@@ -664,7 +678,8 @@ def tune_cpu() -> str:
         return "CPU allocator: unchanged (no glibc mallopt)"
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     ok = mallopt(_M_MMAP_THRESHOLD, 1 << 30) == 1 and mallopt(_M_TRIM_THRESHOLD, -1) == 1  # -1: "never trim"
-    return "CPU allocator: glibc mmap threshold 1 GiB, no trimming" if ok else "CPU allocator: mallopt refused; unchanged"
+    return ("CPU allocator: glibc mmap threshold 1 GiB, no trimming" if ok
+            else "CPU allocator: mallopt refused; unchanged")
 
 
 def openmp_note() -> tuple[str, dict]:
@@ -676,13 +691,16 @@ def openmp_note() -> tuple[str, dict]:
     (benchmarks/NOTES.md). OpenMP reads these once, when torch is loaded."""
     policy, spins = os.environ.get("OMP_WAIT_POLICY"), os.environ.get("GOMP_SPINCOUNT")
     if policy == "PASSIVE" and os.environ.get("TINYELECTRA_SET_OMP_WAIT_POLICY") == "1":
-        set_by, how = "tinyelectra", "OMP_WAIT_POLICY=PASSIVE, tinyelectra's default (sleep, do not spin; set OMP_WAIT_POLICY to choose)"
+        set_by, how = "tinyelectra", ("OMP_WAIT_POLICY=PASSIVE, tinyelectra's default (sleep, do not spin; "
+                                      "set OMP_WAIT_POLICY to choose)")
     elif policy is not None or spins is not None:
         set_by = "environment"
-        how = ", ".join(f"{k}={v}" for k, v in (("OMP_WAIT_POLICY", policy), ("GOMP_SPINCOUNT", spins)) if v is not None)
+        how = ", ".join(f"{k}={v}" for k, v in (("OMP_WAIT_POLICY", policy), ("GOMP_SPINCOUNT", spins))
+                        if v is not None)
         how += " from the environment"
     else:
-        set_by, how = None, "OpenMP's default (libgomp: spin, then sleep; OMP_WAIT_POLICY=PASSIVE is faster beside busy programs)"
+        set_by, how = None, ("OpenMP's default (libgomp: spin, then sleep; OMP_WAIT_POLICY=PASSIVE is faster beside "
+                             "busy programs)")
     threads = torch.get_num_threads()
     record = {"threads": threads, "omp_wait_policy": policy, "gomp_spincount": spins, "set_by": set_by}
     return f"CPU threads: {threads}; OpenMP waits: {how}", record
