@@ -966,6 +966,56 @@ def test_released_lr_is_a_second_arm_kept_apart_from_the_papers_protocol(ckpt, t
         run("rte")
 
 
+def test_released_lr_reads_each_checkpoint_once_and_every_job_starts_from_its_weights(tmp_path, monkeypatch):
+    """`--released-lr` fine-tunes each checkpoint a second time in the same process from one read of its weights and
+    tokenizer (they were read once per arm): every job of either arm starts from the weights as saved on disk, the
+    second arm's after the first arm's jobs trained (steps at a learning rate above 0: their weights moved), so no
+    job's training leaks into the weights the arms share."""
+    from tinyelectra import glue
+    from tinyelectra.hf import load_backbone
+
+    run = make_run(tmp_path / "run", fractions=(0.5, 1.0))
+    glue_dir = write_sst2_like(tmp_path / "glue", train_rows=40, dev_rows=12)  # 2 steps an epoch: steps 1+ move
+    saved = {name: load_backbone(run / name) for name in ("ckpt-5000", "ckpt-10000")}
+    reads, starts, moved = [], [], []
+
+    def read(path):
+        reads.append(Path(path).name)
+        return load_backbone(path)
+
+    def weights(model) -> dict:
+        return {f"embeddings.{k}": v.detach().clone() for k, v in model.embeddings.state_dict().items()} | \
+            {f"encoder.{k}": v.detach().clone() for k, v in model.encoder.state_dict().items()}
+
+    def same(state: dict, backbone) -> bool:
+        disk = {f"embeddings.{k}": v for k, v in backbone.embeddings.items()} | \
+            {f"encoder.{k}": v for k, v in backbone.encoder.items()}
+        return state.keys() == disk.keys() and all(torch.equal(state[k], disk[k]) for k in disk)
+
+    class Job(glue.FinetuneJob):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.what = kwargs["on_step"].what  # "ckpt-5000 (released-lr) sst2 seed 1/2"
+            starts.append((self.what, weights(self.run.model)))
+
+        def finish(self):
+            model, facts = super().finish()
+            moved.append((self.what, not same(weights(model), saved[self.what.split()[0]])))
+            return model, facts
+
+    monkeypatch.setattr(glue, "load_backbone", read)
+    monkeypatch.setattr(glue, "FinetuneJob", Job)
+    paths = glue.glue_command(glue.GlueSettings(checkpoint=run, glue_dir=glue_dir, tasks="sst2", seeds=2, device="cpu",
+                                                overrides=["epochs=2"], command="pytest", released_lr="sst2"))
+    assert len(paths) == 4 and all(json.loads(p.read_text())["complete"] for p in paths)
+    assert sorted(reads) == ["ckpt-10000", "ckpt-5000"]  # once each, for both arms
+    arms = ["(released-lr)" in what for what, _ in starts]
+    assert arms == [False] * 4 + [True] * 4  # the second arm's jobs start after the first arm's trained
+    assert all(m for _, m in moved) and len(moved) == 8
+    for what, state in starts:
+        assert same(state, saved[what.split()[0]]), f"{what} did not start from the saved weights"
+
+
 def test_duplicate_task_seeds_keys_are_one_line(ckpt, tmp_path, capsys):
     """Issue 35: `--task-seeds rte=1,rte=2` kept the last; now an error naming the task, exit 2, nothing run."""
     glue_dir = write_sst2_like(tmp_path / "glue", 8, 8)

@@ -61,7 +61,7 @@ from tinyelectra.glue_data import (
     GLUE_TASK_NAMES, PAPER_TASK_NAMES, TASKS, GlueSplit, TaskSpec, encode_split, find_split_file, get_task,
     load_hf_split, load_task_file, prediction_vector, read_split, resolve_tasks, with_swapped_pairs, write_submission,
 )
-from tinyelectra.hf import load_backbone, read_hf_config
+from tinyelectra.hf import Backbone, load_backbone, read_hf_config
 from tinyelectra.metrics import METRIC_TITLES, average_score, score_task
 from tinyelectra.runfolder import Written, holding
 from tinyelectra.runtime import configure_matmul, device_name, guard_cudnn_sdpa, pick_device, pick_precision
@@ -423,20 +423,28 @@ class Session:
         }
 
 
-class CheckpointRun:
-    """One checkpoint's fine-tuning under one session: its backbone and tokenizer, the glue.json it fills (`result`,
-    written after every finished seed and task), what an earlier glue.json for the same checkpoint, protocol and seeds
-    lets it reuse, and each task's finished seeds. `todo` is what is left to train; `seed_done` evaluates and records
-    one finished seed and writes the task's entry once all its seeds are in; `finish` completes glue.json."""
+def load_model(ref: CheckpointRef) -> tuple[Backbone, Tokenizer]:
+    """A checkpoint's pre-trained weights and tokenizer, loaded once per command and shared by its runs (the paper's
+    protocol and --released-lr's): every job copies the weights into a model of its own (finetune.Finetuner), so each
+    starts from the untouched pre-trained weights."""
+    backbone = load_backbone(ref.path)
+    if backbone.tokenizer_dir is None:
+        raise UserError(f"{ref.path}: no tokenizer files beside the weights (tokenizer/ or tokenizer.json / "
+                        "vocab.txt); fine-tuning needs the pre-training tokenizer")
+    return backbone, Tokenizer.load(backbone.tokenizer_dir)
 
-    def __init__(self, ref: CheckpointRef, session: Session) -> None:
+
+class CheckpointRun:
+    """One checkpoint's fine-tuning under one session: its backbone and tokenizer (load_model's, shared by the
+    sessions), the glue.json it fills (`result`, written after every finished seed and task), what an earlier glue.json
+    for the same checkpoint, protocol and seeds lets it reuse, and each task's finished seeds. `todo` is what is left
+    to train; `seed_done` evaluates and records one finished seed and writes the task's entry once all its seeds are
+    in; `finish` completes glue.json."""
+
+    def __init__(self, ref: CheckpointRef, session: Session, backbone: Backbone, tokenizer: Tokenizer) -> None:
         self.ref, self.session, self.console = ref, session, session.console
         self.name = ref.name + (f" ({session.arm})" if session.arm else "")
-        self.backbone = load_backbone(ref.path)
-        if self.backbone.tokenizer_dir is None:
-            raise UserError(f"{ref.path}: no tokenizer files beside the weights (tokenizer/ or tokenizer.json / "
-                            "vocab.txt); fine-tuning needs the pre-training tokenizer")
-        self.tokenizer = Tokenizer.load(self.backbone.tokenizer_dir)
+        self.backbone, self.tokenizer = backbone, tokenizer
         cfg = self.backbone.config
         if session.fc.max_length > cfg.max_positions:
             raise UserError(f"--set max_length={session.fc.max_length} exceeds the model's {cfg.max_positions} "
@@ -845,8 +853,15 @@ def glue_command(settings: GlueSettings) -> list[Path]:
                                                            "submission/*")),
                    kind="glob")
         record.add(*(f"{f}{w}" for f in folders for w in ("", "/partial", "/submission")), kind="dir")
+        loaded: dict[CheckpointRef, tuple[Backbone, Tokenizer]] = {}  # each checkpoint read once, for every arm
+
+        def run_of(session: Session, ref: CheckpointRef) -> CheckpointRun:
+            if ref not in loaded:
+                loaded[ref] = load_model(ref)
+            return CheckpointRun(ref, session, *loaded[ref])
+
         try:
-            runs = [CheckpointRun(ref, session) for session in sessions for ref in refs]
+            runs = [run_of(session, ref) for session in sessions for ref in refs]
             fine_tuning = Scheduler(runs).run()
         except Interrupted as e:
             for target in [s.out_dir / ref.name / session.arm / "glue.json" for session in sessions for ref in refs]:
