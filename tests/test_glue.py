@@ -968,16 +968,23 @@ def test_released_lr_is_a_second_arm_kept_apart_from_the_papers_protocol(ckpt, t
 
 def test_released_lr_reads_each_checkpoint_once_and_every_job_starts_from_its_weights(tmp_path, monkeypatch):
     """`--released-lr` fine-tunes each checkpoint a second time in the same process from one read of its weights and
-    tokenizer (they were read once per arm): every job of either arm starts from the weights as saved on disk, the
-    second arm's after the first arm's jobs trained (steps at a learning rate above 0: their weights moved), so no
-    job's training leaks into the weights the arms share."""
+    tokenizer (they were read once per arm), whose fingerprint (the key of the shared encodings) is computed once (it
+    was computed again at every look-up of an encoding): every job of either arm starts from the weights as saved on
+    disk, the second arm's after the first arm's jobs trained (steps at a learning rate above 0: their weights moved),
+    so no job's training leaks into the weights the arms share."""
     from tinyelectra import glue
     from tinyelectra.hf import load_backbone
+    from tinyelectra.tokenizer import Tokenizer
 
     run = make_run(tmp_path / "run", fractions=(0.5, 1.0))
     glue_dir = write_sst2_like(tmp_path / "glue", train_rows=40, dev_rows=12)  # 2 steps an epoch: steps 1+ move
     saved = {name: load_backbone(run / name) for name in ("ckpt-5000", "ckpt-10000")}
-    reads, starts, moved = [], [], []
+    reads, starts, moved, fingerprints = [], [], [], []
+    fingerprint = Tokenizer.fingerprint
+
+    def counted(tokenizer) -> str:
+        fingerprints.append(fingerprint(tokenizer))
+        return fingerprints[-1]
 
     def read(path):
         reads.append(Path(path).name)
@@ -1005,10 +1012,12 @@ def test_released_lr_reads_each_checkpoint_once_and_every_job_starts_from_its_we
 
     monkeypatch.setattr(glue, "load_backbone", read)
     monkeypatch.setattr(glue, "FinetuneJob", Job)
+    monkeypatch.setattr(Tokenizer, "fingerprint", counted)
     paths = glue.glue_command(glue.GlueSettings(checkpoint=run, glue_dir=glue_dir, tasks="sst2", seeds=2, device="cpu",
                                                 overrides=["epochs=2"], command="pytest", released_lr="sst2"))
     assert len(paths) == 4 and all(json.loads(p.read_text())["complete"] for p in paths)
     assert sorted(reads) == ["ckpt-10000", "ckpt-5000"]  # once each, for both arms
+    assert len(fingerprints) == 2 and fingerprints[0] == fingerprints[1]  # once each; the run's one tokenizer
     arms = ["(released-lr)" in what for what, _ in starts]
     assert arms == [False] * 4 + [True] * 4  # the second arm's jobs start after the first arm's trained
     assert all(m for _, m in moved) and len(moved) == 8

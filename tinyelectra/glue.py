@@ -376,8 +376,10 @@ class Session:
     arm: str = ""  # "" for the paper's protocol; "released-lr" for --released-lr's session
     encodings: dict[tuple[str, str], EncodedTask] = field(default_factory=dict)
 
-    def encoded(self, tokenizer: Tokenizer, data: TaskData) -> EncodedTask:
-        key = (tokenizer.fingerprint(), data.task.name)
+    def encoded(self, tokenizer: Tokenizer, fingerprint: str, data: TaskData) -> EncodedTask:
+        """`data` encoded by `tokenizer`, whose fingerprint (Tokenizer.fingerprint, computed once: load_model) is
+        `fingerprint`."""
+        key = (fingerprint, data.task.name)
         if key not in self.encodings:
             self.encodings[key] = encode_task(tokenizer, data, self.fc.max_length)
         return self.encodings[key]
@@ -423,15 +425,17 @@ class Session:
         }
 
 
-def load_model(ref: CheckpointRef) -> tuple[Backbone, Tokenizer]:
+def load_model(ref: CheckpointRef) -> tuple[Backbone, Tokenizer, str]:
     """A checkpoint's pre-trained weights and tokenizer, loaded once per command and shared by its runs (the paper's
     protocol and --released-lr's): every job copies the weights into a model of its own (finetune.Finetuner), so each
-    starts from the untouched pre-trained weights."""
+    starts from the untouched pre-trained weights. With the tokenizer's fingerprint, computed once: the key its tasks'
+    encodings and device splits are shared under."""
     backbone = load_backbone(ref.path)
     if backbone.tokenizer_dir is None:
         raise UserError(f"{ref.path}: no tokenizer files beside the weights (tokenizer/ or tokenizer.json / "
                         "vocab.txt); fine-tuning needs the pre-training tokenizer")
-    return backbone, Tokenizer.load(backbone.tokenizer_dir)
+    tokenizer = Tokenizer.load(backbone.tokenizer_dir)
+    return backbone, tokenizer, tokenizer.fingerprint()
 
 
 class CheckpointRun:
@@ -441,10 +445,11 @@ class CheckpointRun:
     to train; `seed_done` evaluates and records one finished seed and writes the task's entry once all its seeds are
     in; `finish` completes glue.json."""
 
-    def __init__(self, ref: CheckpointRef, session: Session, backbone: Backbone, tokenizer: Tokenizer) -> None:
+    def __init__(self, ref: CheckpointRef, session: Session, backbone: Backbone, tokenizer: Tokenizer,
+                 fingerprint: str) -> None:
         self.ref, self.session, self.console = ref, session, session.console
         self.name = ref.name + (f" ({session.arm})" if session.arm else "")
-        self.backbone, self.tokenizer = backbone, tokenizer
+        self.backbone, self.tokenizer, self.fingerprint = backbone, tokenizer, fingerprint
         cfg = self.backbone.config
         if session.fc.max_length > cfg.max_positions:
             raise UserError(f"--set max_length={session.fc.max_length} exceeds the model's {cfg.max_positions} "
@@ -499,7 +504,7 @@ class CheckpointRun:
             self.todo[task] = [k for k in task_seeds if k not in finished]
 
     def encoded(self, data: TaskData) -> EncodedTask:
-        return self.session.encoded(self.tokenizer, data)
+        return self.session.encoded(self.tokenizer, self.fingerprint, data)
 
     def steps(self, data: TaskData) -> int:
         fc = self.session.fc
@@ -741,7 +746,7 @@ class Scheduler:
 
     @staticmethod
     def _split_key(run: CheckpointRun, data: TaskData) -> tuple[str, str]:
-        return run.tokenizer.fingerprint(), data.task.name
+        return run.fingerprint, data.task.name
 
     def start(self, unit: tuple[CheckpointRun, TaskData, int], stream) -> FinetuneJob:
         (run, data, seed), s = unit, self.s
@@ -853,7 +858,7 @@ def glue_command(settings: GlueSettings) -> list[Path]:
                                                            "submission/*")),
                    kind="glob")
         record.add(*(f"{f}{w}" for f in folders for w in ("", "/partial", "/submission")), kind="dir")
-        loaded: dict[CheckpointRef, tuple[Backbone, Tokenizer]] = {}  # each checkpoint read once, for every arm
+        loaded: dict[CheckpointRef, tuple[Backbone, Tokenizer, str]] = {}  # each checkpoint read once, for every arm
 
         def run_of(session: Session, ref: CheckpointRef) -> CheckpointRun:
             if ref not in loaded:
