@@ -13,11 +13,13 @@ machinery and learning, not pre-training quality.
 from __future__ import annotations
 
 import contextlib
+import glob
 import importlib.util
 import json
 import os
 import random
 import re
+import socket
 import statistics
 import sys
 from pathlib import Path
@@ -1031,6 +1033,24 @@ def test_duplicate_task_seeds_keys_are_one_line(ckpt, tmp_path, capsys):
     err = _cli_error(["glue", "--checkpoint", str(ckpt), "--glue-dir", str(glue_dir), "--tasks", "sst2", "--seeds", "2",
                       "--task-seeds", "sst2=1,SST-2=2", "--device", "cpu", "--out", str(tmp_path / "o")], capsys)
     assert "sst2 is given twice" in err and not (tmp_path / "o" / "ckpt-10000" / "glue.json").exists()
+
+
+def test_run_tensorboard_events_go_on_the_runs_record_once(tmp_path):
+    """Each task's score in RUN/tensorboard is a new events file named by host and pid; one line of RUN's record
+    covers them all (it was appended again after every task: 4 identical lines for 2 checkpoints x 2 tasks), and every
+    events file is covered (train --force deletes them with the run)."""
+    if importlib.util.find_spec("tensorboard") is None:
+        pytest.skip("tensorboard is not installed (an extra): glue writes no RUN/tensorboard without it")
+    from tinyelectra.runfolder import RECORD_NAME, covered
+
+    run = make_run(tmp_path / "run", fractions=(0.5, 1.0))
+    glue_dir = write_stsb_like(write_sst2_like(tmp_path / "glue", train_rows=24, dev_rows=12), 12, 12)
+    run_glue(run, glue_dir, tmp_path / "out", "sst2,stsb", overrides=["epochs=1"])
+    lines = [json.loads(x) for x in (run / RECORD_NAME).read_text().splitlines()]
+    pattern = f"tensorboard/events.out.tfevents.*.{glob.escape(socket.gethostname())}.{os.getpid()}.*"
+    assert [x for x in lines if x.get("glob", "").startswith("tensorboard/")] == [{"by": "glue", "glob": pattern}]
+    events = set((run / "tensorboard").iterdir())
+    assert len(events) == 4 and events <= covered(run, ("glue",))[0]  # one file per (checkpoint, task)
 
 
 @pytest.mark.parametrize("how", ["held by another command", "not writable"])
