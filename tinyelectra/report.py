@@ -89,6 +89,8 @@ def _numbers(obj: dict, keys, path: Path) -> dict:
 
 
 COUNT = (0.0, math.inf)  # steps, tokens, FLOPs, seconds
+# the counts a checkpoint's meta (glue.json) and summary.json both hold, beside their step ("step" / "steps")
+COUNT_KEYS = ("tokens_seen", "train_flops_paper", "train_flops_hardware", "train_seconds")
 
 
 def _possible(obj: dict, ranges: dict[str, tuple[float, float]], where: str, notes: list[str]) -> dict:
@@ -243,10 +245,9 @@ def _task_entries(path: Path, raw: dict, notes: list[str]) -> dict[str, dict]:
 
 
 def _glue_entry(path: Path, glue: dict, notes: list[str]) -> dict[str, Any]:
-    meta = _numbers(glue.get("meta") or {}, ("step", "tokens_seen", "train_flops_paper", "train_flops_hardware",
-                                             "train_seconds", "wall_seconds", "fraction"), path)
-    meta = _possible(meta, dict.fromkeys(("step", "tokens_seen", "train_flops_paper", "train_flops_hardware",
-                                          "train_seconds", "wall_seconds"), COUNT), f"{path}: meta", notes)
+    counts = ("step", *COUNT_KEYS, "wall_seconds")
+    meta = _numbers(glue.get("meta") or {}, (*counts, "fraction"), path)
+    meta = _possible(meta, dict.fromkeys(counts, COUNT), f"{path}: meta", notes)
     tasks = _task_entries(path, glue.get("tasks") or {}, notes)
     arm = path.parent / "released-lr" / "glue.json"  # glue --released-lr: the tasks again at the released code's rate
     arm_doc = _read_json(arm) if arm.is_file() else {}
@@ -298,11 +299,9 @@ def build_report(run_dir: Path) -> dict[str, Any]:
                              for name in ("plan", "recipe", "summary"))
     odd: list[str] = []
     if summary is not None:
-        _numbers(summary, ("steps", "tokens_seen", "train_flops_paper", "train_flops_hardware", "train_seconds"),
-                 run_dir / "summary.json")
+        _numbers(summary, ("steps", *COUNT_KEYS), run_dir / "summary.json")
         summary, odd = _typed_fields(summary, run_dir / "summary.json")
-        summary = _possible(summary, dict.fromkeys(("steps", "tokens_seen", "train_flops_paper", "train_flops_hardware",
-                                                    "train_seconds", "budget_seconds", "median_tokens_per_second",
+        summary = _possible(summary, dict.fromkeys(("steps", *COUNT_KEYS, "budget_seconds", "median_tokens_per_second",
                                                     "peak_gpu_memory_gib"), COUNT), str(run_dir / "summary.json"), odd)
     records, events, damaged, repeated = read_metrics(run_dir / "metrics.jsonl")
     # what `tinyelectra glue --checkpoint RUN` writes, or RUN/*/glue.json when RUN is itself a glue output directory
@@ -333,8 +332,7 @@ def build_report(run_dir: Path) -> dict[str, Any]:
     last, done = (records[-1] if records else {}), summary or {}
     pretraining = {
         "steps": done.get("steps", last.get("step")),
-        **{k: done.get(k, last.get(k))
-           for k in ("tokens_seen", "train_flops_paper", "train_flops_hardware", "train_seconds")},
+        **{k: done.get(k, last.get(k)) for k in COUNT_KEYS},
         "finished": summary is not None,
         "last_log": {k: last.get(k) for k in ("step", *CURVE_KEYS, "tokens_per_second") if k in last},
         "log_records": len(records),
