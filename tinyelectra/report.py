@@ -289,6 +289,12 @@ def _paper_average_over(tasks: list[str]) -> list[dict]:
 
 def build_report(run_dir: Path) -> dict[str, Any]:
     """Everything the report shows, as one JSON-ready dict."""
+    return _report_and_metrics(run_dir)[0]
+
+
+def _report_and_metrics(run_dir: Path) -> tuple[dict[str, Any], list[dict], list[dict]]:
+    """build_report's dict, with metrics.jsonl's log records and checkpoint events as it read them (the curves plot
+    them: the file is read once)."""
     run_dir = Path(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"{run_dir}: a file, not a run directory (give the directory that `tinyelectra train` or "
@@ -395,7 +401,7 @@ def build_report(run_dir: Path) -> dict[str, Any]:
         "verdict": {"checkpoint": checkpoints[-1]["name"], **verdict_against_anchors(
             {t: v["median_paper"] for t, v in checkpoints[-1]["tasks"].items()})} if checkpoints else None,
         "paper": paper.published(), "notes": notes, "input_warnings": warnings, "plots": [],
-    }
+    }, records, events
 
 
 def _heldout_entry(event: dict) -> dict[str, Any]:
@@ -561,7 +567,7 @@ def render_markdown(rep: dict[str, Any]) -> str:
 def report_command(run_dir: Path, out_dir: Path | None) -> dict[str, Any]:
     """`tinyelectra report RUN_DIR`: write report.json, report.md and the plots (default: into RUN_DIR)."""
     run_dir = Path(run_dir)
-    rep = build_report(run_dir)
+    rep, records, events = _report_and_metrics(run_dir)
     out = Path(out_dir) if out_dir is not None else run_dir
     with holding(out, "--out", reserves=REPORT_FILES):  # one writer per folder: not a run's while it trains
         check_writable(out, "--out")
@@ -573,7 +579,6 @@ def report_command(run_dir: Path, out_dir: Path | None) -> dict[str, Any]:
         written.add(*(out / name for name in REPORT_FILES))
         if plot_glue(rep, out / "glue_vs_compute.png"):
             rep["plots"].append("glue_vs_compute.png")
-        records, events, _, _ = read_metrics(run_dir / "metrics.jsonl")
         for warning in rep["input_warnings"]:
             print(f"warning: {warning}", file=sys.stderr)
         if plot_curves(records, events, rep, out / "pretraining_curves.png"):
