@@ -530,12 +530,13 @@ class CheckpointRun:
         splits = {}
         with evaluate_on():  # after the job's own steps (its CUDA stream)
             for split, dev_enc in enc.dev.items():
-                outputs = predict(model, dev_enc, fc.eval_batch_size, s.device, s.precision)
-                score = score_task(spec, outputs, data.dev[split].labels, split=split)
+                # one prediction per row (class ids, or STS-B's scores), scored and counted by class
+                predicted = prediction_vector(spec, predict(model, dev_enc, fc.eval_batch_size, s.device, s.precision))
+                score = score_task(spec, predicted, data.dev[split].labels, split=split)
                 splits[split] = {"paper_score": score.paper_score, "glue_score": score.glue_score,
                                  "metrics": score.metrics, "examples": score.num_examples}
                 if not spec.is_regression:
-                    counts = np.bincount(prediction_vector(spec, outputs), minlength=spec.num_labels)
+                    counts = np.bincount(predicted, minlength=spec.num_labels)
                     splits[split]["predicted_classes"] = dict(zip(spec.label_names, counts.tolist()))
             tests = [predict(model, t, fc.eval_batch_size, s.device, s.precision) for t in enc.test]
         primary = splits[spec.primary_dev_split]
