@@ -58,8 +58,9 @@ from tinyelectra.finetune import (
     size_defaults, step_mode,
 )
 from tinyelectra.glue_data import (
-    GLUE_TASK_NAMES, PAPER_TASK_NAMES, TASKS, GlueSplit, TaskSpec, encode_split, find_split_file, get_task,
-    load_hf_split, load_task_file, prediction_vector, read_split, resolve_tasks, with_swapped_pairs, write_submission,
+    GLUE_TASK_NAMES, PAPER_TASK_NAMES, RELEASED_LR_ARM, TASKS, GlueSplit, TaskSpec, encode_split, find_split_file,
+    get_task, load_hf_split, load_task_file, prediction_vector, read_split, resolve_tasks, with_swapped_pairs,
+    write_submission,
 )
 from tinyelectra.hf import Backbone, load_backbone, read_hf_config
 from tinyelectra.metrics import METRIC_TITLES, average_score, score_task
@@ -373,7 +374,7 @@ class Session:
     task_seeds: dict[str, list[int]]  # task name -> its seeds (fewer with --task-seeds)
     skipped: dict[str, str]  # tasks not run, and why
     console: Any
-    arm: str = ""  # "" for the paper's protocol; "released-lr" for --released-lr's session
+    arm: str = ""  # "" for the paper's protocol; RELEASED_LR_ARM ("released-lr") for --released-lr's session
     encodings: dict[tuple[str, str], EncodedTask] = field(default_factory=dict)
 
     def encoded(self, tokenizer: Tokenizer, fingerprint: str, data: TaskData) -> EncodedTask:
@@ -386,7 +387,7 @@ class Session:
 
     def released(self, tasks: list[str]) -> Session:
         """These tasks again with the released code's learning rate and weight decay, the encodings shared."""
-        return dataclasses.replace(self, fc=dataclasses.replace(self.fc, **RELEASED), arm="released-lr",
+        return dataclasses.replace(self, fc=dataclasses.replace(self.fc, **RELEASED), arm=RELEASED_LR_ARM,
                                    data={t: self.data[t] for t in tasks},
                                    task_seeds={t: self.task_seeds[t] for t in tasks}, encodings=self.encodings)
 

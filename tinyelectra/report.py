@@ -25,7 +25,7 @@ from tinyelectra.checkpoint import train_seconds_of
 from tinyelectra.errors import UserError
 from tinyelectra.files import check_writable, first_line, write_atomic
 from tinyelectra.runfolder import Written, holding
-from tinyelectra.glue_data import GLUE_TASK_NAMES, PAPER_TASK_NAMES, get_task, task_title
+from tinyelectra.glue_data import GLUE_TASK_NAMES, PAPER_TASK_NAMES, RELEASED_LR_ARM, get_task, task_title
 from tinyelectra.metrics import score_range, verdict_against_anchors
 from tinyelectra.plots import fmt_fraction, plot_curves, plot_glue
 
@@ -249,7 +249,7 @@ def _glue_entry(path: Path, glue: dict, notes: list[str]) -> dict[str, Any]:
     meta = _numbers(glue.get("meta") or {}, (*counts, "fraction"), path)
     meta = _possible(meta, dict.fromkeys(counts, COUNT), f"{path}: meta", notes)
     tasks = _task_entries(path, glue.get("tasks") or {}, notes)
-    arm = path.parent / "released-lr" / "glue.json"  # glue --released-lr: the tasks again at the released code's rate
+    arm = path.parent / RELEASED_LR_ARM / "glue.json"  # glue --released-lr: the tasks again at the released code's rate
     arm_doc = _read_json(arm) if arm.is_file() else {}
     averages = {kind: _possible(a, {"score": (-100, 100)}, f"{path}: {kind} average", notes)
                 for kind, a in (glue.get("averages") or {}).items() if isinstance(a, dict) and "score" in a}
