@@ -13,11 +13,13 @@ machinery and learning, not pre-training quality.
 from __future__ import annotations
 
 import contextlib
+import glob
 import importlib.util
 import json
 import os
 import random
 import re
+import socket
 import statistics
 import sys
 from pathlib import Path
@@ -966,12 +968,89 @@ def test_released_lr_is_a_second_arm_kept_apart_from_the_papers_protocol(ckpt, t
         run("rte")
 
 
+def test_released_lr_reads_each_checkpoint_once_and_every_job_starts_from_its_weights(tmp_path, monkeypatch):
+    """`--released-lr` fine-tunes each checkpoint a second time in the same process from one read of its weights and
+    tokenizer (they were read once per arm), whose fingerprint (the key of the shared encodings) is computed once (it
+    was computed again at every look-up of an encoding): every job of either arm starts from the weights as saved on
+    disk, the second arm's after the first arm's jobs trained (steps at a learning rate above 0: their weights moved),
+    so no job's training leaks into the weights the arms share."""
+    from tinyelectra import glue
+    from tinyelectra.hf import load_backbone
+    from tinyelectra.tokenizer import Tokenizer
+
+    run = make_run(tmp_path / "run", fractions=(0.5, 1.0))
+    glue_dir = write_sst2_like(tmp_path / "glue", train_rows=40, dev_rows=12)  # 2 steps an epoch: steps 1+ move
+    saved = {name: load_backbone(run / name) for name in ("ckpt-5000", "ckpt-10000")}
+    reads, starts, moved, fingerprints = [], [], [], []
+    fingerprint = Tokenizer.fingerprint
+
+    def counted(tokenizer) -> str:
+        fingerprints.append(fingerprint(tokenizer))
+        return fingerprints[-1]
+
+    def read(path):
+        reads.append(Path(path).name)
+        return load_backbone(path)
+
+    def weights(model) -> dict:
+        return {f"embeddings.{k}": v.detach().clone() for k, v in model.embeddings.state_dict().items()} | \
+            {f"encoder.{k}": v.detach().clone() for k, v in model.encoder.state_dict().items()}
+
+    def same(state: dict, backbone) -> bool:
+        disk = {f"embeddings.{k}": v for k, v in backbone.embeddings.items()} | \
+            {f"encoder.{k}": v for k, v in backbone.encoder.items()}
+        return state.keys() == disk.keys() and all(torch.equal(state[k], disk[k]) for k in disk)
+
+    class Job(glue.FinetuneJob):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.what = kwargs["on_step"].what  # "ckpt-5000 (released-lr) sst2 seed 1/2"
+            starts.append((self.what, weights(self.run.model)))
+
+        def finish(self):
+            model, facts = super().finish()
+            moved.append((self.what, not same(weights(model), saved[self.what.split()[0]])))
+            return model, facts
+
+    monkeypatch.setattr(glue, "load_backbone", read)
+    monkeypatch.setattr(glue, "FinetuneJob", Job)
+    monkeypatch.setattr(Tokenizer, "fingerprint", counted)
+    paths = glue.glue_command(glue.GlueSettings(checkpoint=run, glue_dir=glue_dir, tasks="sst2", seeds=2, device="cpu",
+                                                overrides=["epochs=2"], command="pytest", released_lr="sst2"))
+    assert len(paths) == 4 and all(json.loads(p.read_text())["complete"] for p in paths)
+    assert sorted(reads) == ["ckpt-10000", "ckpt-5000"]  # once each, for both arms
+    assert len(fingerprints) == 2 and fingerprints[0] == fingerprints[1]  # once each; the run's one tokenizer
+    arms = ["(released-lr)" in what for what, _ in starts]
+    assert arms == [False] * 4 + [True] * 4  # the second arm's jobs start after the first arm's trained
+    assert all(m for _, m in moved) and len(moved) == 8
+    for what, state in starts:
+        assert same(state, saved[what.split()[0]]), f"{what} did not start from the saved weights"
+
+
 def test_duplicate_task_seeds_keys_are_one_line(ckpt, tmp_path, capsys):
     """Issue 35: `--task-seeds rte=1,rte=2` kept the last; now an error naming the task, exit 2, nothing run."""
     glue_dir = write_sst2_like(tmp_path / "glue", 8, 8)
     err = _cli_error(["glue", "--checkpoint", str(ckpt), "--glue-dir", str(glue_dir), "--tasks", "sst2", "--seeds", "2",
                       "--task-seeds", "sst2=1,SST-2=2", "--device", "cpu", "--out", str(tmp_path / "o")], capsys)
     assert "sst2 is given twice" in err and not (tmp_path / "o" / "ckpt-10000" / "glue.json").exists()
+
+
+def test_run_tensorboard_events_go_on_the_runs_record_once(tmp_path):
+    """Each task's score in RUN/tensorboard is a new events file named by host and pid; one line of RUN's record
+    covers them all (it was appended again after every task: 4 identical lines for 2 checkpoints x 2 tasks), and every
+    events file is covered (train --force deletes them with the run)."""
+    if importlib.util.find_spec("tensorboard") is None:
+        pytest.skip("tensorboard is not installed (an extra): glue writes no RUN/tensorboard without it")
+    from tinyelectra.runfolder import RECORD_NAME, covered
+
+    run = make_run(tmp_path / "run", fractions=(0.5, 1.0))
+    glue_dir = write_stsb_like(write_sst2_like(tmp_path / "glue", train_rows=24, dev_rows=12), 12, 12)
+    run_glue(run, glue_dir, tmp_path / "out", "sst2,stsb", overrides=["epochs=1"])
+    lines = [json.loads(x) for x in (run / RECORD_NAME).read_text().splitlines()]
+    pattern = f"tensorboard/events.out.tfevents.*.{glob.escape(socket.gethostname())}.{os.getpid()}.*"
+    assert [x for x in lines if x.get("glob", "").startswith("tensorboard/")] == [{"by": "glue", "glob": pattern}]
+    events = set((run / "tensorboard").iterdir())
+    assert len(events) == 4 and events <= covered(run, ("glue",))[0]  # one file per (checkpoint, task)
 
 
 @pytest.mark.parametrize("how", ["held by another command", "not writable"])

@@ -209,6 +209,30 @@ def test_pretraining_facts_recipe_deviations_and_hardware(run_dir):
     assert all(c["train_seconds"] is not None for c in rep["comparison"])
 
 
+def test_metrics_are_read_once_for_the_facts_and_the_curves(run_dir, tmp_path, monkeypatch):
+    """`tinyelectra report` reads metrics.jsonl once: the curves plot the records the facts were taken from (the file
+    was read a second time for the plot)."""
+    from tinyelectra import report
+
+    reads, plotted = [], []
+    read_metrics, plot_curves = report.read_metrics, report.plot_curves
+
+    def read(path):
+        reads.append(path)
+        return read_metrics(path)
+
+    def plot(records, events, rep, path):
+        plotted.append((len(records), len(events)))
+        return plot_curves(records, events, rep, path)
+
+    monkeypatch.setattr(report, "read_metrics", read)
+    monkeypatch.setattr(report, "plot_curves", plot)
+    rep = report_command(run_dir, tmp_path / "out")
+    assert reads == [run_dir / "metrics.jsonl"]
+    assert plotted == [(160, len(FRACTIONS))] and rep["pretraining"]["log_records"] == 160  # the torn line skipped
+    assert "pretraining_curves.png" in rep["plots"]
+
+
 def test_published_numbers_agree_with_their_printed_averages():
     for row in paper.PER_TASK:
         assert set(row.scores) == set(paper.PAPER_TASKS)

@@ -58,12 +58,13 @@ from tinyelectra.finetune import (
     size_defaults, step_mode,
 )
 from tinyelectra.glue_data import (
-    GLUE_TASK_NAMES, PAPER_TASK_NAMES, TASKS, GlueSplit, TaskSpec, encode_split, find_split_file, get_task,
-    load_hf_split, load_task_file, prediction_vector, read_split, resolve_tasks, with_swapped_pairs, write_submission,
+    GLUE_TASK_NAMES, PAPER_TASK_NAMES, RELEASED_LR_ARM, TASKS, GlueSplit, TaskSpec, encode_split, find_split_file,
+    get_task, load_hf_split, load_task_file, prediction_vector, read_split, resolve_tasks, with_swapped_pairs,
+    write_submission,
 )
-from tinyelectra.hf import load_backbone, read_hf_config
+from tinyelectra.hf import Backbone, load_backbone, read_hf_config
 from tinyelectra.metrics import METRIC_TITLES, average_score, score_task
-from tinyelectra.runfolder import Written, holding
+from tinyelectra.runfolder import Written, holding, read_record
 from tinyelectra.runtime import configure_matmul, device_name, guard_cudnn_sdpa, pick_device, pick_precision
 from tinyelectra.tokenizer import Tokenizer
 
@@ -373,18 +374,20 @@ class Session:
     task_seeds: dict[str, list[int]]  # task name -> its seeds (fewer with --task-seeds)
     skipped: dict[str, str]  # tasks not run, and why
     console: Any
-    arm: str = ""  # "" for the paper's protocol; "released-lr" for --released-lr's session
+    arm: str = ""  # "" for the paper's protocol; RELEASED_LR_ARM ("released-lr") for --released-lr's session
     encodings: dict[tuple[str, str], EncodedTask] = field(default_factory=dict)
 
-    def encoded(self, tokenizer: Tokenizer, data: TaskData) -> EncodedTask:
-        key = (tokenizer.fingerprint(), data.task.name)
+    def encoded(self, tokenizer: Tokenizer, fingerprint: str, data: TaskData) -> EncodedTask:
+        """`data` encoded by `tokenizer`, whose fingerprint (Tokenizer.fingerprint, computed once: load_model) is
+        `fingerprint`."""
+        key = (fingerprint, data.task.name)
         if key not in self.encodings:
             self.encodings[key] = encode_task(tokenizer, data, self.fc.max_length)
         return self.encodings[key]
 
     def released(self, tasks: list[str]) -> Session:
         """These tasks again with the released code's learning rate and weight decay, the encodings shared."""
-        return dataclasses.replace(self, fc=dataclasses.replace(self.fc, **RELEASED), arm="released-lr",
+        return dataclasses.replace(self, fc=dataclasses.replace(self.fc, **RELEASED), arm=RELEASED_LR_ARM,
                                    data={t: self.data[t] for t in tasks},
                                    task_seeds={t: self.task_seeds[t] for t in tasks}, encodings=self.encodings)
 
@@ -423,20 +426,31 @@ class Session:
         }
 
 
-class CheckpointRun:
-    """One checkpoint's fine-tuning under one session: its backbone and tokenizer, the glue.json it fills (`result`,
-    written after every finished seed and task), what an earlier glue.json for the same checkpoint, protocol and seeds
-    lets it reuse, and each task's finished seeds. `todo` is what is left to train; `seed_done` evaluates and records
-    one finished seed and writes the task's entry once all its seeds are in; `finish` completes glue.json."""
+def load_model(ref: CheckpointRef) -> tuple[Backbone, Tokenizer, str]:
+    """A checkpoint's pre-trained weights and tokenizer, loaded once per command and shared by its runs (the paper's
+    protocol and --released-lr's): every job copies the weights into a model of its own (finetune.Finetuner), so each
+    starts from the untouched pre-trained weights. With the tokenizer's fingerprint, computed once: the key its tasks'
+    encodings and device splits are shared under."""
+    backbone = load_backbone(ref.path)
+    if backbone.tokenizer_dir is None:
+        raise UserError(f"{ref.path}: no tokenizer files beside the weights (tokenizer/ or tokenizer.json / "
+                        "vocab.txt); fine-tuning needs the pre-training tokenizer")
+    tokenizer = Tokenizer.load(backbone.tokenizer_dir)
+    return backbone, tokenizer, tokenizer.fingerprint()
 
-    def __init__(self, ref: CheckpointRef, session: Session) -> None:
+
+class CheckpointRun:
+    """One checkpoint's fine-tuning under one session: its backbone and tokenizer (load_model's, shared by the
+    sessions), the glue.json it fills (`result`, written after every finished seed and task), what an earlier glue.json
+    for the same checkpoint, protocol and seeds lets it reuse, and each task's finished seeds. `todo` is what is left
+    to train; `seed_done` evaluates and records one finished seed and writes the task's entry once all its seeds are
+    in; `finish` completes glue.json."""
+
+    def __init__(self, ref: CheckpointRef, session: Session, backbone: Backbone, tokenizer: Tokenizer,
+                 fingerprint: str) -> None:
         self.ref, self.session, self.console = ref, session, session.console
         self.name = ref.name + (f" ({session.arm})" if session.arm else "")
-        self.backbone = load_backbone(ref.path)
-        if self.backbone.tokenizer_dir is None:
-            raise UserError(f"{ref.path}: no tokenizer files beside the weights (tokenizer/ or tokenizer.json / "
-                            "vocab.txt); fine-tuning needs the pre-training tokenizer")
-        self.tokenizer = Tokenizer.load(self.backbone.tokenizer_dir)
+        self.backbone, self.tokenizer, self.fingerprint = backbone, tokenizer, fingerprint
         cfg = self.backbone.config
         if session.fc.max_length > cfg.max_positions:
             raise UserError(f"--set max_length={session.fc.max_length} exceeds the model's {cfg.max_positions} "
@@ -491,7 +505,7 @@ class CheckpointRun:
             self.todo[task] = [k for k in task_seeds if k not in finished]
 
     def encoded(self, data: TaskData) -> EncodedTask:
-        return self.session.encoded(self.tokenizer, data)
+        return self.session.encoded(self.tokenizer, self.fingerprint, data)
 
     def steps(self, data: TaskData) -> int:
         fc = self.session.fc
@@ -517,12 +531,13 @@ class CheckpointRun:
         splits = {}
         with evaluate_on():  # after the job's own steps (its CUDA stream)
             for split, dev_enc in enc.dev.items():
-                outputs = predict(model, dev_enc, fc.eval_batch_size, s.device, s.precision)
-                score = score_task(spec, outputs, data.dev[split].labels, split=split)
+                # one prediction per row (class ids, or STS-B's scores), scored and counted by class
+                predicted = prediction_vector(spec, predict(model, dev_enc, fc.eval_batch_size, s.device, s.precision))
+                score = score_task(spec, predicted, data.dev[split].labels, split=split)
                 splits[split] = {"paper_score": score.paper_score, "glue_score": score.glue_score,
                                  "metrics": score.metrics, "examples": score.num_examples}
                 if not spec.is_regression:
-                    counts = np.bincount(prediction_vector(spec, outputs), minlength=spec.num_labels)
+                    counts = np.bincount(predicted, minlength=spec.num_labels)
                     splits[split]["predicted_classes"] = dict(zip(spec.label_names, counts.tolist()))
             tests = [predict(model, t, fc.eval_batch_size, s.device, s.precision) for t in enc.test]
         primary = splits[spec.primary_dev_split]
@@ -592,9 +607,11 @@ class CheckpointRun:
         try:
             with holding(run_dir, "the run folder"):
                 check_writable(run_dir / "tensorboard", "the run folder", given=run_dir)
-                # on RUN's record (train --force deletes them with the run): TensorBoard names its files by host and pid
-                Written(run_dir, "glue").add(f"tensorboard/events.out.tfevents.*.{glob.escape(socket.gethostname())}."
-                                             f"{os.getpid()}.*", kind="glob")
+                # on RUN's record (train --force deletes them with the run): TensorBoard names its files by host and
+                # pid, so one line covers every task's of this process; added once, not again after every task
+                events = f"tensorboard/events.out.tfevents.*.{glob.escape(socket.gethostname())}.{os.getpid()}.*"
+                if {"by": "glue", "glob": events} not in read_record(run_dir):
+                    Written(run_dir, "glue").add(events, kind="glob")
                 with SummaryWriter(str(run_dir / "tensorboard")) as writer:
                     writer.add_scalar(tag, value, step)
         except UserError as e:
@@ -733,7 +750,7 @@ class Scheduler:
 
     @staticmethod
     def _split_key(run: CheckpointRun, data: TaskData) -> tuple[str, str]:
-        return run.tokenizer.fingerprint(), data.task.name
+        return run.fingerprint, data.task.name
 
     def start(self, unit: tuple[CheckpointRun, TaskData, int], stream) -> FinetuneJob:
         (run, data, seed), s = unit, self.s
@@ -845,8 +862,15 @@ def glue_command(settings: GlueSettings) -> list[Path]:
                                                            "submission/*")),
                    kind="glob")
         record.add(*(f"{f}{w}" for f in folders for w in ("", "/partial", "/submission")), kind="dir")
+        loaded: dict[CheckpointRef, tuple[Backbone, Tokenizer, str]] = {}  # each checkpoint read once, for every arm
+
+        def run_of(session: Session, ref: CheckpointRef) -> CheckpointRun:
+            if ref not in loaded:
+                loaded[ref] = load_model(ref)
+            return CheckpointRun(ref, session, *loaded[ref])
+
         try:
-            runs = [CheckpointRun(ref, session) for session in sessions for ref in refs]
+            runs = [run_of(session, ref) for session in sessions for ref in refs]
             fine_tuning = Scheduler(runs).run()
         except Interrupted as e:
             for target in [s.out_dir / ref.name / session.arm / "glue.json" for session in sessions for ref in refs]:

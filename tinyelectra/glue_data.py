@@ -1,5 +1,6 @@
 """GLUE data: the task table (nine GLUE tasks, the AX diagnostic, tasks of your own), readers (classic `glue_data`
-folders, Hugging Face `datasets`), pair encoding and GLUE submission files (metrics: metrics.py; fine-tuning: glue.py).
+folders, Hugging Face `datasets`), pair encoding and GLUE submission files (metrics: metrics.py; fine-tuning: glue.py;
+RELEASED_LR_ARM, the results folder glue and the report share).
 A task travels as its `TaskSpec` (a split holds its own): GLUE's are found by name in TASKS, a table nothing writes
 into; a task of your own is the TaskSpec `load_task_file` returns, its files inside it.
 
@@ -55,6 +56,8 @@ PEARSON_SPEARMAN_MEAN = "pearson_spearman_mean"  # GLUE leaderboard for STS-B
 
 HF_DATASET = "nyu-mll/glue"
 DEFAULT_MAX_LENGTH = 128  # tokens, the paper's fine-tuning length (official configure_finetuning.py)
+# the folder of OUT/<checkpoint> that `glue --released-lr` writes its second arm into (glue.py) and the report reads
+RELEASED_LR_ARM = "released-lr"
 
 
 @dataclass(frozen=True)

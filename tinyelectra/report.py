@@ -25,7 +25,7 @@ from tinyelectra.checkpoint import train_seconds_of
 from tinyelectra.errors import UserError
 from tinyelectra.files import check_writable, first_line, write_atomic
 from tinyelectra.runfolder import Written, holding
-from tinyelectra.glue_data import GLUE_TASK_NAMES, PAPER_TASK_NAMES, get_task, task_title
+from tinyelectra.glue_data import GLUE_TASK_NAMES, PAPER_TASK_NAMES, RELEASED_LR_ARM, get_task, task_title
 from tinyelectra.metrics import score_range, verdict_against_anchors
 from tinyelectra.plots import fmt_fraction, plot_curves, plot_glue
 
@@ -89,6 +89,8 @@ def _numbers(obj: dict, keys, path: Path) -> dict:
 
 
 COUNT = (0.0, math.inf)  # steps, tokens, FLOPs, seconds
+# the counts a checkpoint's meta (glue.json) and summary.json both hold, beside their step ("step" / "steps")
+COUNT_KEYS = ("tokens_seen", "train_flops_paper", "train_flops_hardware", "train_seconds")
 
 
 def _possible(obj: dict, ranges: dict[str, tuple[float, float]], where: str, notes: list[str]) -> dict:
@@ -243,12 +245,11 @@ def _task_entries(path: Path, raw: dict, notes: list[str]) -> dict[str, dict]:
 
 
 def _glue_entry(path: Path, glue: dict, notes: list[str]) -> dict[str, Any]:
-    meta = _numbers(glue.get("meta") or {}, ("step", "tokens_seen", "train_flops_paper", "train_flops_hardware",
-                                             "train_seconds", "wall_seconds", "fraction"), path)
-    meta = _possible(meta, dict.fromkeys(("step", "tokens_seen", "train_flops_paper", "train_flops_hardware",
-                                          "train_seconds", "wall_seconds"), COUNT), f"{path}: meta", notes)
+    counts = ("step", *COUNT_KEYS, "wall_seconds")
+    meta = _numbers(glue.get("meta") or {}, (*counts, "fraction"), path)
+    meta = _possible(meta, dict.fromkeys(counts, COUNT), f"{path}: meta", notes)
     tasks = _task_entries(path, glue.get("tasks") or {}, notes)
-    arm = path.parent / "released-lr" / "glue.json"  # glue --released-lr: the tasks again at the released code's rate
+    arm = path.parent / RELEASED_LR_ARM / "glue.json"  # glue --released-lr: the tasks again at the released code's rate
     arm_doc = _read_json(arm) if arm.is_file() else {}
     averages = {kind: _possible(a, {"score": (-100, 100)}, f"{path}: {kind} average", notes)
                 for kind, a in (glue.get("averages") or {}).items() if isinstance(a, dict) and "score" in a}
@@ -288,6 +289,12 @@ def _paper_average_over(tasks: list[str]) -> list[dict]:
 
 def build_report(run_dir: Path) -> dict[str, Any]:
     """Everything the report shows, as one JSON-ready dict."""
+    return _report_and_metrics(run_dir)[0]
+
+
+def _report_and_metrics(run_dir: Path) -> tuple[dict[str, Any], list[dict], list[dict]]:
+    """build_report's dict, with metrics.jsonl's log records and checkpoint events as it read them (the curves plot
+    them: the file is read once)."""
     run_dir = Path(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"{run_dir}: a file, not a run directory (give the directory that `tinyelectra train` or "
@@ -298,11 +305,9 @@ def build_report(run_dir: Path) -> dict[str, Any]:
                              for name in ("plan", "recipe", "summary"))
     odd: list[str] = []
     if summary is not None:
-        _numbers(summary, ("steps", "tokens_seen", "train_flops_paper", "train_flops_hardware", "train_seconds"),
-                 run_dir / "summary.json")
+        _numbers(summary, ("steps", *COUNT_KEYS), run_dir / "summary.json")
         summary, odd = _typed_fields(summary, run_dir / "summary.json")
-        summary = _possible(summary, dict.fromkeys(("steps", "tokens_seen", "train_flops_paper", "train_flops_hardware",
-                                                    "train_seconds", "budget_seconds", "median_tokens_per_second",
+        summary = _possible(summary, dict.fromkeys(("steps", *COUNT_KEYS, "budget_seconds", "median_tokens_per_second",
                                                     "peak_gpu_memory_gib"), COUNT), str(run_dir / "summary.json"), odd)
     records, events, damaged, repeated = read_metrics(run_dir / "metrics.jsonl")
     # what `tinyelectra glue --checkpoint RUN` writes, or RUN/*/glue.json when RUN is itself a glue output directory
@@ -333,8 +338,7 @@ def build_report(run_dir: Path) -> dict[str, Any]:
     last, done = (records[-1] if records else {}), summary or {}
     pretraining = {
         "steps": done.get("steps", last.get("step")),
-        **{k: done.get(k, last.get(k))
-           for k in ("tokens_seen", "train_flops_paper", "train_flops_hardware", "train_seconds")},
+        **{k: done.get(k, last.get(k)) for k in COUNT_KEYS},
         "finished": summary is not None,
         "last_log": {k: last.get(k) for k in ("step", *CURVE_KEYS, "tokens_per_second") if k in last},
         "log_records": len(records),
@@ -397,7 +401,7 @@ def build_report(run_dir: Path) -> dict[str, Any]:
         "verdict": {"checkpoint": checkpoints[-1]["name"], **verdict_against_anchors(
             {t: v["median_paper"] for t, v in checkpoints[-1]["tasks"].items()})} if checkpoints else None,
         "paper": paper.published(), "notes": notes, "input_warnings": warnings, "plots": [],
-    }
+    }, records, events
 
 
 def _heldout_entry(event: dict) -> dict[str, Any]:
@@ -563,7 +567,7 @@ def render_markdown(rep: dict[str, Any]) -> str:
 def report_command(run_dir: Path, out_dir: Path | None) -> dict[str, Any]:
     """`tinyelectra report RUN_DIR`: write report.json, report.md and the plots (default: into RUN_DIR)."""
     run_dir = Path(run_dir)
-    rep = build_report(run_dir)
+    rep, records, events = _report_and_metrics(run_dir)
     out = Path(out_dir) if out_dir is not None else run_dir
     with holding(out, "--out", reserves=REPORT_FILES):  # one writer per folder: not a run's while it trains
         check_writable(out, "--out")
@@ -575,7 +579,6 @@ def report_command(run_dir: Path, out_dir: Path | None) -> dict[str, Any]:
         written.add(*(out / name for name in REPORT_FILES))
         if plot_glue(rep, out / "glue_vs_compute.png"):
             rep["plots"].append("glue_vs_compute.png")
-        records, events, _, _ = read_metrics(run_dir / "metrics.jsonl")
         for warning in rep["input_warnings"]:
             print(f"warning: {warning}", file=sys.stderr)
         if plot_curves(records, events, rep, out / "pretraining_curves.png"):
