@@ -205,11 +205,12 @@ def pick_precision(requested: str, device: torch.device) -> tuple[str, str]:
     return requested, reason
 
 
-def autocast_context(precision: str, device: torch.device):
-    """The autocast region for a forward pass (a no-op for fp32)."""
+def autocast_context(precision: str, device: torch.device, cache: bool = True):
+    """The autocast region for a forward pass (a no-op for fp32). `cache=False`: without autocast's cache of the
+    weights' casts, which cannot live across CUDA-graph replays (step.CapturedStep); by default torch's setting (on)."""
     if precision == "fp32":
         return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
+    return torch.autocast(device.type, dtype=autocast_dtype(precision, device), cache_enabled=None if cache else False)
 
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype:

@@ -367,8 +367,7 @@ class CapturedStep:
         self.capture = dev.type == "cuda"
         # mixed precision: autocast without its weight cache (fp32: none at all); the start-up's compile check runs
         # under the same one (torch.compile guards on autocast's state: another would compile every region again)
-        self.autocast = contextlib.nullcontext() if engine.precision == "fp32" else torch.autocast(
-            dev.type, dtype=runtime.autocast_dtype(engine.precision, dev), cache_enabled=False)
+        self.autocast = runtime.autocast_context(engine.precision, dev, cache=False)
         self.counts = torch.zeros(2, device=dev)
         self.inputs: dict[bool, Masked] = {}  # static inputs, by Masked.full
         self.outputs: dict[bool, list[Tensor]] = {}
