@@ -443,16 +443,17 @@ class FlatUpdate:
 
     def finish(self) -> None:
         """The host's part after a step: the groups' step counts (`paper_step`; a step fp16 skipped on the device is
-        taken back where the host reads it: PaperAdam.state_dict) and the gradients released."""
+        taken back where the host reads it: PaperAdam.state_dict). The gradients are the caller's to release (a
+        replayed CUDA graph has none in `p.grad`: step.CapturedStep)."""
         for g in self.optimizer.param_groups:
             g["paper_step"] += 1
-        self.optimizer.zero_grad(set_to_none=True)
 
     def __call__(self) -> None:
-        """One step with the learning rates `optimizer.set_lr` gave, then zero the gradients."""
+        """One step with the learning rates `optimizer.set_lr` gave, then the gradients released."""
         self.set_lrs()
         self.device_step()
         self.finish()
+        self.optimizer.zero_grad(set_to_none=True)
 
     def snapshot(self) -> list[torch.Tensor]:
         """Copies of everything a step changes (weights, moments, step counts, fp16's scale): `restore` puts them

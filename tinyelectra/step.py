@@ -464,11 +464,12 @@ class CapturedStep:
         if self.capture and m.full not in self.graphs:
             self._capture(m.full)  # prepare() captured both kinds; a safety net, not the plan
         torch.manual_seed(seed)
-        if self.capture:
+        if self.capture:  # the graph's gradients live in its memory pool: `p.grad` stays None (released after capture)
             self.graphs[m.full].replay()
             outputs = self.outputs[m.full]
         else:
             outputs = self._body(static)
+            self.engine.optimizer.zero_grad(set_to_none=True)
         self.update.finish()
         torch._foreach_add_([sums[k] for k in self.keys], outputs[1:])
         self.engine.micro_batches += 1
