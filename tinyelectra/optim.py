@@ -414,10 +414,10 @@ class FlatUpdate:
     @torch.no_grad()
     def device_step(self) -> None:
         """The step's device work (graph-capturable): gather, (fp16: check and unscale), norm, clip factor, Adam."""
-        missing = [i for i, p in enumerate(self.params) if p.grad is None]
-        if missing:
-            raise RuntimeError(f"train.update=flat: {len(missing)} parameter(s) without a gradient this step")
-        torch._foreach_copy_(self.grad_views, [p.grad for p in self.params])
+        param_grads = [p.grad for p in self.params]
+        if missing := sum(g is None for g in param_grads):
+            raise RuntimeError(f"train.update=flat: {missing} parameter(s) without a gradient this step")
+        torch._foreach_copy_(self.grad_views, param_grads)
         grads = self.grads  # (P,) one flat gradient
         found_inf = None
         if self.scaler is not None:
