@@ -455,16 +455,18 @@ class FlatUpdate:
         self.finish()
         self.optimizer.zero_grad(set_to_none=True)
 
+    def _changed_by_step(self) -> tuple[torch.Tensor, ...]:
+        """Everything a step changes: weights, moments, step counts and fp16's scale and growth tracker."""
+        scaling = (self.scaler._scale, self.scaler._growth_tracker) if self.scaler is not None else ()
+        return (self.weights, self.exp_avg, self.exp_avg_sq, self.steps, *scaling)
+
     def snapshot(self) -> list[torch.Tensor]:
-        """Copies of everything a step changes (weights, moments, step counts, fp16's scale): `restore` puts them
-        back."""
-        extra = [self.scaler._scale, self.scaler._growth_tracker] if self.scaler is not None else []
-        return [t.clone() for t in (self.weights, self.exp_avg, self.exp_avg_sq, self.steps, *extra)]
+        """Copies of everything a step changes: `restore` puts them back."""
+        return [t.clone() for t in self._changed_by_step()]
 
     @torch.no_grad()
     def restore(self, saved: list[torch.Tensor]) -> None:
-        extra = [self.scaler._scale, self.scaler._growth_tracker] if self.scaler is not None else []
-        for t, c in zip((self.weights, self.exp_avg, self.exp_avg_sq, self.steps, *extra), saved):
+        for t, c in zip(self._changed_by_step(), saved):
             t.copy_(c)
 
 

@@ -227,12 +227,12 @@ class Engine:
                 # (already added to the metric sums) are dead; the gradients feeding the update are not (no marker
                 # there)
                 self.forward.before_call = torch.compiler.cudagraph_mark_step_begin
-            if self.flat_update is not None:
-                pass  # eager between the graphs, no host sync
-            elif not isinstance(optimizer, PaperAdam):
-                self._update_note = f"update: eager ({recipe.optim.name} is not graph-safe)"
-            else:  # fp16: the loss scaler's overflow check, skipped step and scale update on the device, captured too
-                self.graph_update = GraphSafeUpdate(optimizer, self.clip_norm, self.choice.mode, device, scaler=scaler)
+            if self.flat_update is None:  # (the flat update runs eager between the graphs, no host sync)
+                if not isinstance(optimizer, PaperAdam):
+                    self._update_note = f"update: eager ({recipe.optim.name} is not graph-safe)"
+                else:  # fp16: the loss scaler's overflow check, skipped step and scale update on the device, captured
+                    self.graph_update = GraphSafeUpdate(optimizer, self.clip_norm, self.choice.mode, device,
+                                                        scaler=scaler)
         if self.choice.whole_step_graph:
             self.captured = CapturedStep(self)
         self.strategy_note = ("strategy: "
