@@ -224,10 +224,9 @@ def card_guide() -> str:
         c = card_policy(cap, name)
         precision = "bf16" if c.precision == "bf16" else "fp16 + loss scaling"
         compile_ = "inductor + CUDA graphs" if c.inductor else "eager"
-        attention = "FlashAttention (no padding), mem.-efficient or cuDNN (padding)" if c.flash else "memory-efficient"
         install = "CUDA 12.6 build" if "cu126" in c.wheel else "default"
-        lines.append(f"| {name} | {cap[0]}.{cap[1]} | {memory} | {precision} | {compile_} | {attention} | "
-                     f"{'cuBLAS (pinned)' if c.pins_gemms else 'cuBLAS'} | {install} | "
+        lines.append(f"| {name} | {cap[0]}.{cap[1]} | {memory} | {precision} | {compile_} | {c.attention} | "
+                     f"{c.gemms} | {install} | "
                      f"{MEASURED_ON.get(name, 'not measured')} |")
     return "\n".join(lines) + "\n"
 

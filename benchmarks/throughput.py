@@ -288,15 +288,15 @@ CUDAGRAPH_SKIP = re.compile(r"skipping cudagraphs due to (.+?)(?:\. Found from :
 # sampling and losses, the update's norms after layer norm. Names as an H100 shows them (tests/fixtures/gpu/README.md)
 # and as inductor names its fused kernels after the ops in them (triton_poi_fused_stack_12, ..._native_layer_norm_3).
 KERNEL_CLASSES = (
-    ("attention", re.compile(r"cudnn\w*sdpa|cudnn_attention|pytorch_flash::|flash_attention|fmha_cutlass[FB]|"
-                             r"efficient_attention|scaled_dot_product", re.I)),
+    # the fused attention kernels (ATTENTION_KERNELS) and, on the CPU, SDPA's operators
+    ("attention", re.compile("|".join([*(p.pattern for _, p in ATTENTION_KERNELS), "scaled_dot_product"]), re.I)),
     ("GEMM", re.compile(r"gemm|xmma|nvjet|cutlass|splitk|cublas|triton_tem_|aten::(?:mm|addmm|bmm|baddbmm|matmul)$|"
                         r"_linear_pointwise", re.I)),
     ("layer norm + residual + dropout", re.compile(r"layer_?norm|dropout", re.I)),
     ("GELU", re.compile(r"gelu", re.I)),
     ("sampling, masking + losses", re.compile(r"log_?softmax|nll_loss|cross_entropy|argmax|binary_cross|gumbel|rand|"
                                               r"philox|uniform|topk|searchsorted|cumsum", re.I)),
-    ("attention", re.compile(r"softmax", re.I)),  # the unfused (math) attention's softmax
+    ("attention", SOFTMAX),  # the unfused (math) attention's softmax
     ("optimizer: norm, clip, Adam", re.compile(r"adam|foreach|multi_tensor|amp_|non_finite|stack|norm|clamp|lerp|"
                                                r"addcmul|addcdiv|sqrt", re.I)),
     ("casts and copies", re.compile(r"to_copy|copy|convert|cast", re.I)),

@@ -85,7 +85,10 @@ def test_autocast_context():
     with runtime.autocast_context("fp32", cpu):
         assert (a @ b).dtype == torch.float32
     with runtime.autocast_context("bf16", cpu):
-        assert (a @ b).dtype == torch.bfloat16
+        assert (a @ b).dtype == torch.bfloat16 and torch.is_autocast_cache_enabled()
+    with runtime.autocast_context("bf16", cpu, cache=False):  # CUDA-graph replays: no cache of the weights' casts
+        assert (a @ b).dtype == torch.bfloat16 and not torch.is_autocast_cache_enabled()
+    assert torch.is_autocast_cache_enabled()
 
 
 def test_maybe_compile_off_and_auto_on_cpu():

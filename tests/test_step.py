@@ -465,7 +465,8 @@ def test_regional_and_whole_step_graph_equal_the_eager_step(monkeypatch, setting
 def test_whole_step_graph_capture_and_replay_logic_on_the_cpu(monkeypatch):
     """The capture's orchestration with a stand-in for torch.cuda.graph (the CPU has no CUDA graphs): a "graph"
     that, recorded, leaves every weight and optimizer state as it was (snapshot and restore around a run, as capture
-    runs no kernels) and, replayed, runs the step again writing into the recorded output tensors. Start-up captures
+    runs no kernels) and, replayed, runs the step again writing into the recorded output tensors, the parameters'
+    `.grad` left as they were (a CUDA graph's gradients live in its memory pool). Start-up captures
     both batch kinds and changes nothing training computes (weights, moments, step counts, RNG-driven results);
     then replays give the eager step's losses, sums and weights exactly: the step's seed is set before each replay,
     its static inputs are refreshed, its outputs read before the next. A capture that fails leaves the same step
@@ -474,14 +475,17 @@ def test_whole_step_graph_capture_and_replay_logic_on_the_cpu(monkeypatch):
 
     class FakeGraph:
         def __init__(self, body, update):
-            self.body = body
+            self.body, self.update = body, update
             saved = update.snapshot()
             self.outputs = body()
             update.restore(saved)
 
-        def replay(self):
+        def replay(self):  # as a CUDA graph's replay: the parameters' `.grad` as they were (None after capture)
+            grads = [p.grad for p in self.update.params]
             for out, new in zip(self.outputs, self.body()):
                 out.copy_(new)
+            for p, g in zip(self.update.params, grads):
+                p.grad = g
 
     recorded = []
 
@@ -504,6 +508,7 @@ def test_whole_step_graph_capture_and_replay_logic_on_the_cpu(monkeypatch):
         assert len(recorded) == 2 and set(engine.captured.graphs) == {False, True}
         assert all(torch.equal(a, b) for a, b in zip(before, engine.flat_update.snapshot()))
         got = run_steps(engine)
+        assert all(p.grad is None for p in engine.flat_update.params)  # the graph's gradients are its own
         # a capture that fails (here: in the middle of the second kind's recording) leaves the step running uncaptured,
         # said so, with nothing training computes changed
         def fail_second(self, body):

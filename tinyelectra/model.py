@@ -331,18 +331,20 @@ def attention_kernel(cfg: ModelConfig, batch: int, seq_len: int, device: torch.d
     With "varlen" (train.attention) padded batches go by their rows' lengths (`varlen_attention`)."""
     def one(c: ModelConfig, masked: bool) -> dict:
         p = c.attention_dropout if training else 0.0
+        hd = c.hidden_size // c.num_heads
         if masked and attention == "varlen":
-            if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and card_of(device).flash:
+            why = "FlashAttention's varlen kernel needs an Ampere+ GPU (8.0+) and bf16/fp16"
+            if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16):
+                why = varlen_blocker(card_of(device).capability, [hd])
+            if not why:
                 return {"kernel": "flash (variable length: the rows' lengths)", "flash_eligible": True,
                         "why_not_flash": None}
             return {"kernel": "tinyelectra's variable-length reference (the rows' sequences as a (B, 1, T, T) mask)",
-                    "flash_eligible": False,
-                    "why_not_flash": "FlashAttention's varlen kernel needs an Ampere+ GPU (8.0+) and bf16/fp16"}
+                    "flash_eligible": False, "why_not_flash": why}
         if device.type == "cpu" and p > 0.0 and not compiled:
             return {"kernel": "tinyelectra's CPU attention (one baddbmm for scale + mask, softmax, dropout, bmm): "
                               "SDPA would take its unfused math path with dropout", "flash_eligible": False,
                     "why_not_flash": "attention dropout on the CPU"}
-        hd = c.hidden_size // c.num_heads
         q = torch.zeros(batch, c.num_heads, seq_len, hd, device=device, dtype=dtype)
         mask = torch.ones(batch, 1, 1, seq_len, device=device, dtype=torch.bool) if masked else None
         return sdpa_kernel(q, q, q, mask, p)

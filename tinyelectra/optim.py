@@ -414,10 +414,10 @@ class FlatUpdate:
     @torch.no_grad()
     def device_step(self) -> None:
         """The step's device work (graph-capturable): gather, (fp16: check and unscale), norm, clip factor, Adam."""
-        missing = [i for i, p in enumerate(self.params) if p.grad is None]
-        if missing:
-            raise RuntimeError(f"train.update=flat: {len(missing)} parameter(s) without a gradient this step")
-        torch._foreach_copy_(self.grad_views, [p.grad for p in self.params])
+        param_grads = [p.grad for p in self.params]
+        if missing := sum(g is None for g in param_grads):
+            raise RuntimeError(f"train.update=flat: {missing} parameter(s) without a gradient this step")
+        torch._foreach_copy_(self.grad_views, param_grads)
         grads = self.grads  # (P,) one flat gradient
         found_inf = None
         if self.scaler is not None:
@@ -443,27 +443,30 @@ class FlatUpdate:
 
     def finish(self) -> None:
         """The host's part after a step: the groups' step counts (`paper_step`; a step fp16 skipped on the device is
-        taken back where the host reads it: PaperAdam.state_dict) and the gradients released."""
+        taken back where the host reads it: PaperAdam.state_dict). The gradients are the caller's to release (a
+        replayed CUDA graph has none in `p.grad`: step.CapturedStep)."""
         for g in self.optimizer.param_groups:
             g["paper_step"] += 1
-        self.optimizer.zero_grad(set_to_none=True)
 
     def __call__(self) -> None:
-        """One step with the learning rates `optimizer.set_lr` gave, then zero the gradients."""
+        """One step with the learning rates `optimizer.set_lr` gave, then the gradients released."""
         self.set_lrs()
         self.device_step()
         self.finish()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _changed_by_step(self) -> tuple[torch.Tensor, ...]:
+        """Everything a step changes: weights, moments, step counts and fp16's scale and growth tracker."""
+        scaling = (self.scaler._scale, self.scaler._growth_tracker) if self.scaler is not None else ()
+        return (self.weights, self.exp_avg, self.exp_avg_sq, self.steps, *scaling)
 
     def snapshot(self) -> list[torch.Tensor]:
-        """Copies of everything a step changes (weights, moments, step counts, fp16's scale): `restore` puts them
-        back."""
-        extra = [self.scaler._scale, self.scaler._growth_tracker] if self.scaler is not None else []
-        return [t.clone() for t in (self.weights, self.exp_avg, self.exp_avg_sq, self.steps, *extra)]
+        """Copies of everything a step changes: `restore` puts them back."""
+        return [t.clone() for t in self._changed_by_step()]
 
     @torch.no_grad()
     def restore(self, saved: list[torch.Tensor]) -> None:
-        extra = [self.scaler._scale, self.scaler._growth_tracker] if self.scaler is not None else []
-        for t, c in zip((self.weights, self.exp_avg, self.exp_avg_sq, self.steps, *extra), saved):
+        for t, c in zip(self._changed_by_step(), saved):
             t.copy_(c)
 
 

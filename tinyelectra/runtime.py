@@ -97,7 +97,6 @@ class Card:
     precision: str  # "bf16" or "fp16" (with dynamic loss scaling): what precision "auto" means here
     inductor: bool  # torch.compile's inductor can generate code for it (Triton needs compute capability 7.0+)
     flash: bool  # FlashAttention runs here: batches without padding, train.attention=varlen (Ampere, 8.0+)
-    gemms: str  # who runs the matrix products under torch.compile
     wheel: str  # which torch build to install
 
     @property
@@ -106,12 +105,15 @@ class Card:
         return self.capability < (8, 0)
 
     @property
+    def gemms(self) -> str:
+        """Who runs the matrix products under torch.compile, in the card guide's words."""
+        return "cuBLAS (pinned)" if self.pins_gemms else "cuBLAS"
+
+    @property
     def attention(self) -> str:
-        """The attention kernels, in words (model.attention_kernel asks torch's dispatcher for the one that runs)."""
-        if self.flash:
-            return ("padded batches: torch's memory-efficient or cuDNN kernel with the padding mask; batches without "
-                    "padding and train.attention=varlen: FlashAttention")
-        return "torch's memory-efficient kernel, with or without padding (FlashAttention needs 8.0+)"
+        """The attention kernels, in the card guide's words (model.attention_kernel asks torch's dispatcher for the
+        one that runs)."""
+        return "FlashAttention (no padding), mem.-efficient or cuDNN (padding)" if self.flash else "memory-efficient"
 
     @property
     def label(self) -> str:
@@ -139,7 +141,6 @@ def card_policy(capability: tuple[int, int], name: str = "", memory_gib: float |
         precision="bf16" if ampere else "fp16",
         inductor=cap >= (7, 0),
         flash=ampere,
-        gemms="cuBLAS" if ampere else "cuBLAS (pinned: Triton has no tensor-core matmuls below 8.0)",
         wheel=("PyPI's default CUDA build (pip install torch)" if cap >= (7, 5) else
                "torch's CUDA 12.6 build (pip install torch --index-url https://download.pytorch.org/whl/cu126)"),
     )
@@ -204,11 +205,12 @@ def pick_precision(requested: str, device: torch.device) -> tuple[str, str]:
     return requested, reason
 
 
-def autocast_context(precision: str, device: torch.device):
-    """The autocast region for a forward pass (a no-op for fp32)."""
+def autocast_context(precision: str, device: torch.device, cache: bool = True):
+    """The autocast region for a forward pass (a no-op for fp32). `cache=False`: without autocast's cache of the
+    weights' casts, which cannot live across CUDA-graph replays (step.CapturedStep); by default torch's setting (on)."""
     if precision == "fp32":
         return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
+    return torch.autocast(device.type, dtype=autocast_dtype(precision, device), cache_enabled=None if cache else False)
 
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype:

@@ -227,12 +227,12 @@ class Engine:
                 # (already added to the metric sums) are dead; the gradients feeding the update are not (no marker
                 # there)
                 self.forward.before_call = torch.compiler.cudagraph_mark_step_begin
-            if self.flat_update is not None:
-                pass  # eager between the graphs, no host sync
-            elif not isinstance(optimizer, PaperAdam):
-                self._update_note = f"update: eager ({recipe.optim.name} is not graph-safe)"
-            else:  # fp16: the loss scaler's overflow check, skipped step and scale update on the device, captured too
-                self.graph_update = GraphSafeUpdate(optimizer, self.clip_norm, self.choice.mode, device, scaler=scaler)
+            if self.flat_update is None:  # (the flat update runs eager between the graphs, no host sync)
+                if not isinstance(optimizer, PaperAdam):
+                    self._update_note = f"update: eager ({recipe.optim.name} is not graph-safe)"
+                else:  # fp16: the loss scaler's overflow check, skipped step and scale update on the device, captured
+                    self.graph_update = GraphSafeUpdate(optimizer, self.clip_norm, self.choice.mode, device,
+                                                        scaler=scaler)
         if self.choice.whole_step_graph:
             self.captured = CapturedStep(self)
         self.strategy_note = ("strategy: "
@@ -367,8 +367,7 @@ class CapturedStep:
         self.capture = dev.type == "cuda"
         # mixed precision: autocast without its weight cache (fp32: none at all); the start-up's compile check runs
         # under the same one (torch.compile guards on autocast's state: another would compile every region again)
-        self.autocast = contextlib.nullcontext() if engine.precision == "fp32" else torch.autocast(
-            dev.type, dtype=runtime.autocast_dtype(engine.precision, dev), cache_enabled=False)
+        self.autocast = runtime.autocast_context(engine.precision, dev, cache=False)
         self.counts = torch.zeros(2, device=dev)
         self.inputs: dict[bool, Masked] = {}  # static inputs, by Masked.full
         self.outputs: dict[bool, list[Tensor]] = {}
@@ -465,11 +464,12 @@ class CapturedStep:
         if self.capture and m.full not in self.graphs:
             self._capture(m.full)  # prepare() captured both kinds; a safety net, not the plan
         torch.manual_seed(seed)
-        if self.capture:
+        if self.capture:  # the graph's gradients live in its memory pool: `p.grad` stays None (released after capture)
             self.graphs[m.full].replay()
             outputs = self.outputs[m.full]
         else:
             outputs = self._body(static)
+            self.engine.optimizer.zero_grad(set_to_none=True)
         self.update.finish()
         torch._foreach_add_([sums[k] for k in self.keys], outputs[1:])
         self.engine.micro_batches += 1
