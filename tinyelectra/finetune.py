@@ -394,9 +394,7 @@ class StaticStep:
             self.counter = torch.zeros((), dtype=torch.int64, device=dev)  # steps done
             self.losses = torch.full((len(sched.widths),), float("nan"), device=dev)  # (S,) every step's loss
         self.update = GraphSafeUpdate(run.optimizer, run.clip_norm)  # uncompiled: the CUDA graph captures it
-        dtype = torch.float16 if run.precision == "fp16" else torch.bfloat16
-        self.autocast = torch.autocast(dev.type, dtype=dtype, enabled=run.precision != "fp32",
-                                       cache_enabled=False)  # autocast's weight cache cannot live across graph replays
+        self.autocast = autocast_context(run.precision, dev, cache=False)  # no weight cache across graph replays
         self.graphs: dict[int, Any] = {}
         self.done = 0
         self.note = "static: fixed shapes, run step by step"
