@@ -447,8 +447,8 @@ class RunState:
         self.check_finite({k: ev[k] for k in ("gen_loss", "disc_loss") if k in ev}, weights=False,
                           where=f"on the held-out rows (the evaluation of {name}, after step {step})")
         write_t0 = clock()
-        timed = 0.0 if startup else 1.0
-        self.process_seconds.evaluation += timed * (write_t0 - eval_t0)
+        if not startup:  # one written during start-up is start-up's time (process_seconds.startup)
+            self.process_seconds.evaluation += write_t0 - eval_t0
         meta = {"name": name, "step": step, "fraction": fraction,
                 "fraction_of_steps": step / plan.total_steps if plan.total_steps else None,
                 "fraction_of_budget_seconds": (self.train_seconds / self.bud.value if plan.budget_kind == "time"
@@ -461,7 +461,9 @@ class RunState:
         if self.dist.main:
             save_checkpoint(self.run_dir / name, parts.model, recipe, meta, parts.data.path / "tokenizer", self.written)
         self.log.metrics({"event": "checkpoint", **meta})
-        self.process_seconds.checkpoints += timed * (clock() - write_t0)
+        write_seconds = clock() - write_t0
+        if not startup:
+            self.process_seconds.checkpoints += write_seconds
         return ev
 
     def write_checkpoint(self, name: str) -> None:
