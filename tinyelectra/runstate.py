@@ -60,6 +60,8 @@ from tinyelectra.runtime import device_name
 from tinyelectra.step import Dist, Engine, new_sums
 
 FRACTION_OF = {budgeting.checkpoint_name(f): f for f in budgeting.FRACTIONS}  # "ckpt-0625": 0.0625, ...
+# the files train writes in its run folder (with DATASET_FILE, tensorboard/, state/ and the checkpoints)
+RUN_FILES = ("recipe.json", "plan.json", "summary.json", "metrics.jsonl")
 
 
 @dataclass
@@ -120,7 +122,7 @@ class Launch:
         (those are recorded file by file as they are written: checkpoint.py), TensorBoard's event files by this
         process's pattern (their names are known only once written)."""
         run_dir, written = self.run_dir, self.written
-        written.add(*(run_dir / n for n in ("recipe.json", "plan.json", "summary.json", "metrics.jsonl", DATASET_FILE)))
+        written.add(*(run_dir / n for n in (*RUN_FILES, DATASET_FILE)))
         written.add(run_dir / "tensorboard", kind="dir")
         written.add(f"tensorboard/events.out.tfevents.*.{glob.escape(socket.gethostname())}.{os.getpid()}.*",
                     kind="glob")

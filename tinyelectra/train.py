@@ -45,7 +45,7 @@ from tinyelectra.model import Electra, attention_kernel
 from tinyelectra.optim import build_optimizer
 from tinyelectra.runfolder import (BOOKKEEPING, DATASET_FILE, DERIVED_BY, RECORD_NAME, check_data, covered, delete_run,
                                    foreign, holding)
-from tinyelectra.runstate import Launch, Parts, RunState, comparable_settings
+from tinyelectra.runstate import RUN_FILES, Launch, Parts, RunState, comparable_settings
 from tinyelectra.step import (Dist, Engine, PretrainStep, fit_micro_batch, global_counts, mask_step, probe_step,
                               train_step)
 
@@ -163,7 +163,6 @@ def _lookup(recipe: Recipe, assignment: str):
 # ----------------------------------------------------------------------------------------------------------------
 # the run directory: always continuable or restartable, never emptied without --force
 
-RUN_FILES = ("plan.json", "recipe.json", "summary.json", "metrics.jsonl")  # written by train (with state/, ckpt-*)
 DERIVED = ("glue", "tensorboard", "report.md", "report.json", "glue_vs_compute.png", "pretraining_curves.png")
 # the names train writes in its folder: no other command may take one as its own folder while train holds the run's
 TRAIN_WRITES = (*RUN_FILES, DATASET_FILE, "state", "data", "tensorboard", "ckpt-*")
