@@ -146,8 +146,7 @@ def replace_dir(tmp: Path, final: Path, written=None) -> None:
                                 f"tinyelectra's lists; {final.name} is written again, which would replace it: move it "
                                 "away, then run the command again")
             written.delete(under=final)
-        written.add(*(final / p.relative_to(tmp) for p in sorted(tmp.rglob("*")) if not p.is_dir()))
-        written.add(*(final / p.relative_to(tmp) for p in sorted(tmp.rglob("*")) if p.is_dir()), kind="dir")
+        written.add_tree(tmp, final)
     elif final.exists():
         old = final.with_name(f"{final.name}.old-{os.getpid()}")
         os.replace(final, old)

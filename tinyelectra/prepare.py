@@ -592,14 +592,12 @@ def _put_in_place(tmp: Path, out_dir: Path, written: Written, say) -> None:
         say(f"replaced the dataset in {out_dir}: deleted its {len(old)} files (manifest.json, the shards, tokenizer/)"
             + (f"; kept everything else: {', '.join(kept[:8])}{f' and {len(kept) - 8} more' if len(kept) > 8 else ''}"
                if kept else ""))
-    new = sorted(tmp.rglob("*"))
-    for p in new:  # a file of one's own where one of the dataset's goes (tokenizer/vocab.txt): never replaced
+    for p in sorted(tmp.rglob("*")):  # a file of one's own where one of the dataset's goes (tokenizer/vocab.txt): never replaced
         if (not p.is_dir() and (target := out_dir / p.relative_to(tmp)).exists()
                 and target not in _dataset_files(out_dir)):
             raise UserError(f"--out {out_dir}: {target.relative_to(out_dir)} is not what tinyelectra wrote there, and "
                             "the new dataset would replace it; move it away, or choose another --out")
-    written.add(*(out_dir / p.relative_to(tmp) for p in new if not p.is_dir()))
-    written.add(*(out_dir / p.relative_to(tmp) for p in new if p.is_dir()), kind="dir")
+    written.add_tree(tmp, out_dir)
     _move_into(tmp, out_dir)
     tmp.rmdir()
     fsync_dir(out_dir)
