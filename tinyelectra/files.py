@@ -228,7 +228,7 @@ def verify_sha256(directory: Path, what: str, required: bool, guards: tuple[str,
         if required:
             raise UserError(f"{directory}: {what} has no {SHA256_FILE}, which is written with every one: it is "
                             "incomplete or damaged, and its files cannot be checked")
-        if str(directory) not in _WARNED:  # once per directory: a resume reads its state twice
+        if str(directory) not in _WARNED:  # once per directory: glue --released-lr loads each checkpoint twice
             _WARNED.add(str(directory))
             print(f"warning: {directory}: {what} has no {SHA256_FILE} (written before checksums existed), so its "
                   "files cannot be checked", file=sys.stderr)

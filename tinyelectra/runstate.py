@@ -179,15 +179,15 @@ def new_start(launch: Launch, overridden: list[str] | None) -> Start:
     return Start(plan)
 
 
-def resumed_start(launch: Launch, parts: Parts) -> Start:
-    """A resumed run: its resume state loaded into the model, optimizer and loader; the settings this --resume
-    changes, said and recorded in the plan."""
+def resumed_start(launch: Launch, parts: Parts, state: dict) -> Start:
+    """A resumed run: its resume state (`state`: its trainer.json, read and checked by checkpoint.read_state_info)
+    loaded into the model, optimizer and loader; the settings this --resume changes, said and recorded in the plan."""
     recipe, run_dir, log = launch.recipe, launch.run_dir, launch.log
     if recipe.train.strategy == "deepspeed":
         raise UserError("--resume is not supported with train.strategy=deepspeed yet (its optimizer state has "
                         "no plain, safely loadable format); the fraction checkpoints are complete and usable")
     state_dir = latest_state(run_dir)
-    state = load_resume_state(state_dir, parts.model, parts.optimizer, parts.scaler, parts.loader, launch.device)
+    load_resume_state(state_dir, state, parts.model, parts.optimizer, parts.scaler, parts.loader, launch.device)
     plan = (Plan.from_dict(state["plan"], str(state_dir / "trainer.json")) if "plan" in state
             else Plan.load(run_dir / "plan.json"))
     if plan.budget != launch.bud.text:
@@ -225,14 +225,14 @@ class RunState:
     writing (see the module docstring)."""
 
     @classmethod
-    def begin(cls, launch: Launch, parts: Parts, resume: bool, overridden: list[str] | None,
+    def begin(cls, launch: Launch, parts: Parts, state: dict | None, overridden: list[str] | None,
               initial_checkpoint: bool = False) -> RunState:
-        """A new run (recipe.json, plan.json) or the resumed one (its resume state), then what starting writes: the
-        data record, ckpt-0000 when asked (`initial_checkpoint`, at step 0), a resume state (a resumed run only
-        when its settings changed), the plan table."""
+        """A new run (recipe.json, plan.json; `state` None) or the resumed one (its resume state: `state`, its
+        trainer.json), then what starting writes: the data record, ckpt-0000 when asked (`initial_checkpoint`, at
+        step 0), a resume state (a resumed run only when its settings changed), the plan table."""
         if launch.dist.main:  # what an interrupted write left behind (never renamed into place, so never loadable)
             delete_temporaries(launch.run_dir, "train")
-        start = resumed_start(launch, parts) if resume else new_start(launch, overridden)
+        start = resumed_start(launch, parts, state) if state is not None else new_start(launch, overridden)
         return cls(launch, parts, start, initial_checkpoint)
 
     def __init__(self, launch: Launch, parts: Parts, start: Start, initial_checkpoint: bool) -> None:
