@@ -153,6 +153,32 @@ def test_damaged_resume_state(case, resumable, cli_env, monkeypatch, capsys):
     assert_one_line(code, err, *needles)
 
 
+@pytest.mark.parametrize("stop", [[], ["--stop-after", "8steps"]], ids=["resumed", "stop-already-reached"])
+@pytest.mark.cli
+@pytest.mark.slow
+def test_a_resume_checks_its_state_once(stop, resumable, cli_env, monkeypatch, capsys):
+    """`train --resume` checks the resume state's files against its sha256.json once for the whole start-up, then
+    loads it (the run here is at its last step: it finishes at once); before, each part of the start-up that read it
+    checked it again (three times; twice when a --stop-after was already reached)."""
+    from tinyelectra import checkpoint
+
+    checked = []
+
+    def verify_sha256(directory, what, **kw):
+        checked.append((Path(directory).name, what))
+        return real(directory, what, **kw)
+
+    real = checkpoint.verify_sha256
+    monkeypatch.setattr(checkpoint, "verify_sha256", verify_sha256)
+    code, err = in_process([*TRAIN, *stop, "--out", str(resumable), "--resume"], cli_env, monkeypatch, capsys)
+    assert code == 0, err[-3000:]
+    if stop:
+        assert "already past --stop-after 8steps: nothing to do" in err and not (resumable / "summary.json").exists()
+    else:
+        assert json.loads((resumable / "summary.json").read_text())["steps"] == 8
+    assert checked == [("step-000000008", "the resume state")]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["model.safetensors truncated", "optimizer.pt corrupt", "optimizer.pt truncated"])
 @pytest.mark.cli

@@ -74,3 +74,27 @@ def test_eta_follows_the_recent_speed_not_the_start_up():
     assert (plan.total_steps - 150) / rate_since_start > 290
     eta = progress._eta(150)
     assert eta.startswith("end 0:00:17"), eta  # 850 steps at (150 - 50) / (52 - 50) = 50 steps/s
+
+
+@pytest.mark.parametrize("step,stopped_in,listed", [
+    # a stop on a fraction checkpoint's step (ckpt-0625 of 16 steps is step 1): that checkpoint, listed once
+    (1, "ckpt-0625", "ckpt-0000@0 (initial weights), ckpt-0625@1 (where it stopped)"),
+    # between fractions: its own checkpoint, 3/16 = 18.75% of the schedule
+    (3, "ckpt-1875", "ckpt-0000@0 (initial weights), ckpt-0625@1, ckpt-1250@2, ckpt-1875@3 (where it stopped)"),
+])
+def test_the_closing_report_lists_each_checkpoint_once(tmp_path, capsys, step, stopped_in, listed):
+    """The FLOPs report's checkpoints row: the initial weights, the fraction checkpoints, the stop's; a stop that
+    fell on a fraction checkpoint's step wrote no other (runstate.write_stop_checkpoint), and the row once said
+    "ckpt-0625@1, ckpt-0625@1 (where it stopped)"."""
+    plan = make_plan(parse_budget("16steps"), load_recipe("tiny"))
+    fractions = [n for n, at in plan.checkpoint_steps.items() if at <= step]
+    stop = {"step": step, "why": f"--stop-after {step}steps", "fraction_of_schedule": step / 16, "lr": 1e-4,
+            "checkpoint": stopped_in}
+    summary = {"steps": step, "tokens_seen": 1000 * step, "stopped": stop, "train_flops_paper": 1e9,
+               "train_flops_hardware": 1e9, "budget_seconds": None, "train_seconds": 1.0,
+               "excluded_seconds": {"checkpoints_eval_state": 1.0}, "checkpoints": fractions,
+               "checkpoint_steps": {n: plan.checkpoint_steps[n] for n in fractions}, "initial_checkpoint": "ckpt-0000",
+               "median_tokens_per_second": None, "host_sync_per_step": "", "peak_gpu_memory_gib": None}
+    Log(tmp_path, main=True).summary(summary, plan, [])
+    row = next(line for line in capsys.readouterr().err.splitlines() if line.startswith("│ checkpoints "))
+    assert row.split("│")[2].strip() == listed

@@ -19,7 +19,7 @@ import sys
 import pytest
 import torch
 
-from tinyelectra.budget import parse_stop, stop_checkpoint_name
+from tinyelectra.budget import parse_budget, parse_stop, stop_checkpoint_name
 from tinyelectra.config import load_recipe
 from tinyelectra.errors import UserError
 
@@ -43,6 +43,33 @@ def test_stop_after_takes_a_step_count_or_a_time_and_nothing_else():
                       ("0steps", "must be positive"), ("soon", "not understood"), ("2.5steps", "whole number")):
         with pytest.raises(UserError, match=said):
             parse_stop(bad)
+
+
+STOP_FORMS = "(a step count or a time: e.g. 62500steps, 1Msteps, 6h, 90m)"
+BUDGET_FORMS = "(e.g. 4d, 36h, 90m, 45s, 1.4e18flops, 62500steps, 1Msteps or paper)"
+
+
+@pytest.mark.parametrize("text,budget_line,stop_line", [
+    ("0steps", f"budget '0steps' must be positive {BUDGET_FORMS}",
+     f"--stop-after: '0steps' must be positive {STOP_FORMS}"),
+    (" -1h ", f"budget '-1h' must be positive {BUDGET_FORMS}", f"--stop-after: '-1h' must be positive {STOP_FORMS}"),
+    ("2.5steps", "budget '2.5steps': a step count must be a whole number",
+     f"--stop-after: '2.5steps': a step count must be a whole number {STOP_FORMS}"),
+    ("1e400flops", f"budget '1e400flops' is not a finite number {BUDGET_FORMS}",
+     f"--stop-after: '1e400flops' is not a finite number {STOP_FORMS}"),
+    ("2e15steps", f"budget '2e15steps': more than 1e+15 steps {BUDGET_FORMS}",
+     f"--stop-after: '2e15steps': more than 1e+15 steps {STOP_FORMS}"),
+    # the value is quoted whole, whatever it holds (a stop's line once cut it at " (e.g.")
+    ("6 (e.g. h", f"budget '6 (e.g. h' is not understood {BUDGET_FORMS}",
+     f"--stop-after: '6 (e.g. h' is not understood {STOP_FORMS}"),
+])
+def test_a_budget_and_a_stop_read_alike_each_saying_what_is_wrong_in_its_own_words(text, budget_line, stop_line):
+    """--budget and --stop-after share one reading of a value (budget.parse_budget, parse_stop): the same fault named
+    the same way, each line with its own option's examples (--budget's none for a step count that is not whole)."""
+    for parse, line in ((parse_budget, budget_line), (parse_stop, stop_line)):
+        with pytest.raises(UserError) as e:
+            parse(text)
+        assert str(e.value) == line
 
 
 def test_a_stop_checkpoint_is_named_by_its_share_of_the_schedule_never_as_another():

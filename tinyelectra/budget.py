@@ -70,6 +70,23 @@ class Budget:
 def parse_budget(text: str) -> Budget:
     """'paper', a time ('4d', '90m', '1h30m', '2d12h', '1h30m15s': units d h m s, largest first, each once), FLOPs
     ('1.4e18flops') or steps ('62500steps', '1Msteps') -> a Budget; anything else is one UserError."""
+    try:
+        return _read_budget(text)
+    except _Unreadable as e:
+        raise UserError(f"budget {e.what}" + (f" ({_EXAMPLES})" if e.examples else "")) from None
+
+
+class _Unreadable(Exception):
+    """What is wrong with a budget's text (`what`, naming it), and whether the examples of the form help (`examples`):
+    each command puts its own words and examples around it (parse_budget, parse_stop)."""
+
+    def __init__(self, what: str, examples: bool = True) -> None:
+        super().__init__(what)
+        self.what, self.examples = what, examples
+
+
+def _read_budget(text: str) -> Budget:
+    """parse_budget's reading of `text`, shared with parse_stop; raises _Unreadable."""
     t = text.strip()
     if t == "paper":
         return Budget("paper", 0.0, t)
@@ -83,11 +100,11 @@ def parse_budget(text: str) -> Budget:
     if m := re.fullmatch(r"([+-]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKM]?)\s*steps?", t):
         steps = _positive(float(m.group(1)), t) * _STEP_SUFFIX[m.group(2)]
         if steps > MAX_BUDGET_STEPS:
-            raise UserError(f"budget {text!r}: more than {MAX_BUDGET_STEPS:.0e} steps ({_EXAMPLES})")
+            raise _Unreadable(f"{text!r}: more than {MAX_BUDGET_STEPS:.0e} steps")
         if steps != int(steps):
-            raise UserError(f"budget {text!r}: a step count must be a whole number")
+            raise _Unreadable(f"{text!r}: a step count must be a whole number", examples=False)
         return Budget("steps", float(int(steps)), t)
-    raise UserError(f"budget {text!r} is not understood ({_EXAMPLES})")
+    raise _Unreadable(f"{text!r} is not understood")
 
 
 @dataclass(frozen=True)
@@ -109,10 +126,9 @@ class Stop:
 def parse_stop(text: str) -> Stop:
     """--stop-after's value: a step count ('62500steps', '1Msteps') or a time ('6h', '1h30m'); one UserError else."""
     try:
-        b = parse_budget(text)
-    except UserError as e:
-        raise UserError(f"--stop-after: {str(e).replace('budget ', '', 1).split(' (e.g.')[0]} "
-                        f"({_STOP_EXAMPLES})") from None
+        b = _read_budget(text)
+    except _Unreadable as e:
+        raise UserError(f"--stop-after: {e.what} ({_STOP_EXAMPLES})") from None
     if b.kind not in ("steps", "time"):
         raise UserError(f"--stop-after {text!r}: {_STOP_EXAMPLES} (the schedule itself is --budget's)")
     return Stop(b.kind, b.value, b.text)
@@ -130,9 +146,9 @@ MAX_BUDGET_STEPS = 10**15  # beyond any run; a larger number is a typo (and 1e40
 
 def _positive(x: float, text: str) -> float:
     if not math.isfinite(x):
-        raise UserError(f"budget {text!r} is not a finite number ({_EXAMPLES})")
+        raise _Unreadable(f"{text!r} is not a finite number")
     if x <= 0:
-        raise UserError(f"budget {text!r} must be positive ({_EXAMPLES})")
+        raise _Unreadable(f"{text!r} must be positive")
     return x
 
 

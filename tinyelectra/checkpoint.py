@@ -317,13 +317,13 @@ def read_state_info(d: Path) -> dict:
     return meta
 
 
-def load_resume_state(d: Path, model, optimizer, scaler, loader, device: torch.device) -> dict:
-    """Load the resume state in `d` into the model, optimizer, scaler and data loader; returns trainer.json."""
+def load_resume_state(d: Path, meta: dict, model, optimizer, scaler, loader, device: torch.device) -> None:
+    """Load the resume state in `d` into the model, optimizer, scaler and data loader; `meta` is its trainer.json as
+    `read_state_info` returned it (which checked the files read here against sha256.json)."""
     import torch
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    meta = read_state_info(d)
     weights = d / "model.safetensors"
     try:
         model.load_state_dict(load_file(str(weights), device=str(device)))
@@ -343,4 +343,3 @@ def load_resume_state(d: Path, model, optimizer, scaler, loader, device: torch.d
         # not torch's own message: it advises weights_only=False, which would run whatever the file holds
         raise UserError(f"{extra_path}: damaged (not a readable optimizer state written by tinyelectra)") from None
     loader.load_state_dict(meta["loader"])
-    return meta

@@ -146,8 +146,7 @@ def replace_dir(tmp: Path, final: Path, written=None) -> None:
                                 f"tinyelectra's lists; {final.name} is written again, which would replace it: move it "
                                 "away, then run the command again")
             written.delete(under=final)
-        written.add(*(final / p.relative_to(tmp) for p in sorted(tmp.rglob("*")) if not p.is_dir()))
-        written.add(*(final / p.relative_to(tmp) for p in sorted(tmp.rglob("*")) if p.is_dir()), kind="dir")
+        written.add_tree(tmp, final)
     elif final.exists():
         old = final.with_name(f"{final.name}.old-{os.getpid()}")
         os.replace(final, old)
@@ -229,7 +228,7 @@ def verify_sha256(directory: Path, what: str, required: bool, guards: tuple[str,
         if required:
             raise UserError(f"{directory}: {what} has no {SHA256_FILE}, which is written with every one: it is "
                             "incomplete or damaged, and its files cannot be checked")
-        if str(directory) not in _WARNED:  # once per directory: a resume reads its state twice
+        if str(directory) not in _WARNED:  # once per directory: glue --released-lr loads each checkpoint twice
             _WARNED.add(str(directory))
             print(f"warning: {directory}: {what} has no {SHA256_FILE} (written before checksums existed), so its "
                   "files cannot be checked", file=sys.stderr)

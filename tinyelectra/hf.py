@@ -426,9 +426,9 @@ def export(model, recipe, meta: dict[str, Any], tokenizer_dir: Path | None, out_
         written = Written(out_dir, "export")
         held = [*written.foreign(out_dir), *(p for p in (out_dir / "discriminator", out_dir / "generator")
                                              if p.exists())]
-        for what in sorted(held)[:1]:
-            raise UserError(f"--out {out_dir}: already exists and is not empty ({what.relative_to(out_dir)}); choose a "
-                            "new directory")
+        if held:
+            raise UserError(f"--out {out_dir}: already exists and is not empty ({min(held).relative_to(out_dir)}); "
+                            "choose a new directory")
         delete_temporaries(out_dir, "export")  # what an export killed mid-way left: its staging folders
         check_writable(out_dir, "--out")
         try:

@@ -140,11 +140,13 @@ class Log:
         budget_txt = f" (budget {s['budget_seconds']:.0f} s)" if s["budget_seconds"] else ""
         t.add_row("training time", f"{s['train_seconds']:.1f} s{budget_txt}")
         t.add_row("excluded", f"checkpoints/eval/state {s['excluded_seconds']['checkpoints_eval_state']:.1f} s")
-        written = [f"{n}@{s['checkpoint_steps'][n]:,}" for n in s["checkpoints"]]
-        if s.get("stopped"):
-            written += [f"{s['stopped']['checkpoint']}@{s['stopped']['step']:,} (where it stopped)"]
+        # the stop's checkpoint is a fraction checkpoint when the stop fell on its step: listed once, as the stop's
+        stop_ckpt = s["stopped"]["checkpoint"] if s.get("stopped") else None
+        written = [f"{n}@{s['checkpoint_steps'][n]:,}" for n in s["checkpoints"] if n != stop_ckpt]
+        if stop_ckpt:
+            written += [f"{stop_ckpt}@{s['stopped']['step']:,} (where it stopped)"]
         written = ([f"{s['initial_checkpoint']}@0 (initial weights)"] if s.get("initial_checkpoint") else []) + written
-        t.add_row("checkpoints", ", ".join(dict.fromkeys(written)) or "none")
+        t.add_row("checkpoints", ", ".join(written) or "none")
         if s["median_tokens_per_second"] is not None:
             t.add_row("speed", f"{s['median_tokens_per_second']:,.0f} tokens/s (median of the log windows after the "
                       f"first){'; ' + s['host_sync_per_step'] if s['host_sync_per_step'] else ''}")

@@ -577,7 +577,8 @@ def _put_in_place(tmp: Path, out_dir: Path, written: Written, say) -> None:
     """The finished dataset in `tmp` (inside `out_dir`) becomes `out_dir`'s: the dataset there before is deleted
     (manifest.json first, so that the folder is never taken for a dataset part-way; only its own files: what else
     the folder holds stays, and is named), then the new files are recorded and moved in, manifest.json last."""
-    old = sorted(_dataset_files(out_dir) - {p for p in _dataset_files(out_dir) if tmp in p.parents})
+    ours = _dataset_files(out_dir)  # its files (and the staged ones in `tmp`)
+    old = sorted(p for p in ours if tmp not in p.parents)
     if old:
         (out_dir / "manifest.json").unlink(missing_ok=True)
         for p in old:
@@ -592,14 +593,13 @@ def _put_in_place(tmp: Path, out_dir: Path, written: Written, say) -> None:
         say(f"replaced the dataset in {out_dir}: deleted its {len(old)} files (manifest.json, the shards, tokenizer/)"
             + (f"; kept everything else: {', '.join(kept[:8])}{f' and {len(kept) - 8} more' if len(kept) > 8 else ''}"
                if kept else ""))
-    new = sorted(tmp.rglob("*"))
-    for p in new:  # a file of one's own where one of the dataset's goes (tokenizer/vocab.txt): never replaced
-        if (not p.is_dir() and (target := out_dir / p.relative_to(tmp)).exists()
-                and target not in _dataset_files(out_dir)):
+    # a file of one's own where one of the dataset's goes (tokenizer/vocab.txt): never replaced (`ours` is still
+    # the dataset's files that exist: those deleted above are gone, and nothing else changed)
+    for p in sorted(tmp.rglob("*")):
+        if not p.is_dir() and (target := out_dir / p.relative_to(tmp)).exists() and target not in ours:
             raise UserError(f"--out {out_dir}: {target.relative_to(out_dir)} is not what tinyelectra wrote there, and "
                             "the new dataset would replace it; move it away, or choose another --out")
-    written.add(*(out_dir / p.relative_to(tmp) for p in new if not p.is_dir()))
-    written.add(*(out_dir / p.relative_to(tmp) for p in new if p.is_dir()), kind="dir")
+    written.add_tree(tmp, out_dir)
     _move_into(tmp, out_dir)
     tmp.rmdir()
     fsync_dir(out_dir)

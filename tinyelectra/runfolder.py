@@ -292,6 +292,13 @@ class Written:
                 raise UserError(f"{self.folder / RECORD_NAME} {e}, not tinyelectra's record (it is never followed): "
                                 "delete it") from None
 
+    def add_tree(self, staged: Path, final: Path) -> None:
+        """Every file, then every folder, under `staged` (a finished temporary folder), as it will be named once
+        moved onto `final`: on record before the move."""
+        tree = sorted(Path(staged).rglob("*"))
+        self.add(*(final / p.relative_to(staged) for p in tree if not p.is_dir()))
+        self.add(*(final / p.relative_to(staged) for p in tree if p.is_dir()), kind="dir")
+
     def covered(self, under: Path | None = None) -> set[Path]:
         return covered(self.folder, (self.by,), under)[0]
 

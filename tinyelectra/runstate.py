@@ -60,6 +60,8 @@ from tinyelectra.runtime import device_name
 from tinyelectra.step import Dist, Engine, new_sums
 
 FRACTION_OF = {budgeting.checkpoint_name(f): f for f in budgeting.FRACTIONS}  # "ckpt-0625": 0.0625, ...
+# the files train writes in its run folder (with DATASET_FILE, tensorboard/, state/ and the checkpoints)
+RUN_FILES = ("recipe.json", "plan.json", "summary.json", "metrics.jsonl")
 
 
 @dataclass
@@ -120,7 +122,7 @@ class Launch:
         (those are recorded file by file as they are written: checkpoint.py), TensorBoard's event files by this
         process's pattern (their names are known only once written)."""
         run_dir, written = self.run_dir, self.written
-        written.add(*(run_dir / n for n in ("recipe.json", "plan.json", "summary.json", "metrics.jsonl", DATASET_FILE)))
+        written.add(*(run_dir / n for n in (*RUN_FILES, DATASET_FILE)))
         written.add(run_dir / "tensorboard", kind="dir")
         written.add(f"tensorboard/events.out.tfevents.*.{glob.escape(socket.gethostname())}.{os.getpid()}.*",
                     kind="glob")
@@ -177,15 +179,15 @@ def new_start(launch: Launch, overridden: list[str] | None) -> Start:
     return Start(plan)
 
 
-def resumed_start(launch: Launch, parts: Parts) -> Start:
-    """A resumed run: its resume state loaded into the model, optimizer and loader; the settings this --resume
-    changes, said and recorded in the plan."""
+def resumed_start(launch: Launch, parts: Parts, state: dict) -> Start:
+    """A resumed run: its resume state (`state`: its trainer.json, read and checked by checkpoint.read_state_info)
+    loaded into the model, optimizer and loader; the settings this --resume changes, said and recorded in the plan."""
     recipe, run_dir, log = launch.recipe, launch.run_dir, launch.log
     if recipe.train.strategy == "deepspeed":
         raise UserError("--resume is not supported with train.strategy=deepspeed yet (its optimizer state has "
                         "no plain, safely loadable format); the fraction checkpoints are complete and usable")
     state_dir = latest_state(run_dir)
-    state = load_resume_state(state_dir, parts.model, parts.optimizer, parts.scaler, parts.loader, launch.device)
+    load_resume_state(state_dir, state, parts.model, parts.optimizer, parts.scaler, parts.loader, launch.device)
     plan = (Plan.from_dict(state["plan"], str(state_dir / "trainer.json")) if "plan" in state
             else Plan.load(run_dir / "plan.json"))
     if plan.budget != launch.bud.text:
@@ -223,14 +225,14 @@ class RunState:
     writing (see the module docstring)."""
 
     @classmethod
-    def begin(cls, launch: Launch, parts: Parts, resume: bool, overridden: list[str] | None,
+    def begin(cls, launch: Launch, parts: Parts, state: dict | None, overridden: list[str] | None,
               initial_checkpoint: bool = False) -> RunState:
-        """A new run (recipe.json, plan.json) or the resumed one (its resume state), then what starting writes: the
-        data record, ckpt-0000 when asked (`initial_checkpoint`, at step 0), a resume state (a resumed run only
-        when its settings changed), the plan table."""
+        """A new run (recipe.json, plan.json; `state` None) or the resumed one (its resume state: `state`, its
+        trainer.json), then what starting writes: the data record, ckpt-0000 when asked (`initial_checkpoint`, at
+        step 0), a resume state (a resumed run only when its settings changed), the plan table."""
         if launch.dist.main:  # what an interrupted write left behind (never renamed into place, so never loadable)
             delete_temporaries(launch.run_dir, "train")
-        start = resumed_start(launch, parts) if resume else new_start(launch, overridden)
+        start = resumed_start(launch, parts, state) if state is not None else new_start(launch, overridden)
         return cls(launch, parts, start, initial_checkpoint)
 
     def __init__(self, launch: Launch, parts: Parts, start: Start, initial_checkpoint: bool) -> None:
@@ -447,8 +449,8 @@ class RunState:
         self.check_finite({k: ev[k] for k in ("gen_loss", "disc_loss") if k in ev}, weights=False,
                           where=f"on the held-out rows (the evaluation of {name}, after step {step})")
         write_t0 = clock()
-        timed = 0.0 if startup else 1.0
-        self.process_seconds.evaluation += timed * (write_t0 - eval_t0)
+        if not startup:  # one written during start-up is start-up's time (process_seconds.startup)
+            self.process_seconds.evaluation += write_t0 - eval_t0
         meta = {"name": name, "step": step, "fraction": fraction,
                 "fraction_of_steps": step / plan.total_steps if plan.total_steps else None,
                 "fraction_of_budget_seconds": (self.train_seconds / self.bud.value if plan.budget_kind == "time"
@@ -461,7 +463,9 @@ class RunState:
         if self.dist.main:
             save_checkpoint(self.run_dir / name, parts.model, recipe, meta, parts.data.path / "tokenizer", self.written)
         self.log.metrics({"event": "checkpoint", **meta})
-        self.process_seconds.checkpoints += timed * (clock() - write_t0)
+        write_seconds = clock() - write_t0
+        if not startup:
+            self.process_seconds.checkpoints += write_seconds
         return ev
 
     def write_checkpoint(self, name: str) -> None:

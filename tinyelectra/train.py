@@ -45,7 +45,7 @@ from tinyelectra.model import Electra, attention_kernel
 from tinyelectra.optim import build_optimizer
 from tinyelectra.runfolder import (BOOKKEEPING, DATASET_FILE, DERIVED_BY, RECORD_NAME, check_data, covered, delete_run,
                                    foreign, holding)
-from tinyelectra.runstate import Launch, Parts, RunState, comparable_settings
+from tinyelectra.runstate import RUN_FILES, Launch, Parts, RunState, comparable_settings
 from tinyelectra.step import (Dist, Engine, PretrainStep, fit_micro_batch, global_counts, mask_step, probe_step,
                               train_step)
 
@@ -84,14 +84,15 @@ def train_command(
     # (all of it under --force, until the earlier run is deleted: no other command starts in it meanwhile)
     with holding(run_dir, "--out", enabled=dist.main and (run_dir.exists() or not resume),
                  reserves=("*",) if force else TRAIN_WRITES) as lock:
-        mode = open_run_dir(run_dir, resume, force, recipe, bud, make_console()) if dist.main else None
+        # `state`: a --resume's trainer.json, read and its files checked once, here, for the whole start-up
+        mode, state = open_run_dir(run_dir, resume, force, recipe, bud, make_console()) if dist.main else (None, None)
         if lock is not None:
             lock.reserve(TRAIN_WRITES)
         if dist.enabled and torch.distributed.is_initialized():  # every process does what rank 0 decided
-            shared = [mode]
+            shared = [mode, state]
             torch.distributed.broadcast_object_list(shared, 0)
-            mode = shared[0]
-        if mode == "resume" and (reached := stop_already_reached(stops, run_dir)):
+            mode, state = shared
+        if mode == "resume" and (reached := stop_already_reached(stops, run_dir, state["step"])):
             mode = "done"
             if dist.main:
                 print(f"· {reached}", file=sys.stderr)
@@ -111,7 +112,7 @@ def train_command(
             overridden.append(f"OFF-RECIPE optimizer {recipe.optim.name}: bias-corrected AdamW, not the paper's Adam "
                               "without bias correction")
         return train(recipe, bud, data_path, run_dir, dev, resume=(mode == "resume"), dist=dist, command=command,
-                     init=init, overridden=overridden, stops=stops, initial_checkpoint=initial_checkpoint)
+                     init=init, overridden=overridden, stops=stops, initial_checkpoint=initial_checkpoint, state=state)
 
 
 def check_stops(stops: list[budgeting.Stop], bud: budgeting.Budget, recipe: Recipe) -> None:
@@ -129,13 +130,12 @@ def check_stops(stops: list[budgeting.Stop], bud: budgeting.Budget, recipe: Reci
                             f"{bud.text} (the run ends there: drop --stop-after, or give a step up to {total:,})")
 
 
-def stop_already_reached(stops: list[budgeting.Stop], run_dir: Path) -> str:
-    """A --resume whose step stop the run has already reached: what to say instead of training (nothing to do)."""
+def stop_already_reached(stops: list[budgeting.Stop], run_dir: Path, at: int) -> str:
+    """A --resume (of a run at step `at`) whose step stop the run has already reached: what to say instead of
+    training (nothing to do)."""
     steps = [s for s in stops if s.kind == "steps"]
-    state_dir = latest_state(run_dir)
-    if not steps or state_dir is None:
+    if not steps:
         return ""
-    at = read_state_info(state_dir)["step"]
     first = min(steps, key=lambda s: s.value)
     if at < first.value:
         return ""
@@ -163,7 +163,6 @@ def _lookup(recipe: Recipe, assignment: str):
 # ----------------------------------------------------------------------------------------------------------------
 # the run directory: always continuable or restartable, never emptied without --force
 
-RUN_FILES = ("plan.json", "recipe.json", "summary.json", "metrics.jsonl")  # written by train (with state/, ckpt-*)
 DERIVED = ("glue", "tensorboard", "report.md", "report.json", "glue_vs_compute.png", "pretraining_curves.png")
 # the names train writes in its folder: no other command may take one as its own folder while train holds the run's
 TRAIN_WRITES = (*RUN_FILES, DATASET_FILE, "state", "data", "tensorboard", "ckpt-*")
@@ -175,12 +174,14 @@ TRAIN_WRITES = (*RUN_FILES, DATASET_FILE, "state", "data", "tensorboard", "ckpt-
 CHANGEABLE_ON_RESUME = ("optim.lr", "optim.clip_norm")
 
 
-def open_run_dir(run_dir: Path, resume: bool, force: bool, recipe: Recipe, bud: budgeting.Budget, console) -> str:
+def open_run_dir(run_dir: Path, resume: bool, force: bool, recipe: Recipe, bud: budgeting.Budget,
+                 console) -> tuple[str, dict | None]:
     """What to do with --out: "start" (a new run), "resume" (continue from its resume state), or "done" (the same
-    finished run: nothing to do). A run that stopped before its first resume state starts again from step 0, with or
-    without --resume, keeping the checkpoints it wrote until the new run writes them again. --force deletes the earlier
-    run first (what the run folder's records list: runfolder.delete_run); nothing else here deletes anything. Raises
-    UserError when --out holds another run or cannot be written."""
+    finished run: nothing to do), and with "resume" the resume state's trainer.json (else None), read and its files
+    checked here once for the whole command (checkpoint.read_state_info). A run that stopped before its first resume
+    state starts again from step 0, with or without --resume, keeping the checkpoints it wrote until the new run writes
+    them again. --force deletes the earlier run first (what the run folder's records list: runfolder.delete_run);
+    nothing else here deletes anything. Raises UserError when --out holds another run or cannot be written."""
     say = lambda text: console.print(f"[dim]·[/dim] {text}", highlight=False)  # noqa: E731
     if resume and not run_dir.exists():
         raise UserError(f"--resume: {run_dir} does not exist (nothing to continue; drop --resume to start a new run)")
@@ -226,7 +227,7 @@ def open_run_dir(run_dir: Path, resume: bool, force: bool, recipe: Recipe, bud: 
     if not has_run:
         if resume:
             raise UserError(f"--resume: {run_dir} holds no run (nothing to continue; drop --resume to start one)")
-        return "start"
+        return "start", None
 
     state_dir = latest_state(run_dir)
     strict = state_dir is not None  # a run with a resume state must be checked exactly; one without can restart
@@ -256,15 +257,15 @@ def open_run_dir(run_dir: Path, resume: bool, force: bool, recipe: Recipe, bud: 
         if mismatch:  # nothing of value there: this command's run replaces it
             say(f"{run_dir}: an earlier run stopped during start-up, before its first resume state ({mismatch}): "
                 "starting this one")
-            return "start"
+            return "start", None
         kept = f"; kept {', '.join(ckpts)} until the run writes them again" if ckpts else ""
         say(f"{run_dir}: the run stopped before its first resume state (during start-up): starting it again from step "
             f"0{kept}")
-        return "start"
+        return "start", None
     if finished:
         say(f"{run_dir} already holds this run, finished ({info['step']:,} steps; "
             f"{', '.join(ckpts) or 'no checkpoints'}): nothing to do. To train it again from the start: --force")
-        return "done"
+        return "done", None
     if not resume:
         raise UserError(f"{run_dir} holds an unfinished run (resume state at step {info['step']:,}"
                         f"{f' of {total:,}' if total else ''}): continue it with --resume, or start over with --force "
@@ -272,7 +273,7 @@ def open_run_dir(run_dir: Path, resume: bool, force: bool, recipe: Recipe, bud: 
     if not recorded:
         say(f"{run_dir} was written by an earlier tinyelectra, which kept no record of its files: the checkpoints and "
             "resume state it wrote stay until you delete them (this run records what it writes from now on)")
-    return "resume"
+    return "resume", info
 
 
 def _written_by_train(p: Path) -> bool:
@@ -358,18 +359,22 @@ def resolve_data(data_dir: Path | None, corpus: list[str] | None, recipe: Recipe
 def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, device: torch.device,
           resume: bool = False, dist: Dist = Dist(), command: str = "", init: Path | None = None,
           overridden: list[str] | None = None, clock: Callable[[], float] = time.perf_counter,
-          stops: list[budgeting.Stop] | None = None, initial_checkpoint: bool = False) -> dict:
+          stops: list[budgeting.Stop] | None = None, initial_checkpoint: bool = False,
+          state: dict | None = None) -> dict:
     """Pre-train `recipe` within `bud` on the prepared data, stopping early at the first of `stops` reached
     (--stop-after); see the module docstring. `overridden` notes the command line's `--set` changes: they are
     written into recipe.json's deviations, so reports show them. `initial_checkpoint`: write ckpt-0000, the weights
-    at step 0. `clock` measures training time (tests pass a simulated one to change the speed at will)."""
+    at step 0. `clock` measures training time (tests pass a simulated one to change the speed at will). `state`: on
+    `resume`, the resume state's trainer.json as train_command read and checked it (open_run_dir); read here if not
+    given."""
     launch = Launch(recipe, bud, stops or [], run_dir, device, dist, command, clock)  # the run before its set-up
     # --- set-up, plan, resume: out of memory or an interruption here is one line saying what is kept
     # -------------------
     with launch.failures_during_startup(resume):
-        p = set_up(launch, data_dir, init, resume)  # the data, the model, its optimizer and step, this process's loader
+        state = (state or read_state_info(latest_state(run_dir))) if resume else None  # the resume state's record
+        p = set_up(launch, data_dir, init, state)  # the data, the model, its optimizer and step, this process's loader
         # a new plan (recipe.json, plan.json) or the resume state's; ckpt-0000 if asked; a resume state
-        run = RunState.begin(launch, p, resume, overridden, initial_checkpoint)
+        run = RunState.begin(launch, p, state, overridden, initial_checkpoint)
 
     # --- loop ---------------------------------------------------------------------------------------------------------
     stop = StopFlag()
@@ -405,11 +410,12 @@ def train(recipe: Recipe, bud: budgeting.Budget, data_dir: Path, run_dir: Path, 
     return run.finish(stopped_by)  # summary.json, plan.json as it ended, and what to run next
 
 
-def set_up(launch: Launch, data_dir: Path, init: Path | None, resume: bool) -> Parts:
-    """What the loop trains with: the prepared data (checked), the model (the recipe's seed; --init's weights on a new
-    run), its optimizer and loss scaler, the micro-batch that fits (`launch.micro` as soon as it is known: what a
-    failed allocation was for), the step's Engine (compiled now: start-up), this process's loader. Each choice is a
-    log line."""
+def set_up(launch: Launch, data_dir: Path, init: Path | None, state: dict | None) -> Parts:
+    """What the loop trains with: the prepared data (checked; on a resume, against the resume state `state`, its
+    trainer.json), the model (the recipe's seed; --init's weights on a new run), its optimizer and loss scaler, the
+    micro-batch that fits (`launch.micro` as soon as it is known: what a failed allocation was for), the step's Engine
+    (compiled now: start-up), this process's loader. Each choice is a log line."""
+    resume = state is not None
     recipe, device, dist, log = launch.recipe, launch.device, launch.dist, launch.log
     tr = recipe.train
     log.once(runtime.set_deterministic(tr.deterministic))  # before the first GPU work (train_command did it earlier)
@@ -419,8 +425,7 @@ def set_up(launch: Launch, data_dir: Path, init: Path | None, resume: bool) -> P
     data = PretrainData(data_dir)
     _check_data(data, recipe, data_dir, dist.main)
     if resume and dist.main:  # the data the run trained on, file by file, or one line naming both
-        state_dir = latest_state(launch.run_dir)
-        log.once(check_data(launch.run_dir, data, read_state_info(state_dir) if state_dir is not None else None))
+        log.once(check_data(launch.run_dir, data, state))
     log.once(f"warning: {data_dir}: {heldout}"
              if (heldout := heldout_warning(data.num_rows("validation"), None)) else "")
     special = SpecialIds.from_tokenizer(data.tokenizer)
