@@ -170,6 +170,18 @@ def test_stopped_and_resumed_is_the_uninterrupted_run(cli_env, tmp_path):
         assert same_weights(run / name, ref / name), name
 
 
+@pytest.mark.slow
+def test_a_stop_on_a_fraction_checkpoint_keeps_it_and_names_it_once(cli_env, tmp_path):
+    """`--budget 16steps --stop-after 1steps`: step 1 is 6.25% of the schedule, so the stop's checkpoint is ckpt-0625,
+    written once; the stop line lists it once (it said "checkpoints ckpt-0625; checkpoint ckpt-0625")."""
+    run = tmp_path / "run"
+    p = tinyelectra([*TINY, "--budget", "16steps", "--stop-after", "1steps", "--out", str(run)], cli_env)
+    assert json.loads((run / "summary.json").read_text())["stopped"]["checkpoint"] == "ckpt-0625"
+    line = next(x for x in p.stderr.splitlines() if x.startswith("· stopped by --stop-after 1steps at step 1"))
+    said = " ".join(line.split()).split("continue with:")[0]
+    assert said.count("ckpt-0625") == 1 and "checkpoints ckpt-0625 (the last where it stopped)" in said
+
+
 SIMULATED_CLOCK = """
 import functools, json, os, sys
 import tinyelectra.train as t

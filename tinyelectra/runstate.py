@@ -585,9 +585,12 @@ class RunState:
                           "(summary.json: checkpoints_off_fraction)")
         if stop:
             onward = _rerun_command(self.command, self.run_dir, ["--resume"], drop_stop=True)
+            # the stop's checkpoint, unless it is the fraction checkpoint written at this step (already listed)
+            where = " (the last where it stopped)" if stop["checkpoint"] in self.done_ckpts \
+                else f"; checkpoint {stop['checkpoint']}"
             self.log.once(f"stopped by {stopped_by} at step {step:,}, {100 * stop['fraction_of_schedule']:.4g}% of the "
                           f"schedule ({plan.schedule_text()}; learning rate there {stop['lr']:.3g}): "
-                          f"{self.saved_text()}; checkpoint {stop['checkpoint']}; continue with: {onward} (with "
+                          f"{self.saved_text()}{where}; continue with: {onward} (with "
                           "another --stop-after, or none to run to the end)")
         if dist.main:
             plan.save(self.run_dir / "plan.json")  # a time budget's plan as it ended (the steps that fitted)
