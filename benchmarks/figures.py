@@ -153,7 +153,12 @@ FIGURES: list[Figure] = [
       for task in ("cola", "mrpc", "stsb", "rte")
       for key, side in (("pre", "pre-trained"), ("none", "no pre-training"))],
     *[F(f"h100.glue.{task}.majority", (H100_GLUE,), f"glue.tasks.{task}.majority class", "{:.1f}",
-        f"{task} dev: always answering the training rows' most frequent class") for task in ("mrpc", "rte")],
+        f"{task} dev: always answering the training rows' most frequent class") for task in ("cola", "mrpc", "rte")],
+    # beside them, the released ELECTRA-Small-OWT (OpenWebText, 1M steps): google-research/electra's README, not the
+    # paper's Table (finish.json's `paper` key; glue.paper_source names it; ../shared/REFERENCE.md quotes it)
+    *[F(f"owt.glue.{task}", (H100_GLUE,), f"glue.tasks.{task}.paper", "{:.1f}",
+        f"{task} dev of the released ELECTRA-Small-OWT (its README, 1M steps)")
+      for task in ("cola", "mrpc", "stsb", "rte")],
     # the H200 lease, before CUDA graphs were the trainer's default
     F("h200.train.tokens_s", (H200_TRAIN,), "median_tokens_per_second", "{:,.0f}",
       "the trainer in inductor's default mode: median tokens/s"),
