@@ -40,6 +40,7 @@ H200_TRAIN = H200 + "gpu-suite-20261126-001425.tar.gz!gpu-suite-20261126-001425/
 H200_PLAN = H200 + "gpu-suite-20261126-001425.tar.gz!gpu-suite-20261126-001425/pretrain/plan.json"
 QUICKSTART = ("results/quickstart_cpu.json", "results/quickstart_cpu_second.json", "results/quickstart_cpu_quiet.json")
 OMP_WAIT = "lab/results/omp_wait_cpu.json"
+SUITE = "results/test_suite_cpu.json"
 PAPER_FIRST_POINT_STEPS = 62_500  # the paper's 6.25% checkpoint of ELECTRA-Small (Table 1: 1M steps in all)
 
 
@@ -200,6 +201,20 @@ FIGURES: list[Figure] = [
       "PASSIVE over the default with one core busy: the ratio of the medians"),
     F("omp.quiet", (OMP_WAIT,), "sections.tiny quiet.summary.ratio_to_default.passive", "{:.2f}",
       "PASSIVE over the default on a quiet CPU"),
+    # the test suite on this project's CPU machine (benchmarks/results/test_suite_cpu.json, from a real run)
+    F("suite.full.tests", (SUITE,), lambda d: d["full"]["passed"] + d["full"]["skipped"], "{:,}",
+      "the full suite's tests: passed and skipped"),
+    F("suite.full.passed", (SUITE,), "full.passed", "{:,}", "the full suite's tests passed"),
+    F("suite.full.skipped", (SUITE,), "full.skipped", "{:,}", "the full suite's tests skipped (no GPU)"),
+    F("suite.full.minutes", (SUITE,), lambda d: d["full"]["seconds"] / 60, "{:.1f}",
+      "bash .ci/run on a clean clone from start to end, minutes"),
+    F("suite.full.tests_minutes", (SUITE,), lambda d: d["full"]["tests_seconds"] / 60, "{:.1f}",
+      "the pytest part of that run, minutes"),
+    F("suite.fast.passed", (SUITE,), "fast.passed", "{:,}", "the fast tier's tests passed"),
+    F("suite.fast.seconds", (SUITE,), "fast.seconds", "{:.0f}", "the fast tier's wall seconds"),
+    F("suite.commit", (SUITE,), lambda d: d["commit"][:7], "{}", "the commit the suite ran at"),
+    F("suite.machine", (SUITE,), "machine", "{}", "the machine it ran on"),
+    F("suite.load", (SUITE,), "load", "{}", "the machine's load average while it ran"),
 ]
 BY_NAME = {f.name: f for f in FIGURES}
 assert len(BY_NAME) == len(FIGURES), "two figures share a name"
