@@ -87,6 +87,18 @@ def steps_per_s(summary: dict) -> float:
     return summary["steps"] / summary["train_seconds"]
 
 
+def stage(name: str, key: str = "seconds") -> Callable[[dict], float]:
+    """One stage's record in a GPU suite's summary.json: its seconds, or its limit (`budget_s`)."""
+    return lambda summary: next(s[key] for s in summary["stages"] if s["stage"] == name)
+
+
+def before_pretrain_s(summary: dict) -> float:
+    """The seconds the first command's stages took before pretrain (those the suite ran in turn, not in the
+    background)."""
+    stages = [s for s in summary["stages"] if s["kind"] != "background"]
+    return sum(s["seconds"] for s in stages[:[s["stage"] for s in stages].index("pretrain")])
+
+
 def glue(task: str, side: str) -> Callable[[dict], float]:
     """A GLUE task's median dev score over its seeds, on one side (pre-trained or not) of the H100 lease."""
     return lambda finish: finish["glue"]["tasks"][task][side]["median"]
@@ -138,6 +150,21 @@ FIGURES: list[Figure] = [
       "the step alone's peak memory reserved (CUDA-graph pools counted)"),
     F("h100.step.compile_cold_s", (H100 + "gpu-suite-20261126-060021.tar.gz!gpu-suite-20261126-060021/speed.json",),
       "tinyelectra.compile_record.seconds", "{:.0f}", "the cold compile of the step (empty inductor cache)"),
+    # the H100 lease's first command, stage by stage (summary.json's `stages`; suite.log prints the same)
+    *[F(f"h100.stage.{name}_s", (H100_SUMMARY,), stage(name), "{:.1f}", f"the {name} stage's seconds")
+      for name in ("unpack", "env", "checks", "parity", "speed")],
+    F("h100.stage.before_pretrain_s", (H100_SUMMARY,), before_pretrain_s, "{:.0f}",
+      "the seconds of the stages before pretrain"),
+    F("h100.stage.pretrain_limit_s", (H100_SUMMARY,), stage("pretrain", "budget_s"), "{}",
+      "pretrain's limit: the first command's deadline less the stages before it"),
+    F("h100.stage.pretrain_overhead_s", (H100_SUMMARY, H100_TRAIN),
+      lambda s, t: stage("pretrain")(s) - t["budget_seconds"], "{:.1f}",
+      "pretrain's seconds beyond its training budget: start-up, checkpoints and exit"),
+    F("h100.stage.pretrain_reserved_s", (H100_SUMMARY, H100_TRAIN),
+      lambda s, t: stage("pretrain", "budget_s")(s) - t["budget_seconds"], "{:.0f}",
+      "pretrain's limit less its training budget: the seconds reserved for start-up, checkpoints and exit"),
+    F("h100.ceiling_tflops", (H100_SUMMARY,), "ceilings.gemm_tflops", "{:.0f}",
+      "the measured bf16 8192^3 matrix product, TFLOP/s"),
     F("h100.minutes_to_first_point", (H100_TRAIN,), lambda s: PAPER_FIRST_POINT_STEPS / steps_per_s(s) / 60, "{:.0f}",
       "minutes to the paper's 6.25% point (62,500 steps) at the trainer's measured steps/s"),
     F("h100.hours_to_paper", (H100_TRAIN,), lambda s: 1_000_000 / steps_per_s(s) / 3600, "{:.1f}",
@@ -148,6 +175,10 @@ FIGURES: list[Figure] = [
       "the last checkpoint's held-out AUC matched by token id (0.5 = no context)"),
     F("h100.generator_end", (H100_SUMMARY,), "pretrain.along_the_run.checkpoints.ckpt-10000.generator_over_unigram",
       "{:.2f}", "the last checkpoint's generator accuracy over the unigram answer's"),
+    F("h100.train.tokens_m", (H100_SUMMARY,), lambda s: s["pretrain"]["tokens_seen"] / 1e6, "{:.1f}",
+      "the run's tokens, millions"),
+    F("h100.train.tokens_share", (H100_SUMMARY,), lambda s: 100 * s["pretrain"]["paper_point"]["tokens_fraction"],
+      "{:.0f}", "those tokens as a share of the paper's 6.25% point's, %"),
     F("h100.passes", (H100_SUMMARY,), "pretrain.passes_over_pack", "{:.1f}", "passes over the pack's tokens"),
     # GLUE dev on the H100: the run's last checkpoint against its own initial weights, 3 seeds, medians
     *[F(f"h100.glue.{task}.{key}", (H100_GLUE,), glue(task, side), "{:.1f}", f"{task} dev, {side}, median of 3 seeds")
@@ -165,6 +196,12 @@ FIGURES: list[Figure] = [
       "the trainer in inductor's default mode: median tokens/s"),
     F("h200.train.steps_s", (H200_PLAN,), lambda p: p["total_steps"] / p["budget_seconds"], "{:.1f}",
       "its steps per training second (plan.json: the steps of its 242 s budget)"),
+    *[F(f"h200.stage.{name}_s", (H200 + "summary.json",), stage(name), "{:.1f}", f"the H200's {name} stage's seconds")
+      for name in ("unpack", "env", "checks")],
+    F("h200.ceiling_tflops", (H200 + "summary.json",), "ceilings.gemm_tflops", "{:.0f}",
+      "the H200's measured bf16 8192^3 matrix product, TFLOP/s"),
+    F("h200.step.first_call_s", (H200 + "cudagraphs.json",), "tinyelectra.first_call_s", "{:.1f}",
+      "the H200's first call of the step with CUDA graphs: its cold compile"),
     F("h200.step.tokens_s", (H200 + "cudagraphs.json",), "tinyelectra.tokens_per_s", "{:,.0f}",
       "the step alone with CUDA graphs"),
     F("h200.eager.tokens_s", (H200 + "summary.json",), "speed.tinyelectra eager.tokens_per_s", "{:,.0f}",
