@@ -1,4 +1,5 @@
-"""Every measured figure that README.md, tinyelectra/docs/ and benchmarks/README.md cite, read from its result file.
+"""Every measured figure that README.md, tinyelectra/docs/, benchmarks/README.md and benchmarks/lab/README.md cite,
+read from its result file.
 
 `FIGURES` is the table: a name, the result file(s) it comes from (under benchmarks/; `ARCHIVE!MEMBER` is a JSON file
 inside a lease's .tar.gz), how the value is read (a JSON path with "." between keys, or a function of the loaded
@@ -41,6 +42,9 @@ H200_PLAN = H200 + "gpu-suite-20261126-001425.tar.gz!gpu-suite-20261126-001425/p
 QUICKSTART = ("results/quickstart_cpu.json", "results/quickstart_cpu_second.json", "results/quickstart_cpu_quiet.json")
 OMP_WAIT = "lab/results/omp_wait_cpu.json"
 SUITE = "results/test_suite_cpu.json"
+LAB = "lab/results/"
+MINI_CKPTS = LAB + "mini_electra_checkpoints_cpu.json"
+GRAMMAR = LAB + "plateau_tiny_grammar_cpu.json"
 PAPER_FIRST_POINT_STEPS = 62_500  # the paper's 6.25% checkpoint of ELECTRA-Small (Table 1: 1M steps in all)
 
 
@@ -124,6 +128,25 @@ def omp_round_ratios(doc: dict) -> list[float]:
 def omp_ratio_of_medians(doc: dict) -> float:
     medians = doc["sections"]["tiny busy"]["summary"]["median_tokens_per_s"]
     return medians["passive"] / medians["default"]
+
+
+def arms_tokens_s(*docs: dict) -> tuple[float, float]:
+    """(least, most) tokens/s over every arm of the given short_runs files."""
+    values = [arm["tokens_per_second"] for doc in docs for arm in doc["arms"].values()]
+    return min(values), max(values)
+
+
+def mini_late(key: Callable[[dict], float]) -> Callable[[dict], tuple[float, float]]:
+    """(least, most) of `key` over mini_electra's checkpoints from step 1,000 on."""
+    def read(doc: dict) -> tuple[float, float]:
+        values = [key(c) for c in doc["checkpoints"] if c["step"] >= 1000]
+        return min(values), max(values)
+    return read
+
+
+def grammar_at(step: int, key: str) -> Callable[[dict], float]:
+    """The `recipe` arm's checkpoint at `step` in plateau_tiny_grammar_cpu.json."""
+    return lambda doc: next(c[key] for c in doc["arms"]["recipe"]["checkpoints"] if c["step"] == step)
 
 
 F = Figure
@@ -238,6 +261,32 @@ FIGURES: list[Figure] = [
       "PASSIVE over the default with one core busy: the ratio of the medians"),
     F("omp.quiet", (OMP_WAIT,), "sections.tiny quiet.summary.ratio_to_default.passive", "{:.2f}",
       "PASSIVE over the default on a quiet CPU"),
+    # the lab (benchmarks/lab/README.md)
+    F("lab.short_runs.tokens_s", (LAB + "short_runs_cpu.json", LAB + "short_runs_seeds_cpu.json"), arms_tokens_s,
+      "{:,.0f}-{:,.0f}", "the tiny short runs' tokens/s, one thread each"),
+    F("lab.grammar.unigram", (GRAMMAR,), grammar_at(500, "unigram_acc"), "{:.3f}",
+      "the grammar run's unigram answer: held-out accuracy of always answering the most frequent word"),
+    F("lab.grammar.gen_500", (GRAMMAR,), grammar_at(500, "gen_over_unigram"), "{:.2f}",
+      "tiny at 3e-3 on grammar0 as text: generator over the unigram answer at step 500"),
+    F("lab.grammar.gen_1000", (GRAMMAR,), grammar_at(1000, "gen_over_unigram"), "{:.2f}", "the same at step 1,000"),
+    F("lab.grammar.gen_2000", (GRAMMAR,), grammar_at(2000, "gen_over_unigram"), "{:.2f}", "the same at step 2,000"),
+    F("lab.grammar.matched_auc", (GRAMMAR,), lambda d: (min(c["disc_auc_matched"] for c in d["arms"]["recipe"][
+      "checkpoints"]), max(c["disc_auc_matched"] for c in d["arms"]["recipe"]["checkpoints"])), "{:.2f}-{:.2f}",
+      "the same run's AUCs matched by token id, over its checkpoints"),
+    F("lab.mini.tokens_m", (MINI_CKPTS,), lambda d: d["checkpoints"][-1]["tokens_seen"] / 1e6, "{:.1f}",
+      "mini ELECTRA's 4,000 steps: tokens, millions"),
+    F("lab.mini.gain_250", (MINI_CKPTS,), lambda d: d["checkpoints"][0]["disc_acc"] - d["checkpoints"][0]["baseline_acc"],
+      "+{:.3f}", "its discriminator's accuracy over the all-original prior at step 250"),
+    F("lab.mini.auc_250", (MINI_CKPTS,), "checkpoints.0.disc_auc", "{:.2f}", "its raw AUC at step 250"),
+    F("lab.mini.gain_late", (MINI_CKPTS,), mini_late(lambda c: c["disc_acc"] - c["baseline_acc"]),
+      "+{:.4f} to +{:.4f}", "its accuracy over the prior from step 1,000 on"),
+    F("lab.mini.auc_late", (MINI_CKPTS,), mini_late(lambda c: c["disc_auc"]), "{:.2f}-{:.2f}",
+      "its raw AUC from step 1,000 on"),
+    F("lab.mini.gen_end", (MINI_CKPTS,), lambda d: d["checkpoints"][-1]["gen_acc"], "{:.2f}",
+      "its generator's held-out accuracy at step 4,000"),
+    F("lab.mini.context_auc", (MINI_CKPTS,), lambda d: (min(c["disc_auc_context"] for c in d["checkpoints"]),
+      max(c["disc_auc_context"] for c in d["checkpoints"])), "{:.2f}-{:.2f}",
+      "its raw context AUC (unigram draws) over all checkpoints"),
     # the test suite on this project's CPU machine (benchmarks/results/test_suite_cpu.json, from a real run)
     F("suite.full.tests", (SUITE,), lambda d: d["full"]["passed"] + d["full"]["skipped"], "{:,}",
       "the full suite's tests: passed and skipped"),
@@ -266,9 +315,10 @@ MEASURED_ON = {"H100": "measured (h100-2026-11-26)", "H200": "measured (h200-202
 
 
 def text_files(root: Path = ROOT) -> list[Path]:
-    """The text whose figures are checked: README.md, tinyelectra/docs/*.md and benchmarks/README.md."""
+    """The text whose figures are checked: README.md, tinyelectra/docs/*.md, benchmarks/README.md and
+    benchmarks/lab/README.md."""
     return [root / "README.md", *sorted((root / "tinyelectra" / "docs").glob("*.md")),
-            root / "benchmarks" / "README.md"]
+            root / "benchmarks" / "README.md", root / "benchmarks" / "lab" / "README.md"]
 
 
 def card_guide() -> str:
