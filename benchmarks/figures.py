@@ -132,16 +132,22 @@ def omp_ratio_of_medians(doc: dict) -> float:
 
 def arms_tokens_s(*docs: dict) -> tuple[float, float]:
     """(least, most) tokens/s over every arm of the given short_runs files."""
-    values = [arm["tokens_per_second"] for doc in docs for arm in doc["arms"].values()]
+    return spread([arm["tokens_per_second"] for doc in docs for arm in doc["arms"].values()])
+
+
+def over_prior(checkpoint: dict) -> float:
+    """A scored checkpoint's discriminator accuracy over its all-original prior."""
+    return checkpoint["disc_acc"] - checkpoint["baseline_acc"]
+
+
+def spread(values: list[float]) -> tuple[float, float]:
+    """(least, most)."""
     return min(values), max(values)
 
 
 def mini_late(key: Callable[[dict], float]) -> Callable[[dict], tuple[float, float]]:
     """(least, most) of `key` over mini_electra's checkpoints from step 1,000 on."""
-    def read(doc: dict) -> tuple[float, float]:
-        values = [key(c) for c in doc["checkpoints"] if c["step"] >= 1000]
-        return min(values), max(values)
-    return read
+    return lambda doc: spread([key(c) for c in doc["checkpoints"] if c["step"] >= 1000])
 
 
 def grammar_at(step: int, key: str) -> Callable[[dict], float]:
@@ -270,22 +276,22 @@ FIGURES: list[Figure] = [
       "tiny at 3e-3 on grammar0 as text: generator over the unigram answer at step 500"),
     F("lab.grammar.gen_1000", (GRAMMAR,), grammar_at(1000, "gen_over_unigram"), "{:.2f}", "the same at step 1,000"),
     F("lab.grammar.gen_2000", (GRAMMAR,), grammar_at(2000, "gen_over_unigram"), "{:.2f}", "the same at step 2,000"),
-    F("lab.grammar.matched_auc", (GRAMMAR,), lambda d: (min(c["disc_auc_matched"] for c in d["arms"]["recipe"][
-      "checkpoints"]), max(c["disc_auc_matched"] for c in d["arms"]["recipe"]["checkpoints"])), "{:.2f}-{:.2f}",
+    F("lab.grammar.matched_auc", (GRAMMAR,),
+      lambda d: spread([c["disc_auc_matched"] for c in d["arms"]["recipe"]["checkpoints"]]), "{:.2f}-{:.2f}",
       "the same run's AUCs matched by token id, over its checkpoints"),
     F("lab.mini.tokens_m", (MINI_CKPTS,), lambda d: d["checkpoints"][-1]["tokens_seen"] / 1e6, "{:.1f}",
       "mini ELECTRA's 4,000 steps: tokens, millions"),
-    F("lab.mini.gain_250", (MINI_CKPTS,), lambda d: d["checkpoints"][0]["disc_acc"] - d["checkpoints"][0]["baseline_acc"],
-      "+{:.3f}", "its discriminator's accuracy over the all-original prior at step 250"),
+    F("lab.mini.gain_250", (MINI_CKPTS,), lambda d: over_prior(d["checkpoints"][0]), "+{:.3f}",
+      "its discriminator's accuracy over the all-original prior at step 250"),
     F("lab.mini.auc_250", (MINI_CKPTS,), "checkpoints.0.disc_auc", "{:.2f}", "its raw AUC at step 250"),
-    F("lab.mini.gain_late", (MINI_CKPTS,), mini_late(lambda c: c["disc_acc"] - c["baseline_acc"]),
+    F("lab.mini.gain_late", (MINI_CKPTS,), mini_late(over_prior),
       "+{:.4f} to +{:.4f}", "its accuracy over the prior from step 1,000 on"),
     F("lab.mini.auc_late", (MINI_CKPTS,), mini_late(lambda c: c["disc_auc"]), "{:.2f}-{:.2f}",
       "its raw AUC from step 1,000 on"),
     F("lab.mini.gen_end", (MINI_CKPTS,), lambda d: d["checkpoints"][-1]["gen_acc"], "{:.2f}",
       "its generator's held-out accuracy at step 4,000"),
-    F("lab.mini.context_auc", (MINI_CKPTS,), lambda d: (min(c["disc_auc_context"] for c in d["checkpoints"]),
-      max(c["disc_auc_context"] for c in d["checkpoints"])), "{:.2f}-{:.2f}",
+    F("lab.mini.context_auc", (MINI_CKPTS,), lambda d: spread([c["disc_auc_context"] for c in d["checkpoints"]]),
+      "{:.2f}-{:.2f}",
       "its raw context AUC (unigram draws) over all checkpoints"),
     # the test suite on this project's CPU machine (benchmarks/results/test_suite_cpu.json, from a real run)
     F("suite.full.tests", (SUITE,), lambda d: d["full"]["passed"] + d["full"]["skipped"], "{:,}",
