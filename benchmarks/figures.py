@@ -1,4 +1,5 @@
-"""Every measured figure that README.md, tinyelectra/docs/ and benchmarks/README.md cite, read from its result file.
+"""Every measured figure that README.md, tinyelectra/docs/, benchmarks/README.md and benchmarks/lab/README.md cite,
+read from its result file.
 
 `FIGURES` is the table: a name, the result file(s) it comes from (under benchmarks/; `ARCHIVE!MEMBER` is a JSON file
 inside a lease's .tar.gz), how the value is read (a JSON path with "." between keys, or a function of the loaded
@@ -40,6 +41,10 @@ H200_TRAIN = H200 + "gpu-suite-20261126-001425.tar.gz!gpu-suite-20261126-001425/
 H200_PLAN = H200 + "gpu-suite-20261126-001425.tar.gz!gpu-suite-20261126-001425/pretrain/plan.json"
 QUICKSTART = ("results/quickstart_cpu.json", "results/quickstart_cpu_second.json", "results/quickstart_cpu_quiet.json")
 OMP_WAIT = "lab/results/omp_wait_cpu.json"
+SUITE = "results/test_suite_cpu.json"
+LAB = "lab/results/"
+MINI_CKPTS = LAB + "mini_electra_checkpoints_cpu.json"
+GRAMMAR = LAB + "plateau_tiny_grammar_cpu.json"
 PAPER_FIRST_POINT_STEPS = 62_500  # the paper's 6.25% checkpoint of ELECTRA-Small (Table 1: 1M steps in all)
 
 
@@ -86,6 +91,18 @@ def steps_per_s(summary: dict) -> float:
     return summary["steps"] / summary["train_seconds"]
 
 
+def stage(name: str, key: str = "seconds") -> Callable[[dict], float]:
+    """One stage's record in a GPU suite's summary.json: its seconds, or its limit (`budget_s`)."""
+    return lambda summary: next(s[key] for s in summary["stages"] if s["stage"] == name)
+
+
+def before_pretrain_s(summary: dict) -> float:
+    """The seconds the first command's stages took before pretrain (those the suite ran in turn, not in the
+    background)."""
+    stages = [s for s in summary["stages"] if s["kind"] != "background"]
+    return sum(s["seconds"] for s in stages[:[s["stage"] for s in stages].index("pretrain")])
+
+
 def glue(task: str, side: str) -> Callable[[dict], float]:
     """A GLUE task's median dev score over its seeds, on one side (pre-trained or not) of the H100 lease."""
     return lambda finish: finish["glue"]["tasks"][task][side]["median"]
@@ -113,6 +130,31 @@ def omp_ratio_of_medians(doc: dict) -> float:
     return medians["passive"] / medians["default"]
 
 
+def arms_tokens_s(*docs: dict) -> tuple[float, float]:
+    """(least, most) tokens/s over every arm of the given short_runs files."""
+    return spread([arm["tokens_per_second"] for doc in docs for arm in doc["arms"].values()])
+
+
+def over_prior(checkpoint: dict) -> float:
+    """A scored checkpoint's discriminator accuracy over its all-original prior."""
+    return checkpoint["disc_acc"] - checkpoint["baseline_acc"]
+
+
+def spread(values: list[float]) -> tuple[float, float]:
+    """(least, most)."""
+    return min(values), max(values)
+
+
+def mini_late(key: Callable[[dict], float]) -> Callable[[dict], tuple[float, float]]:
+    """(least, most) of `key` over mini_electra's checkpoints from step 1,000 on."""
+    return lambda doc: spread([key(c) for c in doc["checkpoints"] if c["step"] >= 1000])
+
+
+def grammar_at(step: int, key: str) -> Callable[[dict], float]:
+    """The `recipe` arm's checkpoint at `step` in plateau_tiny_grammar_cpu.json."""
+    return lambda doc: next(c[key] for c in doc["arms"]["recipe"]["checkpoints"] if c["step"] == step)
+
+
 F = Figure
 FIGURES: list[Figure] = [
     # the H100 lease (benchmarks/results/h100-2026-11-26): the trainer, the step alone, memory, start-up
@@ -137,6 +179,21 @@ FIGURES: list[Figure] = [
       "the step alone's peak memory reserved (CUDA-graph pools counted)"),
     F("h100.step.compile_cold_s", (H100 + "gpu-suite-20261126-060021.tar.gz!gpu-suite-20261126-060021/speed.json",),
       "tinyelectra.compile_record.seconds", "{:.0f}", "the cold compile of the step (empty inductor cache)"),
+    # the H100 lease's first command, stage by stage (summary.json's `stages`; suite.log prints the same)
+    *[F(f"h100.stage.{name}_s", (H100_SUMMARY,), stage(name), "{:.1f}", f"the {name} stage's seconds")
+      for name in ("unpack", "env", "checks", "parity", "speed")],
+    F("h100.stage.before_pretrain_s", (H100_SUMMARY,), before_pretrain_s, "{:.0f}",
+      "the seconds of the stages before pretrain"),
+    F("h100.stage.pretrain_limit_s", (H100_SUMMARY,), stage("pretrain", "budget_s"), "{}",
+      "pretrain's limit: the first command's deadline less the stages before it"),
+    F("h100.stage.pretrain_overhead_s", (H100_SUMMARY, H100_TRAIN),
+      lambda s, t: stage("pretrain")(s) - t["budget_seconds"], "{:.1f}",
+      "pretrain's seconds beyond its training budget: start-up, checkpoints and exit"),
+    F("h100.stage.pretrain_reserved_s", (H100_SUMMARY, H100_TRAIN),
+      lambda s, t: stage("pretrain", "budget_s")(s) - t["budget_seconds"], "{:.0f}",
+      "pretrain's limit less its training budget: the seconds reserved for start-up, checkpoints and exit"),
+    F("h100.ceiling_tflops", (H100_SUMMARY,), "ceilings.gemm_tflops", "{:.0f}",
+      "the measured bf16 8192^3 matrix product, TFLOP/s"),
     F("h100.minutes_to_first_point", (H100_TRAIN,), lambda s: PAPER_FIRST_POINT_STEPS / steps_per_s(s) / 60, "{:.0f}",
       "minutes to the paper's 6.25% point (62,500 steps) at the trainer's measured steps/s"),
     F("h100.hours_to_paper", (H100_TRAIN,), lambda s: 1_000_000 / steps_per_s(s) / 3600, "{:.1f}",
@@ -147,18 +204,33 @@ FIGURES: list[Figure] = [
       "the last checkpoint's held-out AUC matched by token id (0.5 = no context)"),
     F("h100.generator_end", (H100_SUMMARY,), "pretrain.along_the_run.checkpoints.ckpt-10000.generator_over_unigram",
       "{:.2f}", "the last checkpoint's generator accuracy over the unigram answer's"),
+    F("h100.train.tokens_m", (H100_SUMMARY,), lambda s: s["pretrain"]["tokens_seen"] / 1e6, "{:.1f}",
+      "the run's tokens, millions"),
+    F("h100.train.tokens_share", (H100_SUMMARY,), lambda s: 100 * s["pretrain"]["paper_point"]["tokens_fraction"],
+      "{:.0f}", "those tokens as a share of the paper's 6.25% point's, %"),
     F("h100.passes", (H100_SUMMARY,), "pretrain.passes_over_pack", "{:.1f}", "passes over the pack's tokens"),
     # GLUE dev on the H100: the run's last checkpoint against its own initial weights, 3 seeds, medians
     *[F(f"h100.glue.{task}.{key}", (H100_GLUE,), glue(task, side), "{:.1f}", f"{task} dev, {side}, median of 3 seeds")
       for task in ("cola", "mrpc", "stsb", "rte")
       for key, side in (("pre", "pre-trained"), ("none", "no pre-training"))],
     *[F(f"h100.glue.{task}.majority", (H100_GLUE,), f"glue.tasks.{task}.majority class", "{:.1f}",
-        f"{task} dev: always answering the training rows' most frequent class") for task in ("mrpc", "rte")],
+        f"{task} dev: always answering the training rows' most frequent class") for task in ("cola", "mrpc", "rte")],
+    # beside them, the released ELECTRA-Small-OWT (OpenWebText, 1M steps): google-research/electra's README, not the
+    # paper's Table (finish.json's `paper` key; glue.paper_source names it; ../shared/REFERENCE.md quotes it)
+    *[F(f"owt.glue.{task}", (H100_GLUE,), f"glue.tasks.{task}.paper", "{:.1f}",
+        f"{task} dev of the released ELECTRA-Small-OWT (its README, 1M steps)")
+      for task in ("cola", "mrpc", "stsb", "rte")],
     # the H200 lease, before CUDA graphs were the trainer's default
     F("h200.train.tokens_s", (H200_TRAIN,), "median_tokens_per_second", "{:,.0f}",
       "the trainer in inductor's default mode: median tokens/s"),
     F("h200.train.steps_s", (H200_PLAN,), lambda p: p["total_steps"] / p["budget_seconds"], "{:.1f}",
       "its steps per training second (plan.json: the steps of its 242 s budget)"),
+    *[F(f"h200.stage.{name}_s", (H200 + "summary.json",), stage(name), "{:.1f}", f"the H200's {name} stage's seconds")
+      for name in ("unpack", "env", "checks")],
+    F("h200.ceiling_tflops", (H200 + "summary.json",), "ceilings.gemm_tflops", "{:.0f}",
+      "the H200's measured bf16 8192^3 matrix product, TFLOP/s"),
+    F("h200.step.first_call_s", (H200 + "cudagraphs.json",), "tinyelectra.first_call_s", "{:.1f}",
+      "the H200's first call of the step with CUDA graphs: its cold compile"),
     F("h200.step.tokens_s", (H200 + "cudagraphs.json",), "tinyelectra.tokens_per_s", "{:,.0f}",
       "the step alone with CUDA graphs"),
     F("h200.eager.tokens_s", (H200 + "summary.json",), "speed.tinyelectra eager.tokens_per_s", "{:,.0f}",
@@ -195,6 +267,46 @@ FIGURES: list[Figure] = [
       "PASSIVE over the default with one core busy: the ratio of the medians"),
     F("omp.quiet", (OMP_WAIT,), "sections.tiny quiet.summary.ratio_to_default.passive", "{:.2f}",
       "PASSIVE over the default on a quiet CPU"),
+    # the lab (benchmarks/lab/README.md)
+    F("lab.short_runs.tokens_s", (LAB + "short_runs_cpu.json", LAB + "short_runs_seeds_cpu.json"), arms_tokens_s,
+      "{:,.0f}-{:,.0f}", "the tiny short runs' tokens/s, one thread each"),
+    F("lab.grammar.unigram", (GRAMMAR,), grammar_at(500, "unigram_acc"), "{:.3f}",
+      "the grammar run's unigram answer: held-out accuracy of always answering the most frequent word"),
+    F("lab.grammar.gen_500", (GRAMMAR,), grammar_at(500, "gen_over_unigram"), "{:.2f}",
+      "tiny at 3e-3 on grammar0 as text: generator over the unigram answer at step 500"),
+    F("lab.grammar.gen_1000", (GRAMMAR,), grammar_at(1000, "gen_over_unigram"), "{:.2f}", "the same at step 1,000"),
+    F("lab.grammar.gen_2000", (GRAMMAR,), grammar_at(2000, "gen_over_unigram"), "{:.2f}", "the same at step 2,000"),
+    F("lab.grammar.matched_auc", (GRAMMAR,),
+      lambda d: spread([c["disc_auc_matched"] for c in d["arms"]["recipe"]["checkpoints"]]), "{:.2f}-{:.2f}",
+      "the same run's AUCs matched by token id, over its checkpoints"),
+    F("lab.mini.tokens_m", (MINI_CKPTS,), lambda d: d["checkpoints"][-1]["tokens_seen"] / 1e6, "{:.1f}",
+      "mini ELECTRA's 4,000 steps: tokens, millions"),
+    F("lab.mini.gain_250", (MINI_CKPTS,), lambda d: over_prior(d["checkpoints"][0]), "+{:.3f}",
+      "its discriminator's accuracy over the all-original prior at step 250"),
+    F("lab.mini.auc_250", (MINI_CKPTS,), "checkpoints.0.disc_auc", "{:.2f}", "its raw AUC at step 250"),
+    F("lab.mini.gain_late", (MINI_CKPTS,), mini_late(over_prior),
+      "+{:.4f} to +{:.4f}", "its accuracy over the prior from step 1,000 on"),
+    F("lab.mini.auc_late", (MINI_CKPTS,), mini_late(lambda c: c["disc_auc"]), "{:.2f}-{:.2f}",
+      "its raw AUC from step 1,000 on"),
+    F("lab.mini.gen_end", (MINI_CKPTS,), lambda d: d["checkpoints"][-1]["gen_acc"], "{:.2f}",
+      "its generator's held-out accuracy at step 4,000"),
+    F("lab.mini.context_auc", (MINI_CKPTS,), lambda d: spread([c["disc_auc_context"] for c in d["checkpoints"]]),
+      "{:.2f}-{:.2f}",
+      "its raw context AUC (unigram draws) over all checkpoints"),
+    # the test suite on this project's CPU machine (benchmarks/results/test_suite_cpu.json, from a real run)
+    F("suite.full.tests", (SUITE,), lambda d: d["full"]["passed"] + d["full"]["skipped"], "{:,}",
+      "the full suite's tests: passed and skipped"),
+    F("suite.full.passed", (SUITE,), "full.passed", "{:,}", "the full suite's tests passed"),
+    F("suite.full.skipped", (SUITE,), "full.skipped", "{:,}", "the full suite's tests skipped (no GPU)"),
+    F("suite.full.minutes", (SUITE,), lambda d: d["full"]["seconds"] / 60, "{:.1f}",
+      "bash .ci/run on a clean clone from start to end, minutes"),
+    F("suite.full.tests_minutes", (SUITE,), lambda d: d["full"]["tests_seconds"] / 60, "{:.1f}",
+      "the pytest part of that run, minutes"),
+    F("suite.fast.passed", (SUITE,), "fast.passed", "{:,}", "the fast tier's tests passed"),
+    F("suite.fast.seconds", (SUITE,), "fast.seconds", "{:.0f}", "the fast tier's wall seconds"),
+    F("suite.commit", (SUITE,), lambda d: d["commit"][:7], "{}", "the commit the suite ran at"),
+    F("suite.machine", (SUITE,), "machine", "{}", "the machine it ran on"),
+    F("suite.load", (SUITE,), "load", "{}", "the machine's load average while it ran"),
 ]
 BY_NAME = {f.name: f for f in FIGURES}
 assert len(BY_NAME) == len(FIGURES), "two figures share a name"
@@ -209,9 +321,10 @@ MEASURED_ON = {"H100": "measured (h100-2026-11-26)", "H200": "measured (h200-202
 
 
 def text_files(root: Path = ROOT) -> list[Path]:
-    """The text whose figures are checked: README.md, tinyelectra/docs/*.md and benchmarks/README.md."""
+    """The text whose figures are checked: README.md, tinyelectra/docs/*.md, benchmarks/README.md and
+    benchmarks/lab/README.md."""
     return [root / "README.md", *sorted((root / "tinyelectra" / "docs").glob("*.md")),
-            root / "benchmarks" / "README.md"]
+            root / "benchmarks" / "README.md", root / "benchmarks" / "lab" / "README.md"]
 
 
 def card_guide() -> str:
