@@ -1266,8 +1266,9 @@ def _cell(s: dict | None) -> str:
 
 def _glue_lines(g: dict, header: bool = True) -> list[str]:
     """The GLUE table's rows: each side's median (min..max) and how many of its seeds answered one class for every dev
-    row, the paper, the majority class; then how the sides compare, task by task (metrics.compare_seeds)."""
-    out = [f"  {'task (metric)':<24}{'pre-trained':>20}{'no pre-training':>20}{'paper':>8}{'majority':>10}"
+    row, the released ELECTRA-Small-OWT's score ("OWT 1M": the official README's, OpenWebText, 1M steps, not the
+    paper's own model), the majority class; then how the sides compare, task by task (metrics.compare_seeds)."""
+    out = [f"  {'task (metric)':<24}{'pre-trained':>20}{'no pre-training':>20}{'OWT 1M':>8}{'majority':>10}"
            f"{'one class':>11}"] if header else []
     for task, v in g["tasks"].items():
         one = ", ".join(f"{v['one class'][s]}/{v[s]['seeds']}" if v["one class"].get(s) is not None
