@@ -37,7 +37,11 @@ Parts, in this order, each written to the result as it completes:
   5. cached compile: every variant built again in a new child with the cache its cold build left (what a second run
      on the same machine pays).
 Parts 1-4 always run (once everything is compiled, 2-4 take some tens of seconds on a card); part 5 is skipped, and
-said so, when --budget-s has been spent by then. The cold compiles dominate: today's default took 148 s cold on an
+said so, when --budget-s has been spent by then. A lease's command has 10 minutes: --deadline-s (default 540 on a
+device) bounds the whole, and no variant takes the others down with it: one whose child fails (a path that never ran
+on a card may) or has not built when parts 2-4 need the rest of the time (--deadline-s less PARTS_RESERVE_S) is
+dropped, its reason in the result and on the console, and the others are measured; the timing rounds and the kernel
+tables stop at the deadline, said so. The cold compiles dominate: today's default took 148 s cold on an
 H100 in 2026-11 compiling alone; side by side on a slice of the cores it may take longer, and the command with it.
 """
 
@@ -46,10 +50,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -68,6 +74,8 @@ VARIANTS = {  # name -> recipe overrides; the coordinator adds one line per vari
     "all": ["train.compile=regional-graph", "train.update=flat", "train.sampler=inverse-cdf", "train.attention=varlen"],
 }
 EAGER = ["train.compile=off"]  # the losses' reference (not timed)
+DEADLINE_S = 540.0  # the default --deadline-s on a device: a lease's command may run 600 s; the result written before
+PARTS_RESERVE_S = 90.0  # what parts 2-4 are left when waiting for the builds: seconds of steps for 9 children on a card
 SMOKE = {"recipe": "tiny", "sets": ["model.num_layers=1"], "batch": 4, "seq_len": 32, "rounds": 2, "calls": 1,
          "profile": 1, "repeats": 4, "precision": "fp32"}
 
@@ -162,10 +170,27 @@ class Child:
             if line.startswith("{"):
                 return json.loads(line)
 
+    def read_later(self, answers: queue.Queue) -> None:
+        """The child's next answer, or the error reading it, put on `answers` as (name, answer) by a thread of its own
+        (the parent waits for several children at once, each for a bounded time)."""
+        def read() -> None:
+            try:
+                answers.put((self.name, self.read()))
+            except (RuntimeError, OSError, ValueError) as e:  # the child ended, or its pipe broke
+                answers.put((self.name, e))
+
+        threading.Thread(target=read, daemon=True).start()
+
     def ask(self, **cmd) -> dict:
         self.proc.stdin.write(json.dumps(cmd) + "\n")
         self.proc.stdin.flush()
         return self.read()
+
+    def kill(self) -> None:
+        """Stop a child that is still compiling (close would wait for it to read its next command)."""
+        self.proc.kill()
+        self.proc.wait()
+        self.log.close()
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -202,8 +227,36 @@ def start(variants: dict[str, list[str]], precisions: dict[str, str], args, cach
 # the parent
 
 
+def builds(children: dict, wait_s: float) -> tuple[dict[str, dict], dict[str, str]]:
+    """Every child's "built" answer, waited for at most `wait_s` seconds in all (inf: as long as they take). Returns
+    (name -> what it built, name -> why it has none: its child failed, or it was still compiling when the time ran
+    out)."""
+    answers: queue.Queue = queue.Queue()
+    for c in children.values():
+        c.read_later(answers)
+    built: dict[str, dict] = {}
+    failed: dict[str, str] = {}
+    end = time.monotonic() + wait_s
+    while len(built) + len(failed) < len(children):
+        try:
+            name, answer = answers.get(timeout=None if wait_s == float("inf") else max(0.0, end - time.monotonic()))
+        except queue.Empty:
+            break
+        if isinstance(answer, Exception):
+            failed[name] = str(answer)
+        else:
+            built[name] = answer["built"]
+    for name in children:
+        if name not in built and name not in failed:
+            failed[name] = f"not built within {wait_s:.0f} s: still compiling when the rest of the time was needed"
+    return built, failed
+
+
 def ratios(times: dict[str, list[float]], base: str = "default") -> dict:
-    """Per variant: the median, min and max over rounds of its time over the default's time in the same round."""
+    """Per variant: the median, min and max over rounds of its time over the default's time in the same round (none
+    when the default was not measured)."""
+    if base not in times:
+        return {}
     out = {}
     for name, ts in times.items():
         per_round = [t / b for t, b in zip(ts, times[base])]
@@ -234,6 +287,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--budget-s", type=float, default=None,
                     help="part 5 (the cached compile) is skipped once this many seconds have passed (default 240; "
                          "no limit with --cpu-smoke)")
+    ap.add_argument("--deadline-s", type=float, default=None,
+                    help=f"the whole command's limit: variants not built by then less {PARTS_RESERVE_S:g} s are "
+                         f"dropped, rounds and kernel tables stop at it (default {DEADLINE_S:g} on a device; none "
+                         "with --cpu-smoke)")
     ap.add_argument("--cpu-smoke", action="store_true", help="toy size on the CPU, dynamo's aot_eager backend")
     ap.add_argument("--name", default=None)
     ap.add_argument("--out-dir", default=None)
@@ -270,6 +327,8 @@ def main(argv: list[str] | None = None) -> dict | None:
         args.calls_per_round, args.profile, args.repeats = SMOKE["calls"], SMOKE["profile"], SMOKE["repeats"]
     if args.budget_s is None:  # the smoke run checks the code, not the time: every part runs however busy the CPU
         args.budget_s = float("inf") if args.cpu_smoke else 240.0
+    if args.deadline_s is None:
+        args.deadline_s = float("inf") if args.cpu_smoke else DEADLINE_S
     args.child_argv = ["--recipe", args.recipe, "--batch", str(args.batch), "--seq-len", str(args.seq_len),
                        *(["--device", args.device] if args.device else []), *[f"--set={s}" for s in args.set]]
     if args.child:
@@ -298,7 +357,8 @@ def main(argv: list[str] | None = None) -> dict | None:
         "batch_size": args.batch, "seq_len": args.seq_len, "tokens_per_step": args.batch * args.seq_len,
         "variants": {n: {"sets": s} for n, s in variants.items()}, "references": references,
         "rounds": args.rounds, "calls_per_round": args.calls_per_round, "repeats": args.repeats,
-        "budget_s": args.budget_s if args.budget_s != float("inf") else None, "cpu_smoke": args.cpu_smoke,
+        "budget_s": args.budget_s if args.budget_s != float("inf") else None,
+        "deadline_s": args.deadline_s if args.deadline_s != float("inf") else None, "cpu_smoke": args.cpu_smoke,
         "skipped": [], "complete": False,
         "how": "one child process per variant (see the module docstring); cold compile: empty inductor and Triton "
                "caches, the children compiling side by side, each pinned to its own slice of the CPU cores",
@@ -314,61 +374,112 @@ def main(argv: list[str] | None = None) -> dict | None:
         payload["skipped"].append(f"{part}: not measured (the --budget-s {args.budget_s:g} s was spent)")
         return True
 
+    def past_deadline() -> bool:
+        return time.perf_counter() - t_start >= args.deadline_s
+
+    def drop(name: str, why: str) -> None:
+        """A variant (or reference) left out from here on: its child stopped, its reason kept."""
+        c = children.pop(name, None)
+        if c is not None:
+            c.kill()
+        variants.pop(name, None)
+        payload["variants"].setdefault(name, {"sets": references.get(name)})["failed"] = why
+        payload["skipped"].append(f"{name}: {why}")
+        print(f"{name}: dropped: {why}", flush=True)
+
+    def ask_each(part: str, **cmd) -> dict[str, dict]:
+        """Every child's answer to `cmd`; a child that fails is dropped, the others answer."""
+        out = {}
+        for n in list(children):
+            try:
+                out[n] = children[n].ask(**cmd)
+            except (RuntimeError, OSError, ValueError) as e:
+                drop(n, f"{part}: {e}")
+        return out
+
     with tempfile.TemporaryDirectory(prefix="ab-") as tmp:
         caches = {n: Path(tmp) / n for n in [*variants, *references]}
         for c in caches.values():
             c.mkdir()
         children = start({**variants, **references}, precisions, args, caches, light=tuple(references))
         try:
-            # 1. build: the cold compiles, side by side
-            for n, c in children.items():
-                built = c.read()["built"]
+            # 1. build: the cold compiles, side by side, until the time parts 2-4 need
+            built, failed = builds(children, args.deadline_s - PARTS_RESERVE_S - (time.perf_counter() - t_start))
+            for n, b in built.items():
                 entry = payload["variants"].setdefault(n, {"sets": references.get(n)})
-                entry.update({"note": built["note"], "cold": built["compile"], "first_call_s": built["first_call_s"],
-                              "memory": built["memory"], "cores": c.cores})
-                print(f"{n}: cold compile {built['compile'].get('seconds')} s; {built['note']}", flush=True)
+                entry.update({"note": b["note"], "cold": b["compile"], "first_call_s": b["first_call_s"],
+                              "memory": b["memory"], "cores": children[n].cores})
+                print(f"{n}: cold compile {b['compile'].get('seconds')} s; {b['note']}", flush=True)
+            for n, why in failed.items():
+                drop(n, f"build: {why}")
             save()
             # 2. losses: dropout on, lr 0, one batch, fresh seeds; against the eager step (2-4 always run: seconds)
-            samples = {n: c.ask(cmd="losses", repeats=args.repeats)["losses"] for n, c in children.items()}
-            for n in variants:
+            samples = {n: a["losses"] for n, a in ask_each("losses", cmd="losses", repeats=args.repeats).items()}
+            for n in [n for n in variants if n in samples and "eager" in samples]:
                 v = dropout_verdict(samples["eager"], samples[n], samples.get("reference_fp32"))
                 payload["variants"][n]["losses"] = {**{k: v[k] for k in v if k != "line"}, "why": v["line"] or None,
                                                     "samples": samples[n]}
-            payload["eager_losses"] = samples["eager"]
+            if "eager" in samples:
+                payload["eager_losses"] = samples["eager"]
+            else:
+                payload["skipped"].append("losses: not compared (no eager reference)")
             save()
-            for n in references:  # the references are done
+            for n in [n for n in references if n in children]:  # the references are done
                 children.pop(n).close()
-            # 3. timing: paired rounds, the order rotating
-            names = list(variants)
-            times: dict[str, list[float]] = {n: [] for n in names}
+            # 3. timing: paired rounds, the order rotating, until the deadline
+            times: dict[str, list[float]] = {n: [] for n in variants}
             for r in range(args.rounds):
-                for n in rotated(names, r):
-                    times[n].append(children[n].ask(cmd="round", steps=args.calls_per_round)["seconds_per_step"])
+                if past_deadline():
+                    payload["skipped"].append(f"timing: {r} of {args.rounds} rounds (--deadline-s {args.deadline_s:g})")
+                    break
+                for n in rotated(list(variants), r):
+                    try:
+                        answer = children[n].ask(cmd="round", steps=args.calls_per_round)
+                    except (RuntimeError, OSError, ValueError) as e:
+                        drop(n, f"timing: {e}")
+                        times.pop(n)
+                        continue
+                    times[n].append(answer["seconds_per_step"])
+            whole = min((len(ts) for ts in times.values()), default=0)  # the rounds every variant ran
+            times = {n: ts[:whole] for n, ts in times.items()} if whole else {}
             rel = ratios(times)
             for n, ts in times.items():
                 s = summarize(ts)
                 payload["variants"][n]["step"] = {
                     "ms_median": s["median_s"] * 1e3, "ms_min": s["min_s"] * 1e3, "ms_max": max(ts) * 1e3,
                     "tokens_per_s": args.batch * args.seq_len / s["median_s"], "rounds": len(ts),
-                    "time_vs_default": rel[n], "ms_per_round": [round(t * 1e3, 4) for t in ts]}
+                    "time_vs_default": rel.get(n), "ms_per_round": [round(t * 1e3, 4) for t in ts]}
             save()
             # 4. kernel tables
             if args.profile:
-                for n, c in children.items():
-                    payload["variants"][n]["kernels"] = c.ask(cmd="profile", steps=args.profile)["profile"]
+                for n in list(children):
+                    if past_deadline():
+                        payload["skipped"].append(f"kernel tables from {n} on (--deadline-s {args.deadline_s:g})")
+                        break
+                    try:
+                        payload["variants"][n]["kernels"] = children[n].ask(cmd="profile",
+                                                                            steps=args.profile)["profile"]
+                    except (RuntimeError, OSError, ValueError) as e:
+                        drop(n, f"kernel table: {e}")
                 save()
         finally:
             for c in children.values():
                 c.close()
         # 5. cached compile: new children, the caches the cold builds left
-        if not skip("cached compile"):
+        if variants and not past_deadline() and not skip("cached compile"):
             again = start(variants, precisions, args, caches)
             try:
-                for n, c in again.items():
-                    payload["variants"][n]["cached"] = c.read()["built"]["compile"]
+                built, failed = builds(again, args.deadline_s - (time.perf_counter() - t_start))
+                for n, b in built.items():
+                    payload["variants"][n]["cached"] = b["compile"]
+                for n, why in failed.items():
+                    payload["skipped"].append(f"{n}: cached compile: {why}")
             finally:
-                for c in again.values():
-                    c.close()
+                for n, c in again.items():
+                    if n in built:
+                        c.close()
+                    else:
+                        c.kill()
     payload["complete"] = not payload["skipped"]
     path = save()
     for n, v in payload["variants"].items():
@@ -377,10 +488,13 @@ def main(argv: list[str] | None = None) -> dict | None:
         step, cold, cached = v.get("step"), v.get("cold") or {}, v.get("cached") or {}
         line = f"{n:16s}"
         if step:
-            line += f" {step['ms_median']:8.3f} ms/step ({step['time_vs_default']['median']:.3f}x default)"
+            rel = step["time_vs_default"]
+            line += f" {step['ms_median']:8.3f} ms/step" + (f" ({rel['median']:.3f}x default)" if rel else "")
         line += f"  compile cold {cold.get('seconds')} s, cached {cached.get('seconds')} s"
         if v.get("losses"):
             line += f"  losses {'ok' if v['losses']['ok'] else 'FAIL: ' + str(v['losses']['why'])}"
+        if v.get("failed"):
+            line += f"  DROPPED: {v['failed']}"
         print(line)
     print(f"-> {path}")
     return payload

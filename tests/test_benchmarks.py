@@ -492,16 +492,47 @@ def test_ab_plan_rounds_and_ratios_by_hand():
     assert all(len(s) == 1 for s in slices[3:])
 
 
+def test_ab_waits_for_builds_a_bounded_time_and_keeps_the_others(monkeypatch):
+    """ab.builds: the children that answer are kept; one whose child failed and one still compiling when the time
+    runs out are named with their reasons, so that a lease's command measures the rest (fake children: no clock but
+    the wait itself)."""
+    from benchmarks import ab
+
+    class Fake:
+        def __init__(self, name, answer):
+            self.name, self.answer = name, answer
+
+        def read_later(self, answers):
+            if self.answer is not None:  # None: still compiling, never answers
+                answers.put((self.name, self.answer))
+
+    children = {"default": Fake("default", {"built": {"note": "ok"}}),
+                "broken": Fake("broken", RuntimeError("broken: the child ended (exit 2): error: no")),
+                "slow": Fake("slow", None)}
+    built, failed = ab.builds(children, 0.2)
+    assert built == {"default": {"note": "ok"}}
+    assert failed == {"broken": "broken: the child ended (exit 2): error: no",
+                      "slow": "not built within 0 s: still compiling when the rest of the time was needed"}
+    assert ab.ratios({"x": [1.0]}) == {}  # no default measured: no ratios, not an error
+
+
 @pytest.mark.slow
 def test_ab_cpu_smoke_runs_every_part(tmp_path):
     """`benchmarks/ab.py --cpu-smoke` (toy size, dynamo's aot_eager backend), the default against the whole-step
     graph's variant (regional compile, the flat update, the static step): every part measured for both (cold and
     cached compile, losses against the eager step, paired timing, kernel table), the default's time ratio to itself
-    exactly 1, one JSON naming the device, commit and command."""
+    exactly 1, one JSON naming the device, commit and command. A third variant whose child fails as it builds
+    (DeepSpeed with the flat update: a valid recipe, refused by the step) is dropped with its reason and takes nothing
+    else down."""
     from benchmarks import ab
 
-    doc = ab.main(["--cpu-smoke", "--variants", "default,regional-graph", "--out-dir", str(tmp_path), "--name", "t"])
-    assert doc["complete"] and not doc["skipped"] and doc["device"] == "cpu"
+    doc = ab.main(["--cpu-smoke", "--variants", "default,regional-graph", "--variant",
+                   "broken=train.strategy=deepspeed,train.update=flat",
+                   "--out-dir", str(tmp_path), "--name", "t"])
+    assert not doc["complete"] and doc["device"] == "cpu"
+    assert [s.split(": ")[:2] for s in doc["skipped"]] == [["broken", "build"]], doc["skipped"]
+    assert "train.update=flat is for train.strategy=ddp" in doc["variants"]["broken"]["failed"]
+    assert "step" not in doc["variants"]["broken"]
     saved = json.loads((tmp_path / "t.json").read_text())
     assert saved["command"].startswith("python -m benchmarks.ab --cpu-smoke") and saved["machine"]["cores"] >= 1
     for name in ("default", "regional-graph"):
