@@ -1,5 +1,6 @@
-"""The kernel variants of issue 33 (train.sampler, train.attention), each against today's path on the CPU: the same
-loss and gradients where the mathematics is the same, and the switch reaching the step. The samplers' distributions
+"""The kernel variants of issue 33 (train.sampler, train.attention, train.weight_copy), each against today's path on
+the CPU: the same loss and gradients where the mathematics is the same (bit for bit for the weight copies), and the
+switch reaching the step. The samplers' distributions
 are tested in test_objective.py (chi-square against the softmax and against the Gumbel-max sampler).
 
 Reference: the boolean padding mask (B, 1, 1, T) through SDPA (model._attention), today's default; for the rows'
