@@ -71,7 +71,9 @@ VARIANTS = {  # name -> recipe overrides; the coordinator adds one line per vari
     "regional-graph": ["train.compile=regional-graph", "train.update=flat"],
     "inverse-cdf": ["train.sampler=inverse-cdf"],  # one random number per masked slot (electra.inverse_cdf_sample)
     "varlen": ["train.attention=varlen"],  # padded rows by their lengths: FlashAttention's varlen kernel
-    "all": ["train.compile=regional-graph", "train.update=flat", "train.sampler=inverse-cdf", "train.attention=varlen"],
+    "weight-copy": ["train.weight_copy=copy"],  # the matmuls read bf16/fp16 copies refreshed after each update
+    "all": ["train.compile=regional-graph", "train.update=flat", "train.sampler=inverse-cdf", "train.attention=varlen",
+            "train.weight_copy=copy"],
 }
 EAGER = ["train.compile=off"]  # the losses' reference (not timed)
 DEADLINE_S = 540.0  # the default --deadline-s on a device: a lease's command may run 600 s; the result written before

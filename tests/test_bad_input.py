@@ -567,6 +567,7 @@ IMPOSSIBLE = {  # --set: what the error names ("1e400" is infinity; "1e30" steps
     "train.steps=1e400": "train.steps", "model.hidden_size=1e400": "model.hidden_size",
     "train.steps=1e30": "train.steps", "optim.warmup_steps=99999999999999999999": "optim.warmup_steps",
     "objective.mask_prob=0.001": "objective.mask_prob",  # no masked position in 128 tokens: was a oneDNN traceback
+    "train.weight_copy=bf16": "train.weight_copy",  # cast or copy
 }
 
 

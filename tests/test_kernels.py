@@ -1,5 +1,6 @@
-"""The kernel variants of issue 33 (train.sampler, train.attention), each against today's path on the CPU: the same
-loss and gradients where the mathematics is the same, and the switch reaching the step. The samplers' distributions
+"""The kernel variants of issue 33 (train.sampler, train.attention, train.weight_copy), each against today's path on
+the CPU: the same loss and gradients where the mathematics is the same (bit for bit for the weight copies), and the
+switch reaching the step. The samplers' distributions
 are tested in test_objective.py (chi-square against the softmax and against the Gumbel-max sampler).
 
 Reference: the boolean padding mask (B, 1, 1, T) through SDPA (model._attention), today's default; for the rows'
@@ -8,6 +9,7 @@ lengths, hand-written cu_seqlens."""
 from __future__ import annotations
 
 import contextlib
+import math
 
 import pytest
 import torch
@@ -237,3 +239,212 @@ def test_compiled_varlen_block_equals_the_eager_masked_block_on_a_gpu():
     block.train()
     out, grads = run(torch.compile(block, fullgraph=True), None, row_segments(mask))
     assert out.isfinite().all() and all(g.isfinite().all() for g in grads)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# train.weight_copy=copy: the matmuls read low-precision copies of the weights, refreshed after each update, instead of
+# autocast's cast of every weight at every use. CPU autocast runs the linear layers in bf16, so the two paths are
+# compared bit for bit here.
+
+CPU = torch.device("cpu")
+
+
+def bf16_engine(weight_copy: str, update: str = "per-tensor", compile_setting: str = "off", layers: int = 2,
+                sets: tuple[str, ...] = ()):
+    """A toy Engine training in bf16 autocast on the CPU (dropout on), the recipe's seed's weights."""
+    from tinyelectra.optim import build_optimizer
+    from tinyelectra.step import Dist, Engine
+
+    recipe = load_recipe("tiny", TOY + [f"model.num_layers={layers}", f"train.update={update}",
+                                        f"train.compile={compile_setting}", f"train.weight_copy={weight_copy}",
+                                        *sets])
+    torch.manual_seed(0)
+    model = Electra(recipe.model)
+    opt = build_optimizer(model, recipe.optim, "cpu")
+    return Engine(model, recipe, opt, torch.amp.GradScaler("cpu", enabled=False), Dist(), CPU, "bf16", 4, 1)
+
+
+def bf16_steps(engine, steps: int = 3, first: int = 0, cache: bool = True):
+    """Steps `first`, `first` + 1, ... (batches alternately without and with padding, lr 1e-3) under bf16 autocast
+    (`cache`: with its weight cache, torch's default): (losses, each step's gradients as the update received them, the
+    weights after)."""
+    from tinyelectra.step import global_counts, new_sums, train_step
+
+    grads, update = [], engine.update
+
+    def keep_grads_then_update():
+        grads.append([p.grad.clone() for p in engine.params])
+        update()
+
+    engine.update = keep_grads_then_update
+    sums, losses = new_sums(CPU), []
+    for step in range(first, first + steps):
+        batch = padded_batch([32, 32, 32, 32] if step % 2 == 0 else [32, 20, 9, 27], seed=step)
+        masked, seeds = mask_step(batch, engine.recipe, SPECIAL, step, 0, 4, 1)
+        engine.optimizer.set_lr(1e-3)
+        losses.append(train_step(engine, masked, seeds, global_counts(masked, engine.dist),
+                                 runtime.autocast_context("bf16", CPU, cache=cache), sums))
+    engine.update = update
+    return losses, grads, [p.detach().clone() for p in engine.params]
+
+
+def same(a, b) -> bool:
+    """Bit-identical, tensor by tensor, through nested lists."""
+    if isinstance(a, torch.Tensor):
+        return a.dtype == b.dtype and torch.equal(a, b)
+    return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+
+
+def copies_are_fresh(engine) -> bool:
+    return all(torch.equal(c, m.detach().to(c.dtype)) for c, m in zip(engine.copies.copies, engine.copies.masters))
+
+
+@pytest.mark.parametrize("update", ["per-tensor", "flat"])
+def test_weight_copies_give_autocasts_losses_gradients_and_weights_bit_for_bit(update):
+    """Three bf16 steps (dropout on, batches with and without padding), both updates: the losses, every gradient
+    the update receives and the weights after each step are bit-identical to autocast casting every weight at every
+    use; the copies hold the weights' bf16 rounding after every update."""
+    cast_engine, copy_engine = bf16_engine("cast", update), bf16_engine("copy", update)
+    cast, copy = bf16_steps(cast_engine), bf16_steps(copy_engine)
+    assert cast_engine.copies is None and copies_are_fresh(copy_engine)
+    # each Linear's weight and bias (two encoders of 2 blocks of 4 and a projection, 3 in the heads), and the generator
+    # head's tied word embeddings and bias
+    assert len(copy_engine.copies.copies) == 2 * (2 * (4 * 2 + 1) + 3) + 2
+    assert {c.dtype for c in copy_engine.copies.copies} == {torch.bfloat16}
+    assert same(cast, copy)
+    assert not same(cast[1][0], cast[1][1]) and not same(cast[2], [p.detach() for p in bf16_engine("cast").params])
+    assert "bfloat16 copies of their 44 fp32 weights" in copy_engine.weight_note
+
+
+def test_a_weight_read_twice_gets_each_uses_gradient_cast_as_without_autocasts_cache():
+    """model.sharing=all: the generator is the discriminator's encoder, so one forward reads its weights twice. The
+    copies give each use's bf16 gradient to the master cast to fp32 and summed there: autocast's arithmetic without
+    its weight cache (as the whole-step graph runs it, step.CapturedStep), bit for bit. With the cache (eager's
+    default) autocast casts such a weight once and sums the two uses' gradients in bf16 before the cast: there the
+    copies' steps are not bit-identical (the losses of this test's second step differ in the fifth digit)."""
+    sharing = ("model.sharing=all", "model.generator_fraction=1.0")
+    copy = bf16_steps(bf16_engine("copy", sets=sharing))
+    assert same(copy, bf16_steps(bf16_engine("cast", sets=sharing), cache=False))
+    assert not same(copy[0], bf16_steps(bf16_engine("cast", sets=sharing))[0])
+
+
+def test_the_copies_take_autocasts_casts_off_the_weights():
+    """One bf16 step, every aten operator seen by a dispatch mode: autocast casts each weight the matmuls read
+    (aten._to_copy of an fp32 weight) once per forward; with the copies no weight is cast, the step dispatches
+    exactly that many casts fewer, and the copies' refresh is one multi-tensor copy (aten._foreach_copy_)."""
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self, weights):
+            super().__init__()
+            self.weights, self.seen = {w.data_ptr() for w in weights}, Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen[func] += 1
+            if func is torch.ops.aten._to_copy.default and args[0].dtype == torch.float32 and \
+                    args[0].data_ptr() in self.weights:
+                self.seen["weight casts"] += 1
+            return func(*args, **(kwargs or {}))
+
+    counts = {}
+    for kind in ("cast", "copy"):
+        engine = bf16_engine(kind)
+        with Ops([m for _, _, m in engine.model.matmul_weights()]) as ops:
+            bf16_steps(engine, steps=1)
+        counts[kind] = ops.seen
+    reads = len(engine.copies.copies)
+    assert counts["cast"]["weight casts"] == reads and counts["copy"]["weight casts"] == 0
+    casts, refresh = torch.ops.aten._to_copy.default, torch.ops.aten._foreach_copy_.default
+    assert counts["cast"][casts] - counts["copy"][casts] == reads
+    assert counts["copy"][refresh] == 1 + counts["cast"][refresh]
+
+
+@pytest.mark.parametrize("update", ["per-tensor", "flat"])
+def test_a_loaded_resume_state_refreshes_the_copies(update):
+    """A run's weights and optimizer state after two steps loaded into a fresh engine (what checkpoint.load_resume_state
+    does: model.load_state_dict, optimizer.load_state_dict): its copies are the loaded weights' (not the fresh
+    ones'), and its third step is the uninterrupted run's bit for bit."""
+    import copy
+
+    run = bf16_engine("copy", update)
+    bf16_steps(run, steps=2)
+    model_state, optimizer_state = copy.deepcopy(run.model.state_dict()), copy.deepcopy(run.optimizer.state_dict())
+    want = bf16_steps(run, steps=1, first=2)
+    resumed = bf16_engine("copy", update)
+    resumed.model.load_state_dict(model_state)
+    resumed.optimizer.load_state_dict(optimizer_state)
+    assert copies_are_fresh(resumed)
+    assert same(bf16_steps(resumed, steps=1, first=2), want)
+
+
+def test_the_copies_stay_out_of_state_dicts_and_counts():
+    """The copies are plain attributes: the model's state_dict (checkpoints, resume states, exports), its split
+    discriminator / generator state dicts, its parameters, buffers and parameter count, and the optimizer's state
+    are those of a model without them."""
+    from tinyelectra.model import count_parameters
+
+    engine, plain = bf16_engine("copy"), bf16_engine("cast")
+    bf16_steps(engine, steps=1)
+    bf16_steps(plain, steps=1)
+    model = engine.model
+    assert list(model.state_dict()) == list(plain.model.state_dict())
+    assert {t.dtype for t in model.state_dict().values()} == {torch.float32}
+    assert list(model.discriminator_state_dict()) == list(plain.model.discriminator_state_dict())
+    assert list(model.generator_state_dict()) == list(plain.model.generator_state_dict())
+    assert count_parameters(model) == count_parameters(plain.model) and not list(model.buffers())
+    assert [n for n, _ in model.named_parameters()] == [n for n, _ in plain.model.named_parameters()]
+    ours, theirs = engine.optimizer.state_dict(), plain.optimizer.state_dict()
+    assert ours["param_groups"] == theirs["param_groups"] and ours["state"].keys() == theirs["state"].keys()
+
+
+def test_weight_copy_is_a_no_op_in_fp32_and_refused_where_it_cannot_apply():
+    from tinyelectra.optim import build_optimizer
+    from tinyelectra.step import Dist, Engine
+
+    recipe = load_recipe("tiny", TOY + ["train.weight_copy=copy"])
+    model = Electra(recipe.model)
+    engine = Engine(model, recipe, build_optimizer(model, recipe.optim, "cpu"),
+                    torch.amp.GradScaler("cpu", enabled=False), Dist(), CPU, "fp32", 4, 1)
+    assert engine.copies is None and engine.weight_note == ("train.weight_copy=copy: no effect in fp32 (no weight is "
+                                                            "cast)")
+    assert all(m.weight_copy is None for m in model.modules() if isinstance(m, runtime.Linear))
+    with pytest.raises(UserError, match="train.weight_copy: must be cast or copy, not 'bf16'"):
+        load_recipe("tiny", ["train.weight_copy=bf16"])
+    with pytest.raises(UserError, match="train.weight_copy: copy is for train.strategy=ddp"):
+        load_recipe("tiny", ["train.weight_copy=copy", "train.strategy=deepspeed"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("setting", ["regional", "regional-graph", "on"])
+def test_compiled_steps_read_the_copies_as_they_cast(monkeypatch, setting):
+    """Regional compilation (aot_eager: the aten graph inductor lowers), the whole step as one static function (CPU:
+    uncaptured) and the whole compiled step: with the copies, the losses, gradients and weights of the same compiled
+    step casting every weight, bit for bit; the copies are graph inputs, so as many graphs compile (the regions once
+    per kind for every layer) and none while training. Against the eager step: equal to float rounding only, with or
+    without copies (in bf16 the compiled backward rounds otherwise than eager's: measured, the gradients of the first
+    step differ by up to 3e-3 for casts and copies alike; bit for bit in fp32, test_step.py)."""
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setenv("TINYELECTRA_COMPILE_BACKEND", "aot_eager")
+    runs = {}
+    with runtime.plain_cpu_paths():
+        eager = bf16_steps(bf16_engine("copy", "flat"))
+        for kind in ("cast", "copy"):
+            torch._dynamo.reset()
+            counters.clear()
+            engine = bf16_engine(kind, "flat", setting)
+            engine.compile_now(SPECIAL)
+            graphs = counters["stats"]["unique_graphs"]
+            runs[kind] = bf16_steps(engine), graphs, counters["stats"]["unique_graphs"]
+            assert "failed" not in engine.compile_note, engine.compile_note
+        fresh = copies_are_fresh(engine)
+        for c in engine.copies.copies:  # the compiled step reads them: zeros give every logit 0
+            c.zero_()
+        zeroed = bf16_steps(engine, steps=1, first=3)[0][0]
+    torch._dynamo.reset()
+    assert float(zeroed) == pytest.approx(math.log(256) + 50 * math.log(2), rel=1e-6)  # ln V + disc_weight ln 2
+    assert same(runs["copy"][0], runs["cast"][0]) and fresh
+    assert runs["copy"][1:] == runs["cast"][1:] == ((7, 7) if setting != "on" else (2, 2))
+    torch.testing.assert_close(runs["copy"][0][0], eager[0], rtol=1e-3, atol=0)

@@ -145,7 +145,7 @@ REFUSED = {  # what a --resume must not change: the model, the objective, the ba
 }
 MAY_CHANGE = ("may change only optim.lr and optim.clip_norm, and how the steps are computed: train.micro_batch_size, "
               "train.grad_checkpointing, train.compile, train.update, train.deterministic, train.resume_every_seconds, "
-              "train.sampler, train.attention")
+              "train.sampler, train.attention, train.weight_copy")
 
 
 @pytest.mark.parametrize("setting", list(REFUSED))

@@ -159,6 +159,10 @@ class TrainConfig:
     # out FlashAttention) | varlen (the rows' lengths: FlashAttention's variable-length kernel, Ampere+ GPUs in
     # bf16/fp16)
     attention: str = "mask"
+    # weight_copy: what a bf16/fp16 forward's matmuls read (runtime.WeightCopies): cast (autocast casts each fp32
+    # weight at every use) | copy (a low-precision copy of the weights, refreshed once per step after the update; the
+    # same arithmetic). No effect in fp32
+    weight_copy: str = "cast"
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "steps", "log_every_steps", "resume_every_seconds"):
@@ -177,6 +181,10 @@ class TrainConfig:
         _check(self.sampler in ("auto", "inverse-cdf", "gumbel-max"), "train.sampler",
                "must be auto, inverse-cdf or gumbel-max")
         _check(self.attention in ("mask", "varlen"), "train.attention", "must be mask or varlen")
+        _check(self.weight_copy in ("cast", "copy"), "train.weight_copy",
+               f"must be cast or copy, not {self.weight_copy!r}")
+        _check(self.weight_copy == "cast" or self.strategy == "ddp", "train.weight_copy",
+               "copy is for train.strategy=ddp (DeepSpeed's engine keeps its own low-precision weights)")
 
     @property
     def tokens_per_step(self) -> int:
@@ -191,12 +199,14 @@ class TrainConfig:
 # deterministic choose the kernels (compiled dropout draws its masks its own way), and so does update (per tensor or
 # flat: the same resume-state format, the same mathematics, float rounding apart); sampler draws the generator's
 # replacements from the same distribution another way; attention gives every real token what the mask gives it;
+# weight_copy reads the weights' low-precision copies instead of casting them (bit for bit the same numbers);
 # resume_every_seconds how often a resume state is written. Not these: precision (other arithmetic, and fp16's loss
 # scale is in the resume state), strategy and deepspeed_offload (another optimizer-state format, which --resume cannot
 # read), seed (the run's randomness), log_every_steps (metrics.jsonl's loss windows keep one length through a run; DDP
 # re-plans a time budget at log steps) and eval_rows (the checkpoints' held-out scores would no longer compare).
 RUNTIME_SETTINGS = ("train.micro_batch_size", "train.grad_checkpointing", "train.compile", "train.update",
-                    "train.deterministic", "train.resume_every_seconds", "train.sampler", "train.attention")
+                    "train.deterministic", "train.resume_every_seconds", "train.sampler", "train.attention",
+                    "train.weight_copy")
 
 
 @dataclass(frozen=True)

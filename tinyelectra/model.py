@@ -25,7 +25,8 @@ from torch.utils.checkpoint import checkpoint
 
 from tinyelectra.config import ModelConfig
 from tinyelectra.errors import UserError
-from tinyelectra.runtime import Linear, card_of, card_policy, cpu_fast_path, dropout, linear, sdpa_kernel
+from tinyelectra.runtime import (Linear, card_of, card_policy, cpu_fast_path, dropout, linear, read_weight,
+                                 sdpa_kernel)
 
 
 class Embeddings(nn.Module):
@@ -120,6 +121,9 @@ class DiscriminatorHead(nn.Module):
 class GeneratorHead(nn.Module):
     """dense(H -> E) -> GELU -> LayerNorm -> tied word-embedding matrix + bias (the logits over V)."""
 
+    word_copy: Tensor | None = None  # low-precision copies (runtime.WeightCopies) of the tied matrix and the bias
+    bias_copy: Tensor | None = None
+
     def __init__(self, hidden_size: int, embedding_size: int, vocab_size: int, eps: float) -> None:
         super().__init__()
         self.dense = Linear(hidden_size, embedding_size)
@@ -128,7 +132,8 @@ class GeneratorHead(nn.Module):
 
     def forward(self, h: Tensor, word_embeddings: Tensor) -> Tensor:
         x = self.norm(F.gelu(self.dense(h)))  # (..., E)
-        return linear(x, word_embeddings, self.bias)  # (..., V)
+        w, b = read_weight(word_embeddings, self.word_copy), read_weight(self.bias, self.bias_copy)
+        return linear(x, w, b)  # (..., V)
 
 
 class Electra(nn.Module):
@@ -203,6 +208,15 @@ class Electra(nn.Module):
         assert self.discriminator is not None and self.disc_head is not None, "an MLM model has no discriminator"
         h = self.discriminator(self.embeddings(input_ids, token_type_ids), attention_mask)
         return self.disc_head(h)
+
+    def matmul_weights(self) -> list[tuple[nn.Module, str, Tensor]]:
+        """Every weight a matmul reads, as (module, attribute of its low-precision copy, weight), for
+        train.weight_copy=copy (runtime.WeightCopies): each Linear's weight and bias, the generator head's tied word
+        embeddings and bias."""
+        linears = [(m, f"{n}_copy", getattr(m, n)) for m in self.modules() if isinstance(m, Linear)
+                   for n in ("weight", "bias") if getattr(m, n) is not None]
+        head = self.gen_head
+        return linears + [(head, "word_copy", self.generator_embeddings.word.weight), (head, "bias_copy", head.bias)]
 
     def discriminator_state_dict(self) -> dict[str, Tensor]:
         """Embeddings + discriminator encoder + binary head (what `discriminator.safetensors` holds)."""

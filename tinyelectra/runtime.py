@@ -1,7 +1,8 @@
 """Where and how a run executes: device, precision (with the reason for the choice), autocast, torch.compile with a
 fallback, CPU allocator tuning, TF32, and the CPU kernels the model is built from (`Linear`: nn.Linear whose
-forward takes oneDNN for fp32 on the CPU; numpy-drawn random numbers for dropout). Each choice returns a note string
-saying what was chosen, and each fast path falls back to the plain one when it cannot be used.
+forward takes oneDNN for fp32 on the CPU; numpy-drawn random numbers for dropout); the low-precision weight copies a
+mixed-precision forward may read instead of casting (`WeightCopies`, train.weight_copy). Each choice returns a note
+string saying what was chosen, and each fast path falls back to the plain one when it cannot be used.
 
 Not every fast path lives here: others sit beside the code they speed up: model.py (the CPU attention used with
 attention dropout, the SDPA kernel report), electra.py (inverse-CDF sampling of the generator on the CPU),
@@ -800,10 +801,62 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 class Linear(nn.Linear):
     """nn.Linear (same parameters, same state dict) whose forward is `linear`: the model's layers are built from it,
-    so model.py reads `self.qkv(x)` while fp32 on the CPU takes oneDNN and everything else F.linear."""
+    so model.py reads `self.qkv(x)` while fp32 on the CPU takes oneDNN and everything else F.linear. Under autocast
+    it reads the low-precision copies of its weight and bias where `WeightCopies` gave it some."""
+
+    weight_copy: torch.Tensor | None = None
+    bias_copy: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        return linear(x, read_weight(self.weight, self.weight_copy), read_weight(self.bias, self.bias_copy))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# train.weight_copy: the low-precision weights a mixed-precision forward reads, kept instead of cast at every use.
+# ----------------------------------------------------------------------------------------------------------
+
+class _ReadCopy(torch.autograd.Function):
+    """`copy` as the value of `master` in the forward, with the gradient autocast's cast would give `master`: this
+    use's low-precision gradient cast to fp32."""
+
+    @staticmethod
+    def forward(ctx, master: torch.Tensor, copy: torch.Tensor) -> torch.Tensor:
+        return copy.view_as(copy)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad.float(), None
+
+
+def read_weight(master: torch.Tensor | None, copy: torch.Tensor | None) -> torch.Tensor | None:
+    """What a matmul reads of the fp32 weight `master`: under autocast its copy when it has one (`WeightCopies`),
+    else `master` itself (which autocast then casts at this use)."""
+    if copy is None or not torch.is_autocast_enabled(master.device.type):
+        return master
+    return _ReadCopy.apply(master, copy)
+
+
+class WeightCopies:
+    """train.weight_copy=copy under bf16/fp16 autocast: a low-precision copy of every weight a matmul reads, kept beside
+    its fp32 master and refreshed once per optimizer step, after the update (one multi-tensor copy), so the forward
+    reads it instead of casting the master at every use (autocast: 204 casts a forward for electra-small).
+
+    `reads`: (module, attribute, master): the copy becomes `module.<attribute>`, a plain attribute (not a parameter
+    or buffer: never in a state_dict, checkpoint, resume state or export), static for CUDA graphs. The same
+    arithmetic: the copy holds what autocast's cast would compute (round to nearest), and its gradient reaches the
+    master as autocast's does, cast to fp32 per use (`_ReadCopy`). Whoever changes the masters outside the update
+    (a load, a restore) calls `refresh`."""
+
+    def __init__(self, reads: list[tuple[nn.Module, str, torch.Tensor]], dtype: torch.dtype) -> None:
+        self.masters = [master for _, _, master in reads]
+        self.copies = [master.detach().to(dtype) for master in self.masters]
+        for (module, attribute, _), copy in zip(reads, self.copies):
+            torch._dynamo.mark_static_address(copy)  # inductor's CUDA graphs read it in place (no address guard)
+            setattr(module, attribute, copy)
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        torch._foreach_copy_(self.copies, self.masters)
 
 
 # ----------------------------------------------------------------------------------------------------------

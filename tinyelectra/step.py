@@ -169,6 +169,7 @@ class Engine:
         self.clip_norm = recipe.optim.clip_norm
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.ds, self.graph_update, self.flat_update, self.captured, self._update_note = None, None, None, None, ""
+        self.copies: runtime.WeightCopies | None = None  # train.weight_copy=copy under bf16/fp16 (after DeepSpeed's)
         self.micro_batches = self.unpadded_micro_batches = 0  # counted by train_step (host-side flags, no sync)
         module: nn.Module = PretrainStep(model, recipe)
         # the compile policy (runtime.choose_compile): "auto" = inductor + CUDA graphs where graphs apply (one CUDA
@@ -206,6 +207,9 @@ class Engine:
             self.strategy_note = f"strategy: DeepSpeed ZeRO-2{offload}"
             self._compile_note = "compile: off (DeepSpeed's engine)"
             return
+        if tr.weight_copy == "copy" and precision != "fp32":
+            self.copies = runtime.WeightCopies(model.matmul_weights(), runtime.autocast_dtype(precision, device))
+            model.register_load_state_dict_post_hook(lambda _model, _keys: self.refresh_copies())  # a resume state
         if tr.update == "flat":  # before DDP and compilation: the parameters become views of one flat buffer
             self.flat_update = FlatUpdate(optimizer, self.clip_norm, scaler)
         if dist.enabled:
@@ -253,6 +257,23 @@ class Engine:
         if self.captured is not None:
             note += f"; {self.captured.note}"
         return f"{note}; {update}" if update else note
+
+    @property
+    def weight_note(self) -> str:
+        """What train.weight_copy=copy does in this run ("" when it is not asked for)."""
+        if self.recipe.train.weight_copy != "copy":
+            return ""
+        if self.copies is None:
+            return "train.weight_copy=copy: no effect in fp32 (no weight is cast)"
+        dtype = str(self.copies.copies[0].dtype).replace("torch.", "")
+        return (f"weights: the matmuls read {dtype} copies of their {len(self.copies.copies)} fp32 weights, "
+                "refreshed after each update (train.weight_copy=copy)")
+
+    def refresh_copies(self) -> None:
+        """The low-precision copies from the weights as they are (train.weight_copy=copy; nothing otherwise): after
+        each update and whatever else changes the weights (a loaded state, a restore)."""
+        if self.copies is not None:
+            self.copies.refresh()
 
     @property
     def host_sync_note(self) -> str | None:
@@ -337,6 +358,7 @@ class Engine:
             self.graph_update()
         elif self.ds is None:
             apply_update(self.params, self.optimizer, self.scaler, self.clip_norm)
+        self.refresh_copies()
 
 
 def compile_regions_of(model: Electra) -> list[nn.Module]:
@@ -391,6 +413,7 @@ class CapturedStep:
         self.capture, self.graphs, self.outputs, self.pool = False, {}, {}, None
         if self.saved is not None:
             self.update.restore(self.saved)
+            self.engine.refresh_copies()
         self.engine.optimizer.zero_grad(set_to_none=True)
         print(f"the whole step's CUDA-graph capture failed; running it uncaptured. {type(e).__name__}: {str(e)[:4000]}",
               file=sys.stderr)
@@ -413,6 +436,7 @@ class CapturedStep:
         loss = combine(LossTerms(mlm_sum, disc_sum, stats), e.recipe.objective, self.counts[0], self.counts[1])
         e.scaler.scale(loss).backward()
         self.update.device_step()
+        e.refresh_copies()  # captured with the update: the copies are static tensors the graph writes
         self.keys = ["mlm_sum", "disc_sum", *stats]
         return [loss.detach(), mlm_sum.detach(), disc_sum.detach(), *(v.detach() for v in stats.values())]
 
@@ -426,6 +450,7 @@ class CapturedStep:
                 self._body(static)
                 e.optimizer.zero_grad(set_to_none=True)
         self.update.restore(self.saved)
+        e.refresh_copies()
         self.graphs[full], self.outputs[full] = self._record(lambda: self._body(static))
         e.optimizer.zero_grad(set_to_none=True)
         self.saved = None

@@ -455,6 +455,7 @@ def set_up(launch: Launch, data_dir: Path, init: Path | None, state: dict | None
     log.once(f"{engine.strategy_note}; {engine.compile_note}")  # the mode that runs, and why
     log.once(compiled.pop("line"))  # how long compiling took, and where its cache is
     log.once(engine.host_sync_note or "")
+    log.once(engine.weight_note)
     attention = attention_kernel(recipe.model, micro, tr.seq_len, device, runtime.autocast_dtype(precision, device),
                                  compiled=engine.compile_note.startswith("compile: torch.compile"),
                                  attention=tr.attention)
