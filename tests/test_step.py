@@ -526,8 +526,17 @@ def test_whole_step_graph_capture_and_replay_logic_on_the_cpu(monkeypatch):
         assert "capture failed (RuntimeError: operation not permitted" in failing.compile_note
         assert all(torch.equal(a, b) for a, b in zip(before, failing.flat_update.snapshot()))
         uncaptured = run_steps(failing)
+        # on CUDA a failure inside the recording cannot fall back (the generator is left marked as capturing): the
+        # run stops with one line naming the cause and the setting to use instead
+        recorded.clear()
+        on_cuda = flat_engine("regional-graph")
+        on_cuda.captured.capture, on_cuda.captured.recoverable = True, False
+        with pytest.raises(UserError, match=r"^train\.compile=regional-graph: the whole step's CUDA-graph capture "
+                                            r"failed \(RuntimeError: operation not permitted .* use "
+                                            r"train\.compile=regional "):
+            on_cuda.compile_now(SPECIAL)
     torch._dynamo.reset()
-    assert len(recorded) == 1  # the failing engine's first kind, then nothing more
+    assert len(recorded) == 1  # the CUDA-like engine's first kind, then nothing more (cleared before it)
     assert got == want == uncaptured
     assert all(torch.equal(a, b) for a, b in zip(eager.model.parameters(), engine.model.parameters()))
     assert engine.optimizer.state_dict()["param_groups"][0]["paper_step"] == 4

@@ -325,9 +325,9 @@ class Engine:
             t1 = time.perf_counter()
             try:
                 self.captured.prepare(special)
-            except torch.OutOfMemoryError:
+            except (torch.OutOfMemoryError, UserError):
                 raise
-            except Exception as e:  # noqa: BLE001 - a step that cannot be captured still trains, uncaptured
+            except Exception as e:  # noqa: BLE001 - a failure before the recording (the warm-up): trains uncaptured
                 self.captured.give_up(e)
             capture_s = time.perf_counter() - t1
             record["seconds"] = round(time.perf_counter() - t0, 1)
@@ -387,6 +387,9 @@ class CapturedStep:
         self.engine, self.update = engine, engine.flat_update
         dev = engine.device
         self.capture = dev.type == "cuda"
+        # a failure inside a real capture leaves the CUDA generator marked as capturing (torch's capture_end throws
+        # before its epilogue), so the uncaptured step's next random draw would fail: on CUDA the run stops, saying why
+        self.recoverable = dev.type != "cuda"
         # mixed precision: autocast without its weight cache (fp32: none at all); the start-up's compile check runs
         # under the same one (torch.compile guards on autocast's state: another would compile every region again)
         self.autocast = runtime.autocast_context(engine.precision, dev, cache=False)
@@ -451,7 +454,15 @@ class CapturedStep:
                 e.optimizer.zero_grad(set_to_none=True)
         self.update.restore(self.saved)
         e.refresh_copies()
-        self.graphs[full], self.outputs[full] = self._record(lambda: self._body(static))
+        try:
+            self.graphs[full], self.outputs[full] = self._record(lambda: self._body(static))
+        except Exception as err:
+            if self.recoverable:
+                raise
+            raise UserError(f"train.compile=regional-graph: the whole step's CUDA-graph capture failed "
+                            f"({type(err).__name__}: {runtime._short(err, 300)}); after a failed capture the device's "
+                            "random-number state cannot be trusted, so the run stops: use train.compile=regional (the "
+                            "same compiled regions without the whole-step graph)") from err
         e.optimizer.zero_grad(set_to_none=True)
         self.saved = None
 
