@@ -10,7 +10,9 @@ times.
 
 A variant is a name and a list of recipe overrides (`--set`s) on top of the recipe (VARIANTS; `--variant NAME=...`
 adds one from the command line); "default" is today's default (train.compile=auto: inductor + CUDA graphs, the
-per-tensor update compiled with them).
+per-tensor update compiled with them). Unless --variants says otherwise a run measures LEASE_VARIANTS: the default
+(the one whole-step compile: the slowest to build, so it gets half the CPU cores), the regional family, and each change
+alone on top of regional-graph (rg-*) and all of them together, so that one lease's command holds every comparison.
 
 Why one process per variant (children of this one, on the same card, one at a time when timed): torch.compile keeps
 one compiled graph per code object and shares it between model instances of the same shapes (two separately
@@ -75,6 +77,12 @@ VARIANTS = {  # name -> recipe overrides; the coordinator adds one line per vari
     "all": ["train.compile=regional-graph", "train.update=flat", "train.sampler=inverse-cdf", "train.attention=varlen",
             "train.weight_copy=copy"],
 }
+# Each change also on top of regional-graph, whose regional compile is cheap: a lease's run then compiles the whole
+# step once (the default) and measures every change alone and together within its deadline.
+VARIANTS.update({f"rg-{name}": [*VARIANTS["regional-graph"], *VARIANTS[name]]
+                 for name in ("inverse-cdf", "varlen", "weight-copy")})
+# What --variants runs unless told: one whole-step compile (the default), the regional family, each change on it.
+LEASE_VARIANTS = ("default", "regional", "regional-graph", "rg-inverse-cdf", "rg-varlen", "rg-weight-copy", "all")
 EAGER = ["train.compile=off"]  # the losses' reference (not timed)
 DEADLINE_S = 540.0  # the default --deadline-s on a device: a lease's command may run 600 s; the result written before
 PARTS_RESERVE_S = 90.0  # what parts 2-4 are left when waiting for the builds: seconds of steps for 9 children on a card
@@ -205,15 +213,20 @@ class Child:
         self.log.close()
 
 
-def core_slices(heavy: int, light: int = 0) -> list[list[int]]:
-    """Slices of this process's CPU cores: one core for each of `light` children (the eager references compile
-    nothing), the rest shared as equally as they divide among `heavy` ones; cores are shared (round robin) where there
-    are too few. Heavy slices first."""
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+def core_slices(heavy: int, light: int = 0, cores: list[int] | None = None) -> list[list[int]]:
+    """Slices of the CPU cores (default: this process's): one core for each of `light` children (the eager references
+    compile nothing); of the rest, half for the first heavy child (the default: in the lease's set the one whole-step
+    compile, the slowest, and the baseline every ratio needs) and the other half shared among the other heavy ones,
+    overlapping where they do not divide (no core left idle); cores are shared round robin where there are too few."""
+    if cores is None:
+        affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+        cores = sorted(affinity)
     spare = cores[light:] if len(cores) > light + heavy else cores
-    width = max(1, len(spare) // heavy)
-    return ([[spare[(i * width + j) % len(spare)] for j in range(width)] for i in range(heavy)]
-            + [[cores[i % len(cores)]] for i in range(light)])
+    first = spare if heavy == 1 else spare[:max(1, len(spare) // 2)]
+    rest = spare[len(first):] or spare
+    width = -(-len(rest) // max(1, heavy - 1))  # ceiling: every core of `rest` in some slice
+    others = [[rest[(i * width + j) % len(rest)] for j in range(width)] for i in range(heavy - 1)]
+    return [first, *others][:heavy] + [[cores[i % len(cores)]] for i in range(light)]
 
 
 def start(variants: dict[str, list[str]], precisions: dict[str, str], args, caches: dict[str, Path],
@@ -279,7 +292,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--set", action="append", default=[], help="recipe overrides for every variant")
-    ap.add_argument("--variants", default=",".join(VARIANTS), help="which of VARIANTS (comma-separated; default all)")
+    ap.add_argument("--variants", default=",".join(LEASE_VARIANTS),
+                    help=f"which of VARIANTS (comma-separated; known: {', '.join(VARIANTS)}; default: "
+                         f"{','.join(LEASE_VARIANTS)}: one whole-step compile, each change on the regional graph)")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=SET[,SET...]",
                     help="one more variant: its name and recipe overrides, e.g. fused-ln=model.fused_layer_norm=true")
     ap.add_argument("--rounds", type=int, default=10)

@@ -487,9 +487,17 @@ def test_ab_plan_rounds_and_ratios_by_hand():
     r = ab.ratios({"default": [2.0, 4.0, 2.0], "x": [1.0, 3.0, 3.0]})
     assert r["default"] == {"median": 1.0, "min": 1.0, "max": 1.0}
     assert r["x"] == {"median": 0.75, "min": 0.5, "max": 1.5}  # per round 0.5, 0.75, 1.5
-    slices = ab.core_slices(3, 2)
-    assert len(slices) == 5 and all(len(s) == len(slices[0]) >= 1 for s in slices[:3])
-    assert all(len(s) == 1 for s in slices[3:])
+    slices = ab.core_slices(3, 2)  # this machine's cores, however many
+    assert len(slices) == 5 and all(len(s) >= 1 for s in slices) and all(len(s) == 1 for s in slices[3:])
+    # the lease's card: 16 cores, 7 compiling children, 2 eager references
+    slices = ab.core_slices(7, 2, cores=list(range(16)))
+    assert slices[0] == [2, 3, 4, 5, 6, 7, 8]  # the default: half of the 14 spare cores
+    assert all(len(s) == 2 for s in slices[1:7]) and {c for s in slices[1:7] for c in s} == set(range(9, 16))
+    assert slices[7:] == [[0], [1]]
+    assert ab.core_slices(1, 0, cores=[0, 1, 2]) == [[0, 1, 2]]
+    assert ab.core_slices(2, 2, cores=[0, 1]) == [[0], [1], [0], [1]]  # too few: shared
+    assert set(ab.LEASE_VARIANTS) <= set(ab.VARIANTS) and ab.VARIANTS["rg-varlen"] == [
+        "train.compile=regional-graph", "train.update=flat", "train.attention=varlen"]
 
 
 def test_ab_waits_for_builds_a_bounded_time_and_keeps_the_others(monkeypatch):
