@@ -295,6 +295,9 @@ def test_flat_update_lives_in_flat_buffers_and_its_kernel_count_does_not_grow_wi
         models, opts, scalers, flat = flat_twins(layers=layers)
         storages = {p.untyped_storage().data_ptr() for p in models[1].parameters()}
         assert storages == {flat.weights.untyped_storage().data_ptr()}
+        base = flat.weights.data_ptr()  # every span 16-byte aligned (the toy model has 1-element and odd-sized tensors)
+        assert all((p.data_ptr() - base) % 16 == 0 for p in models[1].parameters())
+        assert any(p.numel() % 4 for p in models[1].parameters())  # ... so the gaps are there to see
         state = opts[1].state[next(models[1].parameters())]
         assert state["exp_avg"].untyped_storage().data_ptr() == flat.exp_avg.untyped_storage().data_ptr()
         for m in models:

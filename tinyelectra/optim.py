@@ -317,6 +317,8 @@ class GraphSafeUpdate:
 
 # bias corrections 1 - beta^t at this step count are exactly 1 in float32 and float64 (beta^(2^40) underflows to 0 for
 # every beta < 1 - 1e-9): torch's fused AdamW kernel run at it computes the paper's Adam, with no per-step constants
+FLAT_ALIGN = 4  # elements (16 bytes of fp32) each parameter's span starts on: a 1-element bias would leave every
+#                later parameter misaligned, and inductor compiles misaligned inputs without vectorised loads
 NO_BIAS_CORRECTION_STEP = 2.0**40
 
 
@@ -361,11 +363,12 @@ class FlatUpdate:
         for g in optimizer.param_groups:
             first = start
             for p in g["params"]:
+                start = -(-start // FLAT_ALIGN) * FLAT_ALIGN  # 16-byte aligned: compiled kernels vectorise their loads
                 self.spans.append((start, start + p.numel()))
                 start += p.numel()
             self.groups.append((first, start, float(g["betas"][0]), float(g["betas"][1]), float(g["paper_eps"]),
                                 float(g["paper_wd"])))
-        self.weights = torch.empty(start, device=dev)
+        self.weights = torch.zeros(start, device=dev)  # the gaps stay 0: no gradient, no moment, no decay moves them
         self.exp_avg, self.exp_avg_sq = torch.zeros_like(self.weights), torch.zeros_like(self.weights)
         self.grads = torch.zeros_like(self.weights)  # each step's gradients, gathered
         self.grad_views = [self.grads[a:b].view_as(p) for p, (a, b) in zip(self.params, self.spans)]
