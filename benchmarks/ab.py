@@ -378,7 +378,9 @@ def main(argv: list[str] | None = None) -> dict | None:
         "deadline_s": args.deadline_s if args.deadline_s != float("inf") else None, "cpu_smoke": args.cpu_smoke,
         "skipped": [], "complete": False,
         "how": "one child process per variant (see the module docstring); cold compile: empty inductor and Triton "
-               "caches, the children compiling side by side, each pinned to its own slice of the CPU cores",
+               "caches, the children compiling side by side, each pinned to its own slice of the CPU cores; memory: "
+               "peak_reserved/allocated_bytes are each child's own, device_used_bytes_at_end counts every process on "
+               "the card (the children build side by side): not a variant's figure",
     }
 
     def save() -> Path:
