@@ -215,6 +215,7 @@ class Engine:
         if dist.enabled:
             module = nn.parallel.DistributedDataParallel(module,
                                                          device_ids=[device.index] if device.type == "cuda" else None)
+            self.refresh_copies()  # DDP's construction broadcast rank 0's weights into every process's
         self.module = module
         if self.choice.regional:
             self.forward, self._compile_note = runtime.compile_regions(module, compile_regions_of(model), device)
