@@ -406,15 +406,18 @@ def main(argv: list[str] | None = None) -> dict | None:
         payload["skipped"].append(f"{name}: {why}")
         print(f"{name}: dropped: {why}", flush=True)
 
+    def ask(name: str, part: str, **cmd) -> dict | None:
+        """The child's answer to `cmd`, or None when it failed (then it is dropped, and `part` names when)."""
+        try:
+            return children[name].ask(**cmd)
+        except (RuntimeError, OSError, ValueError) as e:
+            drop(name, f"{part}: {e}")
+            return None
+
     def ask_each(part: str, **cmd) -> dict[str, dict]:
         """Every child's answer to `cmd`; a child that fails is dropped, the others answer."""
-        out = {}
-        for n in list(children):
-            try:
-                out[n] = children[n].ask(**cmd)
-            except (RuntimeError, OSError, ValueError) as e:
-                drop(n, f"{part}: {e}")
-        return out
+        answers = {n: ask(n, part, **cmd) for n in list(children)}
+        return {n: a for n, a in answers.items() if a is not None}
 
     with tempfile.TemporaryDirectory(prefix="ab-") as tmp:
         caches = {n: Path(tmp) / n for n in [*variants, *references]}
@@ -452,13 +455,10 @@ def main(argv: list[str] | None = None) -> dict | None:
                     payload["skipped"].append(f"timing: {r} of {args.rounds} rounds (--deadline-s {args.deadline_s:g})")
                     break
                 for n in rotated(list(variants), r):
-                    try:
-                        answer = children[n].ask(cmd="round", steps=args.calls_per_round)
-                    except (RuntimeError, OSError, ValueError) as e:
-                        drop(n, f"timing: {e}")
+                    if (answer := ask(n, "timing", cmd="round", steps=args.calls_per_round)) is None:
                         times.pop(n)
-                        continue
-                    times[n].append(answer["seconds_per_step"])
+                    else:
+                        times[n].append(answer["seconds_per_step"])
             whole = min((len(ts) for ts in times.values()), default=0)  # the rounds every variant ran
             times = {n: ts[:whole] for n, ts in times.items()} if whole else {}
             rel = ratios(times)
@@ -475,11 +475,8 @@ def main(argv: list[str] | None = None) -> dict | None:
                     if past_deadline():
                         payload["skipped"].append(f"kernel tables from {n} on (--deadline-s {args.deadline_s:g})")
                         break
-                    try:
-                        payload["variants"][n]["kernels"] = children[n].ask(cmd="profile",
-                                                                            steps=args.profile)["profile"]
-                    except (RuntimeError, OSError, ValueError) as e:
-                        drop(n, f"kernel table: {e}")
+                    if (answer := ask(n, "kernel table", cmd="profile", steps=args.profile)) is not None:
+                        payload["variants"][n]["kernels"] = answer["profile"]
                 save()
         finally:
             for c in children.values():
