@@ -64,7 +64,7 @@ from tinyelectra.glue_data import (
 )
 from tinyelectra.hf import Backbone, load_backbone, read_hf_config
 from tinyelectra.metrics import METRIC_TITLES, average_score, score_task
-from tinyelectra.runfolder import Written, holding, read_record
+from tinyelectra.runfolder import Written, holding
 from tinyelectra.runtime import configure_matmul, device_name, guard_cudnn_sdpa, pick_device, pick_precision
 from tinyelectra.tokenizer import Tokenizer
 
@@ -610,8 +610,7 @@ class CheckpointRun:
                 # on RUN's record (train --force deletes them with the run): TensorBoard names its files by host and
                 # pid, so one line covers every task's of this process; added once, not again after every task
                 events = f"tensorboard/events.out.tfevents.*.{glob.escape(socket.gethostname())}.{os.getpid()}.*"
-                if {"by": "glue", "glob": events} not in read_record(run_dir):
-                    Written(run_dir, "glue").add(events, kind="glob")
+                Written(run_dir, "glue").add_once(events, kind="glob")
                 with SummaryWriter(str(run_dir / "tensorboard")) as writer:
                     writer.add_scalar(tag, value, step)
         except UserError as e:

@@ -292,6 +292,12 @@ class Written:
                 raise UserError(f"{self.folder / RECORD_NAME} {e}, not tinyelectra's record (it is never followed): "
                                 "delete it") from None
 
+    def add_once(self, path: Path | str, kind: str = "file") -> None:
+        """`add` unless the record already holds this entry of this command (an entry added again and again by a
+        long-lived process: glue's TensorBoard glob, once per task)."""
+        if {"by": self.by, kind: _relative(self.folder, path)} not in read_record(self.folder):
+            self.add(path, kind=kind)
+
     def add_tree(self, staged: Path, final: Path) -> None:
         """Every file, then every folder, under `staged` (a finished temporary folder), as it will be named once
         moved onto `final`: on record before the move."""
